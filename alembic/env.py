@@ -1,0 +1,99 @@
+"""Alembic environment of hermes_store.
+
+Written to run inside someone else's process: it never reconfigures logging when
+called programmatically, keeps its own version table (``hermes_store_version``), and
+ignores FTS5 virtual/shadow tables and views, which are created by raw SQL in the
+revisions and are not part of our metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from logging.config import fileConfig
+
+from alembic import context
+
+from hermes_store.alembic_support import foreign_names, keep_triggers_across_batch, make_include_name
+from hermes_store.engine import create_engine, default_db_path, install_begin_hook, to_url
+from hermes_store.migrations import VERSION_TABLE
+from hermes_store.models import metadata
+
+config = context.config
+x_args = context.get_x_argument(as_dictionary=True)
+
+# Only the alembic command line gets the ini's logging setup, and only when the
+# process has none yet: a host application's logging is never touched.
+if config.cmd_opts is not None and config.config_file_name and not logging.getLogger().handlers:
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+
+def resolve_url() -> str:
+    """-x url=… > $HERMES_STORE_URL > sqlalchemy.url in the ini > $HERMES_HOME/state.db."""
+    url = x_args.get("url") or os.environ.get("HERMES_STORE_URL") or config.get_main_option("sqlalchemy.url")
+    return url or to_url(default_db_path()).render_as_string(hide_password=False)
+
+
+version_table = x_args.get("version_table") or config.get_main_option("version_table") or VERSION_TABLE
+
+
+def run_migrations_offline() -> None:
+    context.configure(
+        url=resolve_url(),
+        target_metadata=metadata,
+        version_table=version_table,
+        literal_binds=True,
+        render_as_batch=True,
+        transactional_ddl=True,
+        transaction_per_migration=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_on(connection) -> None:  # type: ignore[no-untyped-def]
+    # SQLite DDL is transactional once a real BEGIN is sent; pysqlite never sends it
+    # for DDL, so we hook SQLAlchemy's begin on this connection only.
+    install_begin_hook(connection)
+    # Batch rebuilds drop triggers and trip over views; restore both automatically.
+    keep_triggers_across_batch(connection)
+    was_in_transaction = connection.in_transaction()
+    ignored = foreign_names(connection) if connection.dialect.name == "sqlite" else set()
+    if connection.in_transaction() and not was_in_transaction:
+        connection.commit()  # end only the read we just started, never a host's transaction
+    context.configure(
+        connection=connection,
+        target_metadata=metadata,
+        version_table=version_table,
+        # Alembic assumes SQLite DDL is not transactional; with our BEGIN it is, and
+        # each revision commits or rolls back as one unit.
+        transactional_ddl=True,
+        transaction_per_migration=True,
+        # Autogenerate on SQLite must emit batch operations (ALTER is limited).
+        render_as_batch=True,
+        include_name=make_include_name(ignored, version_table),
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        run_on(connection)
+        return
+    engine = create_engine(resolve_url(), foreign_keys=False)
+    try:
+        with engine.connect() as conn:
+            run_on(conn)
+            if conn.in_transaction():
+                conn.commit()
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -1,0 +1,43 @@
+"""Typed errors. Everything we raise on purpose derives from HermesStoreError."""
+
+from __future__ import annotations
+
+
+class HermesStoreError(Exception):
+    """Base class of every error hermes_store raises on purpose."""
+
+
+class DatabaseUnavailableError(HermesStoreError):
+    """The database file cannot be opened or created (path, permissions, filesystem)."""
+
+
+class NotADatabaseError(HermesStoreError):
+    """The file is not a SQLite database, or is corrupt."""
+
+
+class NotAHermesDatabaseError(HermesStoreError):
+    """A SQLite file, but not one Hermes or hermes_store wrote."""
+
+
+class SchemaTooNewError(HermesStoreError):
+    """The file was written by a newer schema than this hermes_store knows."""
+
+
+class AdoptionError(HermesStoreError):
+    """Adopting an existing Hermes file failed; the original is left untouched."""
+
+
+class NotFoundError(HermesStoreError, LookupError):
+    """A session or message the caller named does not exist."""
+
+
+class TitleConflictError(HermesStoreError, ValueError):
+    """The title is already in use by another session."""
+
+
+class InvalidTitleError(HermesStoreError, ValueError):
+    """The title is invalid (too long after sanitizing)."""
+
+
+class DatabaseLockedError(HermesStoreError):
+    """The database stayed locked by other writers for the whole retry budget."""

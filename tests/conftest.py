@@ -1,0 +1,92 @@
+"""Shared fixtures. Databases are always built by running the migrations, never create_all."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session as OrmSession
+
+from hermes_store import migrations
+from hermes_store.engine import create_engine
+
+DATA = Path(__file__).parent / "data"
+SCHEMA_DIR = DATA / "schema"
+HERMES_DBS = DATA / "hermes-dbs"
+
+
+def reference_schema(name: str | int) -> dict:
+    """The normalized Hermes schema ``hermes_v<name>.json`` carried in tests/data."""
+    return json.loads((SCHEMA_DIR / f"hermes_v{name}.json").read_text())
+
+
+def rev(n: int) -> str:
+    return f"{n:04d}"
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "state.db"
+
+
+@pytest.fixture
+def migrate(db_path: Path) -> Callable[[str], Path]:
+    """Bring the test file to a revision (``"head"``, ``"0007"``, ``"base"``...)."""
+
+    def _migrate(revision: str = "head") -> Path:
+        cur = migrations.current(db_path) if db_path.exists() else None
+        if revision == "base" or (cur is not None and revision != "head" and revision < cur):
+            migrations.downgrade(db_path, revision)
+        else:
+            migrations.upgrade(db_path, revision)
+        return db_path
+
+    return _migrate
+
+
+@pytest.fixture
+def head_db(migrate: Callable[[str], Path]) -> Path:
+    return migrate("head")
+
+
+@pytest.fixture
+def raw(db_path: Path) -> Iterator[Callable[[], sqlite3.Connection]]:
+    """Plain sqlite3 connections to the test file (autocommit), closed afterwards."""
+    opened: list[sqlite3.Connection] = []
+
+    def _open() -> sqlite3.Connection:
+        conn = sqlite3.connect(db_path, isolation_level=None)
+        opened.append(conn)
+        return conn
+
+    yield _open
+    for conn in opened:
+        conn.close()
+
+
+@pytest.fixture
+def engine(head_db: Path) -> Iterator[Engine]:
+    eng = create_engine(head_db)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def session(engine: Engine) -> Iterator[OrmSession]:
+    """An ORM session inside an outer transaction that is rolled back afterwards.
+
+    Our engine emits its own BEGIN, so the SAVEPOINTs the session uses are real and
+    nothing the test writes leaks into the file (the Python 3.11 sqlite3 trap).
+    """
+    with engine.connect() as conn:
+        outer = conn.begin()
+        orm = OrmSession(bind=conn, join_transaction_mode="create_savepoint")
+        try:
+            yield orm
+        finally:
+            orm.close()
+            outer.rollback()
