@@ -3,8 +3,36 @@
 Nothing is created or connected at import time.
 """
 
-from .errors import HermesStoreError
+from .errors import (
+    DatabaseLockedError,
+    DatabaseUnavailableError,
+    HermesStoreError,
+    InvalidTitleError,
+    NotADatabaseError,
+    NotAHermesDatabaseError,
+    NotFoundError,
+    SchemaTooNewError,
+    TitleConflictError,
+)
+from .facade import SessionDB, apply_wal_with_fallback, format_session_db_unavailable, get_last_init_error
+from .uow import UnitOfWork
 
 __version__ = "0.1.0"
 
-__all__ = ["HermesStoreError", "__version__"]
+__all__ = [
+    "DatabaseLockedError",
+    "DatabaseUnavailableError",
+    "HermesStoreError",
+    "InvalidTitleError",
+    "NotADatabaseError",
+    "NotAHermesDatabaseError",
+    "NotFoundError",
+    "SchemaTooNewError",
+    "SessionDB",
+    "TitleConflictError",
+    "UnitOfWork",
+    "__version__",
+    "apply_wal_with_fallback",
+    "format_session_db_unavailable",
+    "get_last_init_error",
+]

@@ -1,0 +1,511 @@
+"""``SessionDB``: Hermes' public session-store API, built on the repositories.
+
+Code written against Hermes' own class runs unchanged: same method names, arguments,
+defaults and dict shapes. Underneath, every write is one ``BEGIN IMMEDIATE``
+transaction retried with random jitter while other processes hold the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+from sqlalchemy import Connection, event
+from sqlalchemy.exc import OperationalError
+
+from . import errors, migrations
+from .engine import BEGIN_MODE, create_engine, default_db_path
+from .repositories import (
+    LineageRepository,
+    MaintenanceRepository,
+    MessageRepository,
+    SearchRepository,
+    SessionRepository,
+)
+from .search.query import contains_cjk, sanitize_fts5_query
+from .titles import sanitize_title
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Retry budget for ordinary writes and for transcript writes (seconds).
+WRITE_BUDGET_S = 20.0
+TRANSCRIPT_BUDGET_S = 60.0
+#: Jitter windows: short sleeps for the first 2 s, then longer ones.
+EARLY_JITTER_S = (0.020, 0.150)
+LATE_JITTER_S = (0.250, 1.0)
+EARLY_PHASE_S = 2.0
+#: A PASSIVE WAL checkpoint after this many successful writes (and on close).
+CHECKPOINT_EVERY = 50
+#: SQLite's own busy wait before our jittered retry takes over (milliseconds).
+BUSY_TIMEOUT_MS = 100
+
+_WAL_FALLBACK_CAUSES = ("locking protocol", "not authorized", "disk i/o error")
+_wal_warned: set[str] = set()
+_last_init_error: str | None = None
+
+
+def apply_wal_with_fallback(conn: sqlite3.Connection, *, db_label: str = "state.db") -> str:
+    """Switch to WAL; on filesystems that refuse it (NFS/SMB...) use rollback journal.
+
+    Returns "wal" or "delete". Warns once per label; other errors propagate.
+    """
+    try:
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() == "wal":
+            return "wal"
+        raise sqlite3.OperationalError(f"locking protocol (journal_mode stayed {mode})")
+    except sqlite3.OperationalError as exc:
+        if not any(cause in str(exc).lower() for cause in _WAL_FALLBACK_CAUSES):
+            raise
+        if db_label not in _wal_warned:
+            _wal_warned.add(db_label)
+            log.warning("%s: WAL mode unavailable (%s); using rollback journal instead", db_label, exc)
+        conn.execute("PRAGMA journal_mode=DELETE")
+        return "delete"
+
+
+def get_last_init_error() -> str | None:
+    """``"ExcType: message"`` of the last failed SessionDB open (not cleared on success)."""
+    return _last_init_error
+
+
+def format_session_db_unavailable(prefix: str = "Session database not available") -> str:
+    """A sentence for users explaining why the session database could not be opened."""
+    err = _last_init_error
+    if not err:
+        return f"{prefix}."
+    if "locking protocol" in err.lower():
+        return (
+            f"{prefix}: the filesystem holding it (e.g. NFS/SMB) does not support the "
+            f"WAL locking SQLite needs ({err})."
+        )
+    return f"{prefix}: {err}"
+
+
+def _is_locked(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "database is locked" in text or "database is busy" in text or "database table is locked" in text
+
+
+def _create_private_file(path: Path) -> None:
+    """Create the database file readable by its owner only (0600)."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    os.close(fd)
+
+
+class SessionDB:
+    """Hermes-compatible session store on one SQLite file."""
+
+    def __init__(self, db_path: str | os.PathLike[str] | None = None) -> None:
+        global _last_init_error
+        self.db_path = Path(db_path).expanduser() if db_path else default_db_path()
+        self._writes = 0
+        self._lock = threading.Lock()
+        try:
+            self.db_path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.db_path.exists():
+                _create_private_file(self.db_path)
+            migrations.upgrade(self.db_path)
+            self._engine = create_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS)
+            label = self.db_path.name
+
+            @event.listens_for(self._engine, "connect")
+            def _journal(dbapi_conn: Any, _rec: Any) -> None:
+                self.journal_mode = apply_wal_with_fallback(dbapi_conn, db_label=label)
+                # NORMAL is durable across application crashes in WAL mode and saves
+                # an fsync per commit.
+                dbapi_conn.execute("PRAGMA synchronous=NORMAL")
+
+            with self._engine.connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+        except Exception as exc:
+            _last_init_error = f"{type(exc).__name__}: {exc}"
+            raise
+
+    # ------------------------------------------------------------------ plumbing
+
+    @property
+    def engine(self):  # type: ignore[no-untyped-def]
+        return self._engine
+
+    def close(self) -> None:
+        if getattr(self, "_engine", None) is None:
+            return
+        try:
+            self._checkpoint()
+        finally:
+            self._engine.dispose()
+            self._engine = None  # type: ignore[assignment]
+
+    def __enter__(self) -> "SessionDB":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _checkpoint(self) -> None:
+        try:
+            with self._engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+        except OperationalError:
+            pass  # a busy checkpoint is simply retried at the next interval
+
+    def _read(self, fn: Callable[[Connection], T]) -> T:
+        with self._engine.connect() as conn:
+            try:
+                return fn(conn)
+            finally:
+                conn.rollback()
+
+    def _write(self, fn: Callable[[Connection], T], *, budget: float = WRITE_BUDGET_S) -> T:
+        """Run ``fn`` in BEGIN IMMEDIATE; retry on lock with jitter within ``budget``."""
+        start = time.monotonic()
+        deadline = start + budget
+        while True:
+            try:
+                with self._engine.connect() as conn:
+                    conn.execution_options(**{BEGIN_MODE: "IMMEDIATE"})
+                    with conn.begin():
+                        result = fn(conn)
+                break
+            except OperationalError as exc:
+                if not _is_locked(exc):
+                    raise
+                now = time.monotonic()
+                if now >= deadline:
+                    raise errors.DatabaseLockedError(
+                        f"{self.db_path}: database stayed locked for {budget:.0f}s; giving up"
+                    ) from exc
+                low, high = EARLY_JITTER_S if now - start < EARLY_PHASE_S else LATE_JITTER_S
+                time.sleep(min(random.uniform(low, high), max(deadline - now, 0)))
+        with self._lock:
+            self._writes += 1
+            due = self._writes % CHECKPOINT_EVERY == 0
+        if due:
+            self._checkpoint()
+        return result
+
+    def _execute_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Hermes' hook: ``fn`` gets the DB-API connection inside the write transaction."""
+        return self._write(lambda conn: fn(conn.connection.driver_connection))
+
+    # ------------------------------------------------------------------ static helpers
+
+    _sanitize_fts5_query = staticmethod(sanitize_fts5_query)
+    _contains_cjk = staticmethod(contains_cjk)
+    sanitize_title = staticmethod(sanitize_title)
+
+    # ------------------------------------------------------------------ sessions
+
+    def create_session(self, session_id: str, source: str, **kwargs: Any) -> str:
+        return self._write(lambda c: SessionRepository(c).create(session_id, source, **kwargs))
+
+    def ensure_session(self, session_id: str, source: str = "unknown", model: str | None = None, **kwargs: Any) -> str:
+        return self._write(lambda c: SessionRepository(c).ensure(session_id, source, model, **kwargs))
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        return self._read(lambda c: SessionRepository(c).get(session_id))  # type: ignore[return-value]
+
+    def end_session(self, session_id: str, end_reason: str | None) -> None:
+        self._write(lambda c: SessionRepository(c).end(session_id, end_reason))
+
+    def reopen_session(self, session_id: str) -> None:
+        self._write(lambda c: SessionRepository(c).reopen(session_id))
+
+    def update_system_prompt(self, session_id: str, system_prompt: str | None) -> None:
+        self._write(lambda c: SessionRepository(c).update_system_prompt(session_id, system_prompt))
+
+    def update_session(self, session_id: str, **fields: Any) -> bool:
+        """Set other known session columns (cwd, archived, git_branch, ...)."""
+        return self._write(lambda c: SessionRepository(c).update_fields(session_id, **fields))
+
+    def update_token_counts(
+        self,
+        session_id: str,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        model: str | None = None,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        estimated_cost_usd: float | None = None,
+        actual_cost_usd: float | None = None,
+        cost_status: str | None = None,
+        cost_source: str | None = None,
+        pricing_version: str | None = None,
+        billing_provider: str | None = None,
+        billing_base_url: str | None = None,
+        billing_mode: str | None = None,
+        api_call_count: int = 0,
+        absolute: bool = False,
+        task: str = "",
+    ) -> None:
+        args = dict(locals())
+        args.pop("self")
+        self._write(lambda c: SessionRepository(c).update_token_counts(**args))
+
+    # ------------------------------------------------------------------ titles
+
+    def set_session_title(self, session_id: str, title: str | None) -> bool:
+        return self._write(lambda c: SessionRepository(c).set_title(session_id, title))
+
+    def get_session_title(self, session_id: str) -> str | None:
+        return self._read(lambda c: SessionRepository(c).get_title(session_id))
+
+    def get_session_by_title(self, title: str) -> dict[str, Any] | None:
+        return self._read(lambda c: SessionRepository(c).get_by_title(title))  # type: ignore[return-value]
+
+    def resolve_session_by_title(self, title: str) -> str | None:
+        return self._read(lambda c: SessionRepository(c).resolve_by_title(title))
+
+    def get_next_title_in_lineage(self, base_title: str) -> str:
+        return self._read(lambda c: SessionRepository(c).next_title_in_lineage(base_title))
+
+    # ------------------------------------------------------------------ lookup and lineage
+
+    def resolve_session_id(self, session_id_or_prefix: str) -> str | None:
+        return self._read(lambda c: SessionRepository(c).resolve_id(session_id_or_prefix))
+
+    def get_compression_tip(self, session_id: str) -> str | None:
+        if not session_id:
+            return session_id
+        return self._read(lambda c: LineageRepository(c).compression_tip(session_id))
+
+    def resolve_resume_session_id(self, session_id: str) -> str:
+        if not session_id:
+            return session_id
+        return self._read(lambda c: LineageRepository(c).resume_target(session_id))
+
+    def get_session_lineage(self, session_id: str) -> list[str]:
+        """Root → … → tip ids of the session's chain."""
+        return self._read(lambda c: LineageRepository(c).chain(session_id))
+
+    # ------------------------------------------------------------------ listing
+
+    def list_sessions_rich(
+        self,
+        source: str | None = None,
+        exclude_sources: Iterable[str] | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        include_children: bool = False,
+        project_compression_tips: bool = True,
+        order_by_last_active: bool = False,
+    ) -> list[dict[str, Any]]:
+        return self._read(  # type: ignore[return-value]
+            lambda c: SessionRepository(c).list_rich(
+                source, exclude_sources, limit, offset, include_children, project_compression_tips, order_by_last_active
+            )
+        )
+
+    def search_sessions(self, source: str | None = None, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
+        return self._read(lambda c: SessionRepository(c).search(source, limit, offset))  # type: ignore[return-value]
+
+    def session_count(self, source: str | None = None) -> int:
+        return self._read(lambda c: SessionRepository(c).count(source))
+
+    def message_count(self, session_id: str | None = None) -> int:
+        return self._read(lambda c: MessageRepository(c).count(session_id))
+
+    # ------------------------------------------------------------------ messages
+
+    def append_message(
+        self,
+        session_id: str,
+        role: str,
+        content: Any = None,
+        tool_name: str | None = None,
+        tool_calls: Any = None,
+        tool_call_id: str | None = None,
+        token_count: int | None = None,
+        finish_reason: str | None = None,
+        reasoning: str | None = None,
+        reasoning_content: str | None = None,
+        reasoning_details: Any = None,
+        codex_reasoning_items: Any = None,
+        codex_message_items: Any = None,
+        **extra: Any,
+    ) -> int:
+        fields = {
+            "tool_name": tool_name, "tool_calls": tool_calls, "tool_call_id": tool_call_id,
+            "token_count": token_count, "finish_reason": finish_reason, "reasoning": reasoning,
+            "reasoning_content": reasoning_content, "reasoning_details": reasoning_details,
+            "codex_reasoning_items": codex_reasoning_items, "codex_message_items": codex_message_items,
+            **extra,
+        }
+        return self._write(
+            lambda c: MessageRepository(c).append(session_id, role, content, **fields), budget=TRANSCRIPT_BUDGET_S
+        )
+
+    def append_messages(self, messages: Iterable[dict[str, Any]]) -> int:
+        """Bulk append for imports and replays (dicts with session_id, role, ...)."""
+        items = list(messages)
+        return self._write(lambda c: MessageRepository(c).bulk_append(items), budget=TRANSCRIPT_BUDGET_S)
+
+    def get_messages(self, session_id: str) -> list[dict[str, Any]]:
+        return self._read(lambda c: MessageRepository(c).get_messages(session_id))  # type: ignore[return-value]
+
+    def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False) -> list[dict[str, Any]]:
+        def run(c: Connection) -> list[dict[str, Any]]:
+            ids = LineageRepository(c).ancestors(session_id) if include_ancestors else [session_id]
+            return MessageRepository(c).conversation(ids or [session_id])
+
+        return self._read(run)
+
+    def replace_messages(self, session_id: str, messages: list[dict[str, Any]]) -> None:
+        self._write(lambda c: MessageRepository(c).replace(session_id, messages), budget=TRANSCRIPT_BUDGET_S)
+
+    def clear_messages(self, session_id: str) -> None:
+        self._write(lambda c: MessageRepository(c).clear(session_id), budget=TRANSCRIPT_BUDGET_S)
+
+    def get_messages_around(self, session_id: str, around_message_id: int, window: int = 5) -> dict[str, Any]:
+        return self._read(lambda c: MessageRepository(c).around(session_id, around_message_id, window).as_dict())
+
+    def get_anchored_view(
+        self,
+        session_id: str,
+        around_message_id: int,
+        window: int = 5,
+        bookend: int = 3,
+        keep_roles: Iterable[str] | None = ("user", "assistant"),
+    ) -> dict[str, Any]:
+        roles = tuple(keep_roles) if keep_roles is not None else None
+        return self._read(
+            lambda c: MessageRepository(c)
+            .anchored_view(session_id, around_message_id, window, bookend, roles)
+            .as_dict(bookends=True)
+        )
+
+    # ------------------------------------------------------------------ search
+
+    def search_messages(
+        self,
+        query: str,
+        source_filter: Iterable[str] | None = None,
+        exclude_sources: Iterable[str] | None = None,
+        role_filter: Iterable[str] | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        sort: str | None = None,
+    ) -> list[dict[str, Any]]:
+        return self._read(  # type: ignore[return-value]
+            lambda c: SearchRepository(c).search_messages(
+                query, source_filter, exclude_sources, role_filter, limit, offset, sort
+            )
+        )
+
+    # ------------------------------------------------------------------ export and maintenance
+
+    def export_session(self, session_id: str) -> dict[str, Any] | None:
+        return self._read(lambda c: MaintenanceRepository(c).export_session(session_id))
+
+    def export_all(self, source: str | None = None) -> list[dict[str, Any]]:
+        return list(self.iter_export(source))
+
+    def iter_export(self, source: str | None = None) -> Iterator[dict[str, Any]]:
+        """Streamed export: one session (with messages) at a time, flat memory."""
+        with self._engine.connect() as conn:
+            try:
+                yield from MaintenanceRepository(conn).iter_export(source)
+            finally:
+                conn.rollback()
+
+    def import_sessions(self, records: Iterable[dict[str, Any]], batch: int = 200) -> tuple[int, int]:
+        """Import exported sessions idempotently; returns (imported, skipped)."""
+        imported = skipped = 0
+        chunk: list[dict[str, Any]] = []
+
+        def flush(rows: list[dict[str, Any]]) -> tuple[int, int]:
+            def run(c: Connection) -> tuple[int, int]:
+                repo = MaintenanceRepository(c)
+                c.exec_driver_sql("PRAGMA defer_foreign_keys = ON")
+                done = sum(1 for r in rows if repo.import_session(r))
+                return done, len(rows) - done
+
+            return self._write(run, budget=TRANSCRIPT_BUDGET_S)
+
+        for record in records:
+            chunk.append(record)
+            if len(chunk) >= batch:
+                a, b = flush(chunk)
+                imported, skipped, chunk = imported + a, skipped + b, []
+        if chunk:
+            a, b = flush(chunk)
+            imported, skipped = imported + a, skipped + b
+        return imported, skipped
+
+    def delete_session(self, session_id: str, sessions_dir: str | os.PathLike[str] | None = None) -> bool:
+        return self._write(lambda c: MaintenanceRepository(c).delete_session(session_id, sessions_dir))
+
+    def prune_sessions(
+        self, older_than_days: int = 90, source: str | None = None, sessions_dir: str | os.PathLike[str] | None = None
+    ) -> int:
+        return self._write(lambda c: MaintenanceRepository(c).prune_sessions(older_than_days, source, sessions_dir))
+
+    def prune_empty_ghost_sessions(self, sessions_dir: str | os.PathLike[str] | None = None) -> int:
+        return self._write(lambda c: MaintenanceRepository(c).prune_empty_ghost_sessions(sessions_dir))
+
+    def finalize_orphaned_compression_sessions(self) -> int:
+        return self._write(lambda c: MaintenanceRepository(c).finalize_orphaned_compression_sessions())
+
+    def maybe_auto_prune_and_vacuum(
+        self,
+        retention_days: int = 90,
+        min_interval_hours: float = 24,
+        vacuum: bool = True,
+        sessions_dir: str | os.PathLike[str] | None = None,
+    ) -> dict[str, Any]:
+        """Prune (and VACUUM) at most once per interval, tracked in state_meta."""
+        result: dict[str, Any] = {"skipped": False, "pruned": 0, "vacuumed": False}
+        try:
+            last_raw = self.get_meta("last_auto_prune")
+            try:
+                last = float(last_raw) if last_raw is not None else None
+            except ValueError:
+                last = None  # unreadable stamp: treat as never run
+            if last is not None and time.time() - last < float(min_interval_hours) * 3600:
+                result["skipped"] = True
+                return result
+
+            def run(c: Connection) -> int:
+                repo = MaintenanceRepository(c)
+                pruned = repo.prune_sessions(retention_days, None, sessions_dir)
+                repo.set_meta("last_auto_prune", repr(time.time()))
+                return pruned
+
+            result["pruned"] = self._write(run)
+            if vacuum and result["pruned"]:
+                self.vacuum()
+                result["vacuumed"] = True
+        except Exception as exc:  # reported, never raised: this runs on startup paths
+            result["error"] = f"{type(exc).__name__}: {exc}"
+        return result
+
+    def vacuum(self) -> None:
+        with self._engine.connect() as conn:
+            conn.exec_driver_sql("VACUUM")
+
+    def get_meta(self, key: str) -> str | None:
+        return self._read(lambda c: MaintenanceRepository(c).get_meta(key))
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self._write(lambda c: MaintenanceRepository(c).set_meta(key, value))
+
+    def rebuild_fts(self) -> list[str]:
+        return self._write(lambda c: MaintenanceRepository(c).fts_rebuild(), budget=TRANSCRIPT_BUDGET_S)
+
+    def optimize_fts(self) -> list[str]:
+        return self._write(lambda c: MaintenanceRepository(c).fts_optimize(), budget=TRANSCRIPT_BUDGET_S)
+
+    def check_fts(self) -> dict[str, str | None]:
+        return self._read(lambda c: MaintenanceRepository(c).fts_integrity_check())
+
+    def usage(self, by: str = "model", source: str | None = None) -> list[Any]:
+        return self._read(lambda c: MaintenanceRepository(c).usage(by, source))

@@ -1,0 +1,67 @@
+"""What every repository shares: it borrows the caller's Session or Connection.
+
+Repositories never commit or roll back; the caller (or :class:`UnitOfWork`) owns the
+transaction. Statements are Core/text SQL on a Connection so the same repository
+serves an ORM Session, a plain Connection, or a fake in tests.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import Connection, text
+from sqlalchemy.orm import Session as OrmSession
+
+Executor = OrmSession | Connection
+
+
+def as_connection(executor: Executor) -> Connection:
+    """The Connection behind an ORM Session (joined to its transaction), or itself."""
+    if isinstance(executor, OrmSession):
+        return executor.connection()
+    return executor
+
+
+def now() -> float:
+    """Unix epoch seconds as a float, Hermes' timestamp format."""
+    return time.time()
+
+
+class Repository:
+    """Base class: holds the connection and offers tiny query helpers."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.conn = as_connection(executor)
+
+    def _all(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        result = self.conn.execute(text(sql), params or {})
+        keys = list(result.keys())
+        return [dict(zip(keys, row)) for row in result.fetchall()]
+
+    def _one(self, sql: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        result = self.conn.execute(text(sql), params or {})
+        row = result.fetchone()
+        return None if row is None else dict(zip(result.keys(), row))
+
+    def _scalar(self, sql: str, params: dict[str, Any] | None = None) -> Any:
+        return self.conn.execute(text(sql), params or {}).scalar()
+
+    def _exec(self, sql: str, params: dict[str, Any] | list[dict[str, Any]] | None = None) -> int:
+        return self.conn.execute(text(sql), params or {}).rowcount
+
+    def has_table(self, name: str) -> bool:
+        return (
+            self.conn.exec_driver_sql(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)
+            ).first()
+            is not None
+        )
+
+    def columns_of(self, table_name: str) -> set[str]:
+        return {r[1] for r in self.conn.exec_driver_sql(f'PRAGMA table_info("{table_name}")')}
+
+
+def like_prefix(value: str) -> str:
+    """``value%`` with LIKE wildcards in ``value`` taken literally (ESCAPE '\\')."""
+    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"

@@ -1,0 +1,105 @@
+"""Lineage through ``parent_session_id``: every answer is one recursive CTE.
+
+Chains are walked in SQL, never with a Python loop of queries. Each walk carries a
+depth bound (cycle-safe: a corrupt cycle stops at the bound instead of spinning).
+"""
+
+from __future__ import annotations
+
+from .base import Repository
+
+MAX_DEPTH = 10_000
+
+#: A child continues its parent's compression chain when the parent ended with
+#: 'compression' and the child started at or after that end.
+_CONTINUES = (
+    "p.end_reason = 'compression' AND p.ended_at IS NOT NULL AND c.started_at >= p.ended_at"
+)
+
+
+class LineageRepository(Repository):
+    def ancestors(self, session_id: str, *, include_self: bool = True) -> list[str]:
+        """Root first, ending with the session itself (or its parent)."""
+        rows = self.conn.exec_driver_sql(
+            "WITH RECURSIVE up(id, parent, depth) AS ("
+            " SELECT id, parent_session_id, 0 FROM sessions WHERE id = ?"
+            " UNION ALL"
+            " SELECT s.id, s.parent_session_id, up.depth + 1 FROM sessions s JOIN up ON s.id = up.parent"
+            " WHERE up.depth < ?)"
+            " SELECT id, min(depth) AS d FROM up GROUP BY id ORDER BY d DESC",
+            (session_id, MAX_DEPTH),
+        ).fetchall()
+        ids = [r[0] for r in rows]
+        return ids if include_self else ids[:-1]
+
+    def descendants(self, session_id: str) -> list[str]:
+        """Every session below this one (breadth order: depth, then start time)."""
+        rows = self.conn.exec_driver_sql(
+            "WITH RECURSIVE down(id, depth) AS ("
+            " SELECT id, 0 FROM sessions WHERE id = ?"
+            " UNION ALL"
+            " SELECT s.id, down.depth + 1 FROM sessions s JOIN down ON s.parent_session_id = down.id"
+            " WHERE down.depth < ?)"
+            " SELECT d.id FROM (SELECT id, min(depth) AS depth FROM down GROUP BY id) d"
+            " JOIN sessions s ON s.id = d.id WHERE d.depth > 0 ORDER BY d.depth, s.started_at, s.id",
+            (session_id, MAX_DEPTH),
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def _continuations_sql(self, select: str) -> str:
+        return (
+            "WITH RECURSIVE chain(id, depth) AS ("
+            " SELECT id, 0 FROM sessions WHERE id = ?"
+            " UNION ALL"
+            " SELECT c.id, chain.depth + 1 FROM chain JOIN sessions p ON p.id = chain.id"
+            f" JOIN sessions c ON c.parent_session_id = p.id WHERE {_CONTINUES} AND chain.depth < ?) "
+            + select
+        )
+
+    def compression_tip(self, session_id: str) -> str | None:
+        """The newest session of the compression chain starting at ``session_id``."""
+        row = self.conn.exec_driver_sql(
+            self._continuations_sql(
+                "SELECT chain.id FROM chain JOIN sessions s ON s.id = chain.id"
+                " ORDER BY chain.depth DESC, s.started_at DESC, chain.id DESC LIMIT 1"
+            ),
+            (session_id, MAX_DEPTH),
+        ).first()
+        return row[0] if row else None
+
+    def resume_target(self, session_id: str) -> str:
+        """The newest continuation that actually holds messages, else the session itself."""
+        row = self.conn.exec_driver_sql(
+            self._continuations_sql(
+                "SELECT chain.id FROM chain JOIN sessions s ON s.id = chain.id"
+                " WHERE EXISTS (SELECT 1 FROM messages m WHERE m.session_id = chain.id)"
+                " ORDER BY chain.depth DESC, s.started_at DESC, chain.id DESC LIMIT 1"
+            ),
+            (session_id, MAX_DEPTH),
+        ).first()
+        return row[0] if row else session_id
+
+    def chain(self, session_id: str) -> list[str]:
+        """Root → ... → session → ... → compression tip, in one statement."""
+        rows = self.conn.exec_driver_sql(
+            "WITH RECURSIVE up(id, parent, depth) AS ("
+            " SELECT id, parent_session_id, 0 FROM sessions WHERE id = :sid"
+            " UNION ALL SELECT s.id, s.parent_session_id, up.depth + 1 FROM sessions s JOIN up ON s.id = up.parent"
+            " WHERE up.depth < :max),"
+            " chain(id, depth) AS ("
+            " SELECT id, 0 FROM sessions WHERE id = :sid"
+            " UNION ALL SELECT c.id, chain.depth + 1 FROM chain JOIN sessions p ON p.id = chain.id"
+            f" JOIN sessions c ON c.parent_session_id = p.id WHERE {_CONTINUES} AND chain.depth < :max),"
+            " tip AS (SELECT chain.id, chain.depth FROM chain JOIN sessions s ON s.id = chain.id"
+            " ORDER BY chain.depth DESC, s.started_at DESC LIMIT 1),"
+            " down(id, depth) AS ("
+            # walk back up from the tip to the session: the single path between them
+            " SELECT id, depth FROM tip"
+            " UNION ALL SELECT s.parent_session_id, down.depth - 1 FROM down JOIN sessions s ON s.id = down.id"
+            " WHERE down.depth > 1)"
+            " SELECT id, -min(depth) AS k FROM up GROUP BY id"
+            " UNION ALL SELECT id, depth FROM down WHERE depth > 0"
+            " ORDER BY k",
+            {"sid": session_id, "max": MAX_DEPTH},
+        ).fetchall()
+        return [r[0] for r in rows]

@@ -1,0 +1,294 @@
+"""Export/import, deletion and pruning, state_meta, FTS upkeep, usage reports."""
+
+from __future__ import annotations
+
+
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from sqlalchemy import text
+
+from ..search.fts import fts5
+from .base import Repository, now
+from .messages import MessageRepository, decode_row
+from .records import UsageRow
+
+DAY = 86_400.0
+
+
+def transcript_files(folder: str | Path, session_id: str) -> list[Path]:
+    """Files Hermes keeps per session: ``<id>.json``, ``<id>.jsonl``, ``request_dump_<id>_*.json``."""
+    base = Path(folder)
+    if not base.is_dir():
+        return []
+    found = [base / f"{session_id}.json", base / f"{session_id}.jsonl"]
+    found = [p for p in found if p.is_file()]
+    found += [p for p in base.glob(f"request_dump_{_glob_escape(session_id)}_*.json") if p.is_file()]
+    return found
+
+
+def _glob_escape(s: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in s)
+
+
+class MaintenanceRepository(Repository):
+    # ------------------------------------------------------------------ state_meta
+
+    def get_meta(self, key: str) -> str | None:
+        return self._scalar("SELECT value FROM state_meta WHERE key = :k", {"k": key})
+
+    def set_meta(self, key: str, value: Any) -> None:
+        # Plain upsert (never INSERT OR REPLACE, which deletes and re-inserts).
+        self._exec(
+            "INSERT INTO state_meta (key, value) VALUES (:k, :v) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            {"k": key, "v": None if value is None else str(value)},
+        )
+
+    # ------------------------------------------------------------------ export / import
+
+    def export_session(self, session_id: str) -> dict[str, Any] | None:
+        row = self._one("SELECT * FROM sessions WHERE id = :id", {"id": session_id})
+        if row is None:
+            return None
+        row["messages"] = MessageRepository(self.conn).get_messages(session_id)
+        return row
+
+    def iter_export(self, source: str | None = None, batch: int = 500) -> Iterator[dict[str, Any]]:
+        """Sessions (oldest first, parents before children) each with its messages, streamed.
+
+        Memory stays flat: sessions are read in keyset pages and each session's
+        messages through a server-side cursor, one session at a time.
+        """
+        last_started, last_id = -1e300, ""
+        where = "" if source is None else " AND source = :src"
+        while True:
+            page = self._all(
+                f"SELECT * FROM sessions WHERE (started_at > :t OR (started_at = :t AND id > :id)){where}"
+                " ORDER BY started_at, id LIMIT :n",
+                {"t": last_started, "id": last_id, "n": batch, "src": source},
+            )
+            if not page:
+                return
+            for row in page:
+                result = self.conn.exec_driver_sql(
+                    "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (row["id"],)
+                )
+                keys = list(result.keys())
+                row["messages"] = [decode_row(dict(zip(keys, r))) for r in result]
+                yield row
+            last_started, last_id = page[-1]["started_at"], page[-1]["id"]
+
+    def import_session(self, record: dict[str, Any]) -> bool:
+        """Insert one exported session with its messages; an existing id is left alone.
+
+        Returns False when the session was already there (import is idempotent).
+        Message ids are kept when free, so lineage and anchors survive a round trip.
+        """
+        record = dict(record)
+        messages = record.pop("messages", []) or []
+        record.pop("preview", None), record.pop("last_active", None), record.pop("_lineage_root_id", None)
+        if self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": record["id"]}):
+            return False
+        known = self.columns_of("sessions")
+        cols = {k: v for k, v in record.items() if k in known}
+        # A parent that is not (yet) here would break the FK: keep the link only when valid.
+        parent = cols.get("parent_session_id")
+        if parent and not self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": parent}):
+            self._pending_parents.append((cols["id"], parent))
+            cols["parent_session_id"] = None
+        names = list(cols)
+        self._exec(f"INSERT INTO sessions ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)})", cols)
+        self._relink(cols["id"])
+        msg_cols = MessageRepository(self.conn)._known()
+        free = []
+        for m in messages:
+            item = {k: v for k, v in m.items() if k in msg_cols}
+            item["session_id"] = cols["id"]
+            if "id" in item and self._scalar("SELECT 1 FROM messages WHERE id = :id", {"id": item["id"]}):
+                item.pop("id")
+            free.append(item)
+        self._insert_messages(free)
+        return True
+
+    _pending_parents: list[tuple[str, str]]
+
+    def __init__(self, executor: Any) -> None:
+        super().__init__(executor)
+        self._pending_parents = []
+
+    def _relink(self, new_id: str) -> None:
+        """Children imported before their parent get their link back once it arrives."""
+        still = []
+        for child, parent in self._pending_parents:
+            if parent == new_id or self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": parent}):
+                self._exec("UPDATE sessions SET parent_session_id = :p WHERE id = :c", {"p": parent, "c": child})
+            else:
+                still.append((child, parent))
+        self._pending_parents = still
+
+    def _insert_messages(self, items: list[dict[str, Any]]) -> None:
+        from ..codec import encode_content, encode_json
+        from .messages import JSON_COLUMNS
+
+        for item in items:
+            item["content"] = encode_content(item.get("content"))
+            for c in JSON_COLUMNS:
+                if c in item:
+                    item[c] = encode_json(item[c])
+            names = list(item)
+            self.conn.exec_driver_sql(
+                f"INSERT INTO messages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                tuple(item.values()),
+            )
+
+    # ------------------------------------------------------------------ delete / prune
+
+    def delete_session(self, session_id: str, sessions_dir: str | Path | None = None) -> bool:
+        """Delete a session and its messages; its children stay, orphaned."""
+        if not self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": session_id}):
+            return False
+        self._delete_ids([session_id])
+        if sessions_dir is not None:
+            self._remove_files([session_id], sessions_dir)
+        return True
+
+    def _delete_ids(self, ids: list[str]) -> None:
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            marks = ", ".join("?" * len(chunk))
+            args = tuple(chunk)
+            self.conn.exec_driver_sql(f"UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN ({marks})", args)
+            self.conn.exec_driver_sql(f"DELETE FROM messages WHERE session_id IN ({marks})", args)
+            if self.has_table("session_model_usage"):
+                self.conn.exec_driver_sql(f"DELETE FROM session_model_usage WHERE session_id IN ({marks})", args)
+            self.conn.exec_driver_sql(f"DELETE FROM sessions WHERE id IN ({marks})", args)
+
+    @staticmethod
+    def _remove_files(ids: Iterable[str], folder: str | Path) -> None:
+        for sid in ids:
+            for path in transcript_files(folder, sid):
+                try:
+                    path.unlink()
+                except OSError:
+                    pass  # a file we cannot remove must not undo the database work
+
+    def prune_sessions(
+        self, older_than_days: float = 90, source: str | None = None, sessions_dir: str | Path | None = None
+    ) -> int:
+        """Delete ended sessions started before the cutoff; children are orphaned."""
+        params: dict[str, Any] = {"cut": now() - float(older_than_days) * DAY, "src": source}
+        ids = [
+            r[0]
+            for r in self.conn.execute(
+                text(
+                    "SELECT id FROM sessions WHERE ended_at IS NOT NULL AND started_at < :cut"
+                    + ("" if source is None else " AND source = :src")
+                ),
+                params,
+            )
+        ]
+        self._delete_ids(ids)
+        if sessions_dir is not None:
+            self._remove_files(ids, sessions_dir)
+        return len(ids)
+
+    def prune_empty_ghost_sessions(self, sessions_dir: str | Path | None = None) -> int:
+        """TUI sessions that never got a message or title, ended, older than a day."""
+        ids = [
+            r[0]
+            for r in self.conn.exec_driver_sql(
+                "SELECT id FROM sessions s WHERE source = 'tui' AND title IS NULL AND ended_at IS NOT NULL"
+                " AND started_at < ? AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id)",
+                (now() - DAY,),
+            )
+        ]
+        self._delete_ids(ids)
+        if sessions_dir is not None:
+            self._remove_files(ids, sessions_dir)
+        return len(ids)
+
+    def finalize_orphaned_compression_sessions(self) -> int:
+        """End stale compression continuations that never made an API call."""
+        return self.conn.exec_driver_sql(
+            "UPDATE sessions SET ended_at = ?, end_reason = 'orphaned_compression' WHERE id IN ("
+            " SELECT c.id FROM sessions c JOIN sessions p ON p.id = c.parent_session_id"
+            " WHERE c.ended_at IS NULL AND COALESCE(c.api_call_count, 0) = 0 AND c.started_at < ?"
+            " AND p.end_reason = 'compression'"
+            " AND EXISTS (SELECT 1 FROM messages m WHERE m.session_id = c.id))",
+            (now(), now() - 7 * DAY),
+        ).rowcount
+
+    # ------------------------------------------------------------------ FTS
+
+    def fts_rebuild(self) -> list[str]:
+        done = []
+        for index in fts5.existing_indexes(self.conn):
+            fts5.command(self.conn, index, "rebuild")
+            done.append(index)
+        return done
+
+    def fts_optimize(self) -> list[str]:
+        done = []
+        for index in fts5.existing_indexes(self.conn):
+            fts5.command(self.conn, index, "optimize")
+            done.append(index)
+        return done
+
+    def fts_integrity_check(self) -> dict[str, str | None]:
+        """Per index: None when healthy, else the error text."""
+        out: dict[str, str | None] = {}
+        for index in fts5.existing_indexes(self.conn):
+            try:
+                fts5.command(self.conn, index, "integrity-check")
+                out[index] = None
+            except Exception as exc:  # sqlite reports corruption as DatabaseError
+                out[index] = str(exc)
+        return out
+
+    # ------------------------------------------------------------------ usage
+
+    def usage(self, by: str = "model", source: str | None = None) -> list[UsageRow]:
+        """Tokens and cost grouped by model, task or billing route (from the ledger)."""
+        keys = {
+            "model": ("u.model",),
+            "task": ("u.task",),
+            "route": ("u.billing_provider", "u.billing_base_url", "u.billing_mode"),
+            "model_task": ("u.model", "u.task"),
+        }[by]
+        if not self.has_table("session_model_usage"):
+            return self._usage_from_sessions(source) if by == "model" else []
+        if by in ("task", "model_task") and "task" not in self.columns_of("session_model_usage"):
+            return []
+        where = "" if source is None else " WHERE s.source = :src"
+        rows = self.conn.execute(
+            text(
+                f"SELECT {', '.join(keys)}, count(DISTINCT u.session_id), sum(u.api_call_count), sum(u.input_tokens),"
+                " sum(u.output_tokens), sum(u.cache_read_tokens), sum(u.cache_write_tokens), sum(u.reasoning_tokens),"
+                " sum(u.estimated_cost_usd), sum(u.actual_cost_usd)"
+                f" FROM session_model_usage u JOIN sessions s ON s.id = u.session_id{where}"
+                f" GROUP BY {', '.join(keys)} ORDER BY sum(u.estimated_cost_usd) DESC, sum(u.input_tokens) DESC"
+            ),
+            {"src": source},
+        ).fetchall()
+        n = len(keys)
+        return [UsageRow(tuple(r[:n]), *(int(x or 0) for x in r[n:n + 7]), float(r[n + 7] or 0), float(r[n + 8] or 0)) for r in rows]
+
+    def _usage_from_sessions(self, source: str | None) -> list[UsageRow]:
+        """Hermes' documented stats query: sessions, tokens and cost per model."""
+        where = "" if source is None else " WHERE source = :src"
+        rows = self.conn.execute(
+            text(
+                "SELECT COALESCE(model, 'unknown'), count(*), sum(COALESCE(api_call_count, 0)), sum(input_tokens),"
+                " sum(output_tokens), sum(cache_read_tokens), sum(cache_write_tokens), sum(reasoning_tokens),"
+                f" sum(COALESCE(estimated_cost_usd, 0)), sum(COALESCE(actual_cost_usd, 0)) FROM sessions{where}"
+                " GROUP BY 1 ORDER BY 9 DESC"
+            ),
+            {"src": source},
+        ).fetchall()
+        return [UsageRow((r[0],), *(int(x or 0) for x in r[1:8]), float(r[8] or 0), float(r[9] or 0)) for r in rows]
+
+    def stats_by_model(self, source: str | None = None) -> list[UsageRow]:
+        """Sessions, tokens and cost per model, from the session totals (Hermes' stats)."""
+        return self._usage_from_sessions(source)
+
+

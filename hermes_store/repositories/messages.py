@@ -1,0 +1,266 @@
+"""Messages: append (single and bulk), read back, replace, windows, conversation replay."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy import text
+
+from .. import errors
+from ..codec import clean_text, count_tool_calls, decode_content, decode_json, encode_content, encode_json, strip_memory_context
+from .base import Repository, now
+from .records import MessageRecord, MessageWindow
+
+#: JSON-ish columns: stored as JSON text (falsy → NULL), decoded on read.
+JSON_COLUMNS = ("tool_calls", "reasoning_details", "codex_reasoning_items", "codex_message_items")
+MESSAGE_FIELDS = (
+    "tool_name", "tool_calls", "tool_call_id", "token_count", "finish_reason", "reasoning",
+    "reasoning_content", "reasoning_details", "codex_reasoning_items", "codex_message_items",
+)
+ASSISTANT_EXTRAS = ("finish_reason",)
+DECODED_EXTRAS = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
+
+
+def _text(value: Any) -> Any:
+    return clean_text(value) if isinstance(value, str) else value
+
+
+def encode_row(session_id: str, role: str, content: Any = None, timestamp: float | None = None, **fields: Any) -> dict[str, Any]:
+    """One message in Hermes' on-disk format (content encoding, JSON columns, clean text)."""
+    row: dict[str, Any] = {
+        "session_id": session_id,
+        "role": role,
+        "content": encode_content(content),
+        "timestamp": now() if timestamp is None else float(timestamp),
+    }
+    for key, value in fields.items():
+        if key in JSON_COLUMNS:
+            row[key] = encode_json(value)
+        else:
+            row[key] = _text(value)
+    return row
+
+
+def decode_row(row: dict[str, Any]) -> MessageRecord:
+    """Content and tool_calls decoded, as Hermes' get_messages returns them."""
+    row["content"] = decode_content(row.get("content"))
+    if row.get("tool_calls") is not None:
+        row["tool_calls"] = decode_json(row["tool_calls"])
+    return row  # type: ignore[return-value]
+
+
+class MessageRepository(Repository):
+    """Rows of ``messages``; keeps the session's counters in step in the same transaction."""
+
+    #: Column names per engine: read once, not on every append.
+    _columns: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+
+    def _known(self) -> set[str]:
+        cols = self._columns.get(self.conn.engine)
+        if cols is None:
+            cols = self._columns[self.conn.engine] = self.columns_of("messages")
+        return cols
+
+    def append(self, session_id: str, role: str, content: Any = None, **fields: Any) -> int:
+        """Insert one message and bump message_count / tool_call_count; returns its id."""
+        fields = {k: v for k, v in fields.items() if v is not None}
+        timestamp = fields.pop("timestamp", None)
+        unknown = set(fields) - self._known()
+        if unknown:
+            raise TypeError(f"unknown message fields: {sorted(unknown)}")
+        row = encode_row(session_id, role, content, timestamp, **fields)
+        names = list(row)
+        try:
+            new_id = self.conn.exec_driver_sql(
+                f"INSERT INTO messages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                tuple(row.values()),
+            ).lastrowid
+        except Exception as exc:
+            if "FOREIGN KEY" in str(exc) and not self._exists(session_id):
+                raise errors.NotFoundError(f"unknown session {session_id!r}") from exc
+            raise
+        calls = count_tool_calls(fields.get("tool_calls"))
+        self.conn.exec_driver_sql(
+            "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1, "
+            "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?",
+            (calls, session_id),
+        )
+        return int(new_id)
+
+    def _exists(self, session_id: str) -> bool:
+        return self.conn.exec_driver_sql("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).first() is not None
+
+    def bulk_append(self, messages: Iterable[dict[str, Any]], *, update_counters: bool = True) -> int:
+        """Insert many messages with one executemany per column set; counters once per session.
+
+        Each item is a dict with at least ``session_id`` and ``role``; other keys are
+        message columns (``content`` may be a list/dict, JSON columns may be objects).
+        """
+        known = self._known()
+        groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+        per_session: dict[str, list[int]] = {}
+        total = 0
+        for item in messages:
+            item = {k: v for k, v in item.items() if v is not None}
+            sid, role = item.pop("session_id"), item.pop("role")
+            content, ts = item.pop("content", None), item.pop("timestamp", None)
+            item.pop("id", None)
+            bad = set(item) - known
+            if bad:
+                raise TypeError(f"unknown message fields: {sorted(bad)}")
+            row = encode_row(sid, role, content, ts, **item)
+            groups.setdefault(tuple(row), []).append(tuple(row.values()))
+            c = per_session.setdefault(sid, [0, 0])
+            c[0] += 1
+            c[1] += count_tool_calls(item.get("tool_calls"))
+            total += 1
+        cursor = self.conn.connection.driver_connection.cursor()
+        try:
+            for names, rows in groups.items():
+                cursor.executemany(
+                    f"INSERT INTO messages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})", rows
+                )
+            if update_counters:
+                cursor.executemany(
+                    "UPDATE sessions SET message_count = COALESCE(message_count, 0) + ?, "
+                    "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?",
+                    [(n, calls, sid) for sid, (n, calls) in per_session.items()],
+                )
+        finally:
+            cursor.close()
+        return total
+
+    def get_messages(self, session_id: str) -> list[MessageRecord]:
+        return [decode_row(r) for r in self._all("SELECT * FROM messages WHERE session_id = :s ORDER BY id", {"s": session_id})]
+
+    def count(self, session_id: str | None = None) -> int:
+        if session_id is None:
+            return int(self._scalar("SELECT count(*) FROM messages"))
+        return int(self._scalar("SELECT count(*) FROM messages WHERE session_id = :s", {"s": session_id}))
+
+    def clear(self, session_id: str) -> int:
+        deleted = self._exec("DELETE FROM messages WHERE session_id = :s", {"s": session_id})
+        self._exec("UPDATE sessions SET message_count = 0, tool_call_count = 0 WHERE id = :s", {"s": session_id})
+        return deleted
+
+    def replace(self, session_id: str, messages: Sequence[dict[str, Any]]) -> int:
+        """Swap the whole transcript; counters are recomputed from what was written."""
+        self._exec("DELETE FROM messages WHERE session_id = :s", {"s": session_id})
+        items = []
+        for m in messages:
+            item = {k: v for k, v in m.items() if k in self._known() and k not in ("id", "session_id")}
+            item["session_id"] = session_id
+            item.setdefault("role", m.get("role", "user"))
+            items.append(item)
+        self.bulk_append(items, update_counters=False)
+        self._exec(
+            "UPDATE sessions SET message_count = :n, tool_call_count = :c WHERE id = :s",
+            {"n": len(items), "c": sum(count_tool_calls(i.get("tool_calls")) for i in items), "s": session_id},
+        )
+        return len(items)
+
+    # ------------------------------------------------------------------ windows
+
+    def around(self, session_id: str, anchor_id: int, window: int = 5) -> MessageWindow:
+        """Up to ``window`` messages on each side of the anchor, with counts outside."""
+        window = max(int(window or 0), 0)
+        rows = self._all(
+            "WITH a AS (SELECT id FROM messages WHERE id = :a AND session_id = :s) "
+            "SELECT * FROM (SELECT m.* FROM messages m, a WHERE m.session_id = :s AND m.id < a.id ORDER BY m.id DESC LIMIT :w) "
+            "UNION ALL SELECT m.* FROM messages m, a WHERE m.id = a.id "
+            "UNION ALL SELECT * FROM (SELECT m.* FROM messages m, a WHERE m.session_id = :s AND m.id > a.id ORDER BY m.id LIMIT :w)",
+            {"a": anchor_id, "s": session_id, "w": window},
+        )
+        if not rows:
+            return MessageWindow([], 0, 0)
+        rows.sort(key=lambda r: r["id"])
+        first, last = rows[0]["id"], rows[-1]["id"]
+        before = self._scalar("SELECT count(*) FROM messages WHERE session_id = :s AND id < :i", {"s": session_id, "i": first})
+        after = self._scalar("SELECT count(*) FROM messages WHERE session_id = :s AND id > :i", {"s": session_id, "i": last})
+        return MessageWindow([decode_row(r) for r in rows], int(before), int(after))
+
+    def anchored_view(
+        self,
+        session_id: str,
+        anchor_id: int,
+        window: int = 5,
+        bookend: int = 3,
+        keep_roles: Sequence[str] | None = ("user", "assistant"),
+    ) -> MessageWindow:
+        """A window over the kept roles (the anchor is always kept) plus first/last bookends."""
+        window, bookend = max(int(window or 0), 0), max(int(bookend or 0), 0)
+        rows = self._all("SELECT * FROM messages WHERE session_id = :s ORDER BY id", {"s": session_id})
+        idx = next((i for i, r in enumerate(rows) if r["id"] == anchor_id), None)
+        if idx is None:
+            return MessageWindow([], 0, 0, [], [])
+        keep = set(keep_roles) if keep_roles else None
+        kept = [r for r in rows if keep is None or r["role"] in keep or r["id"] == anchor_id]
+        k = next(i for i, r in enumerate(kept) if r["id"] == anchor_id)
+        lo, hi = max(k - window, 0), min(k + window + 1, len(kept))
+        win = kept[lo:hi]
+
+        def non_empty(r: dict[str, Any]) -> bool:
+            c = r.get("content")
+            return c is not None and (not isinstance(c, str) or c.strip() != "")
+
+        start = [r for r in kept[:lo] if non_empty(r)][:bookend]
+        end = [r for r in kept[hi:] if non_empty(r)][-bookend:] if bookend else []
+        return MessageWindow(
+            [decode_row(r) for r in win], lo, len(kept) - hi,
+            [decode_row(r) for r in start], [decode_row(r) for r in end],
+        )
+
+    # ------------------------------------------------------------------ replay
+
+    def conversation(self, session_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """OpenAI chat-format replay of the given sessions, in order (one query)."""
+        if not session_ids:
+            return []
+        names = {f"s{i}": sid for i, sid in enumerate(session_ids)}
+        order = " ".join(f"WHEN :s{i} THEN {i}" for i in range(len(session_ids)))
+        rows = self.conn.execute(
+            text(
+                "SELECT role, content, tool_call_id, tool_name, tool_calls, finish_reason, reasoning, "
+                "reasoning_content, reasoning_details, codex_reasoning_items, codex_message_items "
+                f"FROM messages WHERE session_id IN ({', '.join(':' + n for n in names)}) "
+                f"ORDER BY CASE session_id {order} END, id"
+            ),
+            names,
+        ).fetchall()
+        out: list[dict[str, Any]] = []
+        pending_users: set[str] = set()
+        dedupe = len(session_ids) > 1
+        for (role, content, tool_call_id, tool_name, tool_calls, finish_reason, reasoning,
+             reasoning_content, reasoning_details, codex_reasoning_items, codex_message_items) in rows:
+            value = decode_content(content)
+            if role in ("user", "assistant") and isinstance(value, str):
+                value = strip_memory_context(value)
+            if dedupe and role == "user":
+                key = value if isinstance(value, str) else repr(value)
+                if key in pending_users:
+                    continue  # replayed again after a compression boundary, no reply between
+                pending_users.add(key)
+            elif role == "assistant":
+                pending_users.clear()
+            msg: dict[str, Any] = {"role": role, "content": value}
+            if tool_call_id:
+                msg["tool_call_id"] = tool_call_id
+            if tool_name:
+                msg["tool_name"] = tool_name
+            if tool_calls:
+                msg["tool_calls"] = decode_json(tool_calls)
+            if role == "assistant":
+                if finish_reason:
+                    msg["finish_reason"] = finish_reason
+                if reasoning:
+                    msg["reasoning"] = reasoning
+                if reasoning_content is not None:
+                    msg["reasoning_content"] = reasoning_content
+                for key, raw in (("reasoning_details", reasoning_details),
+                                 ("codex_reasoning_items", codex_reasoning_items),
+                                 ("codex_message_items", codex_message_items)):
+                    if raw:
+                        msg[key] = decode_json(raw)
+            out.append(msg)
+        return out

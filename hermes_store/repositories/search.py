@@ -1,0 +1,179 @@
+"""Full-text search over messages: word index, trigram index, substring fallback.
+
+The routing (which index a query can use) lives in :mod:`hermes_store.search.query`;
+FTS5 syntax in :mod:`hermes_store.search.fts`. This module filters, sorts, pages and
+adds one message of context on each side of every hit.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy.exc import OperationalError
+
+from ..codec import clean_text, decode_content
+from ..search.fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN, TRIGRAM_INDEX, WORD_INDEX, fts5
+from ..search.query import escape_like, plan_search
+from .base import Repository
+from .records import SearchHit
+
+CONTEXT_CHARS = 200
+SNIPPET_RADIUS = 40
+SORTS = (None, "rank", "newest", "oldest")
+
+
+def _as_list(value: str | Iterable[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else [v for v in value if v is not None]
+
+
+class SearchRepository(Repository):
+    def search_messages(
+        self,
+        query: str,
+        source_filter: str | Iterable[str] | None = None,
+        exclude_sources: str | Iterable[str] | None = None,
+        role_filter: str | Iterable[str] | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        sort: str | None = None,
+    ) -> list[SearchHit]:
+        """Search; never raises on user input (bad syntax, odd characters → [] or hits)."""
+        if not isinstance(query, str):
+            return []
+        plan = plan_search(clean_text(query))
+        if plan.kind == "empty":
+            return []
+        if sort not in SORTS:
+            sort = None
+        where: list[str] = []
+        params: dict[str, Any] = {"limit": max(int(limit or 0), 0), "offset": max(int(offset or 0), 0)}
+        for prefix, values, op in (("src", _as_list(source_filter), "IN"),
+                                   ("xsrc", _as_list(exclude_sources), "NOT IN"),
+                                   ("role", _as_list(role_filter), "IN")):
+            if values:
+                names = [f"{prefix}{i}" for i in range(len(values))]
+                column = "m.role" if prefix == "role" else "s.source"
+                where.append(f"{column} {op} ({', '.join(':' + n for n in names)})")
+                params.update(zip(names, values))
+        filters = "".join(f" AND {w}" for w in where)
+        order = {"newest": "m.timestamp DESC, m.id DESC", "oldest": "m.timestamp ASC, m.id ASC"}
+        try:
+            if plan.kind in ("word", "trigram"):
+                index = WORD_INDEX if plan.kind == "word" else TRIGRAM_INDEX
+                params["q"] = plan.match
+                hits_sql = fts5.match_sql(index)
+                sql = (
+                    f"SELECT m.id, m.session_id, m.role, h.snippet, m.timestamp, m.tool_name, s.source, s.model, "
+                    f"s.started_at AS session_started, h.rank AS rank FROM ({hits_sql}) h "
+                    "JOIN messages m ON m.id = h.id JOIN sessions s ON s.id = m.session_id "
+                    f"WHERE 1{filters}"
+                )
+                if plan.kind == "trigram":
+                    # Tool output is not in the trigram index (v23); reach it by substring.
+                    like, lparams = self._like_clause(plan.terms)
+                    params.update(lparams)
+                    sql += (
+                        " UNION ALL SELECT m.id, m.session_id, m.role, NULL, m.timestamp, m.tool_name, s.source, "
+                        "s.model, s.started_at, 0.0 FROM messages m JOIN sessions s ON s.id = m.session_id "
+                        f"WHERE m.role = 'tool' AND ({like}){filters}"
+                    )
+                sql = f"SELECT * FROM ({sql}) m ORDER BY {order.get(sort or '', 'm.rank, m.timestamp DESC, m.id DESC')}"
+            else:
+                like, lparams = self._like_clause(plan.terms)
+                params.update(lparams)
+                sql = (
+                    "SELECT m.id, m.session_id, m.role, NULL AS snippet, m.timestamp, m.tool_name, s.source, s.model, "
+                    "s.started_at AS session_started FROM messages m JOIN sessions s ON s.id = m.session_id "
+                    f"WHERE ({like}){filters} ORDER BY {order.get(sort or '', 'm.timestamp DESC, m.id DESC')}"
+                )
+            rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
+        except (OperationalError, sqlite3.OperationalError):
+            # Defence in depth: the sanitizer should make this unreachable.
+            return []
+        return self._finish(rows, plan.terms)
+
+    @staticmethod
+    def _like_clause(terms: Sequence[str]) -> tuple[str, dict[str, Any]]:
+        parts, params = [], {}
+        for i, term in enumerate(terms):
+            params[f"lk{i}"] = f"%{escape_like(term)}%"
+            parts.append(
+                f"(m.content LIKE :lk{i} ESCAPE '\\' OR m.tool_name LIKE :lk{i} ESCAPE '\\' "
+                f"OR m.tool_calls LIKE :lk{i} ESCAPE '\\')"
+            )
+        return " OR ".join(parts) or "0", params
+
+    def _finish(self, rows: list[dict[str, Any]], terms: Sequence[str]) -> list[SearchHit]:
+        if not rows:
+            return []
+        context = self._context([r["id"] for r in rows])
+        texts = self._texts([r["id"] for r in rows if r["snippet"] is None])
+        hits: list[SearchHit] = []
+        for r in rows:
+            r.pop("rank", None)
+            if r["snippet"] is None:
+                r["snippet"] = _substring_snippet(texts.get(r["id"], ()), terms)
+            r["context"] = context.get(r["id"], [])
+            hits.append(r)  # type: ignore[arg-type]
+        return hits
+
+    def _context(self, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+        """Previous message, the hit, next message (same session, by timestamp then id)."""
+        marks = ", ".join("?" * len(ids))
+        rows = self.conn.exec_driver_sql(
+            "WITH hit AS (SELECT id, session_id, timestamp FROM messages WHERE id IN (" + marks + ")) "
+            "SELECT hit.id, x.pos, x.role, x.content FROM hit "
+            "JOIN (SELECT hit.id AS hid, -1 AS pos, p.role, p.content FROM hit JOIN messages p ON p.id = ("
+            "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND "
+            "   (q.timestamp < hit.timestamp OR (q.timestamp = hit.timestamp AND q.id < hit.id))"
+            "   ORDER BY q.timestamp DESC, q.id DESC LIMIT 1)"
+            " UNION ALL SELECT hit.id, 0, m.role, m.content FROM hit JOIN messages m ON m.id = hit.id"
+            " UNION ALL SELECT hit.id, 1, n.role, n.content FROM hit JOIN messages n ON n.id = ("
+            "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND "
+            "   (q.timestamp > hit.timestamp OR (q.timestamp = hit.timestamp AND q.id > hit.id))"
+            "   ORDER BY q.timestamp, q.id LIMIT 1)"
+            ") x ON x.hid = hit.id ORDER BY hit.id, x.pos",
+            tuple(ids),
+        ).fetchall()
+        out: dict[int, list[dict[str, Any]]] = {}
+        for hid, _pos, role, content in rows:
+            out.setdefault(hid, []).append({"role": role, "content": _cut(content)})
+        return out
+
+    def _texts(self, ids: list[int]) -> dict[int, tuple[Any, ...]]:
+        if not ids:
+            return {}
+        rows = self.conn.exec_driver_sql(
+            f"SELECT id, content, tool_name, tool_calls FROM messages WHERE id IN ({', '.join('?' * len(ids))})",
+            tuple(ids),
+        ).fetchall()
+        return {r[0]: tuple(r[1:]) for r in rows}
+
+
+def _substring_snippet(texts: Sequence[Any], terms: Sequence[str]) -> str:
+    """A snippet like FTS5's for hits found by substring: first term occurrence marked."""
+    for text in texts:
+        if not isinstance(text, str) or not text:
+            continue
+        low = text.lower()
+        for term in terms:
+            at = low.find(term.lower())
+            if at >= 0:
+                start, end = max(at - SNIPPET_RADIUS, 0), min(at + len(term) + SNIPPET_RADIUS, len(text))
+                return (
+                    (SNIPPET_ELLIPSIS if start else "") + text[start:at] + SNIPPET_OPEN
+                    + text[at:at + len(term)] + SNIPPET_CLOSE + text[at + len(term):end]
+                    + (SNIPPET_ELLIPSIS if end < len(text) else "")
+                )
+    first = texts[0] if texts and isinstance(texts[0], str) else ""
+    return first[: 2 * SNIPPET_RADIUS]
+
+
+def _cut(content: Any) -> Any:
+    value = decode_content(content)
+    if isinstance(value, str):
+        return value[:CONTEXT_CHARS]
+    return str(value)[:CONTEXT_CHARS] if value is not None else None

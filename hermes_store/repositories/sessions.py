@@ -1,0 +1,377 @@
+"""Sessions: creation, ending, token accounting, titles, listing."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterable
+
+from sqlalchemy.exc import IntegrityError
+
+from .. import errors
+from ..titles import sanitize_title, split_title_number
+from .base import Repository, like_prefix, now
+from .records import SessionRecord
+
+CREATE_FIELDS = ("model", "model_config", "system_prompt", "user_id", "parent_session_id")
+COUNTERS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
+ROUTE = ("billing_provider", "billing_base_url", "billing_mode")
+PREVIEW_CHARS = 60
+
+
+def _json_field(value: Any) -> Any:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False) if value else None
+    return value
+
+
+class SessionRepository(Repository):
+    """Everything about rows of ``sessions`` (messages live in MessageRepository)."""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def create(self, session_id: str, source: str, **fields: Any) -> str:
+        """Insert a session; if the id exists keep the row and fill only its NULL fields."""
+        cols = {k: _json_field(v) for k, v in fields.items() if v is not None}
+        unknown = set(cols) - self.columns_of("sessions")
+        if unknown:
+            raise TypeError(f"unknown session fields: {sorted(unknown)}")
+        names = ["id", "source", "started_at", *cols]
+        values = {"id": session_id, "source": source, "started_at": cols.pop("started_at", None) or now(), **cols}
+        fill = ", ".join(f"{c} = COALESCE(sessions.{c}, excluded.{c})" for c in ["source", *cols])
+        self._exec(
+            f"INSERT INTO sessions ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)}) "
+            f"ON CONFLICT(id) DO UPDATE SET {fill}",
+            values,
+        )
+        return session_id
+
+    def ensure(self, session_id: str, source: str = "unknown", model: str | None = None, **fields: Any) -> str:
+        return self.create(session_id, source, model=model, **fields)
+
+    def get(self, session_id: str) -> SessionRecord | None:
+        return self._one("SELECT * FROM sessions WHERE id = :id", {"id": session_id})  # type: ignore[return-value]
+
+    def exists(self, session_id: str) -> bool:
+        return self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": session_id}) is not None
+
+    def end(self, session_id: str, end_reason: str | None) -> bool:
+        """First end wins: an already-ended session keeps its end time and reason."""
+        return (
+            self._exec(
+                "UPDATE sessions SET ended_at = :t, end_reason = :r WHERE id = :id AND ended_at IS NULL",
+                {"t": now(), "r": end_reason, "id": session_id},
+            )
+            > 0
+        )
+
+    def reopen(self, session_id: str) -> bool:
+        return self._exec(
+            "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = :id", {"id": session_id}
+        ) > 0
+
+    def update_system_prompt(self, session_id: str, system_prompt: str | None) -> bool:
+        return self._exec(
+            "UPDATE sessions SET system_prompt = :p WHERE id = :id", {"p": system_prompt, "id": session_id}
+        ) > 0
+
+    def update_fields(self, session_id: str, **fields: Any) -> bool:
+        """Set arbitrary known columns (cwd, archived, git_branch...)."""
+        if not fields:
+            return self.exists(session_id)
+        unknown = set(fields) - self.columns_of("sessions")
+        if unknown:
+            raise TypeError(f"unknown session fields: {sorted(unknown)}")
+        sets = ", ".join(f"{k} = :{k}" for k in fields)
+        values = {k: _json_field(v) for k, v in fields.items()}
+        return self._exec(f"UPDATE sessions SET {sets} WHERE id = :_id", {**values, "_id": session_id}) > 0
+
+    # ------------------------------------------------------------------ accounting
+
+    def update_token_counts(
+        self,
+        session_id: str,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        model: str | None = None,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        estimated_cost_usd: float | None = None,
+        actual_cost_usd: float | None = None,
+        cost_status: str | None = None,
+        cost_source: str | None = None,
+        pricing_version: str | None = None,
+        billing_provider: str | None = None,
+        billing_base_url: str | None = None,
+        billing_mode: str | None = None,
+        api_call_count: int = 0,
+        absolute: bool = False,
+        task: str = "",
+    ) -> None:
+        """Add (or, with ``absolute``, set) usage on the session and its per-model ledger."""
+        p: dict[str, Any] = {
+            "id": session_id,
+            "input_tokens": int(input_tokens or 0),
+            "output_tokens": int(output_tokens or 0),
+            "cache_read_tokens": int(cache_read_tokens or 0),
+            "cache_write_tokens": int(cache_write_tokens or 0),
+            "reasoning_tokens": int(reasoning_tokens or 0),
+            "api_call_count": int(api_call_count or 0),
+            "est": estimated_cost_usd,
+            "act": actual_cost_usd,
+            "cost_status": cost_status,
+            "cost_source": cost_source,
+            "pricing_version": pricing_version,
+            "billing_provider": billing_provider,
+            "billing_base_url": billing_base_url,
+            "billing_mode": billing_mode,
+            "model": model,
+            "t": now(),
+        }
+        self._exec(
+            "INSERT INTO sessions (id, source, started_at) VALUES (:id, 'unknown', :t) ON CONFLICT(id) DO NOTHING", p
+        )
+        if task == "":  # only the main loop moves the session's own counters and route
+            if absolute:
+                counters = ", ".join(f"{c} = :{c}" for c in (*COUNTERS, "api_call_count"))
+                est = "estimated_cost_usd = COALESCE(:est, estimated_cost_usd)"
+                act = "actual_cost_usd = COALESCE(:act, actual_cost_usd)"
+            else:
+                counters = ", ".join(f"{c} = COALESCE({c}, 0) + :{c}" for c in (*COUNTERS, "api_call_count"))
+                est = "estimated_cost_usd = CASE WHEN :est IS NULL THEN estimated_cost_usd ELSE COALESCE(estimated_cost_usd, 0) + :est END"
+                act = "actual_cost_usd = CASE WHEN :act IS NULL THEN actual_cost_usd ELSE COALESCE(actual_cost_usd, 0) + :act END"
+            self._exec(
+                f"UPDATE sessions SET {counters}, {est}, {act}, "
+                "cost_status = COALESCE(:cost_status, cost_status), "
+                "cost_source = COALESCE(:cost_source, cost_source), "
+                "pricing_version = COALESCE(:pricing_version, pricing_version), "
+                "billing_provider = COALESCE(billing_provider, :billing_provider), "
+                "billing_base_url = COALESCE(billing_base_url, :billing_base_url), "
+                "billing_mode = COALESCE(billing_mode, :billing_mode), "
+                "model = COALESCE(model, :model) WHERE id = :id",
+                p,
+            )
+        if self.has_table("session_model_usage"):
+            self._upsert_ledger(p, task, absolute)
+
+    def _upsert_ledger(self, p: dict[str, Any], task: str, absolute: bool) -> None:
+        moved = any(p[c] for c in (*COUNTERS, "api_call_count")) or p["est"] or p["act"]
+        if not moved and not absolute:
+            return
+        if task == "":
+            # The main loop bills on the session's route; fill gaps from the session row.
+            route = self._one(
+                "SELECT model, billing_provider, billing_base_url, billing_mode FROM sessions WHERE id = :id", p
+            ) or {}
+            key_model = p["model"] or route.get("model") or "unknown"
+            key_route = [p[c] if p[c] is not None else (route.get(c) or "") for c in ROUTE]
+        else:
+            key_model = p["model"] or "unknown"
+            key_route = [p[c] or "" for c in ROUTE]
+        q = {**p, "model": key_model, "task": task, "est": p["est"] or 0.0, "act": p["act"] or 0.0}
+        q.update(zip(ROUTE, key_route))
+        cols = (*COUNTERS, "api_call_count")
+        if absolute:
+            upd = ", ".join(f"{c} = excluded.{c}" for c in cols)
+            upd += ", estimated_cost_usd = excluded.estimated_cost_usd, actual_cost_usd = excluded.actual_cost_usd"
+        else:
+            upd = ", ".join(f"{c} = {c} + excluded.{c}" for c in cols)
+            upd += (", estimated_cost_usd = estimated_cost_usd + excluded.estimated_cost_usd"
+                    ", actual_cost_usd = actual_cost_usd + excluded.actual_cost_usd")
+        self._exec(
+            "INSERT INTO session_model_usage (session_id, model, billing_provider, billing_base_url, billing_mode, task, "
+            f"{', '.join(cols)}, estimated_cost_usd, actual_cost_usd, cost_status, cost_source, first_seen, last_seen) "
+            "VALUES (:id, :model, :billing_provider, :billing_base_url, :billing_mode, :task, "
+            f"{', '.join(':' + c for c in cols)}, :est, :act, :cost_status, :cost_source, :t, :t) "
+            "ON CONFLICT(session_id, model, billing_provider, billing_base_url, billing_mode, task) DO UPDATE SET "
+            f"{upd}, cost_status = COALESCE(excluded.cost_status, cost_status), "
+            "cost_source = COALESCE(excluded.cost_source, cost_source), last_seen = excluded.last_seen",
+            q,
+        )
+
+    # ------------------------------------------------------------------ titles
+
+    def set_title(self, session_id: str, title: str | None) -> bool:
+        """Set a sanitized title; a title held by another session raises TitleConflictError."""
+        clean = sanitize_title(title)
+        if clean is not None:
+            holder = self._scalar(
+                "SELECT id FROM sessions WHERE title = :t AND id != :id", {"t": clean, "id": session_id}
+            )
+            if holder is not None:
+                raise errors.TitleConflictError(f"Title '{clean}' is already in use by session {holder}")
+        try:
+            return self._exec("UPDATE sessions SET title = :t WHERE id = :id", {"t": clean, "id": session_id}) > 0
+        except IntegrityError as exc:  # a concurrent writer took it between check and update
+            raise errors.TitleConflictError(f"Title '{clean}' is already in use") from exc
+
+    def get_title(self, session_id: str) -> str | None:
+        return self._scalar("SELECT title FROM sessions WHERE id = :id", {"id": session_id})
+
+    def get_by_title(self, title: str) -> SessionRecord | None:
+        return self._one("SELECT * FROM sessions WHERE title = :t", {"t": title})  # type: ignore[return-value]
+
+    def _numbered(self, base: str) -> list[tuple[str, int | None, float]]:
+        """Sessions titled ``base`` (N None) or ``base #N``: (id, N, started_at)."""
+        rows = self.conn.exec_driver_sql(
+            "SELECT id, title, started_at FROM sessions WHERE title = ? OR title LIKE ? ESCAPE '\\'",
+            (base, like_prefix(base + " #")),
+        ).fetchall()
+        out: list[tuple[str, int | None, float]] = []
+        for sid, title, started in rows:
+            if title == base:
+                out.append((sid, None, started))
+                continue
+            b, n = split_title_number(title)
+            if b == base and n is not None:
+                out.append((sid, n, started))
+        return out
+
+    def resolve_by_title(self, title: str) -> str | None:
+        """The most recently started ``title #N`` session if any, else the one titled ``title``."""
+        rows = self._numbered(title)
+        numbered = [r for r in rows if r[1] is not None]
+        if numbered:
+            return max(numbered, key=lambda r: (r[2], r[1]))[0]
+        return rows[0][0] if rows else None
+
+    def next_title_in_lineage(self, base_title: str) -> str:
+        base, _n = split_title_number(base_title)
+        rows = self._numbered(base)
+        if not any(n is None for _id, n, _t in rows):
+            return base
+        return f"{base} #{max(n or 1 for _id, n, _t in rows) + 1}"
+
+    # ------------------------------------------------------------------ lookup
+
+    def resolve_id(self, id_or_prefix: str) -> str | None:
+        """Exact id, else the only id starting with the prefix (``_``/``%`` literal)."""
+        if not id_or_prefix:
+            return None
+        if self.exists(id_or_prefix):
+            return id_or_prefix
+        rows = self.conn.exec_driver_sql(
+            "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' LIMIT 2", (like_prefix(id_or_prefix),)
+        ).fetchall()
+        return rows[0][0] if len(rows) == 1 else None
+
+    def count(self, source: str | None = None) -> int:
+        if source is None:
+            return int(self._scalar("SELECT count(*) FROM sessions"))
+        return int(self._scalar("SELECT count(*) FROM sessions WHERE source = :s", {"s": source}))
+
+    # ------------------------------------------------------------------ listing
+
+    def list_rich(
+        self,
+        source: str | Iterable[str] | None = None,
+        exclude_sources: Iterable[str] | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        include_children: bool = False,
+        project_compression_tips: bool = True,
+        order_by_last_active: bool = False,
+    ) -> list[SessionRecord]:
+        """Sessions with preview and last_active, lineage-aware (see SPEC §4 listing)."""
+        where, params = _source_filter("s", source, exclude_sources)
+        params.update(limit=max(int(limit), 0), offset=max(int(offset), 0))
+        if not include_children:
+            where.append(
+                "(s.parent_session_id IS NULL OR p.id IS NULL OR "
+                "(p.end_reason = 'branched' AND p.ended_at IS NOT NULL AND s.started_at >= p.ended_at))"
+            )
+        cond = " AND ".join(where) or "1"
+        project = project_compression_tips and not include_children
+        chain_cte = (
+            # Compression chain of every listed root: root → continuation → ... (depth-bounded).
+            "chain(root_id, id, depth) AS ("
+            " SELECT id, id, 0 FROM roots"
+            " UNION ALL"
+            " SELECT chain.root_id, c.id, chain.depth + 1 FROM chain"
+            " JOIN sessions par ON par.id = chain.id"
+            " JOIN sessions c ON c.parent_session_id = par.id"
+            " WHERE par.end_reason = 'compression' AND par.ended_at IS NOT NULL"
+            " AND c.started_at >= par.ended_at AND chain.depth < 1000),"
+            "tip AS (SELECT root_id, id AS tip_id FROM ("
+            " SELECT chain.root_id, chain.id, row_number() OVER ("
+            "  PARTITION BY chain.root_id ORDER BY chain.depth DESC, cs.started_at DESC, chain.id DESC) AS rn"
+            " FROM chain JOIN sessions cs ON cs.id = chain.id) WHERE rn = 1)"
+        )
+        if order_by_last_active:
+            order = "chain_last DESC, root_started DESC"
+            page = (
+                "page AS (SELECT roots.id AS root_id, roots.started_at AS root_started, "
+                " (SELECT max(COALESCE((SELECT max(m.timestamp) FROM messages m WHERE m.session_id = chain.id), cs.started_at))"
+                "  FROM chain JOIN sessions cs ON cs.id = chain.id WHERE chain.root_id = roots.id) AS chain_last"
+                f" FROM roots ORDER BY {order} LIMIT :limit OFFSET :offset)"
+            )
+        else:
+            page = (
+                "page AS (SELECT roots.id AS root_id, roots.started_at AS root_started, NULL AS chain_last FROM roots"
+                " ORDER BY roots.started_at DESC, roots.id DESC LIMIT :limit OFFSET :offset)"
+            )
+        if not project:
+            chain_cte = "chain(root_id, id, depth) AS (SELECT id, id, 0 FROM roots), tip AS (SELECT id AS root_id, id AS tip_id FROM roots)"
+        sql = (
+            "WITH RECURSIVE roots AS (SELECT s.id, s.started_at FROM sessions s"
+            f" LEFT JOIN sessions p ON p.id = s.parent_session_id WHERE {cond}), "
+            f"{chain_cte}, {page} "
+            "SELECT t.*, page.root_id AS _root_id, "
+            " (SELECT m.content FROM messages m WHERE m.session_id = t.id AND m.role = 'user'"
+            "  ORDER BY m.timestamp, m.id LIMIT 1) AS _preview, "
+            " COALESCE((SELECT max(m.timestamp) FROM messages m WHERE m.session_id = t.id), t.started_at) AS last_active "
+            "FROM page JOIN tip ON tip.root_id = page.root_id JOIN sessions t ON t.id = tip.tip_id "
+            + ("ORDER BY page.chain_last DESC, page.root_started DESC" if order_by_last_active
+               else "ORDER BY page.root_started DESC, page.root_id DESC")
+        )
+        out: list[SessionRecord] = []
+        for row in self._all(sql, params):
+            root_id = row.pop("_root_id")
+            row["preview"] = make_preview(row.pop("_preview"))
+            if project and root_id != row["id"]:
+                row["_lineage_root_id"] = root_id
+            out.append(row)  # type: ignore[arg-type]
+        return out
+
+    def search(self, source: str | None = None, limit: int = 20, offset: int = 0) -> list[SessionRecord]:
+        """Sessions ordered by latest activity (message time, else start)."""
+        where, params = _source_filter("s", source, None)
+        params.update(limit=max(int(limit), 0), offset=max(int(offset), 0))
+        return self._all(  # type: ignore[return-value]
+            "SELECT s.*, COALESCE((SELECT max(m.timestamp) FROM messages m WHERE m.session_id = s.id), s.started_at)"
+            f" AS last_active FROM sessions s WHERE {' AND '.join(where) or '1'}"
+            " ORDER BY last_active DESC, s.id DESC LIMIT :limit OFFSET :offset",
+            params,
+        )
+
+
+def _source_filter(alias: str, include: str | Iterable[str] | None, exclude: Iterable[str] | None) -> tuple[list[str], dict[str, Any]]:
+    where: list[str] = []
+    params: dict[str, Any] = {}
+    if include:
+        inc = [include] if isinstance(include, str) else list(include)
+        names = [f"inc{i}" for i in range(len(inc))]
+        where.append(f"{alias}.source IN ({', '.join(':' + n for n in names)})")
+        params.update(zip(names, inc))
+    if exclude:
+        exc = [exclude] if isinstance(exclude, str) else list(exclude)
+        if exc:
+            names = [f"exc{i}" for i in range(len(exc))]
+            where.append(f"{alias}.source NOT IN ({', '.join(':' + n for n in names)})")
+            params.update(zip(names, exc))
+    return where, params
+
+
+def make_preview(content: Any) -> str:
+    """First user message, newlines folded, cut to 60 characters plus '...'."""
+    from ..codec import decode_content
+
+    value = decode_content(content) if isinstance(content, str) else content
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        parts = [p.get("text", "") for p in value if isinstance(p, dict)] if isinstance(value, list) else []
+        value = " ".join(x for x in parts if isinstance(x, str))
+    text = re.sub(r"[\r\n]+", " ", value).strip()
+    return text[:PREVIEW_CHARS] + "..." if len(text) > PREVIEW_CHARS else text

@@ -1,0 +1,69 @@
+"""One unit-of-work helper: a transaction with every repository bound to it.
+
+    with UnitOfWork(engine) as uow:
+        uow.sessions.create("s1", "cli")
+        uow.messages.append("s1", "user", "hello")
+    # committed here; an exception inside the block rolls everything back
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from sqlalchemy import Connection, Engine
+
+from .engine import BEGIN_MODE
+from .repositories import (
+    LineageRepository,
+    MaintenanceRepository,
+    MessageRepository,
+    SearchRepository,
+    SessionRepository,
+)
+
+
+class UnitOfWork:
+    """Opens a connection and transaction; commits on success, rolls back on error."""
+
+    sessions: SessionRepository
+    messages: MessageRepository
+    lineage: LineageRepository
+    search: SearchRepository
+    maintenance: MaintenanceRepository
+
+    def __init__(self, engine: Engine, *, write: bool = True) -> None:
+        self.engine = engine
+        self.write = write
+        self.conn: Connection | None = None
+
+    def __enter__(self) -> "UnitOfWork":
+        conn = self.engine.connect()
+        # Writers take SQLite's write lock at BEGIN, so a transaction never fails
+        # half-way through on a lock upgrade.
+        conn.execution_options(**{BEGIN_MODE: "IMMEDIATE" if self.write else "DEFERRED"})
+        conn.begin()
+        self.conn = conn
+        self.sessions = SessionRepository(conn)
+        self.messages = MessageRepository(conn)
+        self.lineage = LineageRepository(conn)
+        self.search = SearchRepository(conn)
+        self.maintenance = MaintenanceRepository(conn)
+        return self
+
+    def commit(self) -> None:
+        assert self.conn is not None
+        self.conn.commit()
+        self.conn.begin()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self.conn is not None
+        try:
+            if exc_type is None:
+                self.conn.commit()
+            else:
+                self.conn.rollback()
+        finally:
+            self.conn.close()
+            self.conn = None
