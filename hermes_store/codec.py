@@ -1,0 +1,181 @@
+"""Hermes' on-disk text formats, as pure functions (no database access).
+
+Hermes and hermes_store must read each other's rows, so these functions reproduce
+Hermes' encodings exactly:
+
+* message ``content`` that is a list or dict (multimodal) is stored as
+  ``"\\x00json:" + json.dumps(value)``; plain strings are stored as they are;
+* JSON-ish columns (``tool_calls``, ``reasoning_details``, ``model_config``...) hold JSON
+  text, and falsy values are stored as NULL.
+
+Reading is forgiving on purpose: a row written by another program (or by an older bug)
+with invalid JSON must still load, so the decoders return the raw text instead of
+raising.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+__all__ = [
+    "JSON_PREFIX",
+    "clean_text",
+    "count_tool_calls",
+    "decode_content",
+    "decode_json",
+    "encode_content",
+    "encode_json",
+    "strip_memory_context",
+]
+
+#: Marker Hermes puts in front of JSON-encoded (multimodal) message content.
+JSON_PREFIX = "\x00json:"
+
+
+def clean_text(s: str) -> str:
+    """Make ``s`` encodable as UTF-8 so sqlite3 can bind it.
+
+    Python strings may hold lone surrogates (U+D800–DFFF), e.g. from
+    ``surrogateescape`` decoding or a broken JSON ``\\ud800`` escape; sqlite3 raises
+    ``UnicodeEncodeError`` on them and the whole row would be lost. A surrogate *pair*
+    written as two code points is joined into the real character, a lone one becomes
+    U+FFFD. NUL characters are kept: SQLite stores them fine.
+    """
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        # UTF-16 round trip: pairs are re-joined, lone halves replaced by U+FFFD.
+        return s.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return s
+
+
+def _dumps(value: Any) -> str:
+    """``json.dumps`` that never loses data and always yields storable text.
+
+    ``ensure_ascii=False`` keeps the text readable (Hermes' format); when the value holds
+    lone surrogates we fall back to ASCII escapes, which json.loads turns back into the
+    exact same string. ``default=str`` keeps a row with an odd object (datetime, Path)
+    instead of failing the whole write.
+    """
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(value, ensure_ascii=True, default=str)
+    return text
+
+
+def encode_content(value: Any) -> str | None:
+    """Encode a message ``content`` value the way Hermes stores it.
+
+    None stays NULL; list/dict (multimodal parts) get the JSON prefix; strings are stored
+    as they are (lone surrogates replaced). A string that itself starts with the prefix
+    is stored as a prefixed JSON *string*, so it reads back unchanged in both programs
+    instead of being mistaken for encoded JSON.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (list, dict)):
+        return JSON_PREFIX + _dumps(value)
+    if isinstance(value, str):
+        if value.startswith(JSON_PREFIX):
+            return JSON_PREFIX + _dumps(value)
+        return clean_text(value)
+    return clean_text(str(value))
+
+
+def decode_content(text: str | None) -> Any:
+    """Decode stored ``content``: prefixed JSON is parsed, everything else is returned as is.
+
+    Invalid JSON after the prefix returns the stored text unchanged rather than raising,
+    so one damaged row never breaks reading a conversation.
+    """
+    if not isinstance(text, str) or not text.startswith(JSON_PREFIX):
+        return text
+    try:
+        return json.loads(text[len(JSON_PREFIX):])
+    except ValueError:
+        return text
+
+
+def encode_json(value: Any) -> str | None:
+    """Encode a JSON column value: falsy → NULL, str kept verbatim, anything else dumped.
+
+    Hermes stores falsy values (None, "", [], {}, 0, False) as NULL and passes strings
+    through untouched (callers often hand over JSON text they already serialized).
+    """
+    if not value:
+        return None
+    if isinstance(value, str):
+        return clean_text(value)
+    return _dumps(value)
+
+
+def decode_json(text: Any) -> Any:
+    """Parse a JSON column; NULL → None, invalid JSON → the raw string (never raises)."""
+    if text is None:
+        return None
+    if not isinstance(text, (str, bytes, bytearray)):
+        return text  # already decoded (e.g. a value straight from the caller)
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def count_tool_calls(tool_calls: Any) -> int:
+    """Number of tool calls in a list (or JSON text of a list); 0 for anything else.
+
+    Used to maintain ``sessions.tool_call_count`` without trusting the caller's shape.
+    """
+    if isinstance(tool_calls, (str, bytes, bytearray)):
+        tool_calls = decode_json(tool_calls)
+    if isinstance(tool_calls, (list, tuple)):
+        return len(tool_calls)
+    return 0
+
+
+# A recalled-memory block plus the "[System note: ...memory...]" line that Hermes puts
+# next to it (before, after, or inside the block), with the whitespace around them.
+_NOTE = r"[ \t]*\[System note:[^\n]*?memory[^\n]*"
+_MEMORY_BLOCK_RE = re.compile(
+    r"(?P<lead>\s*)"
+    r"(?:^" + _NOTE + r"\n\s*)?"
+    r"<memory-context>.*?</memory-context>"
+    r"(?:[ \t]*\n\s*?^" + _NOTE + r"$)?"
+    r"(?P<trail>\s*)",
+    re.DOTALL | re.MULTILINE | re.IGNORECASE,
+)
+_BLANK_LINE_RE = re.compile(r"\n[ \t]*\n")
+_STRAY_NOTE_RE = re.compile(r"^" + _NOTE + r"$\n?", re.MULTILINE | re.IGNORECASE)
+
+
+def strip_memory_context(text: str) -> str:
+    """Remove recalled-memory blocks so a replayed conversation does not re-inject them.
+
+    Hermes prepends ``<memory-context>…</memory-context>`` (and a "[System note: …
+    memory …]" line) to user turns; replaying those into a new prompt would duplicate
+    memory. Text without a block is returned unchanged (same object); non-string
+    content (multimodal lists, None) is returned unchanged too.
+    """
+    if not isinstance(text, str) or "<memory-context>" not in text.lower():
+        return text
+    total = len(text)
+
+    def _join(m: re.Match[str]) -> str:
+        # At either end of the text, nothing is left behind; between two parts keep
+        # the kind of separation the text had (a paragraph break, a line or a space).
+        if m.start() == 0 or m.end() == total:
+            return ""
+        lead, trail = m.group("lead"), m.group("trail")
+        if _BLANK_LINE_RE.search(lead) or _BLANK_LINE_RE.search(trail):
+            return "\n\n"
+        return "\n" if "\n" in lead + trail else " "
+
+    stripped = _MEMORY_BLOCK_RE.sub(_join, text)
+    if stripped == text:  # unclosed tag: nothing recognisable to remove
+        return text
+    stripped = _STRAY_NOTE_RE.sub("", stripped)
+    return stripped.strip()

@@ -1,0 +1,5 @@
+"""Search helpers: FTS5 query sanitizing and index routing (pure, no database access)."""
+
+from .query import SearchPlan, contains_cjk, escape_like, plan_search, sanitize_fts5_query
+
+__all__ = ["SearchPlan", "contains_cjk", "escape_like", "plan_search", "sanitize_fts5_query"]

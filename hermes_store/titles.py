@@ -1,0 +1,70 @@
+"""Session title rules (pure functions, no database access).
+
+Titles are shown in terminals and chat UIs and are looked up by exact text, so invisible
+characters (zero-width spaces, bidi overrides, BOMs) must not create look-alike titles
+that differ only in what cannot be seen; the same cleaning Hermes applies is done here.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .codec import clean_text
+from .errors import InvalidTitleError
+
+__all__ = ["MAX_TITLE_LENGTH", "sanitize_title", "split_title_number"]
+
+#: Longest title accepted, counted in characters after cleaning.
+MAX_TITLE_LENGTH = 100
+
+# Tab, newline and carriage return are layout, not garbage: they become spaces so
+# "a\tb" stays two words. Every other ASCII control character is dropped.
+_LAYOUT_RE = re.compile(r"[\t\n\r]")
+_INVISIBLE_RE = re.compile(
+    "["
+    "\x00-\x08\x0b\x0c\x0e-\x1f\x7f"  # ASCII control characters
+    "\u200b-\u200f"  # zero-width space/joiners, LRM/RLM
+    "\u2028-\u202e"  # line/paragraph separators, bidi embeddings and overrides
+    "\u2060-\u2069"  # word joiner, invisible operators, bidi isolates
+    "\ufeff"  # BOM / zero-width no-break space
+    "\ufff9-\ufffc"  # interlinear annotations, object replacement character
+    "]"
+)
+_SPACES_RE = re.compile(r"\s+")
+_NUMBERED_RE = re.compile(r"^(?P<base>.+) #(?P<n>[1-9][0-9]*)$", re.DOTALL)
+
+
+def sanitize_title(title: str | None) -> str | None:
+    """Clean a user-supplied title; None for an empty result.
+
+    Raises InvalidTitleError when the cleaned title is longer than MAX_TITLE_LENGTH
+    (we refuse rather than silently truncate, so two long titles never collide on
+    their common prefix) or when the value is not a string.
+    """
+    if title is None:
+        return None
+    if not isinstance(title, str):
+        raise InvalidTitleError(f"title must be a string, not {type(title).__name__}")
+    cleaned = _LAYOUT_RE.sub(" ", clean_text(title))
+    cleaned = _INVISIBLE_RE.sub("", cleaned)
+    cleaned = _SPACES_RE.sub(" ", cleaned).strip()
+    if not cleaned:
+        return None
+    if len(cleaned) > MAX_TITLE_LENGTH:
+        raise InvalidTitleError(
+            f"title is too long ({len(cleaned)} characters after cleaning; "
+            f"the maximum is {MAX_TITLE_LENGTH})"
+        )
+    return cleaned
+
+
+def split_title_number(title: str) -> tuple[str, int | None]:
+    """Split a lineage title "base #N" into ("base", N); ("title", None) otherwise.
+
+    Only a positive number written without leading zeros counts ("x #0", "x #007",
+    "x #abc" are plain titles), so formatting the pair back gives the same text.
+    """
+    m = _NUMBERED_RE.match(title)
+    if m is None:
+        return title, None
+    return m.group("base"), int(m.group("n"))
