@@ -95,9 +95,19 @@ def _is_locked(exc: BaseException) -> bool:
 
 
 def _create_private_file(path: Path) -> None:
-    """Create the database file readable by its owner only (0600)."""
+    """Create the database file readable by its owner only (0600).
+
+    The file is created with that mode (no window where others could open it), then
+    given a SQLite header so it is a real, empty database and not a 0-byte file,
+    which the migration layer refuses as a likely failed copy.
+    """
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     os.close(fd)
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA user_version = 0")  # writes the 100-byte header page
+    finally:
+        conn.close()
 
 
 class SessionDB:

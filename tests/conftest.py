@@ -90,3 +90,25 @@ def session(engine: Engine) -> Iterator[OrmSession]:
         finally:
             orm.close()
             outer.rollback()
+
+
+@pytest.fixture
+def db(tmp_path: Path):
+    """A SessionDB on a fresh file, closed afterwards."""
+    from hermes_store import SessionDB
+
+    store = SessionDB(tmp_path / "home" / "state.db")
+    yield store
+    store.close()
+
+
+def set_times(store, session_id: str, *, started_at: float | None = None, ended_at: float | None = None,
+              end_reason: str | None = None) -> None:
+    """Test helper: place a session in time (Hermes stamps times itself)."""
+    def run(conn):
+        conn.execute(
+            "UPDATE sessions SET started_at = COALESCE(?, started_at), ended_at = ?, end_reason = ? WHERE id = ?",
+            (started_at, ended_at, end_reason, session_id),
+        )
+
+    store._execute_write(run)

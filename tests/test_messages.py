@@ -1,0 +1,181 @@
+"""MessageRepository through SessionDB: append, counters, windows, replay."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hermes_store import NotFoundError, SessionDB, UnitOfWork
+from hermes_store.codec import JSON_PREFIX
+
+from .conftest import set_times
+
+CALLS = [
+    {"id": "c1", "type": "function", "function": {"name": "web_search", "arguments": "{\"q\": \"otters\"}"}},
+    {"id": "c2", "type": "function", "function": {"name": "read_file", "arguments": "{}"}},
+]
+
+
+def test_append_updates_counters_and_decodes(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    a = db.append_message("s", "user", "hello")
+    b = db.append_message("s", "assistant", None, tool_calls=CALLS, finish_reason="tool_calls")
+    c = db.append_message("s", "tool", "result text", tool_name="web_search", tool_call_id="c1")
+    assert a < b < c
+    row = db.get_session("s")
+    assert (row["message_count"], row["tool_call_count"]) == (3, 2)
+    msgs = db.get_messages("s")
+    assert [m["id"] for m in msgs] == [a, b, c]
+    assert msgs[1]["tool_calls"] == CALLS
+    assert msgs[2]["tool_name"] == "web_search" and msgs[2]["tool_call_id"] == "c1"
+    assert db.message_count("s") == 3 and db.message_count() == 3
+
+
+def test_multimodal_content_uses_hermes_encoding(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    parts = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:..."}}]
+    mid = db.append_message("s", "user", parts)
+    raw = db._execute_write(lambda c: c.execute("SELECT content FROM messages WHERE id = ?", (mid,)).fetchone()[0])
+    assert raw == JSON_PREFIX + json.dumps(parts, ensure_ascii=False)
+    assert db.get_messages("s")[0]["content"] == parts
+    db.append_message("s", "user", "plain string")
+    raw2 = db._execute_write(lambda c: c.execute("SELECT content FROM messages ORDER BY id DESC").fetchone()[0])
+    assert raw2 == "plain string"
+
+
+def test_falsy_json_stored_as_null(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    mid = db.append_message("s", "assistant", "x", tool_calls=[], reasoning_details={}, codex_message_items=None)
+    raw = db._execute_write(
+        lambda c: c.execute("SELECT tool_calls, reasoning_details, codex_message_items FROM messages WHERE id=?", (mid,)).fetchone()
+    )
+    assert raw == (None, None, None)
+    assert db.get_session("s")["tool_call_count"] == 0
+
+
+def test_append_to_unknown_session_is_a_clear_error(db: SessionDB) -> None:
+    with pytest.raises(NotFoundError):
+        db.append_message("missing", "user", "hi")
+    assert db.message_count() == 0
+
+
+def test_bulk_append_counts(db: SessionDB) -> None:
+    db.create_session("a", "cli")
+    db.create_session("b", "cli")
+    n = db.append_messages(
+        [{"session_id": "a", "role": "user", "content": f"m{i}"} for i in range(5)]
+        + [{"session_id": "b", "role": "assistant", "content": None, "tool_calls": CALLS}]
+    )
+    assert n == 6
+    assert db.get_session("a")["message_count"] == 5
+    assert (db.get_session("b")["message_count"], db.get_session("b")["tool_call_count"]) == (1, 2)
+    assert [m["content"] for m in db.get_messages("a")] == [f"m{i}" for i in range(5)]
+    assert db.search_messages("m3")[0]["session_id"] == "a"
+
+
+def test_replace_and_clear_recompute_counters(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    for i in range(4):
+        db.append_message("s", "user", f"old{i}")
+    db.replace_messages("s", [
+        {"role": "user", "content": "fresh start"},
+        {"role": "assistant", "content": None, "tool_calls": CALLS},
+    ])
+    assert [m["content"] for m in db.get_messages("s")] == ["fresh start", None]
+    row = db.get_session("s")
+    assert (row["message_count"], row["tool_call_count"]) == (2, 2)
+    assert db.search_messages("old1") == []
+    assert db.search_messages("fresh")[0]["session_id"] == "s"
+    db.clear_messages("s")
+    row = db.get_session("s")
+    assert (row["message_count"], row["tool_call_count"]) == (0, 0)
+    assert db.get_messages("s") == []
+
+
+def _transcript(db: SessionDB, n: int = 12) -> list[int]:
+    db.create_session("s", "cli")
+    roles = ["user", "assistant", "tool"]
+    return [db.append_message("s", roles[i % 3], f"msg{i}" if i != 4 else "") for i in range(n)]
+
+
+def test_messages_around(db: SessionDB) -> None:
+    ids = _transcript(db)
+    out = db.get_messages_around("s", ids[5], window=2)
+    assert [m["id"] for m in out["window"]] == ids[3:8]
+    assert (out["messages_before"], out["messages_after"]) == (3, 4)
+    edge = db.get_messages_around("s", ids[0], window=3)
+    assert [m["id"] for m in edge["window"]] == ids[0:4] and edge["messages_before"] == 0
+    zero = db.get_messages_around("s", ids[5], window=-4)
+    assert [m["id"] for m in zero["window"]] == [ids[5]]
+    db.create_session("other", "cli")
+    foreign = db.append_message("other", "user", "elsewhere")
+    assert db.get_messages_around("s", foreign) == {"window": [], "messages_before": 0, "messages_after": 0}
+    assert db.get_messages_around("s", 999999)["window"] == []
+
+
+def test_anchored_view_roles_and_bookends(db: SessionDB) -> None:
+    ids = _transcript(db, 15)  # roles cycle user, assistant, tool
+    anchor = ids[8]  # a tool row: kept although tool is not in keep_roles
+    view = db.get_anchored_view("s", anchor, window=1, bookend=2)
+    assert set(view) == {"window", "messages_before", "messages_after", "bookend_start", "bookend_end"}
+    assert [m["id"] for m in view["window"]] == [ids[7], ids[8], ids[9]]
+    assert all(m["role"] in ("user", "assistant") for m in view["bookend_start"] + view["bookend_end"])
+    # msg4 is empty and skipped; bookends never overlap the window
+    assert [m["id"] for m in view["bookend_start"]] == [ids[0], ids[1]]
+    assert [m["id"] for m in view["bookend_end"]] == [ids[12], ids[13]]
+    window_ids = {m["id"] for m in view["window"]}
+    assert not window_ids & {m["id"] for m in view["bookend_start"] + view["bookend_end"]}
+    assert db.get_anchored_view("s", 424242)["window"] == []
+
+
+def test_conversation_shape(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    db.append_message("s", "system", "sys prompt")
+    db.append_message("s", "user", "<memory-context>\nremembered stuff\n</memory-context>\nWhat is up?")
+    db.append_message("s", "assistant", "Calling.", tool_calls=CALLS, finish_reason="tool_calls",
+                      reasoning="thinking", reasoning_content="", reasoning_details=[{"type": "summary"}],
+                      codex_reasoning_items=[{"id": "r1"}], codex_message_items=[{"id": "m1"}])
+    db.append_message("s", "tool", "42", tool_name="web_search", tool_call_id="c1", finish_reason="ignored")
+    db.append_message("s", "assistant", "Done.", finish_reason="stop", reasoning="")
+    conv = db.get_messages_as_conversation("s")
+    assert conv[0] == {"role": "system", "content": "sys prompt"}
+    assert conv[1] == {"role": "user", "content": "What is up?"}
+    assert conv[2] == {
+        "role": "assistant", "content": "Calling.", "tool_calls": CALLS, "finish_reason": "tool_calls",
+        "reasoning": "thinking", "reasoning_content": "", "reasoning_details": [{"type": "summary"}],
+        "codex_reasoning_items": [{"id": "r1"}], "codex_message_items": [{"id": "m1"}],
+    }
+    assert conv[3] == {"role": "tool", "content": "42", "tool_call_id": "c1", "tool_name": "web_search"}
+    assert conv[4] == {"role": "assistant", "content": "Done.", "finish_reason": "stop"}
+
+
+def test_conversation_with_ancestors_dedupes_replayed_user(db: SessionDB) -> None:
+    db.create_session("p", "cli")
+    db.append_message("p", "user", "question one")
+    db.append_message("p", "assistant", "answer one")
+    db.append_message("p", "user", "question two")
+    db.end_session("p", "compression")
+    db.create_session("c", "cli", parent_session_id="p")
+    db.append_message("c", "user", "question two")  # replayed into the continuation
+    db.append_message("c", "assistant", "answer two")
+    db.append_message("c", "user", "question one")  # asked again after a reply: kept
+    conv = db.get_messages_as_conversation("c", include_ancestors=True)
+    assert [(m["role"], m["content"]) for m in conv] == [
+        ("user", "question one"), ("assistant", "answer one"), ("user", "question two"),
+        ("assistant", "answer two"), ("user", "question one"),
+    ]
+    assert len(db.get_messages_as_conversation("c")) == 3
+
+
+def test_unit_of_work_rolls_back_on_error(db: SessionDB) -> None:
+    with pytest.raises(RuntimeError):
+        with UnitOfWork(db.engine) as uow:
+            uow.sessions.create("u1", "cli")
+            uow.messages.append("u1", "user", "doomed")
+            raise RuntimeError("boom")
+    assert db.get_session("u1") is None and db.message_count() == 0
+    with UnitOfWork(db.engine) as uow:
+        uow.sessions.create("u2", "cli")
+        uow.messages.append("u2", "user", "kept")
+    assert db.get_session("u2")["message_count"] == 1
