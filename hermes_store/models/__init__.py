@@ -1,8 +1,29 @@
 """Models: our DeclarativeBase, the plain tables, and light constructs for FTS."""
 
 from .base import Base, NAMING_CONVENTION
-from .tables import Message, SchemaVersion, Session, StateMeta
+from .tables import (
+    AsyncDelegation,
+    CompressionLock,
+    GatewayRouting,
+    Message,
+    SchemaVersion,
+    Session,
+    SessionModelUsage,
+    StateMeta,
+)
 
 metadata = Base.metadata
 
-__all__ = ["Base", "NAMING_CONVENTION", "Message", "SchemaVersion", "Session", "StateMeta", "metadata"]
+__all__ = [
+    "AsyncDelegation",
+    "Base",
+    "CompressionLock",
+    "GatewayRouting",
+    "Message",
+    "NAMING_CONVENTION",
+    "SchemaVersion",
+    "Session",
+    "SessionModelUsage",
+    "StateMeta",
+    "metadata",
+]

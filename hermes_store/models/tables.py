@@ -64,6 +64,27 @@ class Session(Base):
     handoff_state: Mapped[Optional[str]] = mapped_column(TEXT)
     handoff_platform: Mapped[Optional[str]] = mapped_column(TEXT)
     handoff_error: Mapped[Optional[str]] = mapped_column(TEXT)
+    # v14
+    cwd: Mapped[Optional[str]] = mapped_column(TEXT)
+    rewind_count: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    archived: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    # v16
+    git_branch: Mapped[Optional[str]] = mapped_column(TEXT)
+    git_repo_root: Mapped[Optional[str]] = mapped_column(TEXT)
+    # v17: gateway peer and compression failures
+    session_key: Mapped[Optional[str]] = mapped_column(TEXT)
+    chat_id: Mapped[Optional[str]] = mapped_column(TEXT)
+    chat_type: Mapped[Optional[str]] = mapped_column(TEXT)
+    thread_id: Mapped[Optional[str]] = mapped_column(TEXT)
+    compression_failure_cooldown_until: Mapped[Optional[float]] = mapped_column(REAL)
+    compression_failure_error: Mapped[Optional[str]] = mapped_column(TEXT)
+    # v18
+    display_name: Mapped[Optional[str]] = mapped_column(TEXT)
+    origin_json: Mapped[Optional[str]] = mapped_column(TEXT)
+    expiry_finalized: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=text("0"))
+    # v21
+    compression_fallback_streak: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    profile_name: Mapped[Optional[str]] = mapped_column(TEXT)
 
     parent: Mapped[Optional["Session"]] = relationship(
         remote_side=[id], back_populates="children", lazy="raise_on_sql"
@@ -74,9 +95,18 @@ class Session(Base):
     messages: Mapped[list["Message"]] = relationship(
         back_populates="session", lazy="raise_on_sql", order_by="Message.id", passive_deletes=True
     )
+    # The ledger rows go with their session in the database (ON DELETE CASCADE); the ORM
+    # never loads them just to delete them.
+    model_usage: Mapped[list["SessionModelUsage"]] = relationship(
+        back_populates="session",
+        lazy="raise_on_sql",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+    )
 
     __table_args__ = (
         Index("idx_sessions_source", "source"),
+        Index("idx_sessions_source_id", "source", "id"),
         Index("idx_sessions_parent", "parent_session_id"),
         Index(
             "idx_sessions_title_unique",
@@ -84,11 +114,22 @@ class Session(Base):
             unique=True,
             sqlite_where=text("title IS NOT NULL"),
         ),
+        Index("idx_sessions_handoff_state", "handoff_state", "started_at"),
     )
 
 
-# Declared after the class so it can name the mapped column with DESC ordering.
+# Declared after the class so they can name the mapped columns with DESC ordering.
 Index("idx_sessions_started", Session.started_at.desc())
+Index("idx_sessions_session_key", Session.session_key, Session.started_at.desc())
+Index(
+    "idx_sessions_gateway_peer",
+    Session.source,
+    Session.user_id,
+    Session.chat_id,
+    Session.chat_type,
+    Session.thread_id,
+    Session.started_at.desc(),
+)
 
 
 class Message(Base):
@@ -115,11 +156,31 @@ class Message(Base):
     reasoning_content: Mapped[Optional[str]] = mapped_column(TEXT)
     # v9
     codex_message_items: Mapped[Optional[str]] = mapped_column(TEXT)
+    # v12
+    platform_message_id: Mapped[Optional[str]] = mapped_column(TEXT)
+    # v13
+    observed: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=text("0"))
+    # v14: rewound messages are kept with active = 0
+    active: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("1"))
+    # v16
+    compacted: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    # v19
+    effect_disposition: Mapped[Optional[str]] = mapped_column(TEXT)
+    # v22
+    api_content: Mapped[Optional[str]] = mapped_column(TEXT)
 
     session: Mapped[Session] = relationship(back_populates="messages", lazy="raise_on_sql")
 
     __table_args__ = (
         Index("idx_messages_session", "session_id", "timestamp"),
+        Index(
+            "idx_messages_platform_msg_id",
+            "session_id",
+            "platform_message_id",
+            sqlite_where=text("platform_message_id IS NOT NULL"),
+        ),
+        Index("idx_messages_session_active", "session_id", "active", "timestamp"),
+        Index("idx_messages_active_null", "active", sqlite_where=text("active IS NULL")),
         {"sqlite_autoincrement": True},
     )
 
@@ -133,4 +194,109 @@ class StateMeta(Base):
     value: Mapped[Optional[str]] = mapped_column(TEXT)
 
 
-__all__ = ["Message", "SchemaVersion", "Session", "StateMeta"]
+class CompressionLock(Base):
+    """A lease serializing context compression of one session across processes (v14)."""
+
+    __tablename__ = "compression_locks"
+
+    session_id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    holder: Mapped[str] = mapped_column(TEXT, nullable=False)
+    acquired_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    expires_at: Mapped[float] = mapped_column(REAL, nullable=False)
+
+    __table_args__ = (Index("idx_compression_locks_expires", "expires_at"),)
+
+
+class GatewayRouting(Base):
+    """One gateway routing entry (JSON), keyed by scope and session key (v19)."""
+
+    __tablename__ = "gateway_routing"
+
+    scope: Mapped[str] = mapped_column(
+        TEXT, primary_key=True, nullable=False, default="", server_default=text("''")
+    )
+    session_key: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=False)
+    entry_json: Mapped[str] = mapped_column(TEXT, nullable=False)
+    updated_at: Mapped[float] = mapped_column(REAL, nullable=False)
+
+
+class SessionModelUsage(Base):
+    """Usage ledger: one row per session, model, billing route and task (v20, task v22)."""
+
+    __tablename__ = "session_model_usage"
+
+    session_id: Mapped[str] = mapped_column(
+        TEXT, ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True, nullable=False
+    )
+    model: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=False)
+    # Key parts with a DDL default also default in Python, so a new row's identity is
+    # known before the INSERT.
+    billing_provider: Mapped[str] = mapped_column(
+        TEXT, primary_key=True, nullable=False, default="", server_default=text("''")
+    )
+    billing_base_url: Mapped[str] = mapped_column(
+        TEXT, primary_key=True, nullable=False, default="", server_default=text("''")
+    )
+    billing_mode: Mapped[str] = mapped_column(
+        TEXT, primary_key=True, nullable=False, default="", server_default=text("''")
+    )
+    task: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=False, default="", server_default=text("''"))
+    api_call_count: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    input_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    output_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    cache_read_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    cache_write_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    reasoning_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    estimated_cost_usd: Mapped[float] = mapped_column(REAL, nullable=False, server_default=text("0"))
+    actual_cost_usd: Mapped[float] = mapped_column(REAL, nullable=False, server_default=text("0"))
+    cost_status: Mapped[Optional[str]] = mapped_column(TEXT)
+    cost_source: Mapped[Optional[str]] = mapped_column(TEXT)
+    first_seen: Mapped[Optional[float]] = mapped_column(REAL)
+    last_seen: Mapped[Optional[float]] = mapped_column(REAL)
+
+    session: Mapped[Session] = relationship(back_populates="model_usage", lazy="raise_on_sql")
+
+    __table_args__ = (
+        Index("idx_session_model_usage_session", "session_id"),
+        Index("idx_session_model_usage_model", "model"),
+    )
+
+
+class AsyncDelegation(Base):
+    """A sub-agent task dispatched asynchronously and its result delivery state (v21)."""
+
+    __tablename__ = "async_delegations"
+
+    delegation_id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    origin_session: Mapped[str] = mapped_column(TEXT, nullable=False)
+    origin_ui_session_id: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=text("''"))
+    # Plain text, no foreign key: Hermes declares none.
+    parent_session_id: Mapped[Optional[str]] = mapped_column(TEXT)
+    state: Mapped[str] = mapped_column(TEXT, nullable=False)
+    dispatched_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    completed_at: Mapped[Optional[float]] = mapped_column(REAL)
+    updated_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    event_json: Mapped[Optional[str]] = mapped_column(TEXT)
+    result_json: Mapped[Optional[str]] = mapped_column(TEXT)
+    delivery_state: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=text("'pending'"))
+    delivery_attempts: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    delivered_at: Mapped[Optional[float]] = mapped_column(REAL)
+    owner_pid: Mapped[Optional[int]] = mapped_column(INTEGER)
+    owner_started_at: Mapped[Optional[int]] = mapped_column(INTEGER)
+    task_json: Mapped[Optional[str]] = mapped_column(TEXT)
+    delivery_claim: Mapped[Optional[str]] = mapped_column(TEXT)
+    delivery_claimed_at: Mapped[Optional[float]] = mapped_column(REAL)
+
+    __table_args__ = (Index("idx_async_delegations_delivery", "delivery_state", "completed_at"),)
+
+
+__all__ = [
+    "AsyncDelegation",
+    "CompressionLock",
+    "GatewayRouting",
+    "Message",
+    "SchemaVersion",
+    "Session",
+    "SessionModelUsage",
+    "StateMeta",
+]
