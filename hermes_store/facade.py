@@ -160,11 +160,16 @@ class SessionDB:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _outside_transaction(self, sql: str) -> None:
+        """Run a statement that must not sit inside BEGIN (VACUUM, checkpoints)."""
+        with self._engine.connect() as conn:
+            # The DB-API connection is in autocommit (our engine issues BEGIN itself).
+            conn.connection.driver_connection.execute(sql).fetchall()
+
     def _checkpoint(self) -> None:
         try:
-            with self._engine.connect() as conn:
-                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
-        except OperationalError:
+            self._outside_transaction("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.OperationalError:
             pass  # a busy checkpoint is simply retried at the next interval
 
     def _read(self, fn: Callable[[Connection], T]) -> T:
@@ -499,8 +504,7 @@ class SessionDB:
         return result
 
     def vacuum(self) -> None:
-        with self._engine.connect() as conn:
-            conn.exec_driver_sql("VACUUM")
+        self._outside_transaction("VACUUM")
 
     def get_meta(self, key: str) -> str | None:
         return self._read(lambda c: MaintenanceRepository(c).get_meta(key))

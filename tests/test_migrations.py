@@ -247,7 +247,9 @@ def test_failed_revision_leaves_previous_revision(start, target, pattern, migrat
         conn.close()
         migrate(start)
     else:
-        sqlite3.connect(db_path).close()
+        fresh = sqlite3.connect(db_path)
+        fresh.execute("PRAGMA user_version = 0")  # an empty database with a header
+        fresh.close()
     before = snap(db_path)
     engine = failing_engine(db_path, pattern)
     with pytest.raises(RuntimeError, match="injected failure"):

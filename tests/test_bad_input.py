@@ -1,0 +1,95 @@
+"""Hostile content: nothing corrupts the file or loses a row; what can't be kept
+exactly is replaced visibly (U+FFFD), never dropped."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hermes_store import SessionDB
+
+
+def integrity(db: SessionDB) -> None:
+    conn = sqlite3.connect(db.db_path)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+    assert db.check_fts() == {"messages_fts": None, "messages_fts_trigram": None}
+
+
+def test_lone_surrogates_replaced_visibly(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    mid = db.append_message("s", "user", "broken \ud800 half pair", tool_name="t\udfff")
+    msg = db.get_messages("s")[0]
+    assert msg["id"] == mid
+    assert msg["content"] == "broken \ufffd half pair"
+    assert msg["tool_name"] == "t\ufffd"
+    assert db.search_messages("broken")[0]["id"] == mid
+    integrity(db)
+
+
+def test_nul_bytes_round_trip(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    text = "before\x00after nulbyte"
+    db.append_message("s", "user", text)
+    assert db.get_messages("s")[0]["content"] == text
+    assert db.search_messages("nulbyte")[0]["session_id"] == "s"
+    assert isinstance(db.search_messages("\x00"), list)
+    integrity(db)
+
+
+def test_invalid_json_in_json_columns_kept_as_text(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    db.append_message("s", "assistant", "x", tool_calls="{not json", reasoning_details="[1,")
+    msg = db.get_messages("s")[0]
+    assert msg["tool_calls"] == "{not json"
+    conv = db.get_messages_as_conversation("s")[0]
+    assert conv["tool_calls"] == "{not json" and conv["reasoning_details"] == "[1,"
+    # corrupt multimodal marker written by someone else: read back as text, no crash
+    db._execute_write(lambda c: c.execute("UPDATE messages SET content = ?", ("\x00json:{broken",)))
+    assert db.get_messages("s")[0]["content"] == "\x00json:{broken"
+    integrity(db)
+
+
+def test_ten_megabyte_content(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    big = ("lorem ipsum " * 900_000)[:10_000_000] + " needlefinal"
+    mid = db.append_message("s", "tool", big, tool_name="dump")
+    assert db.get_messages("s")[0]["content"] == big
+    assert db.search_messages("needlefinal")[0]["id"] == mid
+    integrity(db)
+
+
+def test_bad_session_fields_are_rejected_before_writing(db: SessionDB) -> None:
+    with pytest.raises(TypeError, match="unknown session fields"):
+        db.create_session("s", "cli", no_such_column=1)
+    assert db.get_session("s") is None
+    db.create_session("s", "cli")
+    with pytest.raises(TypeError, match="unknown message fields"):
+        db.append_message("s", "user", "x", bogus=1)
+    assert db.message_count() == 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    content=st.one_of(
+        st.none(),
+        st.text(),
+        st.lists(st.dictionaries(st.sampled_from(["type", "text"]), st.text(max_size=20)), max_size=3),
+    ),
+    tool_calls=st.one_of(st.none(), st.text(max_size=30), st.lists(st.dictionaries(st.text(max_size=5), st.integers()), max_size=3)),
+)
+def test_any_message_is_stored_and_read_back(db: SessionDB, content, tool_calls) -> None:
+    db.ensure_session("fuzz", "cli")
+    before = db.message_count("fuzz")
+    mid = db.append_message("fuzz", "user", content, tool_calls=tool_calls)
+    assert db.message_count("fuzz") == before + 1
+    stored = next(m for m in db.get_messages("fuzz") if m["id"] == mid)
+    if isinstance(content, str):
+        assert stored["content"] == content.encode("utf-8", "surrogatepass").decode("utf-8", "replace") or "\ufffd" in stored["content"]
+    elif content is None:
+        assert stored["content"] is None
+    else:
+        assert stored["content"] == content
