@@ -11,7 +11,7 @@ Host applications either call these functions, or add
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterator
 
@@ -62,6 +62,18 @@ def head() -> str:
     return ScriptDirectory.from_config(make_config()).get_current_head()
 
 
+def _file_path(target: Target) -> Path | None:
+    """The SQLite file behind a path/URL target (None for engines, connections, :memory:)."""
+    if isinstance(target, (Engine, Connection)):
+        return None
+    url = to_url(target)
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    if url.database.startswith("file:"):  # a SQLite URI filename; leave it to the driver
+        return None
+    return Path(url.database)
+
+
 @contextmanager
 def _connection(target: Target) -> Iterator[Connection]:
     if isinstance(target, Connection):
@@ -108,7 +120,13 @@ def _run(target: Target, fn, *args, version_table: str = VERSION_TABLE, **kw):  
 
 
 def current(target: Target, *, version_table: str = VERSION_TABLE) -> str | None:
-    """The revision the database is at (None when un-stamped)."""
+    """The revision the database is at (None when un-stamped, missing or empty).
+
+    Never creates the file: asking is not a reason to leave an empty database behind.
+    """
+    path = _file_path(target)
+    if path is not None and (not path.exists() or path.stat().st_size == 0):
+        return None
     with _connection(target) as conn:
         ctx = MigrationContext.configure(conn, opts={"version_table": version_table})
         rev = ctx.get_current_revision()
@@ -118,14 +136,46 @@ def current(target: Target, *, version_table: str = VERSION_TABLE) -> str | None
 
 
 def upgrade(target: Target, revision: str = "head", *, version_table: str = VERSION_TABLE) -> str | None:
-    """Upgrade to ``revision``; each revision is its own atomic transaction."""
-    _check_known(target, version_table)
-    _run(target, command.upgrade, revision, version_table=version_table)
+    """Upgrade to ``revision``; each revision is its own atomic transaction.
+
+    A file Hermes made (a ``schema_version`` table but no ``hermes_store_version``) is
+    adopted first (:func:`hermes_store.adopt.adopt`: all-or-nothing, the original kept
+    as ``<name>.pre-adopt.bak``). Empty, non-SQLite, truncated and foreign files are
+    refused with a typed error and left unchanged.
+    """
+    path = _file_path(target)
+    if path is not None and path.exists():
+        from . import adopt
+
+        adopt.check_file(path, recovery_ok=True)
+        if adopt.needs_adoption(path, version_table):
+            try:
+                adopt.adopt(path, revision=revision, version_table=version_table)
+            except errors.AdoptionError:
+                if adopt.needs_adoption(path, version_table):
+                    raise
+                # Another process adopted the file while we were copying it; carry on
+                # with an ordinary upgrade of the adopted file.
+            else:
+                return current(target, version_table=version_table)
+    created = path is not None and not path.exists()
+    try:
+        _check_known(target, version_table)
+        _run(target, command.upgrade, revision, version_table=version_table)
+    except BaseException:
+        # A failed first upgrade must not leave the empty file SQLite created on open:
+        # the next attempt would (rightly) refuse a 0-byte file.
+        if created and path is not None and path.exists() and path.stat().st_size == 0:
+            for leftover in (path, Path(f"{path}-journal"), Path(f"{path}-wal"), Path(f"{path}-shm")):
+                with suppress(OSError):
+                    leftover.unlink()
+        raise
     return current(target, version_table=version_table)
 
 
 def downgrade(target: Target, revision: str, *, version_table: str = VERSION_TABLE) -> str | None:
     """Downgrade to ``revision`` (``"base"`` removes everything)."""
+    _check_file(target)
     _check_known(target, version_table)
     _run(target, command.downgrade, revision, version_table=version_table)
     return current(target, version_table=version_table)
@@ -133,7 +183,21 @@ def downgrade(target: Target, revision: str, *, version_table: str = VERSION_TAB
 
 def stamp(target: Target, revision: str, *, version_table: str = VERSION_TABLE) -> None:
     """Record ``revision`` without running it (adoption uses this)."""
+    _check_file(target)
     _run(target, command.stamp, revision, version_table=version_table)
+
+
+def _check_file(target: Target) -> None:
+    """Typed refusals (empty, text, truncated, unreadable) before SQLite writes a byte.
+
+    Only for a file that exists when we are called: opening a new path creates an
+    empty file, which is ours and fine.
+    """
+    path = _file_path(target)
+    if path is not None and path.exists():
+        from .adopt import check_file
+
+        check_file(path, recovery_ok=True)
 
 
 def _check_known(target: Target, version_table: str) -> None:
@@ -143,6 +207,22 @@ def _check_known(target: Target, version_table: str) -> None:
             tables = set(inspect(conn).get_table_names())
         except Exception as exc:  # sqlite3.DatabaseError: file is not a database
             raise errors.NotADatabaseError(f"not a SQLite database: {exc}") from exc
+        if version_table not in tables and "schema_version" in tables:
+            if conn.in_transaction():
+                conn.rollback()
+            # Reached with an Engine/Connection (a path is adopted by upgrade()): we
+            # cannot swap a file under someone else's open engine.
+            raise errors.AdoptionError(
+                "this database was written by Hermes and is not adopted yet; call "
+                "hermes_store.adopt.adopt(path) (or migrations.upgrade(path)) on the file first"
+            )
+        if version_table not in tables and tables & {"sessions", "messages"}:
+            if conn.in_transaction():
+                conn.rollback()
+            raise errors.NotAHermesDatabaseError(
+                "the database has a sessions/messages table but neither Hermes' schema_version "
+                f"nor {version_table}; refusing to migrate a foreign schema (left unchanged)"
+            )
         rev = None
         if version_table in tables:
             ctx = MigrationContext.configure(conn, opts={"version_table": version_table})
