@@ -28,6 +28,7 @@ from .repositories import (
     SearchRepository,
     SessionRepository,
 )
+from .search import bigram
 from .search.query import contains_cjk, sanitize_fts5_query
 from .titles import sanitize_title
 
@@ -45,6 +46,8 @@ EARLY_PHASE_S = 2.0
 CHECKPOINT_EVERY = 50
 #: SQLite's own busy wait before our jittered retry takes over (milliseconds).
 BUSY_TIMEOUT_MS = 100
+#: Rows the short-CJK index catches up on at open and at each checkpoint interval.
+BIGRAM_CATCH_UP_ROWS = 20_000
 
 _WAL_FALLBACK_CAUSES = ("locking protocol", "not authorized", "disk i/o error")
 _wal_warned: set[str] = set()
@@ -135,6 +138,7 @@ class SessionDB:
 
             with self._engine.connect() as conn:
                 conn.exec_driver_sql("SELECT 1")
+            self._catch_up_search_index()
         except Exception as exc:
             _last_init_error = f"{type(exc).__name__}: {exc}"
             raise
@@ -179,7 +183,9 @@ class SessionDB:
             finally:
                 conn.rollback()
 
-    def _write(self, fn: Callable[[Connection], T], *, budget: float = WRITE_BUDGET_S) -> T:
+    def _write(
+        self, fn: Callable[[Connection], T], *, budget: float = WRITE_BUDGET_S, _maintenance: bool = False
+    ) -> T:
         """Run ``fn`` in BEGIN IMMEDIATE; retry on lock with jitter within ``budget``."""
         start = time.monotonic()
         deadline = start + budget
@@ -200,12 +206,32 @@ class SessionDB:
                     ) from exc
                 low, high = EARLY_JITTER_S if now - start < EARLY_PHASE_S else LATE_JITTER_S
                 time.sleep(min(random.uniform(low, high), max(deadline - now, 0)))
+        if _maintenance:
+            return result
         with self._lock:
             self._writes += 1
             due = self._writes % CHECKPOINT_EVERY == 0
         if due:
             self._checkpoint()
+            self._catch_up_search_index()
         return result
+
+    def _catch_up_search_index(self, limit: int | None = BIGRAM_CATCH_UP_ROWS) -> int:
+        """Extend the short-CJK index over rows written since (by us or by Hermes).
+
+        Bounded per call so opening a huge, never-indexed file stays quick; rows not
+        covered yet are still found, by a direct scan.
+        """
+        try:
+            with self._engine.connect() as conn:
+                if not bigram.installed(conn) or not bigram.pending(conn):
+                    return 0
+        except OperationalError:
+            return 0
+        try:
+            return self._write(lambda c: bigram.catch_up(c, limit), budget=1.0, _maintenance=True)
+        except errors.DatabaseLockedError:
+            return 0  # someone else is writing; the next interval will do it
 
     def _execute_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Hermes' hook: ``fn`` gets the DB-API connection inside the write transaction."""
@@ -362,7 +388,13 @@ class SessionDB:
     def append_messages(self, messages: Iterable[dict[str, Any]]) -> int:
         """Bulk append for imports and replays (dicts with session_id, role, ...)."""
         items = list(messages)
-        return self._write(lambda c: MessageRepository(c).bulk_append(items), budget=TRANSCRIPT_BUDGET_S)
+
+        def run(c: Connection) -> int:
+            n = MessageRepository(c).bulk_append(items)
+            bigram.catch_up(c)  # keep the short-CJK index complete in the same transaction
+            return n
+
+        return self._write(run, budget=TRANSCRIPT_BUDGET_S)
 
     def get_messages(self, session_id: str) -> list[dict[str, Any]]:
         return self._read(lambda c: MessageRepository(c).get_messages(session_id))  # type: ignore[return-value]
@@ -513,7 +545,19 @@ class SessionDB:
         self._write(lambda c: MaintenanceRepository(c).set_meta(key, value))
 
     def rebuild_fts(self) -> list[str]:
-        return self._write(lambda c: MaintenanceRepository(c).fts_rebuild(), budget=TRANSCRIPT_BUDGET_S)
+        """Rebuild both FTS5 indexes and the short-CJK index from the messages table."""
+        def run(c: Connection) -> list[str]:
+            done = MaintenanceRepository(c).fts_rebuild()
+            if bigram.installed(c):
+                bigram.rebuild(c)
+                done.append(bigram.TABLE)
+            return done
+
+        return self._write(run, budget=TRANSCRIPT_BUDGET_S)
+
+    def index_search(self) -> int:
+        """Bring the short-CJK index fully up to date now; returns rows indexed."""
+        return self._write(lambda c: bigram.catch_up(c), budget=TRANSCRIPT_BUDGET_S)
 
     def optimize_fts(self) -> list[str]:
         return self._write(lambda c: MaintenanceRepository(c).fts_optimize(), budget=TRANSCRIPT_BUDGET_S)

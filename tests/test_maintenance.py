@@ -168,7 +168,7 @@ def test_meta_and_fts_upkeep(db: SessionDB) -> None:
     db.set_meta("k", "v2")
     assert db.get_meta("k") == "v2"
     _fill(db)
-    assert db.rebuild_fts() == ["messages_fts", "messages_fts_trigram"]
+    assert db.rebuild_fts() == ["messages_fts", "messages_fts_trigram", "messages_cjk_bigram"]
     assert db.optimize_fts() == ["messages_fts", "messages_fts_trigram"]
     assert db.check_fts() == {"messages_fts": None, "messages_fts_trigram": None}
     # corrupt the word index behind the triggers' back: the check must notice

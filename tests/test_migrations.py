@@ -7,6 +7,7 @@ snapshots of what autogenerate cannot see (triggers, virtual tables, views).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -34,7 +35,16 @@ SCRIPT = ScriptDirectory.from_config(migrations.make_config())
 HEAD = SCRIPT.get_current_head()
 HEAD_N = int(HEAD)
 ALL_N = list(range(1, HEAD_N + 1))
+#: Revisions that reproduce a Hermes schema version; later ones are hermes_store's own.
+HERMES_N = [n for n in ALL_N if n <= 23]
+
+
+def expected_schema(n: int) -> dict:
+    """Hermes' reference for 1..23; our golden snapshot for our own revisions."""
+    return reference_schema(n) if n <= 23 else json.loads((OWN_SCHEMA_DIR / f"{n:04d}.json").read_text())
 REPO = Path(__file__).resolve().parent.parent
+#: Golden snapshots of our own revisions (what autogenerate cannot see: triggers too).
+OWN_SCHEMA_DIR = Path(__file__).parent / "data" / "own_schema"
 
 
 def snap(path: Path) -> dict:
@@ -73,14 +83,23 @@ def test_single_linear_head() -> None:
 def test_upgrade_gives_exact_hermes_schema(n: int, migrate, db_path: Path) -> None:
     migrate(rev(n))
     live = snap(db_path)
-    assert introspect.diff(reference_schema(n), live) == []
-    assert live["schema_version"] == n
+    assert introspect.diff(expected_schema(n), live) == []
+    assert live["schema_version"] == min(n, 23)  # our own revisions keep Hermes' version
     assert migrations.current(db_path) == rev(n)
 
 
 def test_every_revision_has_a_reference_json() -> None:
-    for n in ALL_N:
+    for n in HERMES_N:
         assert (SCHEMA_DIR / f"hermes_v{n}.json").is_file()
+    for n in ALL_N[len(HERMES_N):]:
+        assert (OWN_SCHEMA_DIR / f"{n:04d}.json").is_file()
+
+
+def test_own_revisions_only_add_to_hermes_v23() -> None:
+    """Our revisions after 0023 add objects; everything Hermes v23 has stays identical."""
+    ours = expected_schema(HEAD_N)
+    problems = introspect.diff(reference_schema(23), ours)
+    assert problems and all(p.startswith(("extra ",)) for p in problems), problems
 
 
 @pytest.mark.parametrize("n", ALL_N)
@@ -93,7 +112,7 @@ def test_downgrade_one_step_gives_previous_schema(n: int, migrate, db_path: Path
         assert live["tables"] == {} and live["virtual"] == {} and live["triggers"] == {}
         assert migrations.current(db_path) is None
     else:
-        assert introspect.diff(reference_schema(n - 1), live) == []
+        assert introspect.diff(expected_schema(n - 1), live) == []
 
 
 def test_up_down_up_empty(migrate, db_path: Path) -> None:
@@ -212,7 +231,7 @@ def test_up_down_up_with_data(migrate, db_path: Path, raw) -> None:
     conn.close()
     migrations.downgrade(db_path, "base")
     migrations.upgrade(db_path, "head")
-    assert introspect.diff(reference_schema(HEAD_N), snap(db_path)) == []
+    assert introspect.diff(expected_schema(HEAD_N), snap(db_path)) == []
 
 
 # --------------------------------------------------------------------- atomicity
@@ -370,7 +389,7 @@ def test_upgrade_on_a_host_connection_inside_its_transaction(db_path: Path) -> N
     live = snap(db_path)
     assert "host_things" in live["tables"]
     del live["tables"]["host_things"]
-    assert introspect.diff(reference_schema(HEAD_N), live) == []
+    assert introspect.diff(expected_schema(HEAD_N), live) == []
 
 
 # --------------------------------------------------------------------- bad input

@@ -3,6 +3,8 @@
 from .base import Base, NAMING_CONVENTION
 from .tables import (
     AsyncDelegation,
+    CjkBigram,
+    CjkBigramDirty,
     CompressionLock,
     GatewayRouting,
     Message,
@@ -16,6 +18,8 @@ metadata = Base.metadata
 
 __all__ = [
     "AsyncDelegation",
+    "CjkBigram",
+    "CjkBigramDirty",
     "Base",
     "CompressionLock",
     "GatewayRouting",

@@ -173,6 +173,8 @@ class Message(Base):
 
     __table_args__ = (
         Index("idx_messages_session", "session_id", "timestamp"),
+        # hermes_store's own (revision 0024): newest-first substring scans stop early.
+        Index("idx_messages_timestamp", "timestamp"),
         Index(
             "idx_messages_platform_msg_id",
             "session_id",
@@ -300,3 +302,24 @@ __all__ = [
     "SessionModelUsage",
     "StateMeta",
 ]
+
+
+class CjkBigram(Base):
+    """hermes_store's short-CJK search index (revision 0024): adjacent CJK pairs per block.
+
+    Maintained by :mod:`hermes_store.search.bigram`; see that module for the rules.
+    """
+
+    __tablename__ = "messages_cjk_bigram"
+
+    gram: Mapped[str] = mapped_column(TEXT, primary_key=True)
+    block: Mapped[int] = mapped_column(INTEGER, primary_key=True, autoincrement=False)
+    __table_args__ = {"sqlite_with_rowid": False}
+
+
+class CjkBigramDirty(Base):
+    """Blocks whose rows changed below the index's high-water mark (filled by triggers)."""
+
+    __tablename__ = "messages_cjk_bigram_dirty"
+
+    block: Mapped[int] = mapped_column(INTEGER, primary_key=True, autoincrement=False, nullable=True)

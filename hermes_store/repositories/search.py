@@ -7,18 +7,24 @@ adds one message of context on each side of every hit.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from typing import Any, Iterable, Sequence
 
 from sqlalchemy.exc import OperationalError
 
 from ..codec import clean_text, decode_content
+from ..search import bigram
 from ..search.fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN, TRIGRAM_INDEX, WORD_INDEX, fts5
 from ..search.query import escape_like, plan_search
 from .base import Repository
 from .records import SearchHit
 
 CONTEXT_CHARS = 200
+HIT_COLUMNS = (
+    "m.id AS id, m.session_id AS session_id, m.role AS role, {snippet} AS snippet, m.timestamp AS timestamp, "
+    "m.tool_name AS tool_name, s.source AS source, s.model AS model, s.started_at AS session_started, {rank} AS rank"
+)
 SNIPPET_RADIUS = 40
 SORTS = (None, "rank", "newest", "oldest")
 
@@ -60,35 +66,28 @@ class SearchRepository(Repository):
                 params.update(zip(names, values))
         filters = "".join(f" AND {w}" for w in where)
         order = {"newest": "m.timestamp DESC, m.id DESC", "oldest": "m.timestamp ASC, m.id ASC"}
+        window = params["limit"] + params["offset"]
         try:
             if plan.kind in ("word", "trigram"):
                 index = WORD_INDEX if plan.kind == "word" else TRIGRAM_INDEX
                 params["q"] = plan.match
-                hits_sql = fts5.match_sql(index)
                 sql = (
-                    f"SELECT m.id, m.session_id, m.role, h.snippet, m.timestamp, m.tool_name, s.source, s.model, "
-                    f"s.started_at AS session_started, h.rank AS rank FROM ({hits_sql}) h "
-                    "JOIN messages m ON m.id = h.id JOIN sessions s ON s.id = m.session_id "
-                    f"WHERE 1{filters}"
+                    f"SELECT {HIT_COLUMNS.format(snippet='h.snippet', rank='h.rank')} "
+                    f"FROM ({fts5.match_sql(index)}) h JOIN messages m ON m.id = h.id "
+                    f"JOIN sessions s ON s.id = m.session_id WHERE 1{filters}"
                 )
                 if plan.kind == "trigram":
-                    # Tool output is not in the trigram index (v23); reach it by substring.
-                    like, lparams = self._like_clause(plan.terms)
-                    params.update(lparams)
-                    sql += (
-                        " UNION ALL SELECT m.id, m.session_id, m.role, NULL, m.timestamp, m.tool_name, s.source, "
-                        "s.model, s.started_at, 0.0 FROM messages m JOIN sessions s ON s.id = m.session_id "
-                        f"WHERE m.role = 'tool' AND ({like}){filters}"
-                    )
+                    # Tool output is not in the trigram index (v23); reach it by substring,
+                    # with the query's AND semantics unless it uses OR/NOT.
+                    joiner = "OR" if re.search(r"\b(OR|NOT)\b", plan.match) else "AND"
+                    tool_sql, _ = self._substring_select(plan.terms, joiner, " AND m.role = 'tool'" + filters,
+                                                         params, window, flat=False)
+                    sql += " UNION ALL " + tool_sql
                 sql = f"SELECT * FROM ({sql}) m ORDER BY {order.get(sort or '', 'm.rank, m.timestamp DESC, m.id DESC')}"
             else:
-                like, lparams = self._like_clause(plan.terms)
-                params.update(lparams)
-                sql = (
-                    "SELECT m.id, m.session_id, m.role, NULL AS snippet, m.timestamp, m.tool_name, s.source, s.model, "
-                    "s.started_at AS session_started FROM messages m JOIN sessions s ON s.id = m.session_id "
-                    f"WHERE ({like}){filters} ORDER BY {order.get(sort or '', 'm.timestamp DESC, m.id DESC')}"
-                )
+                sql, flat = self._substring_select(plan.terms, "OR", filters, params, window, flat=True)
+                ordering = order.get(sort or "", order["newest"])
+                sql = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
             rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
         except (OperationalError, sqlite3.OperationalError):
             # Defence in depth: the sanitizer should make this unreachable.
@@ -96,15 +95,56 @@ class SearchRepository(Repository):
         return self._finish(rows, plan.terms)
 
     @staticmethod
-    def _like_clause(terms: Sequence[str]) -> tuple[str, dict[str, Any]]:
-        parts, params = [], {}
+    def _like_clause(terms: Sequence[str], joiner: str, params: dict[str, Any]) -> str:
+        """Terms matched as literal substrings of content, tool name or tool calls."""
+        parts = []
         for i, term in enumerate(terms):
             params[f"lk{i}"] = f"%{escape_like(term)}%"
             parts.append(
                 f"(m.content LIKE :lk{i} ESCAPE '\\' OR m.tool_name LIKE :lk{i} ESCAPE '\\' "
                 f"OR m.tool_calls LIKE :lk{i} ESCAPE '\\')"
             )
-        return " OR ".join(parts) or "0", params
+        return f" {joiner} ".join(parts) or "0"
+
+    def _substring_select(
+        self, terms: Sequence[str], joiner: str, filters: str, params: dict[str, Any], window: int, *, flat: bool
+    ) -> tuple[str, bool]:
+        """A SELECT of substring hits; uses the CJK bigram index when it beats a scan.
+
+        Returns (sql, is_flat). A flat query is a single scan that SQLite can walk in
+        timestamp order and stop early (good for common terms); the indexed form reads
+        candidate blocks plus the rows the index does not cover yet (good for rare ones).
+        """
+        like = self._like_clause(terms, joiner, params)
+        columns = HIT_COLUMNS.format(snippet="NULL", rank="0.0")
+        scan = (
+            f"SELECT {columns} FROM messages m JOIN sessions s ON s.id = m.session_id WHERE ({like}){filters}"
+        )
+        grams = [bigram.term_bigrams(t) for t in terms]
+        if joiner == "AND":  # any one term's pairs narrow an AND; merge them all
+            merged = sorted({g for gs in grams for g in gs})
+            grams = [merged] if merged else [[]]
+        if not all(grams) or not bigram.installed(self.conn):
+            return scan, flat
+        if flat:
+            # Choose: candidates E rows vs. a newest-first walk of about window*N/E rows.
+            total = self._scalar("SELECT max(id) FROM messages") or 0
+            estimate = bigram.estimate_blocks(self.conn, grams) * bigram.BLOCK
+            if estimate * estimate > max(window, 1) * total:
+                return scan, True
+        params["bg_hw"] = bigram.high_water(self.conn)
+        params["bg_block"] = bigram.BLOCK
+        cand = bigram.candidate_blocks_sql(grams, params)
+        indexed = (
+            f"SELECT {columns} FROM ({cand}) c JOIN messages m "
+            "ON m.id BETWEEN c.block * :bg_block AND c.block * :bg_block + :bg_block - 1 AND m.id <= :bg_hw "
+            f"JOIN sessions s ON s.id = m.session_id WHERE ({like}){filters}"
+        )
+        tail = (
+            f"SELECT {columns} FROM messages m JOIN sessions s ON s.id = m.session_id "
+            f"WHERE m.id > :bg_hw AND ({like}){filters}"
+        )
+        return f"{indexed} UNION ALL {tail}", False
 
     def _finish(self, rows: list[dict[str, Any]], terms: Sequence[str]) -> list[SearchHit]:
         if not rows:

@@ -39,6 +39,8 @@ _CJK_CLASS = (
     "\uac00-\ud7af"  # hangul syllables
 )
 _CJK_RE = re.compile(f"[{_CJK_CLASS}]")
+#: The character class above, for other modules (e.g. the bigram index) to share.
+CJK_CLASS = _CJK_CLASS
 
 _OPERATORS = frozenset({"AND", "OR", "NOT"})  # FTS5 operators are case-sensitive
 _PHRASE_RE = re.compile(r'"([^"]*)"')

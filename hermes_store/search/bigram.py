@@ -1,0 +1,160 @@
+"""Short-CJK search index (revision 0024): adjacent CJK pairs per block of 64 messages.
+
+A CJK term of two characters has no trigram, so without help it needs a LIKE scan of
+every message. Here each message's content, tool name and tool calls are cut into
+pairs of adjacent CJK characters and stored as ``(gram, block)`` with
+``block = id // 64``. A search for a term takes the blocks that hold *all* of the
+term's pairs, and verifies the messages of those blocks with the same LIKE as a plain
+scan, so stale entries cost time but never correctness.
+
+Coverage: the index holds messages up to ``state_meta[HIGH_WATER_KEY]``.
+Newer rows (for example written by Hermes itself) are scanned directly; older rows
+that changed are listed by triggers in ``messages_cjk_bigram_dirty`` and scanned until
+:func:`catch_up` re-indexes their blocks. :func:`catch_up` runs inside the caller's
+write transaction.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Sequence
+
+from .query import CJK_CLASS
+
+BLOCK = 64
+HIGH_WATER_KEY = "hermes_store.cjk_bigram_high_water"
+TABLE = "messages_cjk_bigram"
+DIRTY_TABLE = "messages_cjk_bigram_dirty"
+CHUNK = 5000
+
+_RUN = re.compile(f"[{CJK_CLASS}]{{2,}}")
+
+
+def bigrams(text: str | None) -> set[str]:
+    """Every pair of adjacent CJK characters in ``text``."""
+    if not text:
+        return set()
+    out: set[str] = set()
+    for run in _RUN.findall(text):
+        out.update(run[i:i + 2] for i in range(len(run) - 1))
+    return out
+
+
+def term_bigrams(term: str) -> list[str]:
+    """The pairs a message must hold to contain ``term`` ([] when the index can't help)."""
+    return sorted(bigrams(term))
+
+
+def high_water(conn: Any) -> int:
+    row = conn.exec_driver_sql("SELECT value FROM state_meta WHERE key = ?", (HIGH_WATER_KEY,)).first()
+    try:
+        return int(row[0]) if row else -1
+    except (TypeError, ValueError):
+        return -1  # unreadable: treat as nothing indexed (everything is scanned)
+
+
+def installed(conn: Any) -> bool:
+    return conn.exec_driver_sql(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)
+    ).first() is not None
+
+
+def pending(conn: Any) -> int:
+    """How many messages the index does not cover yet (tail rows + dirty blocks' rows)."""
+    hw = high_water(conn)
+    tail = conn.exec_driver_sql("SELECT count(*) FROM messages WHERE id > ?", (hw,)).scalar()
+    dirty = conn.exec_driver_sql(f"SELECT count(*) FROM {DIRTY_TABLE}").scalar()
+    return int(tail) + int(dirty) * BLOCK
+
+
+def _index_rows(conn: Any, rows: Iterable[Sequence[Any]]) -> int:
+    pairs: set[tuple[str, int]] = set()
+    top = -1
+    for mid, *texts in rows:
+        block = mid // BLOCK
+        for text in texts:
+            if text:
+                pairs.update((g, block) for g in bigrams(text))
+        top = max(top, mid)
+    if pairs:
+        conn.exec_driver_sql(f"INSERT OR IGNORE INTO {TABLE} (gram, block) VALUES (?, ?)", list(pairs))
+    return top
+
+
+def catch_up(conn: Any, limit: int | None = None) -> int:
+    """Index dirty blocks and rows above the high-water mark; returns rows indexed.
+
+    ``limit`` bounds the number of tail rows handled in this call (None: all).
+    """
+    if not installed(conn):
+        return 0
+    done = 0
+    dirty = [r[0] for r in conn.exec_driver_sql(f"SELECT block FROM {DIRTY_TABLE}")]
+    hw = high_water(conn)
+    for block in dirty:
+        conn.exec_driver_sql(f"DELETE FROM {TABLE} WHERE block = ?", (block,))
+        rows = conn.exec_driver_sql(
+            "SELECT id, content, tool_name, tool_calls FROM messages WHERE id BETWEEN ? AND ? AND id <= ?",
+            (block * BLOCK, block * BLOCK + BLOCK - 1, hw),
+        ).fetchall()
+        _index_rows(conn, rows)
+        done += len(rows)
+    if dirty:
+        conn.exec_driver_sql(f"DELETE FROM {DIRTY_TABLE}")
+    while limit is None or done < limit:
+        rows = conn.exec_driver_sql(
+            "SELECT id, content, tool_name, tool_calls FROM messages WHERE id > ? ORDER BY id LIMIT ?",
+            (hw, CHUNK),
+        ).fetchall()
+        if not rows:
+            break
+        hw = _index_rows(conn, rows)
+        done += len(rows)
+        _set_high_water(conn, hw)
+    return done
+
+
+def _set_high_water(conn: Any, value: int) -> None:
+    conn.exec_driver_sql(
+        "INSERT INTO state_meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        (HIGH_WATER_KEY, str(value)),
+    )
+
+
+def rebuild(conn: Any) -> int:
+    """Drop and rebuild the whole index from the messages table."""
+    if not installed(conn):
+        return 0
+    conn.exec_driver_sql(f"DELETE FROM {TABLE}")
+    conn.exec_driver_sql(f"DELETE FROM {DIRTY_TABLE}")
+    _set_high_water(conn, -1)
+    return catch_up(conn)
+
+
+def candidate_blocks_sql(term_grams: Sequence[Sequence[str]], params: dict[str, Any]) -> str:
+    """SQL selecting candidate blocks: blocks holding all pairs of any term, plus dirty ones.
+
+    Fills ``params`` with the bind values it uses.
+    """
+    parts = []
+    for t, grams in enumerate(term_grams):
+        names = []
+        for g, gram in enumerate(grams):
+            params[f"bg{t}_{g}"] = gram
+            names.append(f":bg{t}_{g}")
+        parts.append(
+            f"SELECT block FROM {TABLE} WHERE gram IN ({', '.join(names)}) GROUP BY block HAVING count(*) = {len(grams)}"
+        )
+    parts.append(f"SELECT block FROM {DIRTY_TABLE}")
+    return " UNION ".join(parts)
+
+
+def estimate_blocks(conn: Any, term_grams: Sequence[Sequence[str]]) -> int:
+    """Upper bound of candidate blocks: per term, the rarest pair's block count."""
+    total = 0
+    for grams in term_grams:
+        counts = [
+            conn.exec_driver_sql(f"SELECT count(*) FROM {TABLE} WHERE gram = ?", (g,)).scalar() for g in grams
+        ]
+        total += min(counts) if counts else 0
+    return total
