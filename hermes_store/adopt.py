@@ -894,6 +894,7 @@ def _adopt_copy(
         # External-content indexes corrupt themselves when a row they never indexed is
         # updated or deleted through a trigger; re-index before any revision runs (the
         # late-v10 conversion above already rebuilt its indexes).
+        _canonical_ledger_fk(conn)
         converted = any(r.kind == "fts_v10_late" for r in det.repairs)
         if not converted and any(content for _n, _s, content in _fts_tables(conn)):
             _rebuild_fts(conn)
@@ -972,6 +973,42 @@ def _adopt_copy(
         notes=notes,
         row_counts=original_counts,
     )
+
+
+_INLINE_LEDGER_FK = re.compile(r"\s+REFERENCES\s+sessions\s*\(\s*id\s*\)\s+ON\s+DELETE\s+CASCADE", re.I)
+
+
+def _canonical_ledger_fk(conn: sqlite3.Connection) -> None:
+    """Rewrite Hermes' inline ledger foreign key as a table-level clause.
+
+    Hermes declares ``session_model_usage.session_id … REFERENCES sessions(id) ON DELETE
+    CASCADE`` inline. SQLite enforces both spellings alike, but SQLAlchemy only reads
+    ON DELETE from a table-level ``FOREIGN KEY`` clause, so an adopted v22/v23 file
+    would make ``alembic check`` report a change our revisions never produce. The table
+    is rebuilt (rows and indexes kept) with the clause our revisions write.
+    """
+    row = conn.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'session_model_usage'"
+    ).fetchone()
+    if row is None or not _INLINE_LEDGER_FK.search(row[0]) or "FOREIGN KEY" in row[0].upper():
+        return
+    body = _INLINE_LEDGER_FK.sub("", row[0], count=1).rstrip()
+    if not body.endswith(")"):
+        return
+    body = body[:-1].rstrip() + ",\n    FOREIGN KEY (session_id) REFERENCES sessions(id) ON DELETE CASCADE\n)"
+    indexes = [
+        r[0]
+        for r in conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'session_model_usage' AND sql IS NOT NULL"
+        )
+    ]
+    cols = ", ".join(_q(r[1]) for r in conn.execute('PRAGMA table_info("session_model_usage")'))
+    conn.execute("ALTER TABLE session_model_usage RENAME TO _hermes_store_ledger_old")
+    conn.execute(body)
+    conn.execute(f"INSERT INTO session_model_usage ({cols}) SELECT {cols} FROM _hermes_store_ledger_old")
+    conn.execute("DROP TABLE _hermes_store_ledger_old")
+    for sql in indexes:
+        conn.execute(sql)
 
 
 def _swap(p: Path, work: Path, backup: bool, report: AdoptionReport) -> None:

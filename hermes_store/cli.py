@@ -47,7 +47,6 @@ from rich.text import Text
 from . import __version__, adopt as adopt_mod, errors, migrations
 from .engine import default_db_path, to_url
 from .facade import SessionDB
-from .repositories import LineageRepository
 from .repositories.base import like_prefix
 from .repositories.maintenance import DAY, transcript_files
 
@@ -366,17 +365,8 @@ def resolve(db: SessionDB, prefix: str) -> str:
 
 
 def prune_candidates(db: SessionDB, older_than_days: float, source: str | None) -> tuple[float, list[dict[str, Any]]]:
-    """What prune_sessions would delete, read only: the same selection as
-    MaintenanceRepository.prune_sessions (ended sessions started before the cutoff)."""
-    cut = time.time() - float(older_than_days) * DAY
-    rows = _rows(
-        db,
-        "SELECT id, source, title, started_at, ended_at, end_reason, message_count FROM sessions"
-        " WHERE ended_at IS NOT NULL AND started_at < :cut" + ("" if source is None else " AND source = :src")
-        + " ORDER BY started_at, id",
-        {"cut": cut, "src": source},
-    )
-    return cut, rows
+    """What prune_sessions would delete (the library's own selection), read only."""
+    return time.time() - float(older_than_days) * DAY, db.prune_candidates(older_than_days, source)
 
 
 def schema_tables(path: Path) -> tuple[list[tuple[str, int]], list[str]]:
@@ -398,10 +388,10 @@ def schema_tables(path: Path) -> tuple[list[tuple[str, int]], list[str]]:
 
 def create_private_file(path: Path) -> None:
     """A new database is created readable by its owner only, as SessionDB does."""
-    from .facade import _create_private_file
+    from .facade import create_private_database
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    _create_private_file(path)
+    create_private_database(path)
 
 
 def known_revisions() -> list[str]:
@@ -931,11 +921,7 @@ def lineage(session_id: str) -> None:
     with session_db(st) as db:
         sid = resolve(db, session_id)
         chain = db.get_session_lineage(sid) or [sid]
-        with db.engine.connect() as conn:
-            try:
-                below = LineageRepository(conn).descendants(sid)
-            finally:
-                conn.rollback()
+        below = db.get_session_descendants(sid)
         below = [d for d in below if d not in set(chain)]
         info = sessions_by_id(db, [*chain, *below])
         parents = sessions_by_id(db, {info[d]["parent_session_id"] for d in below if info.get(d, {}).get("parent_session_id")} - set(info))

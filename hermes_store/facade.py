@@ -97,7 +97,7 @@ def _is_locked(exc: BaseException) -> bool:
     return "database is locked" in text or "database is busy" in text or "database table is locked" in text
 
 
-def _create_private_file(path: Path) -> None:
+def create_private_database(path: Path) -> None:
     """Create the database file readable by its owner only (0600).
 
     The file is created with that mode (no window where others could open it), then
@@ -124,7 +124,7 @@ class SessionDB:
         try:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
             if not self.db_path.exists():
-                _create_private_file(self.db_path)
+                create_private_database(self.db_path)
             migrations.upgrade(self.db_path)
             self._engine = create_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS)
             label = self.db_path.name
@@ -328,11 +328,19 @@ class SessionDB:
         """Root → … → tip ids of the session's chain."""
         return self._read(lambda c: LineageRepository(c).chain(session_id))
 
+    def get_session_ancestors(self, session_id: str) -> list[str]:
+        """Root first, ending with the session itself."""
+        return self._read(lambda c: LineageRepository(c).ancestors(session_id))
+
+    def get_session_descendants(self, session_id: str) -> list[str]:
+        """Every session below this one, nearest first."""
+        return self._read(lambda c: LineageRepository(c).descendants(session_id))
+
     # ------------------------------------------------------------------ listing
 
     def list_sessions_rich(
         self,
-        source: str | None = None,
+        source: str | Iterable[str] | None = None,
         exclude_sources: Iterable[str] | None = None,
         limit: int = 20,
         offset: int = 0,
@@ -495,6 +503,10 @@ class SessionDB:
         self, older_than_days: int = 90, source: str | None = None, sessions_dir: str | os.PathLike[str] | None = None
     ) -> int:
         return self._write(lambda c: MaintenanceRepository(c).prune_sessions(older_than_days, source, sessions_dir))
+
+    def prune_candidates(self, older_than_days: int = 90, source: str | None = None) -> list[dict[str, Any]]:
+        """Read-only: the sessions :meth:`prune_sessions` would delete."""
+        return self._read(lambda c: MaintenanceRepository(c).prune_candidates(older_than_days, source))
 
     def prune_empty_ghost_sessions(self, sessions_dir: str | os.PathLike[str] | None = None) -> int:
         return self._write(lambda c: MaintenanceRepository(c).prune_empty_ghost_sessions(sessions_dir))

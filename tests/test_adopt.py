@@ -771,3 +771,20 @@ def test_early_table_holding_rows_is_refused(tmp_path: Path) -> None:
     with pytest.raises(errors.AdoptionError, match="compression_locks"):
         adopt_mod.adopt(p)
     assert state(p) == before
+
+
+@pytest.mark.parametrize("name", ["hermes_v22.db", "hermes_v23.db"])
+def test_adopted_ledger_keeps_alembic_check_quiet(tmp_path: Path, name: str) -> None:
+    """Hermes writes the ledger FK inline; adoption rewrites it so autogenerate is quiet."""
+    from alembic import command
+
+    from hermes_store import migrations as mig
+
+    path = tmp_path / "state.db"
+    shutil.copy(HERMES_DBS / name, path)
+    mig.upgrade(path)
+    command.check(mig.make_config(f"sqlite:///{path}"))
+    conn = sqlite3.connect(path)
+    fk = conn.execute('PRAGMA foreign_key_list("session_model_usage")').fetchall()
+    assert [(r[2], r[3], r[4], r[6]) for r in fk] == [("sessions", "session_id", "id", "CASCADE")]
+    conn.close()

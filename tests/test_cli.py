@@ -329,7 +329,6 @@ def test_export_import_round_trip_is_exact_and_idempotent(demo_db: Path, tmp_pat
     assert "skipped 6" in ok("--db", target, "import", out).stdout
 
 
-@pytest.mark.xfail(strict=True, reason="library: export/import does not carry the session_model_usage ledger (see report)")
 def test_stats_survive_export_import(demo_db: Path, tmp_path: Path) -> None:
     out = tmp_path / "e.jsonl"
     ok("--db", demo_db, "export", "--out", out)

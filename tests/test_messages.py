@@ -179,3 +179,16 @@ def test_unit_of_work_rolls_back_on_error(db: SessionDB) -> None:
         uow.sessions.create("u2", "cli")
         uow.messages.append("u2", "user", "kept")
     assert db.get_session("u2")["message_count"] == 1
+
+
+def test_bulk_append_keeps_input_order_across_column_sets(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    db.append_messages([
+        {"session_id": "s", "role": "user", "content": "q"},
+        {"session_id": "s", "role": "assistant", "content": None, "tool_calls": CALLS},
+        {"session_id": "s", "role": "tool", "content": "r", "tool_name": "web_search", "tool_call_id": "c1"},
+        {"session_id": "s", "role": "assistant", "content": "a"},
+    ])
+    msgs = db.get_messages("s")
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"]
+    assert [m["id"] for m in msgs] == sorted(m["id"] for m in msgs)

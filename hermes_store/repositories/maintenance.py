@@ -51,7 +51,15 @@ class MaintenanceRepository(Repository):
         if row is None:
             return None
         row["messages"] = MessageRepository(self.conn).get_messages(session_id)
+        if self.has_table("session_model_usage"):
+            row["model_usage"] = self._usage_rows(session_id)
         return row
+
+    def _usage_rows(self, session_id: str) -> list[dict[str, Any]]:
+        return self._all(
+            "SELECT * FROM session_model_usage WHERE session_id = :id ORDER BY model, task, billing_provider",
+            {"id": session_id},
+        )
 
     def iter_export(self, source: str | None = None, batch: int = 500) -> Iterator[dict[str, Any]]:
         """Sessions (oldest first, parents before children) each with its messages, streamed.
@@ -60,6 +68,7 @@ class MaintenanceRepository(Repository):
         messages through a server-side cursor, one session at a time.
         """
         last_started, last_id = -1e300, ""
+        ledger = self.has_table("session_model_usage")
         where = "" if source is None else " AND source = :src"
         while True:
             page = self._all(
@@ -75,6 +84,8 @@ class MaintenanceRepository(Repository):
                 )
                 keys = list(result.keys())
                 row["messages"] = [decode_row(dict(zip(keys, r))) for r in result]
+                if ledger:
+                    row["model_usage"] = self._usage_rows(row["id"])
                 yield row
             last_started, last_id = page[-1]["started_at"], page[-1]["id"]
 
@@ -86,6 +97,7 @@ class MaintenanceRepository(Repository):
         """
         record = dict(record)
         messages = record.pop("messages", []) or []
+        usage = record.pop("model_usage", []) or []
         record.pop("preview", None), record.pop("last_active", None), record.pop("_lineage_root_id", None)
         if self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": record["id"]}):
             return False
@@ -108,6 +120,17 @@ class MaintenanceRepository(Repository):
                 item.pop("id")
             free.append(item)
         self._insert_messages(free)
+        if usage and self.has_table("session_model_usage"):
+            ledger_cols = self.columns_of("session_model_usage")
+            for u in usage:
+                u = {k: v for k, v in u.items() if k in ledger_cols}
+                u["session_id"] = cols["id"]
+                names = list(u)
+                self._exec(
+                    f"INSERT INTO session_model_usage ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)})"
+                    " ON CONFLICT DO NOTHING",
+                    u,
+                )
         return True
 
     _pending_parents: list[tuple[str, str]]
@@ -172,21 +195,20 @@ class MaintenanceRepository(Repository):
                 except OSError:
                     pass  # a file we cannot remove must not undo the database work
 
+    def prune_candidates(self, older_than_days: float = 90, source: str | None = None) -> list[dict[str, Any]]:
+        """What :meth:`prune_sessions` would delete: ended sessions started before the cutoff."""
+        return self._all(
+            "SELECT id, source, title, started_at, ended_at, end_reason, message_count FROM sessions"
+            " WHERE ended_at IS NOT NULL AND started_at < :cut" + ("" if source is None else " AND source = :src")
+            + " ORDER BY started_at, id",
+            {"cut": now() - float(older_than_days) * DAY, "src": source},
+        )
+
     def prune_sessions(
         self, older_than_days: float = 90, source: str | None = None, sessions_dir: str | Path | None = None
     ) -> int:
         """Delete ended sessions started before the cutoff; children are orphaned."""
-        params: dict[str, Any] = {"cut": now() - float(older_than_days) * DAY, "src": source}
-        ids = [
-            r[0]
-            for r in self.conn.execute(
-                text(
-                    "SELECT id FROM sessions WHERE ended_at IS NOT NULL AND started_at < :cut"
-                    + ("" if source is None else " AND source = :src")
-                ),
-                params,
-            )
-        ]
+        ids = [r["id"] for r in self.prune_candidates(older_than_days, source)]
         self._delete_ids(ids)
         if sessions_dir is not None:
             self._remove_files(ids, sessions_dir)

@@ -98,7 +98,9 @@ class MessageRepository(Repository):
         message columns (``content`` may be a list/dict, JSON columns may be objects).
         """
         known = self._known()
-        groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+        # Consecutive rows with the same columns share one executemany; a change of
+        # columns starts a new run, so ids always follow the input order.
+        runs: list[tuple[tuple[str, ...], list[tuple[Any, ...]]]] = []
         per_session: dict[str, list[int]] = {}
         total = 0
         for item in messages:
@@ -110,14 +112,17 @@ class MessageRepository(Repository):
             if bad:
                 raise TypeError(f"unknown message fields: {sorted(bad)}")
             row = encode_row(sid, role, content, ts, **item)
-            groups.setdefault(tuple(row), []).append(tuple(row.values()))
+            names = tuple(row)
+            if not runs or runs[-1][0] != names:
+                runs.append((names, []))
+            runs[-1][1].append(tuple(row.values()))
             c = per_session.setdefault(sid, [0, 0])
             c[0] += 1
             c[1] += count_tool_calls(item.get("tool_calls"))
             total += 1
         cursor = self.conn.connection.driver_connection.cursor()
         try:
-            for names, rows in groups.items():
+            for names, rows in runs:
                 cursor.executemany(
                     f"INSERT INTO messages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})", rows
                 )
