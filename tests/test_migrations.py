@@ -467,3 +467,62 @@ def test_installed_wheel_migrates_outside_source_tree(tmp_path: Path) -> None:
     assert "hermes_store_version" in {
         r[0] for r in sqlite3.connect(elsewhere / "fresh.db").execute("SELECT name FROM sqlite_master")
     }
+
+
+def test_host_runs_our_versions_as_a_separate_branch(tmp_path: Path) -> None:
+    """The README's second integration: our versions/ in a host's version_locations."""
+    host = tmp_path / "host"
+    (host / "versions").mkdir(parents=True)
+    (host / "env.py").write_text(textwrap.dedent(
+        """
+        from alembic import context
+        from sqlalchemy import create_engine
+        from hermes_store.engine import install_begin_hook
+
+        engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
+        with engine.connect() as conn:
+            install_begin_hook(conn)
+            context.configure(connection=conn, target_metadata=None, transactional_ddl=True,
+                              transaction_per_migration=True)
+            with context.begin_transaction():
+                context.run_migrations()
+            conn.commit()
+        """
+    ))
+    (host / "script.py.mako").write_text((migrations.script_location() / "script.py.mako").read_text())
+    (host / "versions" / "h001_app.py").write_text(textwrap.dedent(
+        '''
+        """Host app table that needs hermes_store's sessions."""
+        from alembic import op
+        revision = "h001"
+        down_revision = None
+        branch_labels = ("app",)
+        depends_on = "0024"
+
+        def upgrade():
+            op.execute("CREATE TABLE app_notes (session_id TEXT REFERENCES sessions(id), note TEXT)")
+
+        def downgrade():
+            op.execute("DROP TABLE app_notes")
+        '''
+    ))
+    from alembic.config import Config
+
+    db = tmp_path / "app.db"
+    cfg = Config()
+    cfg.set_main_option("script_location", str(host))
+    cfg.set_main_option("version_locations", f"{host / 'versions'} {migrations.versions_location()}")
+    cfg.set_main_option("path_separator", "space")
+    cfg.set_main_option("sqlalchemy.url", f"sqlite:///{db}")
+    command.upgrade(cfg, "heads")
+    conn = sqlite3.connect(db)
+    versions = {r[0] for r in conn.execute("SELECT version_num FROM alembic_version")}
+    assert versions == {"h001"}  # Alembic records our head as a dependency of the host's
+    assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 23
+    assert {"app_notes", "sessions", "messages"} <= {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    conn.close()
+    command.downgrade(cfg, "base")
+    conn = sqlite3.connect(db)
+    left = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert not {"sessions", "app_notes", "messages_fts"} & left
+    conn.close()

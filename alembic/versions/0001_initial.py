@@ -13,7 +13,7 @@ from alembic import op
 
 revision = "0001"
 down_revision = None
-branch_labels = None
+branch_labels = ("hermes_store",)  # lets a host run `alembic upgrade hermes_store@head`
 depends_on = None
 
 UPGRADE = [
