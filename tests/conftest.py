@@ -28,6 +28,31 @@ def rev(n: int) -> str:
     return f"{n:04d}"
 
 
+def snap(path: Path) -> dict:
+    """Normalized schema snapshot of a database file."""
+    from hermes_store import introspect
+
+    conn = sqlite3.connect(path)
+    try:
+        return introspect.snapshot(conn)
+    finally:
+        conn.close()
+
+
+def sha(path: Path) -> str:
+    """Content hash, to prove a refused file was left byte-for-byte unchanged."""
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def integrity_check(conn: sqlite3.Connection) -> None:
+    """FTS5's own check of every FTS table: the index matches its content (raises if not)."""
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%'")]
+    for table in tables:
+        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES('integrity-check', 1)")
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "state.db"

@@ -6,7 +6,6 @@ snapshots of what autogenerate cannot see (triggers, virtual tables, views).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -29,7 +28,7 @@ from hermes_store.alembic_support import foreign_names, make_include_name
 from hermes_store.engine import create_engine
 from hermes_store.models import metadata
 
-from .conftest import SCHEMA_DIR, reference_schema, rev
+from .conftest import SCHEMA_DIR, integrity_check, reference_schema, rev, sha, snap
 
 SCRIPT = ScriptDirectory.from_config(migrations.make_config())
 HEAD = SCRIPT.get_current_head()
@@ -47,29 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 OWN_SCHEMA_DIR = Path(__file__).parent / "data" / "own_schema"
 
 
-def snap(path: Path) -> dict:
-    conn = sqlite3.connect(path)
-    try:
-        return introspect.snapshot(conn)
-    finally:
-        conn.close()
 
 
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def fts_tables(conn: sqlite3.Connection) -> list[str]:
-    return [
-        r[0]
-        for r in conn.execute("SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%'")
-    ]
-
-
-def integrity_check(conn: sqlite3.Connection) -> None:
-    """FTS5's own check: the index matches its content (raises on corruption)."""
-    for table in fts_tables(conn):
-        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES('integrity-check', 1)")
 
 
 def test_single_linear_head() -> None:

@@ -19,7 +19,7 @@ from sqlalchemy import event
 from hermes_store import introspect, migrations
 from hermes_store.engine import create_engine
 
-from .conftest import reference_schema, rev
+from .conftest import integrity_check, reference_schema, rev, snap
 
 Raw = Callable[[], sqlite3.Connection]
 
@@ -96,12 +96,6 @@ def rows(conn: sqlite3.Connection, table: str, cols: str) -> list[tuple]:
     return conn.execute(f"SELECT {cols} FROM {table} ORDER BY 1").fetchall()
 
 
-def snap(path: Path) -> dict:
-    conn = sqlite3.connect(path)
-    try:
-        return introspect.snapshot(conn)
-    finally:
-        conn.close()
 
 
 def fts_find(conn: sqlite3.Connection, table: str, term: str) -> set[int]:
@@ -109,9 +103,6 @@ def fts_find(conn: sqlite3.Connection, table: str, term: str) -> set[int]:
     return {r[0] for r in conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ?", (phrase,))}
 
 
-def integrity_check(conn: sqlite3.Connection) -> None:
-    for table in ("messages_fts", "messages_fts_trigram"):
-        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES('integrity-check', 1)")
 
 
 def msg_id(conn: sqlite3.Connection, content_like: str) -> int:
