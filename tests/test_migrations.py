@@ -416,10 +416,11 @@ def test_unknown_revision_is_refused_untouched(head_db: Path) -> None:
 @pytest.mark.slow
 def test_installed_wheel_migrates_outside_source_tree(tmp_path: Path) -> None:
     wheel_dir = tmp_path / "wheel"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheel_dir), str(REPO)],
-        check=True, capture_output=True,
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheel_dir), str(REPO)],
+        capture_output=True, text=True,
     )
+    assert built.returncode == 0, built.stderr
     wheel = next(wheel_dir.glob("hermes_store-*.whl"))
     site = tmp_path / "site"
     subprocess.run(
