@@ -116,3 +116,10 @@ def test_search_never_raises(corpus: SessionDB, query: str) -> None:
     assert isinstance(result, list)
     for hit in result:
         assert isinstance(hit["snippet"], str)
+
+
+def test_snippet_comes_from_the_matching_column(corpus: SessionDB) -> None:
+    hit = next(h for h in corpus.search_messages("kubectl") if h["id"] == 2)
+    assert ">>>kubectl<<<" in hit["snippet"]  # content is NULL: the tool_calls column matched
+    tool = next(h for h in corpus.search_messages("terminal", role_filter=["tool"]))
+    assert tool["tool_name"] == "terminal" and ">>>terminal<<<" in tool["snippet"]

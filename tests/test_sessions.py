@@ -7,6 +7,7 @@ import json
 import pytest
 
 from hermes_store import InvalidTitleError, SessionDB, TitleConflictError
+from hermes_store.repositories import MaintenanceRepository
 
 from .conftest import set_times
 
@@ -230,3 +231,33 @@ def test_search_sessions_orders_by_last_activity(db: SessionDB) -> None:
     assert [r["id"] for r in rows] == ["old_but_active", "new_idle"]
     assert rows[0]["last_active"] > rows[1]["last_active"]
     assert [r["id"] for r in db.search_sessions(limit=1, offset=1)] == ["new_idle"]
+
+
+def test_usage_by_route_and_hermes_stats_query(db: SessionDB) -> None:
+    db.create_session("a", "cli", model="m1")
+    db.create_session("b", "telegram", model="m2")
+    db.update_token_counts("a", input_tokens=10, output_tokens=1, billing_provider="openrouter",
+                           billing_base_url="https://or", billing_mode="chat", estimated_cost_usd=0.5, api_call_count=1)
+    db.update_token_counts("b", input_tokens=20, output_tokens=2, billing_provider="anthropic", estimated_cost_usd=0.25)
+    db.update_token_counts("b", input_tokens=5, model="m3", task="compression", billing_provider="openrouter",
+                           billing_base_url="https://or", billing_mode="chat")
+    routes = {u.key: (u.sessions, u.input_tokens) for u in db.usage(by="route")}
+    assert routes == {("openrouter", "https://or", "chat"): (2, 15), ("anthropic", "", ""): (1, 20)}
+    assert {u.key for u in db.usage(by="model_task")} == {("m1", ""), ("m2", ""), ("m3", "compression")}
+    stats = {u.key[0]: (u.sessions, u.input_tokens, u.estimated_cost_usd) for u in
+             db._read(lambda c: MaintenanceRepository(c).stats_by_model())}
+    assert stats == {"m1": (1, 10, 0.5), "m2": (1, 20, 0.25)}  # session totals: side tasks excluded
+    assert [u.key for u in db.usage(by="model", source="telegram")] == [("m2",), ("m3",)]
+
+
+def test_head_columns_are_exposed(db: SessionDB) -> None:
+    db.create_session("s", "cli", cwd="/work", git_branch="main")
+    db.update_session("s", archived=1, display_name="Shown")
+    row = db.get_session("s")
+    assert (row["cwd"], row["git_branch"], row["archived"], row["display_name"]) == ("/work", "main", 1, "Shown")
+    assert row["rewind_count"] == 0 and row["compression_fallback_streak"] == 0
+    mid = db.append_message("s", "user", "hi", platform_message_id="tg-42", api_content="raw", active=0)
+    msg = db.get_messages("s")[0]
+    assert msg["id"] == mid
+    assert (msg["platform_message_id"], msg["api_content"], msg["active"], msg["compacted"]) == ("tg-42", "raw", 0, 0)
+    assert msg["observed"] == 0
