@@ -8,12 +8,15 @@ serves an ORM Session, a plain Connection, or a fake in tests.
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session as OrmSession
 
 Executor = OrmSession | Connection
+
+_SCHEMA_CACHE: "weakref.WeakKeyDictionary[Any, dict[str, frozenset[str]]]" = weakref.WeakKeyDictionary()
 
 
 def as_connection(executor: Executor) -> Connection:
@@ -51,15 +54,22 @@ class Repository:
         return self.conn.execute(text(sql), params or {}).rowcount
 
     def has_table(self, name: str) -> bool:
-        return (
-            self.conn.exec_driver_sql(
-                "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)
-            ).first()
-            is not None
-        )
+        return bool(self.columns_of(name))
 
-    def columns_of(self, table_name: str) -> set[str]:
-        return {r[1] for r in self.conn.exec_driver_sql(f'PRAGMA table_info("{table_name}")')}
+    def columns_of(self, table_name: str) -> frozenset[str]:
+        """Column names of a table (empty when it does not exist), read once per engine.
+
+        Hot paths (append, token counting) would otherwise pay a PRAGMA per call. The
+        schema of a file only changes through migrations, which run before an engine
+        is handed to repositories (SessionDB migrates first, then connects).
+        """
+        per_engine = _SCHEMA_CACHE.setdefault(self.conn.engine, {})
+        cols = per_engine.get(table_name)
+        if cols is None:
+            cols = per_engine[table_name] = frozenset(
+                r[1] for r in self.conn.exec_driver_sql(f'PRAGMA table_info("{table_name}")')
+            )
+        return cols
 
 
 def like_prefix(value: str) -> str:

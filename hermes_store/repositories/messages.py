@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, Iterable, Sequence
 
 from sqlalchemy import text
@@ -53,14 +52,8 @@ def decode_row(row: dict[str, Any]) -> MessageRecord:
 class MessageRepository(Repository):
     """Rows of ``messages``; keeps the session's counters in step in the same transaction."""
 
-    #: Column names per engine: read once, not on every append.
-    _columns: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
-
-    def _known(self) -> set[str]:
-        cols = self._columns.get(self.conn.engine)
-        if cols is None:
-            cols = self._columns[self.conn.engine] = self.columns_of("messages")
-        return cols
+    def _known(self) -> frozenset[str]:
+        return self.columns_of("messages")
 
     def append(self, session_id: str, role: str, content: Any = None, **fields: Any) -> int:
         """Insert one message and bump message_count / tool_call_count; returns its id."""

@@ -124,7 +124,7 @@ class SearchRepository(Repository):
         if joiner == "AND":  # any one term's pairs narrow an AND; merge them all
             merged = sorted({g for gs in grams for g in gs})
             grams = [merged] if merged else [[]]
-        if not all(grams) or not bigram.installed(self.conn):
+        if not all(grams) or not self.has_table(bigram.TABLE):
             return scan, flat
         if flat:
             # Choose: candidates E rows vs. a newest-first walk of about window*N/E rows.
