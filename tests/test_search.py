@@ -123,3 +123,19 @@ def test_snippet_comes_from_the_matching_column(corpus: SessionDB) -> None:
     assert ">>>kubectl<<<" in hit["snippet"]  # content is NULL: the tool_calls column matched
     tool = next(h for h in corpus.search_messages("terminal", role_filter=["tool"]))
     assert tool["tool_name"] == "terminal" and ">>>terminal<<<" in tool["snippet"]
+
+
+def test_trigram_hits_and_tool_rows_merge_in_order_and_pages(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    ids = []
+    for i in range(8):
+        role = "tool" if i % 2 else "user"
+        ids.append(db.append_message("s", role, f"第{i}条 数据库迁移 记录", tool_name="t" if role == "tool" else None))
+    db._execute_write(lambda c: c.execute("UPDATE messages SET timestamp = 100 + id"))
+    newest = [h["id"] for h in db.search_messages("数据库迁移", sort="newest", limit=100)]
+    assert newest == sorted(ids, reverse=True)  # tool rows (via substring) interleave by time
+    pages = [h["id"] for o in range(0, 8, 3) for h in db.search_messages("数据库迁移", sort="oldest", limit=3, offset=o)]
+    assert pages == sorted(ids)
+    ranked = [h["id"] for h in db.search_messages("数据库迁移", limit=100)]
+    assert set(ranked) == set(ids) and set(ranked[:4]) == set(ids[0::2])  # ranked index hits first
+    assert [h["id"] for h in db.search_messages("数据库迁移", limit=2, offset=3)] == ranked[3:5]

@@ -74,25 +74,49 @@ class SearchRepository(Repository):
                 sql = (
                     f"SELECT {HIT_COLUMNS.format(snippet='h.snippet', rank='h.rank')} "
                     f"FROM ({fts5.match_sql(index)}) h JOIN messages m ON m.id = h.id "
-                    f"JOIN sessions s ON s.id = m.session_id WHERE 1{filters}"
+                    f"JOIN sessions s ON s.id = m.session_id WHERE 1{filters} "
+                    f"ORDER BY {order.get(sort or '', 'h.rank, m.timestamp DESC, m.id DESC')}"
                 )
-                if plan.kind == "trigram":
-                    # Tool output is not in the trigram index (v23); reach it by substring,
-                    # with the query's AND semantics unless it uses OR/NOT.
-                    joiner = "OR" if re.search(r"\b(OR|NOT)\b", plan.match) else "AND"
-                    tool_sql, _ = self._substring_select(plan.terms, joiner, " AND m.role = 'tool'" + filters,
-                                                         params, window, flat=False)
-                    sql += " UNION ALL " + tool_sql
-                sql = f"SELECT * FROM ({sql}) m ORDER BY {order.get(sort or '', 'm.rank, m.timestamp DESC, m.id DESC')}"
+                if plan.kind == "word":
+                    rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
+                else:
+                    rows = self._with_tool_rows(sql, plan, filters, params, window, sort)
             else:
                 sql, flat = self._substring_select(plan.terms, "OR", filters, params, window, flat=True)
                 ordering = order.get(sort or "", order["newest"])
                 sql = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
-            rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
+                rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
         except (OperationalError, sqlite3.OperationalError):
             # Defence in depth: the sanitizer should make this unreachable.
             return []
         return self._finish(rows, plan.terms)
+
+    def _with_tool_rows(
+        self, fts_sql: str, plan: Any, filters: str, params: dict[str, Any], window: int, sort: str | None
+    ) -> list[dict[str, Any]]:
+        """Trigram hits plus tool rows, which the v23 trigram index leaves out.
+
+        Both sides are fetched only up to ``offset + limit`` rows (each query can stop
+        early), then merged: by rank, tool rows after the ranked hits; or by time.
+        Tool rows are matched by substring with the query's AND semantics unless it
+        uses OR/NOT.
+        """
+        params["window"] = window
+        ranked = self._all(fts_sql + " LIMIT :window", params)
+        if sort is None and len(ranked) >= window:
+            return ranked[params["offset"]:window]
+        joiner = "OR" if re.search(r"\b(OR|NOT)\b", plan.match) else "AND"
+        tool_sql, flat = self._substring_select(plan.terms, joiner, " AND m.role = 'tool'" + filters,
+                                                params, window, flat=True)
+        direction = "ASC" if sort == "oldest" else "DESC"
+        ordering = f"m.timestamp {direction}, m.id {direction}"
+        tool_sql = f"{tool_sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({tool_sql}) m ORDER BY {ordering}"
+        tools = self._all(tool_sql + " LIMIT :window", params)
+        if sort is None:
+            merged = ranked + tools
+        else:
+            merged = sorted(ranked + tools, key=lambda r: (r["timestamp"], r["id"]), reverse=sort != "oldest")
+        return merged[params["offset"]:window]
 
     @staticmethod
     def _like_clause(terms: Sequence[str], joiner: str, params: dict[str, Any]) -> str:
