@@ -41,12 +41,16 @@ def to_url(target: str | os.PathLike[str] | URL) -> URL:
 
 
 def _emit_begin(conn: Connection) -> None:
-    """``begin`` hook: start a real SQLite transaction unless the driver already has one."""
+    """``begin`` hook: start a real SQLite transaction unless the driver already has one.
+
+    Sent straight to the DB-API connection: this runs for every transaction, and a
+    round trip through SQLAlchemy's execution machinery would double its cost.
+    """
     dbapi = conn.connection.driver_connection
     if getattr(dbapi, "in_transaction", False):
         return
     mode = conn.get_execution_options().get(BEGIN_MODE, "DEFERRED")
-    conn.exec_driver_sql(f"BEGIN {mode}")
+    dbapi.execute(f"BEGIN {mode}")
 
 
 def install_begin_hook(target: Engine | Connection) -> None:

@@ -14,6 +14,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from sqlalchemy import Connection, event
@@ -121,6 +122,11 @@ class SessionDB:
         self.db_path = Path(db_path).expanduser() if db_path else default_db_path()
         self._writes = 0
         self._lock = threading.Lock()
+        # One reading and one writing connection per thread, kept open between calls:
+        # checking a connection out of the pool for every append costs as much as the
+        # append itself.
+        self._tls = threading.local()
+        self._held: list[Connection] = []
         try:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
             if not self.db_path.exists():
@@ -155,8 +161,50 @@ class SessionDB:
         try:
             self._checkpoint()
         finally:
+            with self._lock:
+                held, self._held = self._held, []
+            for conn in held:
+                try:
+                    conn.close()
+                except Exception:  # a connection of a finished thread may be gone already
+                    pass
             self._engine.dispose()
             self._engine = None  # type: ignore[assignment]
+
+    @contextmanager
+    def _borrow(self, write: bool) -> Iterator[Connection]:
+        """This thread's kept connection for reads or writes (a fresh one when nested)."""
+        slot = "writer" if write else "reader"
+        if getattr(self._tls, slot + "_busy", False):
+            # Re-entered on this thread (e.g. a read inside _execute_write): use a
+            # separate connection rather than disturbing the open transaction.
+            with self._engine.connect() as extra:
+                extra.execution_options(**{BEGIN_MODE: "IMMEDIATE" if write else "DEFERRED"})
+                yield extra
+            return
+        conn = getattr(self._tls, slot, None)
+        if conn is None or conn.closed or conn.invalidated:
+            conn = self._engine.connect()
+            conn.execution_options(**{BEGIN_MODE: "IMMEDIATE" if write else "DEFERRED"})
+            setattr(self._tls, slot, conn)
+            with self._lock:
+                self._held.append(conn)
+        setattr(self._tls, slot + "_busy", True)
+        try:
+            yield conn
+        except BaseException:
+            # After a failure (a lock at BEGIN, a driver error) start clean next time.
+            setattr(self._tls, slot, None)
+            with self._lock:
+                if conn in self._held:
+                    self._held.remove(conn)
+            try:
+                conn.close()
+            except Exception:
+                pass
+            raise
+        finally:
+            setattr(self._tls, slot + "_busy", False)
 
     def __enter__(self) -> "SessionDB":
         return self
@@ -177,11 +225,11 @@ class SessionDB:
             pass  # a busy checkpoint is simply retried at the next interval
 
     def _read(self, fn: Callable[[Connection], T]) -> T:
-        with self._engine.connect() as conn:
+        with self._borrow(write=False) as conn:
             try:
                 return fn(conn)
             finally:
-                conn.rollback()
+                conn.rollback()  # end the read snapshot so WAL checkpoints can progress
 
     def _write(
         self, fn: Callable[[Connection], T], *, budget: float = WRITE_BUDGET_S, _maintenance: bool = False
@@ -191,12 +239,12 @@ class SessionDB:
         deadline = start + budget
         while True:
             try:
-                with self._engine.connect() as conn:
-                    conn.execution_options(**{BEGIN_MODE: "IMMEDIATE"})
+                with self._borrow(write=True) as conn:
                     with conn.begin():
                         result = fn(conn)
                 break
-            except OperationalError as exc:
+            except (OperationalError, sqlite3.OperationalError) as exc:
+                # BEGIN IMMEDIATE reports a held lock as the driver's own error.
                 if not _is_locked(exc):
                     raise
                 now = time.monotonic()

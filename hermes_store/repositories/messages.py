@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any, Iterable, Sequence
 
 from sqlalchemy import text
@@ -64,20 +65,22 @@ class MessageRepository(Repository):
             raise TypeError(f"unknown message fields: {sorted(unknown)}")
         row = encode_row(session_id, role, content, timestamp, **fields)
         names = list(row)
+        # The hot path of every agent turn: two plain statements on the DB-API
+        # connection, inside the caller's transaction.
+        raw = self.conn.connection.driver_connection
         try:
-            new_id = self.conn.exec_driver_sql(
+            new_id = raw.execute(
                 f"INSERT INTO messages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
                 tuple(row.values()),
             ).lastrowid
-        except Exception as exc:
+        except sqlite3.IntegrityError as exc:
             if "FOREIGN KEY" in str(exc) and not self._exists(session_id):
                 raise errors.NotFoundError(f"unknown session {session_id!r}") from exc
             raise
-        calls = count_tool_calls(fields.get("tool_calls"))
-        self.conn.exec_driver_sql(
+        raw.execute(
             "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1, "
             "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?",
-            (calls, session_id),
+            (count_tool_calls(fields.get("tool_calls")), session_id),
         )
         return int(new_id)
 

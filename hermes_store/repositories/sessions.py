@@ -17,6 +17,11 @@ CREATE_FIELDS = ("model", "model_config", "system_prompt", "user_id", "parent_se
 COUNTERS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
 ROUTE = ("billing_provider", "billing_base_url", "billing_mode")
 PREVIEW_CHARS = 60
+#: The newest session of each chain: deepest first, then latest start.
+_TIP = (
+    "tip AS (SELECT root_id, id AS tip_id FROM (SELECT root_id, id, row_number() OVER ("
+    " PARTITION BY root_id ORDER BY depth DESC, started DESC, id DESC) AS rn FROM chain) WHERE rn = 1)"
+)
 
 
 def _json_field(value: Any) -> Any:
@@ -283,47 +288,56 @@ class SessionRepository(Repository):
             )
         cond = " AND ".join(where) or "1"
         project = project_compression_tips and not include_children
-        chain_cte = (
-            # Compression chain of every listed root: root → continuation → ... (depth-bounded).
-            "chain(root_id, id, depth) AS ("
-            " SELECT id, id, 0 FROM roots"
-            " UNION ALL"
-            " SELECT chain.root_id, c.id, chain.depth + 1 FROM chain"
-            " JOIN sessions par ON par.id = chain.id"
-            " JOIN sessions c ON c.parent_session_id = par.id"
-            " WHERE par.end_reason = 'compression' AND par.ended_at IS NOT NULL"
-            " AND c.started_at >= par.ended_at AND chain.depth < 1000),"
-            "tip AS (SELECT root_id, id AS tip_id FROM ("
-            " SELECT chain.root_id, chain.id, row_number() OVER ("
-            "  PARTITION BY chain.root_id ORDER BY chain.depth DESC, cs.started_at DESC, chain.id DESC) AS rn"
-            " FROM chain JOIN sessions cs ON cs.id = chain.id) WHERE rn = 1)"
+        visible = (
+            "SELECT s.id AS root_id, s.started_at AS root_started, s.end_reason AS root_end_reason,"
+            " s.ended_at AS root_ended_at FROM sessions s"
+            f" LEFT JOIN sessions p ON p.id = s.parent_session_id WHERE {cond}"
         )
+
+        def chain_from(src: str) -> str:
+            """Compression chain of each root in ``src`` (depth-bounded), and its tip.
+
+            Chain rows carry what the next step tests (end reason, end time), so only
+            sessions that ended with 'compression' probe for children.
+            """
+            seed = f"SELECT root_id, root_id, 0, root_started, root_end_reason, root_ended_at FROM {src}"
+            step = (
+                " UNION ALL SELECT chain.root_id, c.id, chain.depth + 1, c.started_at, c.end_reason, c.ended_at"
+                " FROM chain JOIN sessions c ON c.parent_session_id = chain.id"
+                " WHERE chain.end_reason = 'compression' AND chain.ended_at IS NOT NULL"
+                " AND c.started_at >= chain.ended_at AND chain.depth < 1000"
+            )
+            return (
+                f"chain(root_id, id, depth, started, end_reason, ended_at) AS ({seed}{step if project else ''}), "
+                + _TIP
+            )
+
         if order_by_last_active:
-            order = "chain_last DESC, root_started DESC"
-            page = (
-                "page AS (SELECT roots.id AS root_id, roots.started_at AS root_started, "
-                " (SELECT max(COALESCE((SELECT max(m.timestamp) FROM messages m WHERE m.session_id = chain.id), cs.started_at))"
-                "  FROM chain JOIN sessions cs ON cs.id = chain.id WHERE chain.root_id = roots.id) AS chain_last"
-                f" FROM roots ORDER BY {order} LIMIT :limit OFFSET :offset)"
-            )
+            # Chain-wide activity needs every root's chain before the page is known.
+            ctes = [
+                f"roots AS ({visible})",
+                chain_from("roots"),
+                "page AS (SELECT roots.root_id, roots.root_started, (SELECT max(COALESCE("
+                "(SELECT max(m.timestamp) FROM messages m WHERE m.session_id = chain.id), chain.started))"
+                " FROM chain WHERE chain.root_id = roots.root_id) AS chain_last"
+                " FROM roots ORDER BY chain_last DESC, root_started DESC, root_id DESC LIMIT :limit OFFSET :offset)",
+            ]
+            order = "page.chain_last DESC, page.root_started DESC, page.root_id DESC"
         else:
-            page = (
-                "page AS (SELECT roots.id AS root_id, roots.started_at AS root_started, NULL AS chain_last FROM roots"
-                " ORDER BY roots.started_at DESC, roots.id DESC LIMIT :limit OFFSET :offset)"
-            )
-        if not project:
-            chain_cte = "chain(root_id, id, depth) AS (SELECT id, id, 0 FROM roots), tip AS (SELECT id AS root_id, id AS tip_id FROM roots)"
+            # Page first (an index walk that stops early), so chains are walked for
+            # the listed roots only.
+            ctes = [
+                f"page AS ({visible} ORDER BY s.started_at DESC, s.id DESC LIMIT :limit OFFSET :offset)",
+                chain_from("page"),
+            ]
+            order = "page.root_started DESC, page.root_id DESC"
         sql = (
-            "WITH RECURSIVE roots AS (SELECT s.id, s.started_at FROM sessions s"
-            f" LEFT JOIN sessions p ON p.id = s.parent_session_id WHERE {cond}), "
-            f"{chain_cte}, {page} "
+            f"WITH RECURSIVE {', '.join(ctes)} "
             "SELECT t.*, page.root_id AS _root_id, "
             " (SELECT m.content FROM messages m WHERE m.session_id = t.id AND m.role = 'user'"
             "  ORDER BY m.timestamp, m.id LIMIT 1) AS _preview, "
             " COALESCE((SELECT max(m.timestamp) FROM messages m WHERE m.session_id = t.id), t.started_at) AS last_active "
-            "FROM page JOIN tip ON tip.root_id = page.root_id JOIN sessions t ON t.id = tip.tip_id "
-            + ("ORDER BY page.chain_last DESC, page.root_started DESC" if order_by_last_active
-               else "ORDER BY page.root_started DESC, page.root_id DESC")
+            f"FROM page JOIN tip ON tip.root_id = page.root_id JOIN sessions t ON t.id = tip.tip_id ORDER BY {order}"
         )
         out: list[SessionRecord] = []
         for row in self._all(sql, params):
