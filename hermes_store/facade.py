@@ -447,7 +447,9 @@ class SessionDB:
 
         def run(c: Connection) -> int:
             n = MessageRepository(c).bulk_append(items)
-            bigram.catch_up(c)  # keep the short-CJK index complete in the same transaction
+            # Index what was just written in the same transaction (bounded, so a huge
+            # backlog written by another program is not all paid for here).
+            bigram.catch_up(c, limit=n + BIGRAM_CATCH_UP_ROWS)
             return n
 
         return self._write(run, budget=TRANSCRIPT_BUDGET_S)
