@@ -505,3 +505,34 @@ def test_host_runs_our_versions_as_a_separate_branch(tmp_path: Path) -> None:
     left = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert not {"sessions", "app_notes", "messages_fts"} & left
     conn.close()
+
+
+def test_alembic_cli_url_resolution_order(tmp_path: Path) -> None:
+    """-x url > $HERMES_STORE_URL > sqlalchemy.url in the ini > $HERMES_HOME/state.db."""
+    alembic_bin = str(Path(sys.executable).with_name("alembic"))
+    a, b, c = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "c.db"
+    migrations.upgrade(a, "0003")
+    migrations.upgrade(b, "0005")
+    migrations.upgrade(c, "0007")
+    home = tmp_path / "home"
+    home.mkdir()
+    migrations.upgrade(home / "state.db", "0009")
+    ini = tmp_path / "alembic.ini"
+    ini.write_text((REPO / "alembic.ini").read_text().replace(
+        "script_location = %(here)s/alembic", f"script_location = {REPO / 'alembic'}"
+    ).replace("# sqlalchemy.url =", f"sqlalchemy.url = sqlite:///{c}"))
+    bare_ini = tmp_path / "bare.ini"
+    bare_ini.write_text((REPO / "alembic.ini").read_text().replace(
+        "script_location = %(here)s/alembic", f"script_location = {REPO / 'alembic'}"))
+    env = {k: v for k, v in os.environ.items() if k not in ("HERMES_STORE_URL", "HERMES_HOME")}
+
+    def current(*args: str, ini_file: Path = ini, **extra: str) -> str:
+        out = subprocess.run([alembic_bin, "-c", str(ini_file), *args, "current"], capture_output=True,
+                             text=True, env={**env, **extra}, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()[0]
+
+    assert current("-x", f"url=sqlite:///{a}", HERMES_STORE_URL=f"sqlite:///{b}") == "0003"
+    assert current(HERMES_STORE_URL=f"sqlite:///{b}") == "0005"
+    assert current() == "0007"
+    assert current(ini_file=bare_ini, HERMES_HOME=str(home)) == "0009"
