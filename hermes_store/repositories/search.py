@@ -11,6 +11,7 @@ import re
 import sqlite3
 from typing import Any, Iterable, Sequence
 
+from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from ..codec import clean_text, decode_content
@@ -71,16 +72,12 @@ class SearchRepository(Repository):
             if plan.kind in ("word", "trigram"):
                 index = WORD_INDEX if plan.kind == "word" else TRIGRAM_INDEX
                 params["q"] = plan.match
-                sql = (
-                    f"SELECT {HIT_COLUMNS.format(snippet='h.snippet', rank='h.rank')} "
-                    f"FROM ({fts5.match_sql(index)}) h JOIN messages m ON m.id = h.id "
-                    f"JOIN sessions s ON s.id = m.session_id WHERE 1{filters} "
-                    f"ORDER BY {order.get(sort or '', 'h.rank, m.timestamp DESC, m.id DESC')}"
-                )
+                params["window"] = window
+                ranked = self._index_hits(index, filters, params, sort, order)
                 if plan.kind == "word":
-                    rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
+                    rows = ranked[params["offset"]:window]
                 else:
-                    rows = self._with_tool_rows(sql, plan, filters, params, window, sort)
+                    rows = self._with_tool_rows(ranked, plan, filters, params, window, sort)
             else:
                 sql, flat = self._substring_select(plan.terms, "OR", filters, params, window, flat=True)
                 ordering = order.get(sort or "", order["newest"])
@@ -91,8 +88,43 @@ class SearchRepository(Repository):
             return []
         return self._finish(rows, plan.terms)
 
+    def _index_hits(
+        self, index: str, filters: str, params: dict[str, Any], sort: str | None, order: dict[str, str]
+    ) -> list[dict[str, Any]]:
+        """The first ``offset + limit`` hits of an FTS index, in the requested order.
+
+        Unfiltered, rank-ordered searches let FTS5 rank and cut first, then join and
+        build snippets for that page only; otherwise every hit is joined for the
+        filters and sorted by SQLite.
+        """
+        if filters or sort is not None:
+            sql = (
+                f"SELECT {HIT_COLUMNS.format(snippet='h.snippet', rank='h.rank')} "
+                f"FROM ({fts5.match_sql(index)}) h JOIN messages m ON m.id = h.id "
+                f"JOIN sessions s ON s.id = m.session_id WHERE 1{filters} "
+                f"ORDER BY {order.get(sort or '', 'h.rank, m.timestamp DESC, m.id DESC')} LIMIT :window"
+            )
+            return self._all(sql, params)
+        top = self.conn.execute(text(fts5.top_sql(index)), params).fetchall()
+        if not top:
+            return []
+        ranks = {mid: rank for mid, rank in top}
+        marks = ", ".join(f":h{i}" for i in range(len(top)))
+        ids = {f"h{i}": mid for i, (mid, _r) in enumerate(top)}
+        snippets = dict(self.conn.execute(text(fts5.snippet_sql(index, marks)), {"q": params["q"], **ids}).fetchall())
+        rows = self._all(
+            f"SELECT {HIT_COLUMNS.format(snippet='NULL', rank='0.0')} FROM messages m "
+            f"JOIN sessions s ON s.id = m.session_id WHERE m.id IN ({marks})",
+            ids,
+        )
+        for row in rows:
+            row["rank"], row["snippet"] = ranks[row["id"]], snippets.get(row["id"], "")
+        rows.sort(key=lambda r: (r["rank"], -r["timestamp"], -r["id"]))
+        return rows
+
     def _with_tool_rows(
-        self, fts_sql: str, plan: Any, filters: str, params: dict[str, Any], window: int, sort: str | None
+        self, ranked: list[dict[str, Any]], plan: Any, filters: str, params: dict[str, Any], window: int,
+        sort: str | None,
     ) -> list[dict[str, Any]]:
         """Trigram hits plus tool rows, which the v23 trigram index leaves out.
 
@@ -101,8 +133,6 @@ class SearchRepository(Repository):
         Tool rows are matched by substring with the query's AND semantics unless it
         uses OR/NOT.
         """
-        params["window"] = window
-        ranked = self._all(fts_sql + " LIMIT :window", params)
         if sort is None and len(ranked) >= window:
             return ranked[params["offset"]:window]
         joiner = "OR" if re.search(r"\b(OR|NOT)\b", plan.match) else "AND"

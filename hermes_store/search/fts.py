@@ -38,6 +38,17 @@ class Fts5Backend:
             f"FROM {index} WHERE {index} MATCH :q"
         )
 
+    def top_sql(self, index: str) -> str:
+        """The ``:window`` best-ranked rowids for ``:q``: FTS5 ranks and cuts by itself."""
+        return f"SELECT rowid, rank FROM {index} WHERE {index} MATCH :q ORDER BY rank LIMIT :window"
+
+    def snippet_sql(self, index: str, rowid_marks: str) -> str:
+        """Snippets of ``:q`` for the given rowids only (snippets are costly per row)."""
+        return (
+            f"SELECT rowid, snippet({index}, -1, '{SNIPPET_OPEN}', '{SNIPPET_CLOSE}', '{SNIPPET_ELLIPSIS}', "
+            f"{SNIPPET_TOKENS}) FROM {index} WHERE {index} MATCH :q AND rowid IN ({rowid_marks})"
+        )
+
     def command(self, conn: Any, index: str, cmd: str) -> None:
         """Run an FTS5 special command ('rebuild', 'optimize', 'integrity-check')."""
         if cmd == "integrity-check":
