@@ -192,3 +192,25 @@ def test_bulk_append_keeps_input_order_across_column_sets(db: SessionDB) -> None
     msgs = db.get_messages("s")
     assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"]
     assert [m["id"] for m in msgs] == sorted(m["id"] for m in msgs)
+
+
+def test_large_bulk_append_goes_through_staging_with_defaults_and_order(db: SessionDB) -> None:
+    """Batches big enough to be staged keep order, defaults, NUL bytes and the indexes."""
+    db.create_session("s", "cli")
+    items = []
+    for i in range(300):
+        item = {"session_id": "s", "role": ["user", "assistant", "tool"][i % 3], "content": f"row{i} \x00 tail"}
+        if i % 3 == 1:
+            item["tool_calls"] = CALLS
+        if i % 7 == 0:
+            item["active"] = 0
+        items.append(item)
+    assert db.append_messages(items) == 300
+    msgs = db.get_messages("s")
+    assert [m["content"] for m in msgs] == [f"row{i} \x00 tail" for i in range(300)]
+    assert [m["active"] for m in msgs] == [0 if i % 7 == 0 else 1 for i in range(300)]  # default kept
+    assert all(m["compacted"] == 0 and m["observed"] == 0 for m in msgs)
+    row = db.get_session("s")
+    assert (row["message_count"], row["tool_call_count"]) == (300, 200)
+    assert db.check_fts() == {"messages_fts": None, "messages_fts_trigram": None}
+    assert [h["id"] for h in db.search_messages("row123")] == [msgs[123]["id"]]
