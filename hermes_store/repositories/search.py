@@ -190,12 +190,14 @@ class SearchRepository(Repository):
         params["bg_block"] = bigram.BLOCK
         cand = bigram.candidate_blocks_sql(grams, params)
         indexed = (
-            f"SELECT {columns} FROM ({cand}) c JOIN messages m "
+            f"SELECT {columns} FROM ({cand}) c JOIN messages AS m NOT INDEXED "
             "ON m.id BETWEEN c.block * :bg_block AND c.block * :bg_block + :bg_block - 1 AND m.id <= :bg_hw "
             f"JOIN sessions s ON s.id = m.session_id WHERE ({like}){filters}"
         )
+        # NOT INDEXED keeps SQLite on the rowid range: left to itself it may walk the
+        # timestamp index for the outer ORDER BY and scan every message.
         tail = (
-            f"SELECT {columns} FROM messages m JOIN sessions s ON s.id = m.session_id "
+            f"SELECT {columns} FROM messages AS m NOT INDEXED JOIN sessions s ON s.id = m.session_id "
             f"WHERE m.id > :bg_hw AND ({like}){filters}"
         )
         return f"{indexed} UNION ALL {tail}", False
