@@ -127,6 +127,10 @@ def test_strategy_choice_uses_estimate(db: SessionDB, monkeypatch) -> None:
     db.create_session("s", "cli")
     db.append_messages([{"session_id": "s", "role": "user", "content": f"常见 filler {i}"} for i in range(3000)]
                        + [{"session_id": "s", "role": "user", "content": "罕见 once"}])
+    assert len(db.search_messages("常见")) == 20  # not indexed yet: the early-stopping scan
+    assert seen == [True]
+    db.index_search()
+    seen.clear()
     assert len(db.search_messages("罕见")) == 1
     assert len(db.search_messages("常见")) == 20
     assert seen == [False, True]

@@ -182,8 +182,10 @@ class SearchRepository(Repository):
             return scan, flat
         if flat:
             # Choose: candidates E rows vs. a newest-first walk of about window*N/E rows.
+            # The rows above the high-water mark are scanned either way: count them in.
             total = self._scalar("SELECT max(id) FROM messages") or 0
-            estimate = bigram.estimate_blocks(self.conn, grams) * bigram.BLOCK
+            params["bg_hw"] = bigram.high_water(self.conn)
+            estimate = bigram.estimate_blocks(self.conn, grams) * bigram.BLOCK + max(total - params["bg_hw"], 0)
             if estimate * estimate > max(window, 1) * total:
                 return scan, True
         params["bg_hw"] = bigram.high_water(self.conn)
