@@ -93,9 +93,9 @@ class SearchRepository(Repository):
     ) -> list[dict[str, Any]]:
         """The first ``offset + limit`` hits of an FTS index, in the requested order.
 
-        Unfiltered, rank-ordered searches let FTS5 rank and cut first, then join and
-        build snippets for that page only; otherwise every hit is joined for the
-        filters and sorted by SQLite.
+        Unfiltered, rank-ordered searches let FTS5 rank, cut and snippet the page
+        first and join only that; otherwise every hit is joined for the filters and
+        sorted by SQLite.
         """
         if filters or sort is not None:
             sql = (
@@ -108,10 +108,10 @@ class SearchRepository(Repository):
         top = self.conn.execute(text(fts5.top_sql(index)), params).fetchall()
         if not top:
             return []
-        ranks = {mid: rank for mid, rank in top}
+        ranks = {mid: rank for mid, rank, _snippet in top}
+        snippets = {mid: snippet for mid, _rank, snippet in top}
         marks = ", ".join(f":h{i}" for i in range(len(top)))
-        ids = {f"h{i}": mid for i, (mid, _r) in enumerate(top)}
-        snippets = dict(self.conn.execute(text(fts5.snippet_sql(index, marks)), {"q": params["q"], **ids}).fetchall())
+        ids = {f"h{i}": mid for i, (mid, _r, _s) in enumerate(top)}
         rows = self._all(
             f"SELECT {HIT_COLUMNS.format(snippet='NULL', rank='0.0')} FROM messages m "
             f"JOIN sessions s ON s.id = m.session_id WHERE m.id IN ({marks})",

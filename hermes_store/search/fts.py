@@ -39,14 +39,15 @@ class Fts5Backend:
         )
 
     def top_sql(self, index: str) -> str:
-        """The ``:window`` best-ranked rowids for ``:q``: FTS5 ranks and cuts by itself."""
-        return f"SELECT rowid, rank FROM {index} WHERE {index} MATCH :q ORDER BY rank LIMIT :window"
+        """The ``:window`` best-ranked hits for ``:q``, with snippets.
 
-    def snippet_sql(self, index: str, rowid_marks: str) -> str:
-        """Snippets of ``:q`` for the given rowids only (snippets are costly per row)."""
+        Ordering by FTS5's own ``rank`` column lets FTS5 sort internally, so the
+        snippet is built only for the rows returned (a ``bm25()`` alias would make
+        SQLite sort, and snippet every match first).
+        """
         return (
-            f"SELECT rowid, snippet({index}, -1, '{SNIPPET_OPEN}', '{SNIPPET_CLOSE}', '{SNIPPET_ELLIPSIS}', "
-            f"{SNIPPET_TOKENS}) FROM {index} WHERE {index} MATCH :q AND rowid IN ({rowid_marks})"
+            f"SELECT rowid, rank, snippet({index}, -1, '{SNIPPET_OPEN}', '{SNIPPET_CLOSE}', '{SNIPPET_ELLIPSIS}', "
+            f"{SNIPPET_TOKENS}) FROM {index} WHERE {index} MATCH :q ORDER BY rank LIMIT :window"
         )
 
     def command(self, conn: Any, index: str, cmd: str) -> None:
