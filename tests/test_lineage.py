@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from sqlalchemy import event
 
 from hermes_store import SessionDB, UnitOfWork

@@ -9,7 +9,6 @@ import pytest
 from hermes_store import NotFoundError, SessionDB, UnitOfWork
 from hermes_store.codec import JSON_PREFIX
 
-from .conftest import set_times
 
 CALLS = [
     {"id": "c1", "type": "function", "function": {"name": "web_search", "arguments": "{\"q\": \"otters\"}"}},

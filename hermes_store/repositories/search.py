@@ -253,18 +253,18 @@ class SearchRepository(Repository):
 
 def _substring_snippet(texts: Sequence[Any], terms: Sequence[str]) -> str:
     """A snippet like FTS5's for hits found by substring: first term occurrence marked."""
-    for text in texts:
-        if not isinstance(text, str) or not text:
+    for value in texts:
+        if not isinstance(value, str) or not value:
             continue
-        low = text.lower()
+        low = value.lower()
         for term in terms:
             at = low.find(term.lower())
             if at >= 0:
-                start, end = max(at - SNIPPET_RADIUS, 0), min(at + len(term) + SNIPPET_RADIUS, len(text))
+                start, end = max(at - SNIPPET_RADIUS, 0), min(at + len(term) + SNIPPET_RADIUS, len(value))
                 return (
-                    (SNIPPET_ELLIPSIS if start else "") + text[start:at] + SNIPPET_OPEN
-                    + text[at:at + len(term)] + SNIPPET_CLOSE + text[at + len(term):end]
-                    + (SNIPPET_ELLIPSIS if end < len(text) else "")
+                    (SNIPPET_ELLIPSIS if start else "") + value[start:at] + SNIPPET_OPEN
+                    + value[at:at + len(term)] + SNIPPET_CLOSE + value[at + len(term):end]
+                    + (SNIPPET_ELLIPSIS if end < len(value) else "")
                 )
     first = texts[0] if texts and isinstance(texts[0], str) else ""
     return first[: 2 * SNIPPET_RADIUS]
