@@ -47,6 +47,8 @@ EARLY_PHASE_S = 2.0
 CHECKPOINT_EVERY = 50
 #: SQLite's own busy wait before our jittered retry takes over (milliseconds).
 BUSY_TIMEOUT_MS = 100
+#: Idle connections kept per kind (reads, writes) between calls.
+MAX_IDLE_CONNECTIONS = 4
 #: Rows the short-CJK index catches up on at open and at each checkpoint interval.
 BIGRAM_CATCH_UP_ROWS = 20_000
 
@@ -122,17 +124,17 @@ class SessionDB:
         self.db_path = Path(db_path).expanduser() if db_path else default_db_path()
         self._writes = 0
         self._lock = threading.Lock()
-        # One reading and one writing connection per thread, kept open between calls:
-        # checking a connection out of the pool for every append costs as much as the
-        # append itself.
-        self._tls = threading.local()
-        self._held: list[Connection] = []
+        # Idle connections kept open between calls, one stack for readers and one for
+        # writers (each stack's connections carry their BEGIN flavour). Checking a
+        # connection out of the pool for every append costs as much as the append.
+        self._idle: dict[bool, list[Connection]] = {False: [], True: []}
         try:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
             if not self.db_path.exists():
                 create_private_database(self.db_path)
             migrations.upgrade(self.db_path)
-            self._engine = create_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS)
+            # No pool cap: how many threads use one SessionDB is the application's call.
+            self._engine = create_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
             label = self.db_path.name
 
             @event.listens_for(self._engine, "connect")
@@ -162,49 +164,40 @@ class SessionDB:
             self._checkpoint()
         finally:
             with self._lock:
-                held, self._held = self._held, []
-            for conn in held:
+                idle = self._idle[False] + self._idle[True]
+                self._idle = {False: [], True: []}
+            for conn in idle:
                 try:
                     conn.close()
-                except Exception:  # a connection of a finished thread may be gone already
+                except Exception:  # already unusable; dispose() below cleans up
                     pass
             self._engine.dispose()
             self._engine = None  # type: ignore[assignment]
 
     @contextmanager
     def _borrow(self, write: bool) -> Iterator[Connection]:
-        """This thread's kept connection for reads or writes (a fresh one when nested)."""
-        slot = "writer" if write else "reader"
-        if getattr(self._tls, slot + "_busy", False):
-            # Re-entered on this thread (e.g. a read inside _execute_write): use a
-            # separate connection rather than disturbing the open transaction.
-            with self._engine.connect() as extra:
-                extra.execution_options(**{BEGIN_MODE: "IMMEDIATE" if write else "DEFERRED"})
-                yield extra
-            return
-        conn = getattr(self._tls, slot, None)
+        """An idle kept connection for a read or a write (a new one when none is idle)."""
+        with self._lock:
+            stack = self._idle[write]
+            conn = stack.pop() if stack else None
         if conn is None or conn.closed or conn.invalidated:
             conn = self._engine.connect()
             conn.execution_options(**{BEGIN_MODE: "IMMEDIATE" if write else "DEFERRED"})
-            setattr(self._tls, slot, conn)
-            with self._lock:
-                self._held.append(conn)
-        setattr(self._tls, slot + "_busy", True)
         try:
             yield conn
         except BaseException:
             # After a failure (a lock at BEGIN, a driver error) start clean next time.
-            setattr(self._tls, slot, None)
-            with self._lock:
-                if conn in self._held:
-                    self._held.remove(conn)
             try:
                 conn.close()
             except Exception:
                 pass
             raise
-        finally:
-            setattr(self._tls, slot + "_busy", False)
+        with self._lock:
+            keep = self._engine is not None and len(self._idle[write]) < MAX_IDLE_CONNECTIONS
+            if keep:
+                self._idle[write].append(conn)
+        if not keep:
+            conn.close()
 
     def __enter__(self) -> "SessionDB":
         return self

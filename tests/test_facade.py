@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import sqlite3
 import stat
 import threading
@@ -211,3 +212,29 @@ def test_eight_processes_append_concurrently(tmp_path: Path) -> None:
         assert db.get_session("shared")["message_count"] == 1200 == db.message_count("shared")
         assert db.check_fts() == {"messages_fts": None, "messages_fts_trigram": None}
         assert len(db.search_messages("zebra", limit=5000)) == 2400
+
+
+def test_many_threads_share_one_sessiondb(tmp_path: Path) -> None:
+    """More threads than the pool's default size; kept connections are shared safely."""
+    db = SessionDB(tmp_path / "threads.db")
+    db.create_session("s", "cli")
+    failures: list[str] = []
+
+    def work(i: int) -> None:
+        try:
+            for j in range(25):
+                db.append_message("s", "user", f"thread{i} message{j}")
+                assert db.get_session("s") is not None
+        except Exception as exc:  # reported below; a thread's exception would be lost
+            failures.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert failures == []
+    assert db.message_count("s") == 500 == db.get_session("s")["message_count"]
+    db.close()
+    fds = [os.path.realpath(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd")]
+    assert not [f for f in fds if f.startswith(str(tmp_path / "threads.db"))]  # nothing left open
