@@ -750,27 +750,39 @@ def write_demo(db: SessionDB) -> list[str]:
     return ids
 
 
+#: state_meta key marking a database written by ``demo`` (so a second run is a no-op).
+DEMO_MARKER = "hermes_store.demo"
+
+
 @cli.command()
 @json_option
 def demo() -> None:
     """Create a demo database with a few sessions.
 
-    Refuses a database that already holds sessions.
+    Refuses a database that already holds other sessions; on a demo database it
+    only says so.
     """
     st = _state()
     if st.path.exists() and not st.path.is_dir():
         refuse_unadopted(st.path)
     with session_db(st, create=True) as db:
         existing = db.session_count()
-        if existing:
+        already = existing and db.get_meta(DEMO_MARKER) is not None
+        if existing and not already:
             raise CliError(f"{st.path} already holds {existing} session(s); demo only writes into a new or empty database")
-        ids = write_demo(db)
-        doc = {"db": str(st.path), "sessions": db.session_count(), "messages": db.message_count(), "session_ids": ids}
+        if not already:
+            db.set_meta(DEMO_MARKER, "1")
+            ids = write_demo(db)
+        else:  # running the README's first command twice is fine
+            ids = [r["id"] for r in db.search_sessions(limit=1000)]
+        doc = {"db": str(st.path), "sessions": db.session_count(), "messages": db.message_count(), "session_ids": ids,
+               "created": not already}
     if st.json:
         st.emit(doc)
         return
     out = stdout_console()
-    out.print(Text(f"Demo database written to {st.path}: {doc['sessions']} sessions, {doc['messages']} messages."))
+    verb = "written to" if not already else "already in"
+    out.print(Text(f"Demo database {verb} {st.path}: {doc['sessions']} sessions, {doc['messages']} messages."))
     out.print(Text("Next: sessions, show ID, lineage ID, search kubernetes, search 一致性, stats", style="dim"))
 
 

@@ -77,13 +77,20 @@ def ids_by_suffix(db: Path) -> dict[str, str]:
 # ------------------------------------------------------------------ demo, upgrade, current
 
 
-def test_demo_writes_sessions_and_refuses_a_second_run(tmp_path: Path) -> None:
+def test_demo_writes_sessions_once_and_refuses_other_databases(tmp_path: Path) -> None:
     path = tmp_path / "demo.db"
     doc = ok("--db", path, "--json", "demo").json()
-    assert doc["sessions"] == 6 and doc["messages"] == 26 and len(doc["session_ids"]) == 6
-    again = run("--db", path, "demo")
-    assert "already holds 6 session(s)" in one_line_error(again, 1)
-    assert SessionDB(path).session_count() == 6
+    assert doc["sessions"] == 6 and doc["messages"] == 26 and len(doc["session_ids"]) == 6 and doc["created"]
+    again = ok("--db", path, "--json", "demo").json()  # the README command run twice: a no-op
+    assert again["created"] is False and again["sessions"] == 6 and again["messages"] == 26
+    assert "already in" in ok("--db", path, "demo").stdout
+    other = tmp_path / "other.db"
+    db = SessionDB(other)
+    db.create_session("mine", "cli")
+    db.close()
+    refused = run("--db", other, "demo")
+    assert "already holds 1 session(s)" in one_line_error(refused, 1)
+    assert SessionDB(other).session_count() == 1
 
 
 def test_upgrade_creates_a_private_file_at_head_and_lists_tables(tmp_path: Path) -> None:
