@@ -16,6 +16,11 @@ from .records import UsageRow
 DAY = 86_400.0
 
 
+def _dict_rows(cursor: Any) -> list[dict[str, Any]]:
+    keys = [d[0] for d in cursor.description]
+    return [dict(zip(keys, r)) for r in cursor]
+
+
 def transcript_files(folder: str | Path, session_id: str) -> list[Path]:
     """Files Hermes keeps per session: ``<id>.json``, ``<id>.jsonl``, ``request_dump_<id>_*.json``."""
     base = Path(folder)
@@ -78,14 +83,18 @@ class MaintenanceRepository(Repository):
             )
             if not page:
                 return
+            # Per-session queries go straight to the DB-API cursor: SQLAlchemy's result
+            # setup per statement would cost more than the query on a big export.
+            raw = self.conn.connection.driver_connection
             for row in page:
-                result = self.conn.exec_driver_sql(
+                row["messages"] = [decode_row(m) for m in _dict_rows(raw.execute(
                     "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (row["id"],)
-                )
-                keys = list(result.keys())
-                row["messages"] = [decode_row(dict(zip(keys, r))) for r in result]
+                ))]
                 if ledger:
-                    row["model_usage"] = self._usage_rows(row["id"])
+                    row["model_usage"] = _dict_rows(raw.execute(
+                        "SELECT * FROM session_model_usage WHERE session_id = ? "
+                        "ORDER BY model, task, billing_provider", (row["id"],)
+                    ))
                 yield row
             last_started, last_id = page[-1]["started_at"], page[-1]["id"]
 
