@@ -251,19 +251,19 @@ class MaintenanceRepository(Repository):
 
     # ------------------------------------------------------------------ FTS
 
+    def _on_each_index(self, cmd: str) -> list[str]:
+        indexes = fts5.existing_indexes(self.conn)
+        for index in indexes:
+            fts5.command(self.conn, index, cmd)
+        return indexes
+
     def fts_rebuild(self) -> list[str]:
-        done = []
-        for index in fts5.existing_indexes(self.conn):
-            fts5.command(self.conn, index, "rebuild")
-            done.append(index)
-        return done
+        """Re-read every message into both FTS indexes; returns the indexes touched."""
+        return self._on_each_index("rebuild")
 
     def fts_optimize(self) -> list[str]:
-        done = []
-        for index in fts5.existing_indexes(self.conn):
-            fts5.command(self.conn, index, "optimize")
-            done.append(index)
-        return done
+        """Merge each FTS index's segments into one; returns the indexes touched."""
+        return self._on_each_index("optimize")
 
     def fts_integrity_check(self) -> dict[str, str | None]:
         """Per index: None when healthy, else the error text."""
