@@ -41,3 +41,18 @@ class InvalidTitleError(HermesStoreError, ValueError):
 
 class DatabaseLockedError(HermesStoreError):
     """The database stayed locked by other writers for the whole retry budget."""
+
+
+class InvalidInputError(HermesStoreError, ValueError):
+    """An argument cannot be stored as given (a lone surrogate in an id, a bulk item
+    without a role, bytes where text is expected...). Nothing was written."""
+
+
+class ReadOnlyDatabaseError(DatabaseUnavailableError):
+    """The file or its folder is read-only, so the requested write cannot happen.
+
+    Raised before anything is touched: the file stays byte-for-byte unchanged."""
+
+
+class DiskFullError(DatabaseUnavailableError):
+    """The filesystem is full; the failed transaction was rolled back, earlier rows are intact."""
