@@ -11,6 +11,16 @@ Hermes' encodings exactly:
 Reading is forgiving on purpose: a row written by another program (or by an older bug)
 with invalid JSON must still load, so the decoders return the raw text instead of
 raising.
+
+Writing is strict where guessing would lose or alter data:
+
+* ``bytes`` (and ``bytearray``/``memoryview``) given as text are decoded as UTF-8 when
+  they are valid UTF-8, which is lossless; invalid UTF-8 raises ``InvalidInputError``
+  (nothing is written) rather than storing a ``b'...'`` repr or replacement characters;
+* ids and keys (session ids, roles, meta keys) with a lone surrogate raise
+  ``InvalidInputError``: an id must never be silently changed. Message *content* with
+  lone surrogates is kept with U+FFFD in their place (see :func:`clean_text`), so a
+  broken character never costs the whole message.
 """
 
 from __future__ import annotations
@@ -19,8 +29,11 @@ import json
 import re
 from typing import Any
 
+from .errors import InvalidInputError
+
 __all__ = [
     "JSON_PREFIX",
+    "check_key",
     "clean_text",
     "count_tool_calls",
     "decode_content",
@@ -28,6 +41,7 @@ __all__ = [
     "encode_content",
     "encode_json",
     "strip_memory_context",
+    "text_from_bytes",
 ]
 
 #: Marker Hermes puts in front of JSON-encoded (multimodal) message content.
@@ -51,6 +65,41 @@ def clean_text(s: str) -> str:
     return s
 
 
+def text_from_bytes(value: bytes | bytearray | memoryview, what: str = "content") -> str:
+    """Decode bytes given where text is expected: valid UTF-8 only, so nothing is lost.
+
+    Invalid UTF-8 is refused instead of being replaced, because a replacement would
+    silently alter what the caller meant to store.
+    """
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(
+            f"{what}: bytes are not valid UTF-8 (byte {bytes(value)[exc.start:exc.start + 1]!r} at {exc.start}); "
+            "decode them yourself or pass str"
+        ) from exc
+
+
+def check_key(value: Any, what: str = "session id") -> str:
+    """Return ``value`` if it can be an id/key as given; else raise InvalidInputError.
+
+    Keys must be str, and storable as UTF-8: a lone surrogate would otherwise be
+    refused by the driver (or, if cleaned, silently become a different id).
+    """
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be str, not {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"{what} {value!r} holds a lone surrogate at position {exc.start}; it cannot be stored as given"
+        ) from exc
+    return value
+
+
+_BYTES = (bytes, bytearray, memoryview)
+
+
 def _dumps(value: Any) -> str:
     """``json.dumps`` that never loses data and always yields storable text.
 
@@ -71,12 +120,14 @@ def encode_content(value: Any) -> str | None:
     """Encode a message ``content`` value the way Hermes stores it.
 
     None stays NULL; list/dict (multimodal parts) get the JSON prefix; strings are stored
-    as they are (lone surrogates replaced). A string that itself starts with the prefix
-    is stored as a prefixed JSON *string*, so it reads back unchanged in both programs
-    instead of being mistaken for encoded JSON.
+    as they are (lone surrogates replaced); bytes are decoded as strict UTF-8 first. A
+    string that itself starts with the prefix is stored as a prefixed JSON *string*, so
+    it reads back unchanged in both programs instead of being mistaken for encoded JSON.
     """
     if value is None:
         return None
+    if isinstance(value, _BYTES):
+        value = text_from_bytes(value)
     if isinstance(value, (list, dict)):
         return JSON_PREFIX + _dumps(value)
     if isinstance(value, str):
@@ -105,9 +156,12 @@ def encode_json(value: Any) -> str | None:
 
     Hermes stores falsy values (None, "", [], {}, 0, False) as NULL and passes strings
     through untouched (callers often hand over JSON text they already serialized).
+    Bytes are taken as such JSON text, in strict UTF-8.
     """
     if not value:
         return None
+    if isinstance(value, _BYTES):
+        value = text_from_bytes(value, "JSON column")
     if isinstance(value, str):
         return clean_text(value)
     return _dumps(value)

@@ -10,12 +10,17 @@ take the write lock up front, and makes SAVEPOINT-based test fixtures roll back 
 from __future__ import annotations
 
 import os
+import re
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy import create_engine as _sa_create_engine
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, ExceptionContext, make_url
+from sqlalchemy.exc import DBAPIError
+
+from . import errors
 
 #: Execution option naming the BEGIN flavour for a connection ("DEFERRED"/"IMMEDIATE").
 BEGIN_MODE = "hermes_store_begin"
@@ -40,17 +45,102 @@ def to_url(target: str | os.PathLike[str] | URL) -> URL:
     return make_url("sqlite://").set(database=str(Path(s).expanduser()))
 
 
+# SQLite primary result codes (extended codes keep them in the low byte).
+_SQLITE_READONLY = 8
+_SQLITE_FULL = 13
+_SQLITE_CANTOPEN = 14
+# Fallback by message, for errors raised without a result code.
+_BY_MESSAGE: tuple[tuple[str, type[errors.HermesStoreError]], ...] = (
+    ("database or disk is full", errors.DiskFullError),
+    ("attempt to write a readonly database", errors.ReadOnlyDatabaseError),
+    ("unable to open database file", errors.DatabaseUnavailableError),
+)
+_BY_CODE: dict[int, type[errors.HermesStoreError]] = {
+    _SQLITE_FULL: errors.DiskFullError,
+    _SQLITE_READONLY: errors.ReadOnlyDatabaseError,
+    _SQLITE_CANTOPEN: errors.DatabaseUnavailableError,
+}
+
+
+_NO_SUCH_TABLE = re.compile(r"no such table: (?:main\.)?(\w+)")
+#: Tables every migrated database has; missing one means "not migrated", not a bug.
+_OUR_TABLES = frozenset({"sessions", "messages", "state_meta", "schema_version", "session_model_usage"})
+
+
+def translate_driver_error(exc: BaseException) -> errors.HermesStoreError | None:
+    """The typed error a caller should see for a driver failure, or None to keep it.
+
+    One table for every path: SQLAlchemy's ``handle_error`` hook uses it, and code
+    that talks to the DB-API connection directly calls it in its ``except``. "Locked"
+    and "busy" are deliberately left alone: the facade retries those. The caller
+    raises the result ``from exc`` so the driver error stays attached.
+    """
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    if isinstance(exc, errors.HermesStoreError):
+        return None  # already typed
+    if isinstance(exc, UnicodeEncodeError):
+        return errors.InvalidInputError(
+            "text with a lone surrogate (U+D800-U+DFFF) cannot be passed to SQLite: "
+            f"{exc.object[exc.start:exc.end]!r} at position {exc.start}"
+        )
+    if isinstance(exc, OverflowError):
+        return errors.InvalidInputError(f"value out of range for SQLite: {exc}")
+    if isinstance(exc, sqlite3.ProgrammingError) and "binding parameter" in str(exc).lower():
+        return errors.InvalidInputError(str(exc))
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    missing = _NO_SUCH_TABLE.match(str(exc))
+    if missing and missing.group(1) in _OUR_TABLES:
+        return errors.NotMigratedError(
+            f"the database has no {missing.group(1)} table: it is not migrated yet; run "
+            "hermes_store.migrations.upgrade(<path, URL or Engine>) or `hermes-store upgrade` first"
+        )
+    code = getattr(exc, "sqlite_errorcode", None)
+    kind = _BY_CODE.get(code & 0xFF) if isinstance(code, int) else None
+    if kind is None:
+        text = str(exc).lower()
+        kind = next((k for needle, k in _BY_MESSAGE if needle in text), None)
+    if kind is None:
+        return None
+    return kind(str(exc))
+
+
+def _translate_hook(context: ExceptionContext) -> None:
+    """``handle_error`` hook: raise the typed error instead of the driver's.
+
+    SQLAlchemy chains the original driver exception as ``__cause__``.
+    """
+    typed = translate_driver_error(context.original_exception)
+    if typed is not None:
+        raise typed
+
+
+def install_error_translation(engine: Engine) -> None:
+    """Turn driver errors callers can meet (full disk, read-only, bad text) into typed errors."""
+    if engine.dialect.name == "sqlite" and not event.contains(engine, "handle_error", _translate_hook):
+        event.listen(engine, "handle_error", _translate_hook)
+
+
 def _emit_begin(conn: Connection) -> None:
     """``begin`` hook: start a real SQLite transaction unless the driver already has one.
 
     Sent straight to the DB-API connection: this runs for every transaction, and a
-    round trip through SQLAlchemy's execution machinery would double its cost.
+    round trip through SQLAlchemy's execution machinery would double its cost. That
+    also bypasses ``handle_error`` (SQLAlchemy runs this hook outside its own error
+    handling), so failures are translated here.
     """
     dbapi = conn.connection.driver_connection
     if getattr(dbapi, "in_transaction", False):
         return
     mode = conn.get_execution_options().get(BEGIN_MODE, "DEFERRED")
-    dbapi.execute(f"BEGIN {mode}")
+    try:
+        dbapi.execute(f"BEGIN {mode}")
+    except sqlite3.Error as exc:
+        typed = translate_driver_error(exc)
+        if typed is None:
+            raise
+        raise typed from exc
 
 
 def install_begin_hook(target: Engine | Connection) -> None:
@@ -73,7 +163,7 @@ def create_engine(
     busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
     **kwargs: Any,
 ) -> Engine:
-    """Create an Engine for a SQLite file with our PRAGMAs and transaction handling."""
+    """Create an Engine for a SQLite file with our PRAGMAs, transaction handling and typed errors."""
     url = to_url(target)
     engine = _sa_create_engine(url, **kwargs)
     if engine.dialect.name != "sqlite":
@@ -94,4 +184,5 @@ def create_engine(
             cur.close()
 
     install_begin_hook(engine)
+    install_error_translation(engine)
     return engine

@@ -56,3 +56,16 @@ class ReadOnlyDatabaseError(DatabaseUnavailableError):
 
 class DiskFullError(DatabaseUnavailableError):
     """The filesystem is full; the failed transaction was rolled back, earlier rows are intact."""
+
+
+class UnknownFieldError(InvalidInputError, TypeError):
+    """A keyword names no column of the table. Also a TypeError, as Python raises for an
+    unexpected keyword argument, so existing ``except TypeError`` callers keep working."""
+
+
+class NotMigratedError(HermesStoreError):
+    """The database has none of our tables yet: run ``hermes_store.migrations.upgrade``."""
+
+
+class UnsupportedDatabaseError(HermesStoreError):
+    """The URL names a database kind (dialect) hermes_store does not support."""

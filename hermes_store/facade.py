@@ -20,8 +20,9 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from sqlalchemy import Connection, event
 from sqlalchemy.exc import OperationalError
 
-from . import errors, migrations
+from . import errors, migrations, paths
 from .engine import BEGIN_MODE, create_engine, default_db_path
+from .paths import create_private_database  # noqa: F401 - kept importable from here (CLI)
 from .repositories import (
     LineageRepository,
     MaintenanceRepository,
@@ -29,6 +30,7 @@ from .repositories import (
     SearchRepository,
     SessionRepository,
 )
+from .repositories.base import driver_errors
 from .search import bigram
 from .search.query import contains_cjk, sanitize_fts5_query
 from .titles import sanitize_title
@@ -100,26 +102,17 @@ def _is_locked(exc: BaseException) -> bool:
     return "database is locked" in text or "database is busy" in text or "database table is locked" in text
 
 
-def create_private_database(path: Path) -> None:
-    """Create the database file readable by its owner only (0600).
-
-    The file is created with that mode (no window where others could open it), then
-    given a SQLite header so it is a real, empty database and not a 0-byte file,
-    which the migration layer refuses as a likely failed copy.
-    """
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    os.close(fd)
-    conn = sqlite3.connect(path)
-    try:
-        conn.execute("PRAGMA user_version = 0")  # writes the 100-byte header page
-    finally:
-        conn.close()
-
-
 class SessionDB:
     """Hermes-compatible session store on one SQLite file."""
 
     def __init__(self, db_path: str | os.PathLike[str] | None = None) -> None:
+        """Open (creating 0600, adopting or migrating as needed) the store at ``db_path``.
+
+        Nothing is written before the path is known to be usable: a dangling symlink,
+        a folder, a path below a file or a read-only file/folder raise a typed
+        :class:`~hermes_store.errors.HermesStoreError` with the file left as it was.
+        A symlink to a real database is followed (see :func:`hermes_store.paths.resolve_link`).
+        """
         global _last_init_error
         self.db_path = Path(db_path).expanduser() if db_path else default_db_path()
         self._writes = 0
@@ -129,9 +122,12 @@ class SessionDB:
         # connection out of the pool for every append costs as much as the append.
         self._idle: dict[bool, list[Connection]] = {False: [], True: []}
         try:
-            self.db_path.parent.mkdir(parents=True, exist_ok=True)
-            if not self.db_path.exists():
-                create_private_database(self.db_path)
+            # Path kind and permissions first (a dangling link, a folder, a read-only
+            # file or folder, a path below a file): typed errors, nothing created.
+            real = paths.check_target(self.db_path, write=True, create=True, make_parents=True)
+            paths.make_parents(real)
+            # Creates the file 0600 when missing, finishes an interrupted adoption,
+            # adopts a Hermes-made file, migrates our own older revisions.
             migrations.upgrade(self.db_path)
             # No pool cap: how many threads use one SessionDB is the application's call.
             self._engine = create_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
@@ -276,7 +272,11 @@ class SessionDB:
 
     def _execute_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Hermes' hook: ``fn`` gets the DB-API connection inside the write transaction."""
-        return self._write(lambda conn: fn(conn.connection.driver_connection))
+        def run(conn: Connection) -> T:
+            with driver_errors():  # typed errors for a full disk etc.; "locked" still retries
+                return fn(conn.connection.driver_connection)
+
+        return self._write(run)
 
     # ------------------------------------------------------------------ static helpers
 
@@ -514,10 +514,12 @@ class SessionDB:
         """Import exported sessions idempotently; returns (imported, skipped)."""
         imported = skipped = 0
         chunk: list[dict[str, Any]] = []
+        # Children met before their parent, carried across batches until it arrives.
+        pending: list[tuple[str, str]] = []
 
         def flush(rows: list[dict[str, Any]]) -> tuple[int, int]:
             def run(c: Connection) -> tuple[int, int]:
-                repo = MaintenanceRepository(c)
+                repo = MaintenanceRepository(c, pending_parents=pending)
                 c.exec_driver_sql("PRAGMA defer_foreign_keys = ON")
                 done = sum(1 for r in rows if repo.import_session(r))
                 return done, len(rows) - done
@@ -588,7 +590,8 @@ class SessionDB:
         return result
 
     def vacuum(self) -> None:
-        self._outside_transaction("VACUUM")
+        with driver_errors():
+            self._outside_transaction("VACUUM")
 
     def get_meta(self, key: str) -> str | None:
         return self._read(lambda c: MaintenanceRepository(c).get_meta(key))

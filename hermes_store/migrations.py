@@ -6,6 +6,9 @@
 
 Host applications either call these functions, or add
 :func:`versions_location` to their own ``version_locations`` as a separate branch.
+
+Imports run one way: this module adopts Hermes files (:mod:`hermes_store.adopt`), and
+both build on :mod:`hermes_store.paths` (version table, head lookup, file checks).
 """
 
 from __future__ import annotations
@@ -16,50 +19,33 @@ from pathlib import Path
 from typing import Iterator
 
 from alembic import command
-from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL
 
-from . import errors
-from .engine import create_engine, to_url
+from . import adopt, errors, paths
+from .engine import to_url
+from .paths import VERSION_TABLE, head, make_config, script_location
 
-#: Name of our Alembic version table; a host's ``alembic_version`` is never touched.
-VERSION_TABLE = "hermes_store_version"
+__all__ = [
+    "VERSION_TABLE",
+    "current",
+    "downgrade",
+    "head",
+    "make_config",
+    "script_location",
+    "stamp",
+    "upgrade",
+    "versions_location",
+]
 
 Target = str | os.PathLike[str] | URL | Engine | Connection
-
-
-def script_location() -> Path:
-    """Folder holding env.py and versions/ (installed copy first, source tree second)."""
-    import hermes_store
-
-    pkg_dir = Path(hermes_store.__file__).resolve().parent
-    for candidate in (pkg_dir / "_alembic", pkg_dir.parent / "alembic"):
-        if (candidate / "env.py").is_file():
-            return candidate
-    raise errors.HermesStoreError("hermes_store migrations are missing from this installation")
 
 
 def versions_location() -> Path:
     """The ``versions/`` folder, for a host's ``version_locations``."""
     return script_location() / "versions"
-
-
-def make_config(url: str | None = None, *, version_table: str = VERSION_TABLE) -> Config:
-    """An Alembic Config pointing at our scripts, independent of any alembic.ini."""
-    cfg = Config()
-    cfg.set_main_option("script_location", str(script_location()))
-    cfg.set_main_option("version_table", version_table)
-    if url is not None:
-        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    return cfg
-
-
-def head() -> str:
-    """The newest revision id shipped with this copy of hermes_store."""
-    return ScriptDirectory.from_config(make_config()).get_current_head()
 
 
 def _file_path(target: Target) -> Path | None:
@@ -83,40 +69,43 @@ def _connection(target: Target) -> Iterator[Connection]:
         with target.connect() as conn:
             yield conn
         return
-    url = to_url(target)
-    _check_path(url)
-    # Migrations run with foreign keys off: legacy files may hold dangling references,
-    # and table rebuilds must not cascade.
-    engine = create_engine(url, foreign_keys=False)
-    try:
-        with engine.connect() as conn:
-            yield conn
-    finally:
-        engine.dispose()
+    with paths.migration_connection(to_url(target)) as conn:
+        yield conn
 
 
-def _check_path(url: URL) -> None:
-    """Refuse unreachable paths before SQLite creates a stray file."""
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
-        return
-    path = Path(url.database)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise errors.DatabaseUnavailableError(f"cannot open {path}: folder {parent} does not exist")
-    if path.exists() and not os.access(path, os.R_OK | os.W_OK):
-        raise errors.DatabaseUnavailableError(f"cannot open {path}: not readable and writable")
-    if not path.exists() and not os.access(parent, os.W_OK):
-        raise errors.DatabaseUnavailableError(f"cannot create {path}: folder {parent} is not writable")
-
-
-def _run(target: Target, fn, *args, version_table: str = VERSION_TABLE, **kw):  # type: ignore[no-untyped-def]
-    cfg = make_config(version_table=version_table)
+def _run(target: Target, fn, *args, version_table: str = VERSION_TABLE):  # type: ignore[no-untyped-def]
     with _connection(target) as conn:
-        cfg.attributes["connection"] = conn
-        result = fn(cfg, *args, **kw)
-        if conn.in_transaction():
-            conn.commit()
-        return result
+        return paths.run_alembic(conn, fn, *args, version_table=version_table)
+
+
+def _prepare_file(target: Target) -> tuple[Path | None, Path | None]:
+    """Checks before a write: path kind and permissions, then any interrupted
+    adoption finished; a missing file is created 0600. Returns (real path, the file
+    if this call created it)."""
+    path = _file_path(target)
+    if path is None:
+        return None, None
+    real = paths.check_target(path, write=True, create=True)
+    adopt.finish_interrupted(real)
+    if real.exists():
+        paths.check_file(real, recovery_ok=True)
+        return real, None
+    created = real if paths.create_private_database(real) else None
+    return real, created
+
+
+def _drop_if_untouched(created: Path | None, before: os.stat_result | None) -> None:
+    """A failed first migration must not leave behind the empty file it created: the
+    next attempt would find a database that is neither new nor migrated."""
+    if created is None or before is None:
+        return
+    with suppress(OSError):
+        now = created.stat()
+        if (now.st_ino, now.st_size, now.st_mtime_ns) != (before.st_ino, before.st_size, before.st_mtime_ns):
+            return
+        for leftover in (created, *(Path(f"{created}{s}") for s in paths.SIDECARS)):
+            with suppress(OSError):
+                leftover.unlink()
 
 
 def current(target: Target, *, version_table: str = VERSION_TABLE) -> str | None:
@@ -125,12 +114,15 @@ def current(target: Target, *, version_table: str = VERSION_TABLE) -> str | None
     Never creates the file: asking is not a reason to leave an empty database behind.
     """
     path = _file_path(target)
-    if path is not None and (not path.exists() or path.stat().st_size == 0):
-        return None
+    if path is not None:
+        if not path.exists() or path.stat().st_size == 0:
+            return None
+        paths.check_target(path, write=False)
     with _connection(target) as conn:
+        hosted = conn.in_transaction()
         ctx = MigrationContext.configure(conn, opts={"version_table": version_table})
         rev = ctx.get_current_revision()
-        if conn.in_transaction():
+        if not hosted and conn.in_transaction():
             conn.rollback()
         return rev
 
@@ -138,77 +130,63 @@ def current(target: Target, *, version_table: str = VERSION_TABLE) -> str | None
 def upgrade(target: Target, revision: str = "head", *, version_table: str = VERSION_TABLE) -> str | None:
     """Upgrade to ``revision``; each revision is its own atomic transaction.
 
+    Before anything is written: the path kind and permissions are checked (a dangling
+    symlink, a folder, a read-only file or folder get a typed error), an adoption a
+    kill interrupted is finished or rolled back, and empty, non-SQLite, truncated and
+    foreign files are refused, all left unchanged. A missing file is created 0600.
+
     A file Hermes made (a ``schema_version`` table but no ``hermes_store_version``) is
     adopted first (:func:`hermes_store.adopt.adopt`: all-or-nothing, the original kept
-    as ``<name>.pre-adopt.bak``). Empty, non-SQLite, truncated and foreign files are
-    refused with a typed error and left unchanged.
+    as ``<name>.pre-adopt.bak``). When another process adopts it first, this waits for
+    it and carries on with an ordinary upgrade of the adopted file.
     """
-    path = _file_path(target)
-    if path is not None and path.exists():
-        from . import adopt
-
-        adopt.check_file(path, recovery_ok=True)
-        if adopt.needs_adoption(path, version_table):
-            try:
-                adopt.adopt(path, revision=revision, version_table=version_table)
-            except errors.AdoptionError:
-                if adopt.needs_adoption(path, version_table):
-                    raise
-                # Another process adopted the file while we were copying it; carry on
-                # with an ordinary upgrade of the adopted file.
-            else:
+    path, created = _prepare_file(target)
+    if path is not None and created is None and adopt.needs_adoption(path, version_table):
+        try:
+            report = adopt.adopt(path, revision=revision, version_table=version_table)
+        except errors.AdoptionError:
+            if adopt.needs_adoption(path, version_table):
+                raise
+            # Another process adopted the file meanwhile; carry on with an ordinary
+            # upgrade of the adopted file.
+        else:
+            if report.adopted:
                 return current(target, version_table=version_table)
-    created = path is not None and not path.exists()
+    fresh = created.stat() if created is not None else None
     try:
         _check_known(target, version_table)
         _run(target, command.upgrade, revision, version_table=version_table)
     except BaseException:
-        # A failed first upgrade must not leave the empty file SQLite created on open:
-        # the next attempt would (rightly) refuse a 0-byte file.
-        if created and path is not None and path.exists() and path.stat().st_size == 0:
-            for leftover in (path, Path(f"{path}-journal"), Path(f"{path}-wal"), Path(f"{path}-shm")):
-                with suppress(OSError):
-                    leftover.unlink()
+        _drop_if_untouched(created, fresh)
         raise
     return current(target, version_table=version_table)
 
 
 def downgrade(target: Target, revision: str, *, version_table: str = VERSION_TABLE) -> str | None:
     """Downgrade to ``revision`` (``"base"`` removes everything)."""
-    _check_file(target)
+    _prepare_file(target)
     _check_known(target, version_table)
     _run(target, command.downgrade, revision, version_table=version_table)
     return current(target, version_table=version_table)
 
 
 def stamp(target: Target, revision: str, *, version_table: str = VERSION_TABLE) -> None:
-    """Record ``revision`` without running it (adoption uses this)."""
-    _check_file(target)
+    """Record ``revision`` without running it."""
+    _prepare_file(target)
     _run(target, command.stamp, revision, version_table=version_table)
-
-
-def _check_file(target: Target) -> None:
-    """Typed refusals (empty, text, truncated, unreadable) before SQLite writes a byte.
-
-    Only for a file that exists when we are called: opening a new path creates an
-    empty file, which is ours and fine.
-    """
-    path = _file_path(target)
-    if path is not None and path.exists():
-        from .adopt import check_file
-
-        check_file(path, recovery_ok=True)
 
 
 def _check_known(target: Target, version_table: str) -> None:
     """A database stamped with a revision we do not ship is refused, untouched."""
     with _connection(target) as conn:
+        # A host's open transaction is left alone: our reads end only the one they began.
+        hosted = conn.in_transaction()
         try:
             tables = set(inspect(conn).get_table_names())
         except Exception as exc:  # sqlite3.DatabaseError: file is not a database
             raise errors.NotADatabaseError(f"not a SQLite database: {exc}") from exc
         if version_table not in tables and "schema_version" in tables:
-            if conn.in_transaction():
+            if not hosted and conn.in_transaction():
                 conn.rollback()
             # Reached with an Engine/Connection (a path is adopted by upgrade()): we
             # cannot swap a file under someone else's open engine.
@@ -217,7 +195,7 @@ def _check_known(target: Target, version_table: str) -> None:
                 "hermes_store.adopt.adopt(path) (or migrations.upgrade(path)) on the file first"
             )
         if version_table not in tables and tables & {"sessions", "messages"}:
-            if conn.in_transaction():
+            if not hosted and conn.in_transaction():
                 conn.rollback()
             raise errors.NotAHermesDatabaseError(
                 "the database has a sessions/messages table but neither Hermes' schema_version "
@@ -227,7 +205,7 @@ def _check_known(target: Target, version_table: str) -> None:
         if version_table in tables:
             ctx = MigrationContext.configure(conn, opts={"version_table": version_table})
             rev = ctx.get_current_revision()
-        if conn.in_transaction():
+        if not hosted and conn.in_transaction():
             conn.rollback()
     if rev is None:
         return

@@ -3,7 +3,9 @@
     with UnitOfWork(engine) as uow:
         uow.sessions.create("s1", "cli")
         uow.messages.append("s1", "user", "hello")
-    # committed here; an exception inside the block rolls everything back
+        uow.commit()          # optional: persist what came before, keep working
+        ...
+    # committed here; an exception inside the block rolls back what followed the last commit()
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from types import TracebackType
 
 from sqlalchemy import Connection, Engine
 
+from . import errors
 from .engine import BEGIN_MODE
 from .repositories import (
     LineageRepository,
@@ -38,10 +41,14 @@ class UnitOfWork:
 
     def __enter__(self) -> "UnitOfWork":
         conn = self.engine.connect()
-        # Writers take SQLite's write lock at BEGIN, so a transaction never fails
-        # half-way through on a lock upgrade.
-        conn.execution_options(**{BEGIN_MODE: "IMMEDIATE" if self.write else "DEFERRED"})
-        conn.begin()
+        try:
+            # Writers take SQLite's write lock at BEGIN, so a transaction never fails
+            # half-way through on a lock upgrade.
+            conn.execution_options(**{BEGIN_MODE: "IMMEDIATE" if self.write else "DEFERRED"})
+            conn.begin()
+        except BaseException:
+            conn.close()  # a failed BEGIN (locked, read-only) must not leak the connection
+            raise
         self.conn = conn
         self.sessions = SessionRepository(conn)
         self.messages = MessageRepository(conn)
@@ -51,7 +58,9 @@ class UnitOfWork:
         return self
 
     def commit(self) -> None:
-        assert self.conn is not None
+        """Make everything so far durable and start a new transaction for what follows."""
+        if self.conn is None:
+            raise errors.HermesStoreError("UnitOfWork.commit() called outside its 'with' block")
         self.conn.commit()
         self.conn.begin()
 

@@ -20,6 +20,8 @@ from typing import Any, Iterator
 import pytest
 
 from hermes_store import adopt as adopt_mod
+from hermes_store.adopt import swap as swap_mod
+from hermes_store.adopt import work as work_mod
 from hermes_store import errors, migrations
 from hermes_store.engine import create_engine
 from hermes_store.introspect import diff, snapshot
@@ -346,7 +348,7 @@ def test_wal_content_is_adopted_and_kept_with_the_backup(tmp_path: Path) -> None
 def test_failed_adoption_of_a_wal_file_leaves_both_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     p = _hot_wal_copy(tmp_path)
     before = (sha(p), sha(Path(f"{p}-wal")))
-    monkeypatch.setattr(adopt_mod, "_check_fts", _boom)
+    monkeypatch.setattr(work_mod, "_check_fts", _boom)
     with pytest.raises(errors.AdoptionError):
         adopt_mod.adopt(p)
     assert (sha(p), sha(Path(f"{p}-wal"))) == before
@@ -409,12 +411,12 @@ def _lose_a_row(real: Any) -> Any:
 
 
 FAILURES = {
-    "stamp": lambda mp: mp.setattr(migrations, "stamp", _boom),
-    "upgrade_midway": lambda mp: mp.setattr(migrations, "upgrade", _upgrade_then_fail(migrations.upgrade)),
-    "fts_check": lambda mp: mp.setattr(adopt_mod, "_check_fts", _boom),
-    "row_counts": lambda mp: mp.setattr(adopt_mod, "_comparable_counts", _lose_a_row(adopt_mod._comparable_counts)),
-    "schema_verification": lambda mp: mp.setattr(adopt_mod, "_fresh_snapshot", _boom),
-    "backup_link": lambda mp: mp.setattr(adopt_mod, "_link_or_copy", _boom),
+    "stamp": lambda mp: mp.setattr(work_mod, "_stamp", _boom),
+    "upgrade_midway": lambda mp: mp.setattr(work_mod, "_upgrade_copy", _upgrade_then_fail(work_mod._upgrade_copy)),
+    "fts_check": lambda mp: mp.setattr(work_mod, "_check_fts", _boom),
+    "row_counts": lambda mp: mp.setattr(work_mod, "_comparable_counts", _lose_a_row(work_mod._comparable_counts)),
+    "schema_verification": lambda mp: mp.setattr(work_mod, "_fresh_snapshot", _boom),
+    "backup_link": lambda mp: mp.setattr(swap_mod, "_link_or_copy", _boom),
 }
 
 
@@ -447,7 +449,7 @@ def test_failure_in_the_final_rename_leaves_original_untouched(tmp_path: Path, m
             raise OSError("injected rename failure")
         real_replace(src, dst)
 
-    monkeypatch.setattr(adopt_mod.os, "replace", replace)
+    monkeypatch.setattr(swap_mod.os, "replace", replace)
     with pytest.raises(errors.AdoptionError) as info:
         adopt_mod.adopt(p)
     assert isinstance(info.value.__cause__, OSError)
@@ -462,7 +464,7 @@ def test_interrupt_cleans_up_and_propagates(tmp_path: Path, monkeypatch: pytest.
     def interrupt(*_a: Any, **_k: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(adopt_mod, "_check_fts", interrupt)
+    monkeypatch.setattr(work_mod, "_check_fts", interrupt)
     with pytest.raises(KeyboardInterrupt):
         adopt_mod.adopt(p)
     assert state(p) == before
@@ -470,7 +472,7 @@ def test_interrupt_cleans_up_and_propagates(tmp_path: Path, monkeypatch: pytest.
 
 def test_a_concurrent_writer_aborts_the_swap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     p = place(hermes(11), tmp_path)
-    real = adopt_mod._adopt_copy
+    real = work_mod.build_copy
 
     def copy_then_write(*args: Any, **kw: Any) -> Any:
         result = real(*args, **kw)
@@ -480,7 +482,7 @@ def test_a_concurrent_writer_aborts_the_swap(tmp_path: Path, monkeypatch: pytest
         other.close()
         return result
 
-    monkeypatch.setattr(adopt_mod, "_adopt_copy", copy_then_write)
+    monkeypatch.setattr(work_mod, "build_copy", copy_then_write)
     with pytest.raises(errors.AdoptionError, match="another process"):
         adopt_mod.adopt(p)
     assert sorted(os.listdir(p.parent)) == ["state.db"]
@@ -665,7 +667,7 @@ def test_package_ships_its_reference_schemas() -> None:
     """detect() must not depend on tests/: the package carries the same JSON files."""
     from .conftest import SCHEMA_DIR
 
-    shipped = Path(adopt_mod.__file__).parent / "reference_schemas"
+    shipped = Path(adopt_mod.__file__).parent.parent / "reference_schemas"
     assert sorted(f.name for f in shipped.glob("*.json")) == sorted(f.name for f in SCHEMA_DIR.glob("*.json"))
     for f in SCHEMA_DIR.glob("*.json"):
         assert json.loads(f.read_text()) == adopt_mod.reference_schema(f.stem.removeprefix("hermes_v"))
@@ -693,16 +695,18 @@ def test_a_symlinked_state_db_keeps_its_link(tmp_path: Path) -> None:
 
 
 def test_upgrade_tolerates_another_process_adopting_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another adopter takes the lock first: upgrade waits for it, finds the file
+    adopted and carries on with an ordinary upgrade (one adoption, one backup).
+    The real two-process race is in test_adopt_crash.py."""
     p = place(hermes(11), tmp_path)
-    real = adopt_mod._adopt_copy
+    real_lock = swap_mod.adoption_lock
 
-    def race(*args: Any, **kw: Any) -> Any:
-        result = real(*args, **kw)
-        monkeypatch.setattr(adopt_mod, "_adopt_copy", real)
-        adopt_mod.adopt(p)  # the other process wins the swap
-        return result
+    def other_process_first(path: Path, **kw: Any) -> Any:
+        monkeypatch.setattr(swap_mod, "adoption_lock", real_lock)
+        assert adopt_mod.adopt(p).adopted  # the other process wins the lock
+        return real_lock(path, **kw)
 
-    monkeypatch.setattr(adopt_mod, "_adopt_copy", race)
+    monkeypatch.setattr(swap_mod, "adoption_lock", other_process_first)
     assert migrations.upgrade(p) == migrations.head()
     assert sorted(os.listdir(p.parent)) == ["state.db", "state.db.pre-adopt.bak"]
 

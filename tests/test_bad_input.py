@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hermes_store import SessionDB
+from hermes_store.errors import InvalidInputError
 
 
 def integrity(db: SessionDB) -> None:
@@ -36,7 +37,7 @@ def test_nul_bytes_round_trip(db: SessionDB) -> None:
     db.append_message("s", "user", text)
     assert db.get_messages("s")[0]["content"] == text
     assert db.search_messages("nulbyte")[0]["session_id"] == "s"
-    assert isinstance(db.search_messages("\x00"), list)
+    assert db.search_messages("\x00") == []
     integrity(db)
 
 
@@ -63,13 +64,55 @@ def test_ten_megabyte_content(db: SessionDB) -> None:
 
 
 def test_bad_session_fields_are_rejected_before_writing(db: SessionDB) -> None:
-    with pytest.raises(TypeError, match="unknown session fields"):
+    # Typed (InvalidInputError) and still a TypeError, as for any unexpected keyword.
+    with pytest.raises(TypeError, match="unknown session fields") as info:
         db.create_session("s", "cli", no_such_column=1)
+    assert isinstance(info.value, InvalidInputError)
     assert db.get_session("s") is None
     db.create_session("s", "cli")
-    with pytest.raises(TypeError, match="unknown message fields"):
+    with pytest.raises(TypeError, match="unknown message fields") as info:
         db.append_message("s", "user", "x", bogus=1)
+    assert isinstance(info.value, InvalidInputError)
     assert db.message_count() == 0
+
+
+# bytes: valid UTF-8 is decoded (lossless), anything else is refused (codec docstring).
+TEXT = "caf\u00e9 \u65e5\u672c\u8a9e bytesneedle"
+RAW = TEXT.encode("utf-8")
+
+
+def test_valid_bytes_are_stored_as_their_text(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    db.append_message("s", "user", RAW, tool_name=b"web", tool_calls=b'[{"id": "c1"}]')
+    db.append_messages([{"session_id": "s", "role": "assistant", "content": bytearray(RAW)}] * 2)
+    db.append_messages([{"session_id": "s", "role": "tool", "content": RAW}] * 70)  # staged path
+    msgs = db.get_messages("s")
+    assert [m["content"] for m in msgs] == [TEXT] * 73
+    assert msgs[0]["tool_name"] == "web" and msgs[0]["tool_calls"] == [{"id": "c1"}]
+    assert db.get_session("s")["tool_call_count"] == 1
+    db.replace_messages("s", [{"role": "user", "content": RAW}, {"role": "assistant", "content": memoryview(RAW)}])
+    assert [m["content"] for m in db.get_messages("s")] == [TEXT, TEXT]
+    assert db.search_messages("bytesneedle")[0]["session_id"] == "s"
+    integrity(db)
+
+
+@pytest.mark.parametrize("bad", [b"\xff\xfe", b"valid start \xc3", bytearray(b"\x80abc")])
+def test_invalid_bytes_are_refused_and_nothing_changes(db: SessionDB, bad: bytes) -> None:
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "kept")
+    before = db.get_messages("s")
+    with pytest.raises(InvalidInputError, match="not valid UTF-8"):
+        db.append_message("s", "user", bad)
+    with pytest.raises(InvalidInputError, match="message #1"):
+        db.append_messages([{"session_id": "s", "role": "user", "content": "fine"},
+                            {"session_id": "s", "role": "user", "content": bad}])
+    with pytest.raises(InvalidInputError, match="message #0"):
+        db.append_messages([{"session_id": "s", "role": "tool", "tool_name": bad}])
+    with pytest.raises(InvalidInputError, match="message #2"):
+        db.replace_messages("s", [{"role": "user", "content": "new"}] * 2 + [{"role": "user", "content": bad}])
+    assert db.get_messages("s") == before
+    assert db.get_session("s")["message_count"] == 1
+    integrity(db)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -118,8 +118,8 @@ def test_strategy_choice_uses_estimate(db: SessionDB, monkeypatch) -> None:
     seen: list[bool] = []
     real = search_mod.SearchRepository._substring_select
 
-    def spy(self, terms, joiner, filters, params, window, *, flat):
-        sql, is_flat = real(self, terms, joiner, filters, params, window, flat=flat)
+    def spy(self, groups, filters, params, window, *, flat):
+        sql, is_flat = real(self, groups, filters, params, window, flat=flat)
         seen.append(is_flat)
         return sql, is_flat
 

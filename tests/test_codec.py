@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from hermes_store.codec import (
     JSON_PREFIX,
+    check_key,
     clean_text,
     count_tool_calls,
     decode_content,
@@ -19,7 +20,9 @@ from hermes_store.codec import (
     encode_content,
     encode_json,
     strip_memory_context,
+    text_from_bytes,
 )
+from hermes_store.errors import InvalidInputError
 
 
 def sqlite_roundtrip(value: str | None) -> str | None:
@@ -304,3 +307,39 @@ def test_strip_memory_context_removes_every_block(before: str, after: str) -> No
     out = strip_memory_context(before + BLOCK + after)
     assert "<memory-context>" not in out.lower() or "<memory-context>" in (before + after).lower()
     assert "User prefers dark mode." not in out or "User prefers dark mode." in before + after
+
+
+# ---------------------------------------------------------------- bytes and keys
+
+
+@pytest.mark.parametrize("raw", [b"plain ascii", "caf\u00e9 \u65e5\u672c \U0001f600".encode(), b"", b"nul\x00inside"])
+def test_valid_utf8_bytes_decode_losslessly(raw: bytes) -> None:
+    for value in (raw, bytearray(raw), memoryview(raw)):
+        assert text_from_bytes(value) == raw.decode("utf-8")
+    if raw:
+        assert encode_content(raw) == raw.decode("utf-8")
+        assert sqlite_roundtrip(encode_content(raw)).encode("utf-8") == raw
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xfe", b"ok then \xc3", b"\xed\xa0\x80", b"\x80"])
+def test_invalid_utf8_bytes_are_refused(raw: bytes) -> None:
+    with pytest.raises(InvalidInputError, match="not valid UTF-8") as info:
+        encode_content(raw)
+    assert isinstance(info.value.__cause__, UnicodeDecodeError)
+    with pytest.raises(InvalidInputError):
+        encode_json(raw)
+
+
+def test_bytes_never_stored_as_their_repr() -> None:
+    assert encode_content(b"hello") == "hello"
+    assert "b'" not in encode_content(b"hello")
+    assert encode_content(JSON_PREFIX.encode() + b"x") == JSON_PREFIX + json.dumps(JSON_PREFIX + "x")
+    assert encode_json(b'[{"id": "c1"}]') == '[{"id": "c1"}]'
+    assert encode_json(b"") is None  # falsy, like ""
+
+
+def test_check_key() -> None:
+    assert check_key("ok id \x00 with nul") == "ok id \x00 with nul"
+    for bad in ("half \ud800", "\udfff", 12, None, b"bytes"):
+        with pytest.raises(InvalidInputError):
+            check_key(bad, "session id")

@@ -111,16 +111,34 @@ def test_helpers_exposed_like_hermes(db: SessionDB) -> None:
     assert db.get_meta("raw") == "yes"
 
 
-def test_write_waits_for_lock_then_succeeds(db: SessionDB) -> None:
+def test_write_waits_for_lock_then_succeeds(db: SessionDB, monkeypatch) -> None:
+    """The write meets the lock, backs off, and lands once the other writer commits.
+
+    The blocker is released from inside the retry's sleep, so the order is certain
+    without measuring time (how long the wait takes is bench/ territory).
+    """
     db.create_session("s", "cli")
-    blocker = sqlite3.connect(db.db_path, isolation_level=None, check_same_thread=False)
+    blocker = sqlite3.connect(db.db_path, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
-    threading.Timer(0.6, lambda: blocker.execute("COMMIT")).start()
-    start = time.monotonic()
-    db.append_message("s", "user", "patient")
-    assert time.monotonic() - start >= 0.5
+    blocker.execute("INSERT INTO state_meta (key, value) VALUES ('blocker', 'first')")
+    sleeps: list[float] = []
+
+    def release_on_first_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if blocker.in_transaction:
+            assert db.message_count("s") == 0  # nothing written while locked out
+            blocker.execute("COMMIT")
+
+    monkeypatch.setattr(facade.time, "sleep", release_on_first_sleep)
+    try:
+        db.append_message("s", "user", "patient")
+    finally:
+        if blocker.in_transaction:
+            blocker.execute("ROLLBACK")
+        blocker.close()
+    assert len(sleeps) == 1 and 0 < sleeps[0] <= facade.EARLY_JITTER_S[1]  # one back-off, then success
     assert db.message_count("s") == 1
-    blocker.close()
+    assert db.get_meta("blocker") == "first"  # the other writer's commit is kept too
 
 
 def test_locked_past_budget_raises_typed_error_and_loses_nothing(db: SessionDB, monkeypatch) -> None:

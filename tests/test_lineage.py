@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 from sqlalchemy import event
 
 from hermes_store import SessionDB, UnitOfWork
@@ -94,3 +96,48 @@ def test_cycles_terminate(db: SessionDB) -> None:
         assert set(uow.lineage.ancestors("x")) == {"x", "y", "z"}
         assert set(uow.lineage.descendants("x")) == {"y", "z"}
         assert uow.lineage.compression_tip("x") in {"x", "y", "z"}
+
+
+# ---------------------------------------------------------------- ancestors through SessionDB
+
+
+def test_get_session_ancestors_root_first_ending_with_itself(db: SessionDB) -> None:
+    db.create_session("root", "cli")
+    db.create_session("mid", "cli", parent_session_id="root")
+    db.create_session("tip", "cli", parent_session_id="mid")
+    db.create_session("sibling", "cli", parent_session_id="root")
+    assert db.get_session_ancestors("tip") == ["root", "mid", "tip"]
+    assert db.get_session_ancestors("mid") == ["root", "mid"]  # never walks down
+    assert db.get_session_ancestors("sibling") == ["root", "sibling"]  # only its own branch
+    assert db.get_session_ancestors("root") == ["root"]
+    assert db.get_session_ancestors("unknown") == []
+    with UnitOfWork(db.engine, write=False) as uow:
+        assert uow.lineage.ancestors("tip", include_self=False) == ["root", "mid"]
+        assert uow.lineage.ancestors("root", include_self=False) == []
+
+
+def test_get_session_ancestors_of_a_deep_chain(db: SessionDB) -> None:
+    ids = _chain(db, 1000, reason="branched")  # any parent link counts, not only compression
+    assert db.get_session_ancestors(ids[-1]) == ids
+    assert db.get_session_ancestors(ids[10]) == ids[:11]
+
+
+def test_get_session_ancestors_stops_at_a_missing_parent(db: SessionDB) -> None:
+    """Hermes files may hold a parent id whose row was deleted (foreign keys off there)."""
+    raw = sqlite3.connect(db.db_path, isolation_level=None)
+    raw.execute("PRAGMA foreign_keys = OFF")
+    raw.execute("INSERT INTO sessions (id, source, started_at, parent_session_id) VALUES ('orphan', 'cli', 1, 'gone')")
+    raw.close()
+    assert db.get_session_ancestors("orphan") == ["orphan"]
+
+
+def test_get_session_ancestors_in_a_cycle_lists_each_once(db: SessionDB) -> None:
+    def build(conn):
+        conn.execute("PRAGMA defer_foreign_keys = ON")
+        for sid, parent in (("x", "z"), ("y", "x"), ("z", "y")):
+            conn.execute("INSERT INTO sessions (id, source, started_at, parent_session_id) VALUES (?, 'cli', 1, ?)",
+                         (sid, parent))
+
+    db._execute_write(build)
+    assert db.get_session_ancestors("x") == ["y", "z", "x"]  # nearest last, each id once
+    assert db.get_session_ancestors("y") == ["z", "x", "y"]

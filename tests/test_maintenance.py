@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 
-from hermes_store import SessionDB
+from hermes_store import SessionDB, UnitOfWork
+from hermes_store.errors import HermesStoreError, InvalidInputError
+from hermes_store.repositories.base import UnknownFieldError
 
 from .conftest import set_times
 
@@ -177,3 +180,194 @@ def test_meta_and_fts_upkeep(db: SessionDB) -> None:
     assert db.check_fts()["messages_fts"] is not None
     db.rebuild_fts()
     assert db.check_fts()["messages_fts"] is None
+
+
+# ---------------------------------------------------------------- import: batches and ids
+
+
+def _record(sid: str, started: float, n: int, *, parent: str | None = None, first_id: int | None = None) -> dict:
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{sid} says {i}", "timestamp": started + i}
+            for i in range(n)]
+    if first_id is not None:
+        for i, m in enumerate(msgs):
+            m["id"] = first_id + i
+    return {"id": sid, "source": "cli", "started_at": started, "parent_session_id": parent,
+            "message_count": n, "messages": msgs}
+
+
+def test_import_over_several_batches_keeps_everything(db: SessionDB) -> None:
+    """450 sessions go in three transactions of at most 200 (import_sessions' batch)."""
+    records = [_record("p0", 1.0, 3)]
+    records += [_record(f"s{i:03d}", 10.0 + i, 2, parent="p0" if i == 300 else None) for i in range(449)]
+    assert db.import_sessions(records) == (450, 0)
+    assert db.session_count() == 450 and db.message_count() == 3 + 449 * 2
+    assert db.get_session("s300")["parent_session_id"] == "p0"  # parent came two batches earlier
+    assert [m["content"] for m in db.get_messages("s448")] == ["s448 says 0", "s448 says 1"]
+    assert db.import_sessions(records) == (0, 450)  # idempotent across batches too
+    assert db.message_count() == 3 + 449 * 2
+    assert db.search_messages("s123")[0]["session_id"] == "s123"
+    assert db.check_fts() == {"messages_fts": None, "messages_fts_trigram": None}
+
+
+def test_import_keeps_free_ids_and_renumbers_colliding_sessions_in_order(db: SessionDB) -> None:
+    # Free ids are kept exactly (anchors and lineage survive a round trip).
+    assert db.import_sessions([_record("a", 1.0, 3, first_id=100)]) == (1, 0)
+    assert [m["id"] for m in db.get_messages("a")] == [100, 101, 102]
+    # Another file's export with overlapping ids: all of that session's messages get new
+    # ids, in their original order (keeping only the free id 103 would misorder them).
+    assert db.import_sessions([_record("b", 2.0, 4, first_id=101)]) == (1, 0)
+    b = db.get_messages("b")
+    assert [m["content"] for m in b] == [f"b says {i}" for i in range(4)]
+    assert len({m["id"] for m in b} | {100, 101, 102}) == 7
+    # Duplicates inside one record and ids out of order are renumbered too.
+    dup = _record("c", 3.0, 3, first_id=500)
+    dup["messages"][2]["id"] = 500
+    rev = _record("d", 4.0, 3)
+    for m, i in zip(rev["messages"], (900, 800, 700)):
+        m["id"] = i
+    assert db.import_sessions([dup, rev]) == (2, 0)
+    assert [m["content"] for m in db.get_messages("c")] == [f"c says {i}" for i in range(3)]
+    assert [m["content"] for m in db.get_messages("d")] == [f"d says {i}" for i in range(3)]
+    assert db.message_count() == 13
+    # A staged-size session (>= 64 messages) with explicit free ids keeps them too.
+    assert db.import_sessions([_record("e", 5.0, 70, first_id=10_000)]) == (1, 0)
+    assert [m["id"] for m in db.get_messages("e")] == list(range(10_000, 10_070))
+
+
+def test_import_children_before_parents_across_transactions(db: SessionDB) -> None:
+    """A child whose parent arrives in a later batch (transaction) gets its link back
+    when the batches share one pending-parents list."""
+    from hermes_store.repositories.maintenance import MaintenanceRepository
+
+    pending: list[tuple[str, str]] = []
+    batches = [[_record("child", 1000.0, 1, parent="parent"), _record("x", 2.0, 1)], [_record("parent", 1.0, 1)]]
+    for batch in batches:
+        with UnitOfWork(db.engine) as uow:
+            uow.conn.exec_driver_sql("PRAGMA defer_foreign_keys = ON")
+            repo = MaintenanceRepository(uow.conn, pending_parents=pending)
+            assert all(repo.import_session(r) for r in batch)
+        if batch is batches[0]:
+            assert pending == [("child", "parent")]
+            assert db.get_session("child")["parent_session_id"] is None  # no dangling link meanwhile
+    assert pending == []
+    assert db.get_session("child")["parent_session_id"] == "parent"
+
+
+# ---------------------------------------------------------------- one encoder for every write path
+
+
+def test_append_bulk_replace_and_import_store_identical_rows(db: SessionDB) -> None:
+    """The same message, written four ways, is stored byte-for-byte the same."""
+    message = {
+        "role": "assistant",
+        "content": "nul\x00inside, half \ud800 pair, joined \ud83d\ude00",
+        "tool_name": "tool\udfff",
+        "tool_calls": [],               # falsy JSON → NULL
+        "reasoning_details": {},        # falsy JSON → NULL
+        "codex_reasoning_items": "",    # falsy JSON → NULL
+        "codex_message_items": [{"k": "v\ud800"}],
+        "reasoning": "think \ud800",
+        "finish_reason": "stop",
+        "token_count": 7,
+        "timestamp": 1_700_000_000.5,
+    }
+    variants = [
+        message,
+        {**message, "content": [{"type": "text", "text": "list \ud800 content"}]},
+        {**message, "content": "bytes caf\u00e9".encode(), "tool_name": b"bytes-tool"},
+        {**message, "content": None, "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}]},
+    ]
+    for sid in ("appended", "bulk", "replaced"):
+        db.create_session(sid, "cli")
+    for v in variants:
+        db.append_message("appended", **v)
+    db.append_messages([{"session_id": "bulk", **v} for v in variants])
+    db.replace_messages("replaced", variants)
+    db.import_sessions([{"id": "imported", "source": "cli", "started_at": 1.0, "messages": variants}])
+
+    def stored(sid: str) -> list[tuple]:
+        conn = sqlite3.connect(db.db_path)
+        try:
+            cur = conn.execute("SELECT * FROM messages WHERE session_id = ? ORDER BY id", (sid,))
+            cols = [d[0] for d in cur.description]
+            return [tuple(v for c, v in zip(cols, row) if c not in ("id", "session_id")) for row in cur]
+        finally:
+            conn.close()
+
+    reference = stored("appended")
+    assert len(reference) == 4
+    assert reference[0][cols_index(db, "content")] == "nul\x00inside, half \ufffd pair, joined \U0001f600"
+    assert reference[2][cols_index(db, "content")] == "bytes caf\u00e9"
+    for sid in ("bulk", "replaced", "imported"):
+        assert stored(sid) == reference, sid
+
+
+def cols_index(db: SessionDB, name: str) -> int:
+    conn = sqlite3.connect(db.db_path)
+    try:
+        cols = [r[1] for r in conn.execute("PRAGMA table_info(messages)") if r[1] not in ("id", "session_id")]
+    finally:
+        conn.close()
+    return cols.index(name)
+
+
+# ---------------------------------------------------------------- update_session
+
+
+def test_update_session_without_fields_is_a_no_op(db: SessionDB) -> None:
+    db.create_session("s", "cli", model="m")
+    before = db.get_session("s")
+    assert db.update_session("s") is True
+    assert db.update_session("missing") is False
+    assert db.get_session("s") == before
+    assert db.get_session("missing") is None
+
+
+def test_update_session_with_unknown_field_is_refused_before_writing(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    before = db.get_session("s")
+    with pytest.raises(UnknownFieldError, match="no_such_column") as info:
+        db.update_session("s", cwd="/tmp/x", no_such_column=1)
+    assert isinstance(info.value, InvalidInputError)
+    assert db.get_session("s") == before  # cwd was not set either
+    assert db.update_session("s", cwd="/tmp/x", archived=1) is True
+    assert (db.get_session("s")["cwd"], db.get_session("s")["archived"]) == ("/tmp/x", 1)
+
+
+# ---------------------------------------------------------------- UnitOfWork.commit
+
+
+def _visible(db: SessionDB, sid: str) -> bool:
+    conn = sqlite3.connect(db.db_path)
+    try:
+        return conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone() is not None
+    finally:
+        conn.close()
+
+
+def test_unit_of_work_commit_persists_and_later_errors_roll_back_only_the_rest(db: SessionDB) -> None:
+    with pytest.raises(RuntimeError):
+        with UnitOfWork(db.engine) as uow:
+            uow.sessions.create("first", "cli")
+            uow.messages.append("first", "user", "kept")
+            assert not _visible(db, "first")  # not yet committed
+            uow.commit()
+            assert _visible(db, "first")      # durable for other connections now
+            uow.sessions.create("second", "cli")
+            raise RuntimeError("after commit")
+    assert db.get_session("first")["message_count"] == 1
+    assert db.get_session("second") is None
+
+
+def test_unit_of_work_clean_exit_commits_and_error_rolls_back(db: SessionDB) -> None:
+    with UnitOfWork(db.engine) as uow:
+        uow.sessions.create("clean", "cli")
+    assert _visible(db, "clean")
+    with pytest.raises(InvalidInputError):
+        with UnitOfWork(db.engine) as uow:
+            uow.sessions.create("doomed", "cli")
+            uow.messages.append("doomed", "user", b"\xff")  # a typed error inside the block
+    assert not _visible(db, "doomed")
+    uow = UnitOfWork(db.engine)
+    with pytest.raises(HermesStoreError, match="outside"):
+        uow.commit()

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+import sqlite3
+import unicodedata
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from hermes_store import SessionDB
+from hermes_store.engine import create_engine
+from hermes_store.errors import DatabaseLockedError, HermesStoreError
+from hermes_store.repositories.search import SearchRepository, boolean_groups, is_query_syntax_error
+from hermes_store.search import plan_search
 
 from .conftest import set_times
 
@@ -109,13 +120,76 @@ def test_blank_queries_return_empty(corpus: SessionDB, query: str) -> None:
     assert corpus.search_messages(query) == []
 
 
+def fold(text: str) -> str:
+    """Case- and accent-insensitive form, at least as coarse as FTS5's unicode61 folding."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
+
+
+def ascii_lower(text: str) -> str:
+    """SQLite LIKE's case folding: ASCII letters only."""
+    return text.translate(str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz"))
+
+
+def message_texts(store: SessionDB) -> dict[int, list[str]]:
+    """Each message's searchable columns, read with plain sqlite3 (not through search)."""
+    conn = sqlite3.connect(store.db_path)
+    try:
+        rows = conn.execute("SELECT id, content, tool_name, tool_calls FROM messages").fetchall()
+    finally:
+        conn.close()
+    return {mid: [t for t in texts if isinstance(t, str)] for mid, *texts in rows}
+
+
+def check_hits_against_corpus(texts: dict[int, list[str]], query: str, hits: list[dict], limit: int) -> None:
+    """An independent check of a search result: every hit really contains the query.
+
+    Word route: each hit holds at least one word of one query term (folded as FTS5
+    folds). Trigram route: at least one term as a substring. Substring route: the ids
+    are exactly a brute-force LIKE-style scan (ASCII case folding, OR of the terms).
+    """
+    plan = plan_search(query)
+    got = [h["id"] for h in hits]
+    assert len(got) == len(set(got)) and len(got) <= limit
+    if plan.kind == "empty":
+        assert got == []
+        return
+    for hit in hits:
+        assert isinstance(hit["snippet"], str)
+        assert hit["id"] in texts
+        columns = texts[hit["id"]]
+        if plan.kind == "word":
+            words = [w for t in plan.terms for w in re.findall(r"[^\W_]+", fold(t))]
+            assert any(w in fold(c) for w in words for c in columns), (query, hit["id"], columns)
+        else:
+            assert any(fold(t) in fold(c) for t in plan.terms for c in columns), (query, hit["id"], columns)
+    if plan.kind == "substring":
+        expected = {mid for mid, columns in texts.items()
+                    if any(ascii_lower(t) in ascii_lower(c) for t in plan.terms for c in columns)}
+        if len(expected) <= limit:
+            assert set(got) == expected, query
+        else:
+            assert len(got) == limit and set(got) <= expected
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.text(alphabet=st.sampled_from(list('abc 数据库迁移"*:^+-(){}._%\\\'ANDORTNEAR\x00🙂한글かな\ud800')) | st.characters(), max_size=40))
-def test_search_never_raises(corpus: SessionDB, query: str) -> None:
-    result = corpus.search_messages(query, sort="newest")
-    assert isinstance(result, list)
-    for hit in result:
-        assert isinstance(hit["snippet"], str)
+def test_search_never_raises_and_hits_really_match(corpus: SessionDB, query: str) -> None:
+    result = corpus.search_messages(query, sort="newest", limit=50)
+    check_hits_against_corpus(message_texts(corpus), query, result, 50)
+    assert ids(result) == sorted(ids(result), reverse=True)  # the corpus' timestamps grow with the id
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(["deploy", "Deploy", "数据", "数据库迁移", "terminal", "kubectl", "service",
+                                 "P2.2", "chat-send", "完成", "later", "sp_new", "nothing", "OR", "NOT", "AND",
+                                 "deplo*", "\"chat-send service\"", "(", ")", ":", "*"]),
+                min_size=1, max_size=5).map(" ".join))
+def test_corpus_words_in_any_combination_hit_only_matching_rows(corpus: SessionDB, query: str) -> None:
+    """Queries made of words the corpus holds (so hits are common): each must really match."""
+    texts = message_texts(corpus)
+    result = corpus.search_messages(query, limit=50)
+    check_hits_against_corpus(texts, query, result, 50)
 
 
 def test_snippet_comes_from_the_matching_column(corpus: SessionDB) -> None:
@@ -139,3 +213,202 @@ def test_trigram_hits_and_tool_rows_merge_in_order_and_pages(db: SessionDB) -> N
     ranked = [h["id"] for h in db.search_messages("数据库迁移", limit=100)]
     assert set(ranked) == set(ids) and set(ranked[:4]) == set(ids[0::2])  # ranked index hits first
     assert [h["id"] for h in db.search_messages("数据库迁移", limit=2, offset=3)] == ranked[3:5]
+
+
+# ---------------------------------------------------------------- each sanitizer rule, exact ids
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ('"chat-send service"', [1]),  # balanced phrase kept
+        ('"chat-send serv"*', [1]),  # phrase prefix
+        ('"chat-send', [1]),  # unbalanced quote dropped
+        ("chat-send", [1]),  # dash-joined term quoted as a phrase
+        ("P2.2", [3]),  # dotted term
+        ("my-app.config.ts", [2]),  # dots and dashes, in tool-call arguments
+        ("sp_new", [4]),  # underscore-joined term
+        ("deplo*", [1, 3, 4, 6]),  # prefix
+        ("deplo***", [1, 3, 4, 6]),  # runs of * collapse
+        ("*kubectl", [2]),  # leading * dropped
+        ("kubectl OR later", [2, 6]),  # OR
+        ("deplo* NOT service", [3, 4, 6]),  # NOT
+        ("deplo* AND NOT service", [3, 4, 6]),  # a run of operators keeps the last
+        ("deploy AND", [1, 6]),  # dangling AND at the end
+        ("OR deploy", [1, 6]),  # dangling OR at the start
+        ("NOT kubectl", [2]),  # dangling NOT
+        ("deploy service", [1]),  # implicit AND
+        ("(deploy) {service}", [1]),  # grouping and column-set syntax become spaces
+        ("^deploy+service", [1]),  # ^ and + become spaces
+        ("content:kubectl", []),  # ':' is no column filter: "content" is just a word here
+        ("terminal: kubectl", [2]),
+        ("deploy!", [1, 6]),  # trailing punctuation trimmed
+        ("Deploy", [1, 6]),  # case-insensitive
+        ("deploy and", []),  # lowercase "and" is an ordinary word that no row holds
+        ("数据库迁移", [4, 5]),  # trigram route
+        ("「数据库迁移」", [4, 5]),  # CJK brackets trimmed
+        ("数据库迁移 OR 数据库连接", [3, 4, 5]),  # trigram OR, tool row via substring
+        ("数据", [3, 4, 5, 7]),  # short CJK: substring route
+        ("100%完成", [6]),  # % literal
+    ],
+)
+def test_each_sanitizer_rule_finds_the_known_rows(corpus: SessionDB, query: str, expected: list[int]) -> None:
+    """A sanitizer regression that produced bad SQL would turn these into []."""
+    assert ids(corpus.search_messages(query, sort="oldest", limit=100)) == expected
+
+
+def test_tool_rows_follow_the_query_operators(db: SessionDB) -> None:
+    """Trigram queries find tool rows by LIKE, which must mean what FTS5 means."""
+    db.create_session("s", "cli")
+    plan_only = db.append_message("s", "user", "数据库迁移 计划")
+    tool_other = db.append_message("s", "tool", "测试数据 only", tool_name="t")
+    tool_both = db.append_message("s", "tool", "数据库迁移 and 测试数据", tool_name="t")
+    user_both = db.append_message("s", "user", "数据库迁移 and 测试数据")
+    tool_null = db.append_message("s", "tool", "数据库迁移 alone", tool_name=None)
+    db._execute_write(lambda c: c.execute("UPDATE messages SET timestamp = 100 + id"))
+
+    def found(query: str) -> list[int]:
+        return ids(db.search_messages(query, sort="oldest", limit=100))
+
+    assert found("数据库迁移 NOT 测试数据") == [plan_only, tool_null]
+    assert found("数据库迁移 测试数据") == [tool_both, user_both]
+    assert found("数据库迁移 OR 测试数据") == [plan_only, tool_other, tool_both, user_both, tool_null]
+    assert found("测试数据 NOT 数据库迁移 OR 数据库迁移 NOT 测试数据") == [plan_only, tool_other, tool_null]
+    assert found("数据库迁移 AND alone") == [tool_null]
+
+
+@pytest.mark.parametrize(
+    ("match", "groups"),
+    [
+        ("a", [(["a"], [])]),
+        ("a b", [(["a", "b"], [])]),
+        ("a OR b", [(["a"], []), (["b"], [])]),
+        ("a NOT b", [(["a"], [["b"]])]),
+        ("a b NOT c d OR e", [(["a", "b"], [["c", "d"]]), (["e"], [])]),
+        ("a NOT b AND c NOT d", [(["a", "c"], [["b"], ["d"]])]),
+        ('"x y"* "AND" z*', [(["x y", "AND", "z"], [])]),
+    ],
+)
+def test_boolean_groups_read_fts5_precedence(match: str, groups: list) -> None:
+    assert boolean_groups(match) == groups
+
+
+# ---------------------------------------------------------------- failures are not "no results"
+
+ROUTES = [
+    ("deploy", {}),  # word index, FTS5 ranks and cuts
+    ("deploy", {"source_filter": ["cli"]}),  # word index joined with filters
+    ("数据库迁移", {}),  # trigram index + tool rows
+    ("数据", {}),  # substring scan
+]
+
+
+def _rollback_journal_copy(corpus: SessionDB, tmp_path: Path) -> Path:
+    """The corpus as a rollback-journal file (Hermes' fallback where WAL is unavailable).
+
+    Under WAL a reader never waits for a writer, so only this mode can show a read
+    that meets a lock.
+    """
+    path = tmp_path / "journal" / "state.db"
+    path.parent.mkdir()
+    corpus.close()
+    shutil.copy(corpus.db_path, path)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode = DELETE").fetchone()[0] == "delete"
+    conn.close()
+    return path
+
+
+@pytest.mark.parametrize(("query", "filters"), ROUTES)
+def test_locked_database_raises_instead_of_returning_nothing(
+    corpus: SessionDB, tmp_path: Path, query: str, filters: dict
+) -> None:
+    path = _rollback_journal_copy(corpus, tmp_path)
+    engine = create_engine(path, busy_timeout_ms=0)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    try:
+        with engine.connect() as conn:
+            repo = SearchRepository(conn)
+            found = ids(repo.search_messages(query, **filters))
+            assert found  # the query itself is fine
+            conn.rollback()
+            blocker.execute("BEGIN EXCLUSIVE")
+            with pytest.raises((OperationalError, DatabaseLockedError), match="locked"):
+                repo.search_messages(query, **filters)
+            conn.rollback()
+            blocker.execute("ROLLBACK")
+            assert ids(repo.search_messages(query, **filters)) == found  # and nothing was lost
+    finally:
+        blocker.close()
+        engine.dispose()
+
+
+DAMAGE = [
+    ("messages_fts", "deploy", "UPDATE messages_fts_config SET v = 99 WHERE k = 'version'"),
+    ("messages_fts", "deploy", "DROP TABLE messages_fts_idx"),
+    ("messages_fts", "deploy", "UPDATE messages_fts_data SET block = x'ffffffffffffffff' WHERE id = 10"),
+    ("messages_fts_trigram", "数据库迁移", "UPDATE messages_fts_trigram_config SET v = 99 WHERE k = 'version'"),
+    ("messages_fts_trigram", "数据库迁移", "DROP TABLE messages_fts_trigram_idx"),
+]
+
+
+@pytest.mark.parametrize(("index", "query", "damage"), DAMAGE)
+def test_damaged_index_raises_instead_of_returning_nothing(
+    corpus: SessionDB, tmp_path: Path, index: str, query: str, damage: str
+) -> None:
+    assert corpus.search_messages(query)
+    corpus.close()
+    conn = sqlite3.connect(corpus.db_path)
+    conn.execute(damage)
+    conn.commit()
+    conn.close()
+    engine = create_engine(corpus.db_path)
+    try:
+        with engine.connect() as c, pytest.raises((DBAPIError, HermesStoreError)) as info:
+            SearchRepository(c).search_messages(query)
+        assert not is_query_syntax_error(info.value)
+    finally:
+        engine.dispose()
+    reopened = SessionDB(corpus.db_path)
+    try:
+        with pytest.raises((DBAPIError, HermesStoreError)):
+            reopened.search_messages(query)
+    finally:
+        reopened.close()
+
+
+@pytest.mark.parametrize("raw", ["C++", '"unterminated', "hello AND", "***", "a:b", "NEAR(a b, x)", "(" * 300 + "a"])
+def test_fts5_syntax_errors_count_as_query_errors(raw: str) -> None:
+    """The classifier is checked against what SQLite really says, not against our guesses."""
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE w USING fts5(content)")
+    with pytest.raises(sqlite3.OperationalError) as info:
+        conn.execute("SELECT rowid FROM w WHERE w MATCH ?", (raw,)).fetchall()
+    conn.close()
+    assert is_query_syntax_error(info.value)
+    assert is_query_syntax_error(OperationalError("SELECT", {}, info.value))  # wrapped by SQLAlchemy too
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        sqlite3.OperationalError("database is locked"),
+        sqlite3.OperationalError("disk I/O error"),
+        sqlite3.OperationalError("no such table: main.messages_fts_idx"),
+        sqlite3.OperationalError("no such column: m.tool_calls"),
+        sqlite3.OperationalError("invalid fts5 file format (found 99, expected 4) - run 'rebuild'"),
+        sqlite3.OperationalError("database or disk is full"),
+        sqlite3.DatabaseError("database disk image is malformed"),
+        OperationalError("SELECT 1", {}, sqlite3.OperationalError("database is locked")),
+    ],
+)
+def test_database_failures_are_not_query_errors(error: Exception) -> None:
+    assert not is_query_syntax_error(error)
+
+
+def test_odd_limits_and_filters_do_not_raise(corpus: SessionDB) -> None:
+    assert ids(corpus.search_messages("deplo*", sort="oldest", limit=10**30, offset=0)) == [1, 3, 4, 6]
+    assert ids(corpus.search_messages("deplo*", sort="oldest", limit=2, offset=10**30)) == []
+    assert ids(corpus.search_messages("deplo*", sort="oldest", limit=-5)) == []
+    assert ids(corpus.search_messages("deploy", source_filter=["cli\ud800"])) == []  # lone surrogate bound safely
+    assert ids(corpus.search_messages("数据", exclude_sources="tele\udfffgram", sort="oldest")) == [3, 4, 5, 7]

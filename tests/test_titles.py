@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy import event
+from sqlalchemy.exc import IntegrityError
 
-from hermes_store.errors import HermesStoreError, InvalidTitleError
+from hermes_store import SessionDB
+from hermes_store.errors import HermesStoreError, InvalidTitleError, TitleConflictError
 from hermes_store.titles import MAX_TITLE_LENGTH, sanitize_title, split_title_number
 
 INVISIBLE = (
@@ -161,3 +165,70 @@ def test_split_title_number(title: str, expected: tuple[str, int | None]) -> Non
 @given(st.text(min_size=1, max_size=40), st.integers(min_value=1, max_value=10**6))
 def test_split_inverts_numbering(base: str, n: int) -> None:
     assert split_title_number(f"{base} #{n}") == (base, n)
+
+
+# ---------------------------------------------------------------- concurrent titles
+
+
+def test_two_writers_racing_for_one_title_exactly_one_wins(tmp_path) -> None:
+    """Two connections (two SessionDBs on one file) set the same title at once."""
+    path = tmp_path / "state.db"
+    first, second = SessionDB(path), SessionDB(path)
+    try:
+        first.create_session("a", "cli")
+        first.create_session("b", "cli")
+        for round_ in range(12):
+            title = f"shared plan {round_}"
+            barrier = threading.Barrier(2)
+            outcome: dict[str, object] = {}
+
+            def claim(store: SessionDB, sid: str) -> None:
+                barrier.wait()
+                try:
+                    outcome[sid] = store.set_session_title(sid, title)
+                except Exception as exc:  # noqa: BLE001 - the test inspects what was raised
+                    outcome[sid] = exc
+
+            threads = [threading.Thread(target=claim, args=(first, "a")),
+                       threading.Thread(target=claim, args=(second, "b"))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            winners = [sid for sid, result in outcome.items() if result is True]
+            losers = [result for result in outcome.values() if result is not True]
+            assert len(winners) == 1 and len(losers) == 1, outcome
+            assert isinstance(losers[0], TitleConflictError) and "already in use" in str(losers[0])
+            holder = first.get_session_by_title(title)
+            assert holder is not None and holder["id"] == winners[0]
+            loser = "b" if winners[0] == "a" else "a"
+            assert first.get_session_title(loser) != title
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_writer_slipping_in_between_check_and_update_is_a_conflict(db: SessionDB) -> None:
+    """The UNIQUE index is the last word: if another writer takes the title after the
+    check (a connection without BEGIN IMMEDIATE could), the update fails as a
+    TitleConflictError chained to the IntegrityError, and nothing is written."""
+    db.create_session("a", "cli")
+    db.create_session("b", "cli")
+    fired: list[str] = []
+
+    def slip_in(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001
+        if statement.startswith("UPDATE sessions SET title") and not fired:
+            fired.append(statement)
+            cursor.execute("UPDATE sessions SET title = 'contested' WHERE id = 'b'")
+
+    event.listen(db.engine, "before_cursor_execute", slip_in)
+    try:
+        with pytest.raises(TitleConflictError, match="already in use") as info:
+            db.set_session_title("a", "contested")
+    finally:
+        event.remove(db.engine, "before_cursor_execute", slip_in)
+    assert fired
+    assert isinstance(info.value.__cause__, IntegrityError)
+    assert db.get_session_title("a") is None
+    assert db.get_session_title("b") is None  # the whole transaction rolled back
+    assert db.set_session_title("a", "contested") is True  # and the title is free again

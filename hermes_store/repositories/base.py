@@ -7,16 +7,39 @@ serves an ORM Session, a plain Connection, or a fake in tests.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 import weakref
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session as OrmSession
 
+from .. import errors
+from ..engine import translate_driver_error
+
 Executor = OrmSession | Connection
 
 _SCHEMA_CACHE: "weakref.WeakKeyDictionary[Any, dict[str, frozenset[str]]]" = weakref.WeakKeyDictionary()
+
+
+UnknownFieldError = errors.UnknownFieldError  # re-exported: repositories raise it
+
+@contextmanager
+def driver_errors() -> Iterator[None]:
+    """Typed errors for statements sent straight to the DB-API connection.
+
+    SQLAlchemy's ``handle_error`` hook (engine.py) translates what goes through
+    SQLAlchemy; raw-cursor fast paths get the same table here.
+    """
+    try:
+        yield
+    except (sqlite3.Error, UnicodeEncodeError, OverflowError) as exc:
+        typed = translate_driver_error(exc)
+        if typed is None:
+            raise
+        raise typed from exc
 
 
 def as_connection(executor: Executor) -> Connection:

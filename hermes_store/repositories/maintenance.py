@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-
+import logging
+import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from sqlalchemy import text
 
+from .. import errors
+from ..codec import check_key
 from ..search.fts import fts5
 from .base import Repository, now
-from .messages import MessageRepository, decode_row
+from .messages import MessageRepository, decode_row, encode_message
 from .records import UsageRow
 
 DAY = 86_400.0
+DUMP_PREFIX = "request_dump_"
+log = logging.getLogger(__name__)
 
 
 def _dict_rows(cursor: Any) -> list[dict[str, Any]]:
@@ -21,19 +26,122 @@ def _dict_rows(cursor: Any) -> list[dict[str, Any]]:
     return [dict(zip(keys, r)) for r in cursor]
 
 
+# ---------------------------------------------------------------------- transcript files
+#
+# A session id comes from the database, and the database from anyone who could write an
+# export: it must never become a path. Files are found by listing the folder and
+# comparing names, never by joining the id into a path or a glob pattern, and an id that
+# could not be a plain file name in that folder is skipped with a warning.
+
+
+def unsafe_file_id(session_id: Any) -> str | None:
+    """Why ``session_id`` cannot name a file inside the sessions folder, or None if it can."""
+    if not isinstance(session_id, str) or not session_id:
+        return "is not a non-empty string"
+    if "\x00" in session_id:
+        return "holds a NUL character"
+    if any(sep and sep in session_id for sep in ("/", os.sep, os.altsep)):
+        return "holds a path separator"
+    if session_id in (".", ".."):
+        return "is a relative path component"
+    if os.path.isabs(session_id) or os.path.splitdrive(session_id)[0]:
+        return "is an absolute path"
+    try:
+        os.fsencode(session_id)
+    except UnicodeEncodeError:
+        return "cannot be encoded as a file name"
+    return None
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (AttributeError, OSError, ValueError):
+        return 255
+
+
+class _TranscriptFolder:
+    """One listing of the sessions folder, indexed by the session id each file belongs to.
+
+    ``<id>.json`` and ``<id>.jsonl`` belong to ``id``; ``request_dump_<id>_<rest>.json``
+    is filed under every prefix of ``<id>_<rest>`` that ends before an underscore, so a
+    lookup is exact string equality (no glob, ``*?[`` in ids are plain characters).
+    """
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.base = Path(folder)
+        self.by_id: dict[str, list[str]] = {}
+        self.dump_owners: dict[str, list[str]] = {}  # dump file → every id it could belong to
+        self.name_max = 255
+        try:
+            with os.scandir(self.base) as it:
+                entries = [e for e in it if _is_file(e)]
+        except OSError:  # no folder (or unreadable): no files to find
+            return
+        self.name_max = _name_max(self.base)
+        for entry in entries:
+            name = entry.name
+            if name.endswith(".jsonl"):
+                self.by_id.setdefault(name[:-6], []).append(name)
+            elif name.endswith(".json"):
+                self.by_id.setdefault(name[:-5], []).append(name)
+                if name.startswith(DUMP_PREFIX):
+                    middle = name[len(DUMP_PREFIX):-5]
+                    owners = []
+                    pos = middle.find("_")
+                    while pos > 0:
+                        owners.append(middle[:pos])
+                        self.by_id.setdefault(middle[:pos], []).append(name)
+                        pos = middle.find("_", pos + 1)
+                    self.dump_owners[name] = owners
+
+    def files(self, session_id: Any, is_session: Callable[[str], bool] | None = None) -> list[Path]:
+        """This session's transcript files, each checked to be an entry of the folder.
+
+        A dump name cannot say where the id ends (``request_dump_a_b_1.json`` may be
+        session ``a``'s or ``a_b``'s); given ``is_session``, a dump that could belong to a
+        longer id that is a live session is left to that session.
+        """
+        reason = unsafe_file_id(session_id)
+        if reason is None and len(os.fsencode(f"{session_id}.json")) > self.name_max:
+            reason = "is too long to be a file name"
+        if reason is not None:
+            log.warning("transcript files of session %r are left alone: the id %s", session_id, reason)
+            return []
+        out = []
+        for name in dict.fromkeys(self.by_id.get(session_id, ())):
+            owners = self.dump_owners.get(name, ())
+            if is_session is not None and any(
+                len(other) > len(session_id) and is_session(other) for other in owners
+            ):
+                continue
+            path = self.base / name
+            # Belt and braces: the name came from listing this folder, so it is one entry.
+            if path.parent == self.base and os.path.basename(name) == name:
+                out.append(path)
+        return out
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
 def transcript_files(folder: str | Path, session_id: str) -> list[Path]:
-    """Files Hermes keeps per session: ``<id>.json``, ``<id>.jsonl``, ``request_dump_<id>_*.json``."""
-    base = Path(folder)
-    if not base.is_dir():
-        return []
-    found = [base / f"{session_id}.json", base / f"{session_id}.jsonl"]
-    found = [p for p in found if p.is_file()]
-    found += [p for p in base.glob(f"request_dump_{_glob_escape(session_id)}_*.json") if p.is_file()]
-    return found
+    """Files Hermes keeps per session: ``<id>.json``, ``<id>.jsonl``, ``request_dump_<id>_*.json``.
+
+    Only entries of ``folder`` itself; an id that cannot be a file name gets [] (and a
+    logged warning), whatever it holds (``..``, ``/``, NUL, glob characters...).
+    """
+    return _TranscriptFolder(folder).files(session_id)
 
 
-def _glob_escape(s: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[]" else c for c in s)
+def transcript_files_many(folder: str | Path, session_ids: Iterable[str]) -> dict[str, list[Path]]:
+    """:func:`transcript_files` for many sessions with one listing of the folder."""
+    listing = _TranscriptFolder(folder)
+    return {sid: listing.files(sid) for sid in session_ids}
 
 
 class MaintenanceRepository(Repository):
@@ -98,18 +206,41 @@ class MaintenanceRepository(Repository):
                 yield row
             last_started, last_id = page[-1]["started_at"], page[-1]["id"]
 
-    def import_session(self, record: dict[str, Any]) -> bool:
+    def import_session(self, record: Mapping[str, Any]) -> bool:
         """Insert one exported session with its messages; an existing id is left alone.
 
         Returns False when the session was already there (import is idempotent).
-        Message ids are kept when free, so lineage and anchors survive a round trip.
+        Messages go through the same encoder as appends (:func:`encode_message`), so an
+        imported message is stored exactly as the same message appended. Message ids
+        are kept when every one is free and in order, so lineage and anchors survive a
+        round trip; otherwise the session's messages get new ids in their given order.
+        Bad input raises InvalidInputError before anything of this record is written.
         """
+        if not isinstance(record, Mapping):
+            raise errors.InvalidInputError(f"session record must be a dict, not {type(record).__name__}")
         record = dict(record)
         messages = record.pop("messages", []) or []
         usage = record.pop("model_usage", []) or []
         record.pop("preview", None), record.pop("last_active", None), record.pop("_lineage_root_id", None)
-        if self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": record["id"]}):
+        if "id" not in record:
+            raise errors.InvalidInputError("session record has no 'id'")
+        sid = check_key(record["id"], "session id")
+        if not isinstance(messages, (list, tuple)) or not isinstance(usage, (list, tuple)):
+            raise errors.InvalidInputError(f"session {sid!r}: 'messages' and 'model_usage' must be lists")
+        if any(not isinstance(u, Mapping) for u in usage):
+            raise errors.InvalidInputError(f"session {sid!r}: each 'model_usage' entry must be a dict")
+        if self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": sid}):
             return False
+        msg_repo = MessageRepository(self.conn)
+        msg_cols = msg_repo._known()
+        rows = []
+        for index, m in enumerate(messages):
+            if not isinstance(m, Mapping):
+                raise errors.InvalidInputError(f"session {sid!r}: message #{index} must be a dict, not {type(m).__name__}")
+            item = {k: v for k, v in m.items() if k in msg_cols}
+            item["session_id"] = sid
+            rows.append(encode_message(item, msg_cols, index=index, keep_id=True))
+        self._free_ids_or_renumber(rows)
         known = self.columns_of("sessions")
         cols = {k: v for k, v in record.items() if k in known}
         # A parent that is not (yet) here would break the FK: keep the link only when valid.
@@ -120,15 +251,7 @@ class MaintenanceRepository(Repository):
         names = list(cols)
         self._exec(f"INSERT INTO sessions ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)})", cols)
         self._relink(cols["id"])
-        msg_cols = MessageRepository(self.conn)._known()
-        free = []
-        for m in messages:
-            item = {k: v for k, v in m.items() if k in msg_cols}
-            item["session_id"] = cols["id"]
-            if "id" in item and self._scalar("SELECT 1 FROM messages WHERE id = :id", {"id": item["id"]}):
-                item.pop("id")
-            free.append(item)
-        self._insert_messages(free)
+        msg_repo.insert_rows(rows)
         if usage and self.has_table("session_model_usage"):
             ledger_cols = self.columns_of("session_model_usage")
             for u in usage:
@@ -142,11 +265,33 @@ class MaintenanceRepository(Repository):
                 )
         return True
 
+    def _free_ids_or_renumber(self, rows: list[dict[str, Any]]) -> None:
+        """Keep the imported ids only if all rows have one, strictly rising, none taken.
+
+        Keeping some ids and renumbering others would change the order the messages
+        read back in (reads order by id), so it is all or nothing per session.
+        """
+        ids = [r.get("id") for r in rows]
+        keep = bool(ids) and all(i is not None for i in ids) and all(a < b for a, b in zip(ids, ids[1:]))
+        for start in range(0, len(ids), 500):
+            if not keep:
+                break
+            chunk = ids[start:start + 500]
+            keep = self.conn.exec_driver_sql(
+                f"SELECT 1 FROM messages WHERE id IN ({', '.join('?' * len(chunk))}) LIMIT 1", tuple(chunk)
+            ).first() is None
+        if not keep:
+            for r in rows:
+                r.pop("id", None)
+
     _pending_parents: list[tuple[str, str]]
 
-    def __init__(self, executor: Any) -> None:
+    def __init__(self, executor: Any, pending_parents: list[tuple[str, str]] | None = None) -> None:
+        """``pending_parents``: pass the same list to the repository of each import batch
+        so a child imported before its parent is relinked even when the parent arrives
+        in a later batch (transaction); the list is updated in place."""
         super().__init__(executor)
-        self._pending_parents = []
+        self._pending_parents = [] if pending_parents is None else pending_parents
 
     def _relink(self, new_id: str) -> None:
         """Children imported before their parent get their link back once it arrives."""
@@ -156,22 +301,7 @@ class MaintenanceRepository(Repository):
                 self._exec("UPDATE sessions SET parent_session_id = :p WHERE id = :c", {"p": parent, "c": child})
             else:
                 still.append((child, parent))
-        self._pending_parents = still
-
-    def _insert_messages(self, items: list[dict[str, Any]]) -> None:
-        from ..codec import encode_content, encode_json
-        from .messages import JSON_COLUMNS
-
-        for item in items:
-            item["content"] = encode_content(item.get("content"))
-            for c in JSON_COLUMNS:
-                if c in item:
-                    item[c] = encode_json(item[c])
-            names = list(item)
-            self.conn.exec_driver_sql(
-                f"INSERT INTO messages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-                tuple(item.values()),
-            )
+        self._pending_parents[:] = still
 
     # ------------------------------------------------------------------ delete / prune
 
@@ -195,14 +325,23 @@ class MaintenanceRepository(Repository):
                 self.conn.exec_driver_sql(f"DELETE FROM session_model_usage WHERE session_id IN ({marks})", args)
             self.conn.exec_driver_sql(f"DELETE FROM sessions WHERE id IN ({marks})", args)
 
-    @staticmethod
-    def _remove_files(ids: Iterable[str], folder: str | Path) -> None:
+    def _remove_files(self, ids: Iterable[str], folder: str | Path) -> None:
+        """Delete the transcript files of these (already deleted) sessions, only inside ``folder``.
+
+        Ids that cannot be a file name are skipped with a warning (their rows are
+        deleted all the same); a request dump that may belong to another live session
+        is kept. See :class:`_TranscriptFolder`.
+        """
+        listing = _TranscriptFolder(folder)
         for sid in ids:
-            for path in transcript_files(folder, sid):
+            for path in listing.files(sid, self._is_session):
                 try:
-                    path.unlink()
+                    path.unlink()  # a symlink is removed itself, never its target
                 except OSError:
                     pass  # a file we cannot remove must not undo the database work
+
+    def _is_session(self, session_id: str) -> bool:
+        return self.conn.exec_driver_sql("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).first() is not None
 
     def prune_candidates(self, older_than_days: float = 90, source: str | None = None) -> list[dict[str, Any]]:
         """What :meth:`prune_sessions` would delete: ended sessions started before the cutoff."""

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import math
+import operator
 import sqlite3
 import weakref
-from typing import Any, Iterable, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from sqlalchemy import text
 
 from .. import errors
-from ..codec import clean_text, count_tool_calls, decode_content, decode_json, encode_content, encode_json, strip_memory_context
-from .base import Repository, now
+from ..codec import (
+    check_key,
+    clean_text,
+    count_tool_calls,
+    decode_content,
+    decode_json,
+    encode_content,
+    encode_json,
+    strip_memory_context,
+    text_from_bytes,
+)
+from ..engine import translate_driver_error
+from .base import Repository, UnknownFieldError, driver_errors, now
 from .records import MessageRecord, MessageWindow
 
 #: JSON-ish columns: stored as JSON text (falsy → NULL), decoded on read.
@@ -25,25 +38,107 @@ DECODED_EXTRAS = ("reasoning_details", "codex_reasoning_items", "codex_message_i
 BULK_STAGE_MIN = 64
 STAGE = "hermes_store_bulk_stage"
 _DEFAULTS: "weakref.WeakKeyDictionary[Any, dict[str, str | None]]" = weakref.WeakKeyDictionary()
+_BYTES = (bytes, bytearray, memoryview)
+_Runs = list[tuple[tuple[str, ...], list[tuple[Any, ...]]]]
 
 
-def _text(value: Any) -> Any:
-    return clean_text(value) if isinstance(value, str) else value
+def _text(value: Any, key: str) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, _BYTES):
+        return text_from_bytes(value, key)
+    return value
 
 
-def encode_row(session_id: str, role: str, content: Any = None, timestamp: float | None = None, **fields: Any) -> dict[str, Any]:
-    """One message in Hermes' on-disk format (content encoding, JSON columns, clean text)."""
-    row: dict[str, Any] = {
-        "session_id": session_id,
-        "role": role,
-        "content": encode_content(content),
-        "timestamp": now() if timestamp is None else float(timestamp),
-    }
-    for key, value in fields.items():
-        if key in JSON_COLUMNS:
-            row[key] = encode_json(value)
-        else:
-            row[key] = _text(value)
+def _timestamp(value: Any) -> float:
+    if value is None:
+        return now()
+    try:
+        ts = float(value)
+    except (TypeError, ValueError) as exc:
+        raise errors.InvalidInputError(f"timestamp must be a number of seconds, not {value!r}") from exc
+    if not math.isfinite(ts):
+        raise errors.InvalidInputError(f"timestamp must be finite, not {value!r}")
+    return ts
+
+
+def _label(index: int | None) -> str:
+    return "message" if index is None else f"message #{index}"
+
+
+def encode_row(
+    session_id: str,
+    role: str,
+    content: Any = None,
+    timestamp: float | None = None,
+    *,
+    known: Collection[str] | None = None,
+    index: int | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """THE encoder: one message in Hermes' on-disk format, for every write path.
+
+    Append, bulk append, replace and import all end here, so the same message is stored
+    identically whichever way it arrives: ids and roles checked (never altered), content
+    and JSON columns encoded, other text cleaned of lone surrogates, bytes decoded as
+    strict UTF-8. ``fields`` must not hold None values (callers drop them so column
+    defaults apply). Raises InvalidInputError / UnknownFieldError before anything is
+    written; ``index`` names the item of a bulk input in those errors.
+    """
+    return _encode(session_id, role, content, timestamp, fields, known, index)
+
+
+def _encode(
+    session_id: Any, role: Any, content: Any, timestamp: Any,
+    fields: dict[str, Any], known: Collection[str] | None, index: int | None,
+) -> dict[str, Any]:
+    """:func:`encode_row` without repacking keyword arguments (the hot paths call this)."""
+    try:
+        check_key(session_id, "session id")
+        check_key(role, "role")
+        if known is not None:
+            unknown = fields.keys() - known
+            if unknown:
+                raise UnknownFieldError(f"unknown message fields: {sorted(map(str, unknown))}")
+        row: dict[str, Any] = {
+            "session_id": session_id,
+            "role": role,
+            "content": encode_content(content),
+            "timestamp": _timestamp(timestamp),
+        }
+        for key, value in fields.items():
+            row[key] = encode_json(value) if key in JSON_COLUMNS else _text(value, key)
+    except errors.InvalidInputError as exc:
+        if index is None:
+            raise
+        # Same class, the item named, the underlying cause (driver/codec error) kept.
+        raise type(exc)(f"{_label(index)}: {exc}") from (exc.__cause__ or exc)
+    return row
+
+
+def encode_message(
+    item: Any, known: Collection[str], *, index: int | None = None, keep_id: bool = False
+) -> dict[str, Any]:
+    """A message dict (``session_id``, ``role``, columns...) → its row, via :func:`encode_row`.
+
+    ``index`` names the item in errors (bulk input); ``keep_id`` keeps an ``id`` key
+    (import keeps ids so anchors survive a round trip; appends let SQLite number rows).
+    """
+    if not isinstance(item, (dict, Mapping)):
+        raise errors.InvalidInputError(f"{_label(index)}: expected a dict, got {type(item).__name__}")
+    fields = {k: v for k, v in item.items() if v is not None}
+    sid = fields.pop("session_id", None)
+    role = fields.pop("role", None)
+    if sid is None or role is None:
+        raise errors.InvalidInputError(f"{_label(index)}: no {'session_id' if sid is None else 'role'!r}")
+    content, ts = fields.pop("content", None), fields.pop("timestamp", None)
+    mid = fields.pop("id", None)
+    row = _encode(sid, role, content, ts, fields, known, index)
+    if keep_id and mid is not None:
+        try:
+            row = {"id": operator.index(mid), **row}
+        except TypeError as exc:
+            raise errors.InvalidInputError(f"{_label(index)}: id must be an integer, not {mid!r}") from exc
     return row
 
 
@@ -65,10 +160,7 @@ class MessageRepository(Repository):
         """Insert one message and bump message_count / tool_call_count; returns its id."""
         fields = {k: v for k, v in fields.items() if v is not None}
         timestamp = fields.pop("timestamp", None)
-        unknown = set(fields) - self._known()
-        if unknown:
-            raise TypeError(f"unknown message fields: {sorted(unknown)}")
-        row = encode_row(session_id, role, content, timestamp, **fields)
+        row = _encode(session_id, role, content, timestamp, fields, self._known(), None)
         names = list(row)
         # The hot path of every agent turn: two plain statements on the DB-API
         # connection, inside the caller's transaction.
@@ -78,69 +170,101 @@ class MessageRepository(Repository):
                 f"INSERT INTO messages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
                 tuple(row.values()),
             ).lastrowid
+            raw.execute(
+                "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1, "
+                "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?",
+                (count_tool_calls(fields.get("tool_calls")), session_id),
+            )
         except sqlite3.IntegrityError as exc:
             if "FOREIGN KEY" in str(exc) and not self._exists(session_id):
                 raise errors.NotFoundError(f"unknown session {session_id!r}") from exc
             raise
-        raw.execute(
-            "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1, "
-            "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?",
-            (count_tool_calls(fields.get("tool_calls")), session_id),
-        )
+        except (sqlite3.Error, OverflowError) as exc:
+            typed = translate_driver_error(exc)
+            if typed is None:
+                raise
+            raise typed from exc
         return int(new_id)
 
     def _exists(self, session_id: str) -> bool:
         return self.conn.exec_driver_sql("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).first() is not None
 
-    def bulk_append(self, messages: Iterable[dict[str, Any]], *, update_counters: bool = True) -> int:
+    def _missing_sessions(self, session_ids: Iterable[str]) -> list[str]:
+        """Which of these session ids have no row (in the given order)."""
+        ids = list(dict.fromkeys(session_ids))
+        found: set[str] = set()
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            found.update(
+                r[0] for r in self.conn.exec_driver_sql(
+                    f"SELECT id FROM sessions WHERE id IN ({', '.join('?' * len(chunk))})", tuple(chunk)
+                )
+            )
+        return [i for i in ids if i not in found]
+
+    def bulk_append(self, messages: Iterable[Mapping[str, Any]], *, update_counters: bool = True) -> int:
         """Insert many messages with one executemany per column set; counters once per session.
 
         Each item is a dict with at least ``session_id`` and ``role``; other keys are
         message columns (``content`` may be a list/dict, JSON columns may be objects).
+        Every item is encoded and checked, and every session must exist, before the
+        first row is written: a bad item (named by its index) or an unknown session
+        raises InvalidInputError / NotFoundError with nothing inserted.
         """
         known = self._known()
-        # Consecutive rows with the same columns share one executemany; a change of
-        # columns starts a new run, so ids always follow the input order.
-        runs: list[tuple[tuple[str, ...], list[tuple[Any, ...]]]] = []
+        rows: list[dict[str, Any]] = []
         per_session: dict[str, list[int]] = {}
-        total = 0
-        for item in messages:
-            item = {k: v for k, v in item.items() if v is not None}
-            sid, role = item.pop("session_id"), item.pop("role")
-            content, ts = item.pop("content", None), item.pop("timestamp", None)
-            item.pop("id", None)
-            bad = set(item) - known
-            if bad:
-                raise TypeError(f"unknown message fields: {sorted(bad)}")
-            row = encode_row(sid, role, content, ts, **item)
-            names = tuple(row)
-            if not runs or runs[-1][0] != names:
-                runs.append((names, []))
-            runs[-1][1].append(tuple(row.values()))
-            c = per_session.setdefault(sid, [0, 0])
+        for index, item in enumerate(messages):
+            row = encode_message(item, known, index=index)
+            rows.append(row)
+            c = per_session.setdefault(row["session_id"], [0, 0])
             c[0] += 1
             c[1] += count_tool_calls(item.get("tool_calls"))
-            total += 1
-        cursor = self.conn.connection.driver_connection.cursor()
-        try:
-            if total >= BULK_STAGE_MIN:
-                self._insert_staged(cursor, runs)
-            else:
-                for names, rows in runs:
-                    cursor.executemany(
-                        f"INSERT INTO messages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})", rows
-                    )
-            if update_counters:
-                cursor.executemany(
+        missing = self._missing_sessions(per_session)
+        if missing:
+            first = next(i for i, r in enumerate(rows) if r["session_id"] == missing[0])
+            raise errors.NotFoundError(
+                f"unknown session {missing[0]!r} (message #{first})"
+                + (f" and {len(missing) - 1} more unknown sessions" if len(missing) > 1 else "")
+            )
+        self.insert_rows(rows)
+        if update_counters and per_session:
+            with driver_errors():
+                self.conn.connection.driver_connection.executemany(
                     "UPDATE sessions SET message_count = COALESCE(message_count, 0) + ?, "
                     "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?",
                     [(n, calls, sid) for sid, (n, calls) in per_session.items()],
                 )
-        finally:
-            cursor.close()
-        return total
+        return len(rows)
 
-    def _insert_staged(self, cursor: Any, runs: list[tuple[tuple[str, ...], list[tuple[Any, ...]]]]) -> None:
+    def insert_rows(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Write rows made by :func:`encode_row` in input order; no counters are touched.
+
+        Consecutive rows with the same columns share one executemany; a change of
+        columns starts a new run, so ids always follow the input order.
+        """
+        runs: _Runs = []
+        for row in rows:
+            names = tuple(row)
+            if not runs or runs[-1][0] != names:
+                runs.append((names, []))
+            runs[-1][1].append(tuple(row.values()))
+        if not runs:
+            return
+        with driver_errors():
+            cursor = self.conn.connection.driver_connection.cursor()
+            try:
+                if len(rows) >= BULK_STAGE_MIN:
+                    self._insert_staged(cursor, runs)
+                else:
+                    for names, values in runs:
+                        cursor.executemany(
+                            f"INSERT INTO messages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})", values
+                        )
+            finally:
+                cursor.close()
+
+    def _insert_staged(self, cursor: Any, runs: _Runs) -> None:
         """Stage rows in a TEMP table, then move them with one INSERT … SELECT.
 
         FTS5 keeps its pending index changes across the rows of one statement but
@@ -189,21 +313,32 @@ class MessageRepository(Repository):
         self._exec("UPDATE sessions SET message_count = 0, tool_call_count = 0 WHERE id = :s", {"s": session_id})
         return deleted
 
-    def replace(self, session_id: str, messages: Sequence[dict[str, Any]]) -> int:
-        """Swap the whole transcript; counters are recomputed from what was written."""
-        self._exec("DELETE FROM messages WHERE session_id = :s", {"s": session_id})
-        items = []
-        for m in messages:
-            item = {k: v for k, v in m.items() if k in self._known() and k not in ("id", "session_id")}
+    def replace(self, session_id: str, messages: Sequence[Mapping[str, Any]]) -> int:
+        """Swap the whole transcript; counters are recomputed from what was written.
+
+        Every new message is encoded and checked before the old ones are deleted, so a
+        bad item or an unknown session leaves the transcript as it was.
+        """
+        check_key(session_id, "session id")
+        known = self._known()
+        rows, calls = [], 0
+        for index, m in enumerate(messages):
+            if not isinstance(m, Mapping):
+                raise errors.InvalidInputError(f"message #{index}: expected a dict, got {type(m).__name__}")
+            item = {k: v for k, v in m.items() if k in known and k not in ("id", "session_id")}
             item["session_id"] = session_id
             item.setdefault("role", m.get("role", "user"))
-            items.append(item)
-        self.bulk_append(items, update_counters=False)
+            rows.append(encode_message(item, known, index=index))
+            calls += count_tool_calls(item.get("tool_calls"))
+        if rows and not self._exists(session_id):  # an empty replace of nothing stays a no-op
+            raise errors.NotFoundError(f"unknown session {session_id!r}")
+        self._exec("DELETE FROM messages WHERE session_id = :s", {"s": session_id})
+        self.insert_rows(rows)
         self._exec(
             "UPDATE sessions SET message_count = :n, tool_call_count = :c WHERE id = :s",
-            {"n": len(items), "c": sum(count_tool_calls(i.get("tool_calls")) for i in items), "s": session_id},
+            {"n": len(rows), "c": calls, "s": session_id},
         )
-        return len(items)
+        return len(rows)
 
     # ------------------------------------------------------------------ windows
 

@@ -7,6 +7,7 @@ adds one message of context on each side of every hit.
 
 from __future__ import annotations
 
+import logging
 import re
 import sqlite3
 from typing import Any, Iterable, Sequence
@@ -14,6 +15,7 @@ from typing import Any, Iterable, Sequence
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
+from .. import errors
 from ..codec import clean_text, decode_content
 from ..search import bigram
 from ..search.fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN, TRIGRAM_INDEX, WORD_INDEX, fts5
@@ -28,12 +30,86 @@ HIT_COLUMNS = (
 )
 SNIPPET_RADIUS = 40
 SORTS = (None, "rank", "newest", "oldest")
+#: Larger limits/offsets mean "everything"; clamped so SQLite can bind them.
+MAX_ROWS = 2**62
+
+log = logging.getLogger(__name__)
+
+#: What SQLite (3.40-3.46) says when FTS5 cannot parse a MATCH string. Only these mean
+#: "the query, not the database, is wrong"; anything else (locks, I/O, a corrupt or
+#: missing shadow table) must reach the caller. ``no such column`` is a column filter
+#: (``name:term``), so it is accepted only for an unqualified name.
+_QUERY_SYNTAX_ERROR = re.compile(
+    r"fts5: syntax error near |unterminated string$|unknown special query: |no such column: [^.\s]+$"
+    r"|expected integer, got |fts5: parser stack overflow$|fts5: expression tree is too large"
+)
+
+
+def is_query_syntax_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is FTS5 refusing a MATCH string, as opposed to a database failure."""
+    orig = getattr(exc, "orig", exc)  # SQLAlchemy wraps the driver's error
+    return type(orig) is sqlite3.OperationalError and _QUERY_SYNTAX_ERROR.match(str(orig)) is not None
 
 
 def _as_list(value: str | Iterable[str] | None) -> list[str]:
+    """Filter values as a list; text made bindable (a lone surrogate must not raise)."""
     if value is None:
         return []
-    return [value] if isinstance(value, str) else [v for v in value if v is not None]
+    values = [value] if isinstance(value, str) else [v for v in value if v is not None]
+    return [clean_text(v) if isinstance(v, str) else v for v in values]
+
+
+def _count(value: Any, name: str) -> int:
+    """A non-negative row count; huge values clamp to MAX_ROWS instead of overflowing SQLite."""
+    if value is None:
+        return 0
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise errors.InvalidInputError(f"search {name} must be an integer, got {value!r}") from exc
+    return min(max(number, 0), MAX_ROWS)
+
+
+#: A boolean query as FTS5 reads it: an OR of groups; a group needs all its positive
+#: terms and none of its NOT-ed units (each unit: terms that must all be present).
+Groups = list[tuple[list[str], list[list[str]]]]
+
+_MATCH_ITEM = re.compile(r'"[^"]*"\*?|\S+')
+
+
+def _split_on(items: list[str], operator: str) -> list[list[str]]:
+    parts: list[list[str]] = [[]]
+    for item in items:
+        if item == operator:
+            parts.append([])
+        else:
+            parts[-1].append(item)
+    return [p for p in parts if p]
+
+
+def boolean_groups(match: str) -> Groups:
+    """Read a sanitized MATCH string with FTS5's precedence, for LIKE to mirror it.
+
+    FTS5's grammar binds space-joined terms tightest, then NOT, then AND, then OR:
+    ``a b NOT c d OR e`` is ``((a AND b) AND NOT (c AND d)) OR e``.
+    """
+    items = _MATCH_ITEM.findall(match)  # operators are bare; a quoted "AND" is a term
+    groups: Groups = []
+    for group in _split_on(items, "OR"):
+        positives: list[str] = []
+        negatives: list[list[str]] = []
+        for factor in _split_on(group, "AND"):
+            first, *negated = _split_on(factor, "NOT")
+            positives += [_term_text(t) for t in first]
+            negatives += [[_term_text(t) for t in unit] for unit in negated]
+        groups.append((positives, negatives))
+    return groups
+
+
+def _term_text(item: str) -> str:
+    """A rendered term without its prefix star and phrase quotes."""
+    item = item[:-1] if item.endswith("*") else item
+    return item[1:-1] if len(item) >= 2 and item[0] == item[-1] == '"' else item
 
 
 class SearchRepository(Repository):
@@ -47,7 +123,12 @@ class SearchRepository(Repository):
         offset: int = 0,
         sort: str | None = None,
     ) -> list[SearchHit]:
-        """Search; never raises on user input (bad syntax, odd characters → [] or hits)."""
+        """Search; never raises on user input (bad syntax, odd characters → [] or hits).
+
+        Database failures are not user input: a lock, an I/O error or a damaged index
+        propagates (the driver's error, or a typed one from the engine's error hook)
+        instead of looking like "no results".
+        """
         if not isinstance(query, str):
             return []
         plan = plan_search(clean_text(query))
@@ -56,7 +137,7 @@ class SearchRepository(Repository):
         if sort not in SORTS:
             sort = None
         where: list[str] = []
-        params: dict[str, Any] = {"limit": max(int(limit or 0), 0), "offset": max(int(offset or 0), 0)}
+        params: dict[str, Any] = {"limit": _count(limit, "limit"), "offset": _count(offset, "offset")}
         for prefix, values, op in (("src", _as_list(source_filter), "IN"),
                                    ("xsrc", _as_list(exclude_sources), "NOT IN"),
                                    ("role", _as_list(role_filter), "IN")):
@@ -67,25 +148,30 @@ class SearchRepository(Repository):
                 params.update(zip(names, values))
         filters = "".join(f" AND {w}" for w in where)
         order = {"newest": "m.timestamp DESC, m.id DESC", "oldest": "m.timestamp ASC, m.id ASC"}
-        window = params["limit"] + params["offset"]
-        try:
-            if plan.kind in ("word", "trigram"):
-                index = WORD_INDEX if plan.kind == "word" else TRIGRAM_INDEX
-                params["q"] = plan.match
-                params["window"] = window
+        window = min(params["limit"] + params["offset"], MAX_ROWS)
+        if plan.kind in ("word", "trigram"):
+            index = WORD_INDEX if plan.kind == "word" else TRIGRAM_INDEX
+            params["q"] = plan.match
+            params["window"] = window
+            try:
                 ranked = self._index_hits(index, filters, params, sort, order)
-                if plan.kind == "word":
-                    rows = ranked[params["offset"]:window]
-                else:
-                    rows = self._with_tool_rows(ranked, plan, filters, params, window, sort)
+            except (OperationalError, sqlite3.OperationalError) as exc:
+                if not is_query_syntax_error(exc):
+                    raise
+                # Defence in depth: the sanitizer should make this unreachable, and
+                # the tests fail if it is reached; say so rather than stay silent.
+                log.warning("search: FTS5 refused sanitized query %r: %s", plan.match, getattr(exc, "orig", exc))
+                return []
+            if plan.kind == "word":
+                rows = ranked[params["offset"]:window]
             else:
-                sql, flat = self._substring_select(plan.terms, "OR", filters, params, window, flat=True)
-                ordering = order.get(sort or "", order["newest"])
-                sql = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
-                rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
-        except (OperationalError, sqlite3.OperationalError):
-            # Defence in depth: the sanitizer should make this unreachable.
-            return []
+                rows = self._with_tool_rows(ranked, plan, filters, params, window, sort)
+        else:
+            any_term: Groups = [([t], []) for t in plan.terms]  # the substring route ORs its terms
+            sql, flat = self._substring_select(any_term, filters, params, window, flat=True)
+            ordering = order.get(sort or "", order["newest"])
+            sql = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
+            rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
         return self._finish(rows, plan.terms)
 
     def _index_hits(
@@ -130,13 +216,11 @@ class SearchRepository(Repository):
 
         Both sides are fetched only up to ``offset + limit`` rows (each query can stop
         early), then merged: by rank, tool rows after the ranked hits; or by time.
-        Tool rows are matched by substring with the query's AND semantics unless it
-        uses OR/NOT.
+        Tool rows are matched by substring with the query's own AND/OR/NOT meaning.
         """
         if sort is None and len(ranked) >= window:
             return ranked[params["offset"]:window]
-        joiner = "OR" if re.search(r"\b(OR|NOT)\b", plan.match) else "AND"
-        tool_sql, flat = self._substring_select(plan.terms, joiner, " AND m.role = 'tool'" + filters,
+        tool_sql, flat = self._substring_select(boolean_groups(plan.match), " AND m.role = 'tool'" + filters,
                                                 params, window, flat=True)
         direction = "ASC" if sort == "oldest" else "DESC"
         ordering = f"m.timestamp {direction}, m.id {direction}"
@@ -149,19 +233,29 @@ class SearchRepository(Repository):
         return merged[params["offset"]:window]
 
     @staticmethod
-    def _like_clause(terms: Sequence[str], joiner: str, params: dict[str, Any]) -> str:
+    def _like_clause(groups: Groups, params: dict[str, Any]) -> str:
         """Terms matched as literal substrings of content, tool name or tool calls."""
+        names: dict[str, str] = {}
+
+        def has(term: str) -> str:
+            if term not in names:
+                names[term] = f"lk{len(names)}"
+                params[names[term]] = f"%{escape_like(term)}%"
+            n = names[term]
+            return (f"(m.content LIKE :{n} ESCAPE '\\' OR m.tool_name LIKE :{n} ESCAPE '\\' "
+                    f"OR m.tool_calls LIKE :{n} ESCAPE '\\')")
+
         parts = []
-        for i, term in enumerate(terms):
-            params[f"lk{i}"] = f"%{escape_like(term)}%"
-            parts.append(
-                f"(m.content LIKE :lk{i} ESCAPE '\\' OR m.tool_name LIKE :lk{i} ESCAPE '\\' "
-                f"OR m.tool_calls LIKE :lk{i} ESCAPE '\\')"
-            )
-        return f" {joiner} ".join(parts) or "0"
+        for positives, negatives in groups:
+            # A NULL column makes LIKE NULL: count it as "not there" before negating.
+            conds = [has(t) for t in positives]
+            conds += [f"NOT IFNULL({' AND '.join(has(t) for t in unit)}, 0)" for unit in negatives]
+            if conds:
+                parts.append(f"({' AND '.join(conds)})")
+        return " OR ".join(parts) or "0"
 
     def _substring_select(
-        self, terms: Sequence[str], joiner: str, filters: str, params: dict[str, Any], window: int, *, flat: bool
+        self, groups: Groups, filters: str, params: dict[str, Any], window: int, *, flat: bool
     ) -> tuple[str, bool]:
         """A SELECT of substring hits; uses the CJK bigram index when it beats a scan.
 
@@ -169,15 +263,14 @@ class SearchRepository(Repository):
         timestamp order and stop early (good for common terms); the indexed form reads
         candidate blocks plus the rows the index does not cover yet (good for rare ones).
         """
-        like = self._like_clause(terms, joiner, params)
+        like = self._like_clause(groups, params)
         columns = HIT_COLUMNS.format(snippet="NULL", rank="0.0")
         scan = (
             f"SELECT {columns} FROM messages m JOIN sessions s ON s.id = m.session_id WHERE ({like}){filters}"
         )
-        grams = [bigram.term_bigrams(t) for t in terms]
-        if joiner == "AND":  # any one term's pairs narrow an AND; merge them all
-            merged = sorted({g for gs in grams for g in gs})
-            grams = [merged] if merged else [[]]
+        # A row of a group holds every positive term, so any of their pairs narrow it;
+        # NOT-ed units narrow nothing. A group without pairs means a full scan.
+        grams = [sorted({g for t in positives for g in bigram.term_bigrams(t)}) for positives, _neg in groups]
         if not all(grams) or not self.has_table(bigram.TABLE):
             return scan, flat
         if flat:

@@ -9,8 +9,9 @@ from typing import Any, Iterable
 from sqlalchemy.exc import IntegrityError
 
 from .. import errors
+from ..codec import check_key
 from ..titles import sanitize_title, split_title_number
-from .base import Repository, like_prefix, now
+from .base import Repository, UnknownFieldError, like_prefix, now
 from .records import SessionRecord
 
 CREATE_FIELDS = ("model", "model_config", "system_prompt", "user_id", "parent_session_id")
@@ -37,10 +38,11 @@ class SessionRepository(Repository):
 
     def create(self, session_id: str, source: str, **fields: Any) -> str:
         """Insert a session; if the id exists keep the row and fill only its NULL fields."""
+        check_key(session_id, "session id")
         cols = {k: _json_field(v) for k, v in fields.items() if v is not None}
         unknown = set(cols) - self.columns_of("sessions")
         if unknown:
-            raise TypeError(f"unknown session fields: {sorted(unknown)}")
+            raise UnknownFieldError(f"unknown session fields: {sorted(map(str, unknown))}")
         names = ["id", "source", "started_at", *cols]
         values = {"id": session_id, "source": source, "started_at": cols.pop("started_at", None) or now(), **cols}
         fill = ", ".join(f"{c} = COALESCE(sessions.{c}, excluded.{c})" for c in ["source", *cols])
@@ -81,12 +83,16 @@ class SessionRepository(Repository):
         ) > 0
 
     def update_fields(self, session_id: str, **fields: Any) -> bool:
-        """Set arbitrary known columns (cwd, archived, git_branch...)."""
+        """Set arbitrary known columns (cwd, archived, git_branch...).
+
+        No fields is a no-op that reports whether the session exists; an unknown field
+        raises UnknownFieldError (a TypeError too) before anything is written.
+        """
         if not fields:
             return self.exists(session_id)
         unknown = set(fields) - self.columns_of("sessions")
         if unknown:
-            raise TypeError(f"unknown session fields: {sorted(unknown)}")
+            raise UnknownFieldError(f"unknown session fields: {sorted(map(str, unknown))}")
         sets = ", ".join(f"{k} = :{k}" for k in fields)
         values = {k: _json_field(v) for k, v in fields.items()}
         return self._exec(f"UPDATE sessions SET {sets} WHERE id = :_id", {**values, "_id": session_id}) > 0

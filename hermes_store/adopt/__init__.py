@@ -1,0 +1,181 @@
+"""Adopt a ``state.db`` written by Hermes Agent (schema_version 1–23) into hermes_store.
+
+Hermes versions its file with a one-row ``schema_version`` table and hand-written
+migrations; hermes_store uses Alembic revisions ``0001``…``0023`` that reproduce those
+schemas exactly. Adoption bridges the two: detect which Hermes schema (and which real
+*shape*, since some releases shipped variants) the file has, record the matching
+revision in our version table, repair what that revision assumes, and upgrade.
+
+All-or-nothing, one adopter at a time, and safe against a kill at any instruction:
+
+* :mod:`.shape` — what the file is (read-only);
+* :mod:`.work` — every change happens on a private copy next to the original,
+  verified before anything else moves;
+* :mod:`.swap` — the lock, the journaled swap that puts the copy in place, and the
+  recovery every open runs first.
+
+The original is kept as ``state.db.pre-adopt.bak`` (plus ``state.db.pre-adopt.bak-wal``
+when it had a WAL), both 0600; the adopted ``state.db`` keeps the original's mode. On
+any failure the original is byte-for-byte unchanged and the copy is removed.
+
+A symlinked ``state.db`` is followed: the real file is adopted in its own folder and the
+link keeps pointing at the result. A dangling link is refused.
+
+Public API: :func:`check_file`, :func:`detect`, :func:`adopt`, :func:`needs_adoption`,
+:func:`reference_schema`, :func:`finish_interrupted`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from contextlib import suppress
+from typing import Callable
+
+from .. import errors
+from ..paths import VERSION_TABLE, as_path, check_file, check_target, head, resolve_link
+from . import swap, work
+from .shape import HERMES_TABLES, AdoptionReport, Detected, Repair, detect, needs_adoption, reference_schema
+from .swap import BACKUP_SUFFIX, finish_interrupted
+
+__all__ = [
+    "BACKUP_SUFFIX",
+    "HERMES_TABLES",
+    "AdoptionReport",
+    "Detected",
+    "Repair",
+    "adopt",
+    "check_file",
+    "detect",
+    "finish_interrupted",
+    "needs_adoption",
+    "reference_schema",
+]
+
+Progress = Callable[[str, float], None]
+
+
+def _nothing_to_do(p: os.PathLike[str], det: Detected, recovered: str | None) -> AdoptionReport:
+    return AdoptionReport(
+        path=p,  # type: ignore[arg-type]
+        adopted=False,
+        message=f"{p} is already a hermes_store database (revision {det.revision}); nothing to adopt",
+        revision=det.revision,
+        notes=[recovered] if recovered else [],
+    )
+
+
+def _refuse_problems(p: os.PathLike[str], det: Detected, revision: str) -> str:
+    """The target revision, or a clear AdoptionError when the file cannot get there."""
+    if det.problems:
+        raise errors.AdoptionError(
+            f"{p} (Hermes schema_version {det.schema_version}) has a shape adoption cannot repair; "
+            "left unchanged:\n  - " + "\n  - ".join(det.problems)
+        )
+    target = head() if revision == "head" else revision
+    if not re.fullmatch(r"\d{4}", target) or int(target) < det.schema_version:  # type: ignore[operator]
+        raise errors.AdoptionError(
+            f"{p} is at Hermes schema_version {det.schema_version}; it can only be adopted to revision "
+            f"{det.revision} or later, not {target!r}. Left unchanged"
+        )
+    return target
+
+
+def adopt(
+    path: str | os.PathLike[str],
+    *,
+    backup: bool = True,
+    revision: str = "head",
+    version_table: str | None = None,
+    progress: Progress | None = None,
+) -> AdoptionReport:
+    """Turn a Hermes-made ``state.db`` into a hermes_store database, keeping every row.
+
+    Steps, all on a copy in the same folder (made with SQLite's backup API, which also
+    folds in uncheckpointed WAL content): stamp the revision matching the file's
+    ``schema_version``, apply the repairs :func:`detect` found (late-v10 FTS layout,
+    missing columns) and re-index FTS, upgrade to ``revision``, then verify — row
+    counts per table equal the original's, FTS5 integrity-check passes, ``PRAGMA
+    quick_check`` is ok, and the schema equals a fresh upgrade modulo unknown extras the
+    original carried. Only then is the copy swapped in (see :mod:`.swap`).
+
+    Refusals come before anything is written: typed errors for a dangling symlink, a
+    folder, files that are not Hermes databases, and
+    :class:`~hermes_store.errors.ReadOnlyDatabaseError` for a read-only file or folder
+    (even one adopted already: adopting is a write). An exclusive lock spans the fingerprint, copy, verify and
+    swap; a second adopter waits for it, then finds the file adopted and does nothing.
+    A file hermes_store already owns is a no-op (``report.adopted`` is False).
+
+    With ``backup=True`` the original stays next to it as ``state.db.pre-adopt.bak``
+    (``.pre-adopt.1.bak``… if that name is taken), together with
+    ``state.db.pre-adopt.bak-wal`` when the original had a WAL file. Stop Hermes while
+    adopting: a write by another process during adoption is detected and aborts it.
+
+    Any failure raises :class:`~hermes_store.errors.AdoptionError` (chained from the
+    cause) or one of the typed refusals, with the original byte-for-byte unchanged and
+    no copy left behind.
+    """
+    vt = version_table or VERSION_TABLE
+    report_progress = progress or (lambda _stage, _fraction: None)
+    # Work next to the real file: a symlinked state.db keeps pointing at the result.
+    p = resolve_link(as_path(path))
+    # Path kind and permissions before anything else: the swap renames files in the
+    # folder, so a read-only file or folder is refused here, untouched.
+    check_target(p, write=True)
+    recovered = finish_interrupted(p)
+    det = detect(p, version_table=vt, deep=False)
+    if det.already_adopted:
+        return _nothing_to_do(p, det, recovered)
+    _refuse_problems(p, det, revision)
+
+    with swap.adoption_lock(p):
+        swap.step("locked")
+        recovered = swap.recover_locked(p) or recovered
+        # Another adopter may have finished while we waited; the deep check reads it all.
+        det = detect(p, version_table=vt)
+        if det.already_adopted:
+            return _nothing_to_do(p, det, recovered)
+        target = _refuse_problems(p, det, revision)
+        _check_free_space(p)
+        before = swap.fingerprint(p)
+        copy = swap.new_work_file(p)
+        try:
+            report = work.build_copy(p, copy, det, target, vt, report_progress)
+            if swap.fingerprint(p) != before:
+                raise errors.AdoptionError(
+                    f"{p} was written to by another process during adoption (is Hermes running?); "
+                    "stop it and adopt again"
+                )
+            swap.step("verified")
+            report_progress("swap", 0.0)
+            swap.restore_mode(copy, p)
+            swap.step("fsync_work")
+            report.backup_path, report.backup_wal_path = swap.swap_in(p, copy, before, backup=backup)
+        except errors.HermesStoreError as exc:
+            swap.remove_db_files(copy)
+            if isinstance(exc, errors.AdoptionError):
+                raise
+            raise errors.AdoptionError(f"adopting {p} failed, left unchanged: {exc}") from exc
+        except BaseException as exc:
+            swap.remove_db_files(copy)
+            if not isinstance(exc, Exception):
+                raise
+            raise errors.AdoptionError(f"adopting {p} failed, left unchanged: {type(exc).__name__}: {exc}") from exc
+    report_progress("swap", 1.0)
+    if recovered:
+        report.notes.insert(0, recovered)
+    return report
+
+
+def _check_free_space(p: os.PathLike[str]) -> None:
+    """Refuse early rather than fill the disk halfway through the copy."""
+    wal = f"{os.fspath(p)}-wal"
+    size = os.stat(p).st_size + (os.stat(wal).st_size if os.path.exists(wal) else 0)
+    with suppress(OSError):
+        free = shutil.disk_usage(os.path.dirname(os.fspath(p)) or ".").free
+        if free < size * 2:
+            raise errors.AdoptionError(
+                f"not enough free space in {os.path.dirname(os.fspath(p))} to adopt {p} ({size} bytes needs about "
+                f"{size * 2} free, {free} available); left unchanged"
+            )

@@ -1,0 +1,370 @@
+"""What a file is: the Hermes ``schema_version`` and the real *shape* it has.
+
+Read-only: nothing here writes. :func:`detect` compares the file's schema with the
+reference schemas shipped in ``hermes_store/reference_schemas`` and lists what the
+copy will need repaired (:class:`Repair`), what it keeps as unknown extras, and the
+problems adoption cannot repair. The result types of adoption live here too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .. import errors
+from ..introspect import snapshot
+from ..paths import VERSION_TABLE, as_path, check_file, head, readonly_connection, sqlite_refusal
+
+#: Tables a Hermes state.db always has.
+HERMES_TABLES = frozenset({"schema_version", "sessions", "messages"})
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Repair:
+    """One change the copy needs before the stamped revision's assumptions hold."""
+
+    kind: str  # "drop_index" | "drop_table" | "drop_column" | "add_column" | "fts_v10_late"
+    description: str
+    table: str | None = None
+    column: str | None = None
+    sql: str | None = None
+
+
+@dataclass
+class Detected:
+    """What :func:`detect` found out about a file."""
+
+    path: Path
+    #: Hermes' ``schema_version`` (None for a file hermes_store already owns).
+    schema_version: int | None
+    #: Revision to stamp before upgrading; the current revision when already adopted.
+    revision: str | None
+    #: Name of the reference shape the file matches (``"hermes_v10_late"``…).
+    shape: str | None = None
+    repairs: list[Repair] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    #: Shape differences adoption cannot repair; :func:`adopt` refuses while non-empty.
+    problems: list[str] = field(default_factory=list)
+    #: Unknown columns per table (kept as they are).
+    extra_columns: dict[str, list[str]] = field(default_factory=dict)
+    #: Unknown tables/indexes/triggers/views/virtual tables (kept as they are).
+    extra_objects: dict[str, list[str]] = field(default_factory=dict)
+    already_adopted: bool = False
+
+    @property
+    def adoptable(self) -> bool:
+        return not self.already_adopted and not self.problems
+
+
+@dataclass
+class AdoptionReport:
+    """Outcome of :func:`adopt`."""
+
+    path: Path
+    #: False when there was nothing to do (already a hermes_store database).
+    adopted: bool
+    message: str
+    schema_version: int | None = None
+    stamped: str | None = None
+    revision: str | None = None
+    backup_path: Path | None = None
+    backup_wal_path: Path | None = None
+    repairs: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    row_counts: dict[str, int] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ reference data
+
+
+@lru_cache(maxsize=None)
+def reference_schema(name: str) -> dict[str, Any]:
+    """A normalized Hermes schema shipped in ``hermes_store/reference_schemas``."""
+    res = resources.files("hermes_store").joinpath("reference_schemas", f"hermes_v{name}.json")
+    try:
+        return json.loads(res.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise errors.AdoptionError(f"no reference schema for Hermes v{name} in this installation") from exc
+
+
+def _shapes(version: int) -> list[tuple[str, list[Repair]]]:
+    """Candidate shapes of a Hermes file at ``version`` and the repairs each implies."""
+    shapes: list[tuple[str, list[Repair]]] = [(str(version), [])]
+    if version == 10:
+        shapes.append(
+            (
+                "10_late",
+                [
+                    Repair(
+                        "fts_v10_late",
+                        "convert the late-v10 inline FTS tables to the documented v10 "
+                        "external-content layout and rebuild both indexes",
+                    )
+                ],
+            )
+        )
+    return shapes
+
+
+def _later_objects(version: int, newest: int) -> dict[str, dict[str, Any]]:
+    """What only later Hermes versions create, with the spec/SQL they create it with.
+
+    A file can carry such "early" objects when Hermes crashed between adding them and
+    bumping ``schema_version`` (its migrations add columns first, bump last), or when a
+    development build wrote it. The revision that creates them would then fail.
+    """
+    own = reference_schema(str(version))
+    out: dict[str, dict[str, Any]] = {k: {} for k in ("tables", "columns", "indexes", "triggers", "views", "virtual")}
+    for v in range(version + 1, newest + 1):
+        try:
+            ref = reference_schema(str(v))
+        except errors.AdoptionError:
+            continue
+        for t, spec in ref["tables"].items():
+            if t not in own["tables"]:
+                out["tables"].setdefault(t, spec)
+            for c, cspec in spec["columns"].items():
+                if c not in own["tables"].get(t, {}).get("columns", {}):
+                    out["columns"].setdefault(f"{t}.{c}", cspec)
+        for kind in ("indexes", "triggers", "views", "virtual"):
+            for n, sql in ref[kind].items():
+                if n not in own[kind]:
+                    out[kind].setdefault(n, sql)
+    return out
+
+
+_SPEC = re.compile(r"^(?P<type>.*?)(?P<nn> NOT NULL)?(?: DEFAULT (?P<dflt>.*?))?(?P<pk> PK\d+)?$")
+_LITERAL = re.compile(r"^(-?\d+(\.\d+)?|'[^']*'|NULL|TRUE|FALSE)$", re.I)
+
+
+def _add_column_sql(table: str, column: str, spec: str) -> str | None:
+    """``ALTER TABLE … ADD COLUMN`` reproducing a reference column spec, if SQLite allows it."""
+    m = _SPEC.match(spec)
+    if not m or m.group("pk"):
+        return None
+    dflt = m.group("dflt")
+    if dflt is not None and not _LITERAL.match(dflt):
+        return None
+    if m.group("nn") and dflt is None:
+        return None
+    parts = [f'ALTER TABLE "{table}" ADD COLUMN "{column}"']
+    if m.group("type"):
+        parts.append(m.group("type"))
+    if m.group("nn"):
+        parts.append("NOT NULL")
+    if dflt is not None:
+        parts.append(f"DEFAULT {dflt}")
+    return " ".join(parts)
+
+
+def _only_defaults(conn: sqlite3.Connection, table: str, column: str, spec: str) -> bool:
+    """True when no row holds anything but NULL or the column's declared default."""
+    m = _SPEC.match(spec)
+    dflt = m.group("dflt") if m else None
+    if dflt is not None and not _LITERAL.match(dflt):
+        return False
+    cond = f"{_q(column)} IS NOT NULL" + (f" AND {_q(column)} IS NOT {dflt}" if dflt is not None else "")
+    return conn.execute(f"SELECT EXISTS (SELECT 1 FROM {_q(table)} WHERE {cond})").fetchone()[0] == 0
+
+
+def _compare(
+    ref: dict[str, Any], live: dict[str, Any], later: dict[str, dict[str, Any]], conn: sqlite3.Connection
+) -> Detected:
+    """Classify how ``live`` differs from ``ref``: repairs, problems, harmless extras.
+
+    Early objects (created by a later version than the file claims) become repairs
+    when dropping them loses nothing — an index with the later DDL, an empty table, a
+    column holding only NULL/its default — since the revision re-creates them
+    identically. Otherwise they are problems and adoption refuses.
+    """
+    det = Detected(path=Path(), schema_version=None, revision=None)
+    early_tables: list[str] = []
+    for table in live["tables"]:
+        if table in ref["tables"]:
+            continue
+        want = later["tables"].get(table)
+        if want is None:
+            det.extra_objects.setdefault("tables", []).append(table)
+            continue
+        got = live["tables"][table]
+        empty = conn.execute(f"SELECT NOT EXISTS (SELECT 1 FROM {_q(table)})").fetchone()[0]
+        if got["columns"] == want["columns"] and sorted(got["fks"]) == sorted(want["fks"]) and empty:
+            early_tables.append(table)
+            det.repairs.append(
+                Repair("drop_table", f"drop empty table {table}; a later revision creates it", table,
+                       sql=f"DROP TABLE {_q(table)}")
+            )
+        else:
+            det.problems.append(
+                f"table {table} belongs to a later Hermes schema than the file's schema_version "
+                "and differs from it or holds rows"
+            )
+    for table, spec in ref["tables"].items():
+        got = live["tables"].get(table)
+        if got is None:
+            det.problems.append(f"table {table} is missing")
+            continue
+        for col, want in spec["columns"].items():
+            have = got["columns"].get(col)
+            if have is None:
+                sql = _add_column_sql(table, col, want)
+                if sql is None:
+                    det.problems.append(f"column {table}.{col} ({want}) is missing and cannot be added")
+                else:
+                    det.repairs.append(Repair("add_column", f"add missing column {table}.{col} {want}", table, col, sql))
+            elif have != want:
+                det.problems.append(f"column {table}.{col} is {have!r}, expected {want!r}")
+        for col, have in got["columns"].items():
+            if col in spec["columns"]:
+                continue
+            want = later["columns"].get(f"{table}.{col}")
+            if want is None:
+                det.extra_columns.setdefault(table, []).append(col)
+            elif have == want and _only_defaults(conn, table, col, want):
+                det.repairs.append(
+                    Repair("drop_column", f"drop column {table}.{col} (only NULL/default values); a later "
+                           "revision adds it", table, col, f"ALTER TABLE {_q(table)} DROP COLUMN {_q(col)}")
+                )
+            else:
+                det.problems.append(
+                    f"column {table}.{col} belongs to a later Hermes schema than the file's schema_version "
+                    "and differs from it or holds data"
+                )
+        if sorted(spec["fks"]) != sorted(got["fks"]):
+            det.problems.append(f"foreign keys of {table} are {got['fks']}, expected {spec['fks']}")
+        if spec.get("autoincrement", False) != got.get("autoincrement", False):
+            det.problems.append(f"AUTOINCREMENT of {table} differs from Hermes' schema")
+    for kind, label in (("indexes", "index"), ("triggers", "trigger"), ("views", "view"), ("virtual", "virtual table")):
+        for name, sql in ref[kind].items():
+            have = live[kind].get(name)
+            if have is None:
+                det.problems.append(f"{label} {name} is missing")
+            elif have != sql:
+                det.problems.append(f"{label} {name} differs from Hermes' schema: {have}")
+        for name, have in live[kind].items():
+            if name in ref[kind]:
+                continue
+            want = later[kind].get(name)
+            if want is None:
+                det.extra_objects.setdefault(kind, []).append(name)
+            elif kind == "indexes" and have == want:
+                det.repairs.append(
+                    Repair("drop_index", f"drop index {name}; a later revision creates it", sql=f"DROP INDEX {_q(name)}")
+                )
+            else:
+                det.problems.append(f"{label} {name} belongs to a later Hermes schema than the file's schema_version")
+    # Drop order: indexes, then tables, then columns; additions and FTS work come after.
+    order = {"drop_index": 0, "drop_table": 1, "drop_column": 2}
+    det.repairs.sort(key=lambda r: order.get(r.kind, 3))
+    return det
+
+
+# ------------------------------------------------------------------------- detect
+
+
+def _head_version() -> int:
+    return int(head())
+
+
+def _table_names(conn: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def needs_adoption(path: str | os.PathLike[str], version_table: str | None = None) -> bool:
+    """True for an existing, un-stamped file that has Hermes' ``schema_version`` table."""
+    p = as_path(path)
+    if not p.is_file() or p.stat().st_size == 0:
+        return False
+    try:
+        with readonly_connection(p) as conn:
+            tables = _table_names(conn)
+    except sqlite3.DatabaseError:
+        return False
+    return "schema_version" in tables and (version_table or VERSION_TABLE) not in tables
+
+
+def detect(path: str | os.PathLike[str], *, version_table: str | None = None, deep: bool = True) -> Detected:
+    """Find out what a file is, without changing it.
+
+    Raises the typed refusals: :class:`~hermes_store.errors.NotADatabaseError` (empty,
+    text, truncated, corrupt), :class:`~hermes_store.errors.NotAHermesDatabaseError`
+    and :class:`~hermes_store.errors.SchemaTooNewError`. Otherwise returns the Hermes
+    schema_version, the revision to stamp, the repairs the copy will need, notes about
+    unknown extras kept as they are, and ``problems`` (shape differences adoption
+    cannot repair). ``deep`` runs ``PRAGMA quick_check`` over the whole file.
+    """
+    vt = version_table or VERSION_TABLE
+    p = as_path(path)
+    check_file(p)
+    try:
+        with readonly_connection(p) as conn:
+            tables = _table_names(conn)
+            if vt in tables:
+                rev = conn.execute(f'SELECT version_num FROM "{vt}"').fetchone()
+                return Detected(
+                    path=p,
+                    schema_version=None,
+                    revision=rev[0] if rev else None,
+                    already_adopted=True,
+                    notes=[f"already a hermes_store database (revision {rev[0] if rev else 'none'})"],
+                )
+            if not HERMES_TABLES <= tables:
+                missing = ", ".join(sorted(HERMES_TABLES - tables))
+                raise errors.NotAHermesDatabaseError(
+                    f"{p} is a SQLite database but not a Hermes state.db (no {missing} table); left unchanged"
+                )
+            rows = conn.execute("SELECT version FROM schema_version").fetchall()
+            if not rows:
+                raise errors.NotAHermesDatabaseError(f"{p} has an empty schema_version table; left unchanged")
+            raw = rows[0][0]
+            if isinstance(raw, str) and raw.strip().isdigit():
+                raw = int(raw)
+            if not isinstance(raw, int) or raw < 1:
+                raise errors.NotAHermesDatabaseError(
+                    f"{p} has schema_version {raw!r}, which no Hermes release wrote; left unchanged"
+                )
+            version = raw
+            newest = _head_version()
+            if version > newest:
+                raise errors.SchemaTooNewError(
+                    f"{p} has Hermes schema_version {version}, newer than this hermes_store understands "
+                    f"(up to {newest}); upgrade hermes_store. Left unchanged"
+                )
+            if deep:
+                bad = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+                if bad != ["ok"]:
+                    raise errors.NotADatabaseError(f"{p} is corrupt ({'; '.join(bad[:3])}); left unchanged")
+            live = snapshot(conn)
+            later = _later_objects(version, newest)
+            best: Detected | None = None
+            for name, implied in _shapes(version):
+                cand = _compare(reference_schema(name), live, later, conn)
+                cand.repairs += implied
+                cand.shape = f"hermes_v{name}"
+                if best is None or len(cand.problems) < len(best.problems):
+                    best = cand
+    except sqlite3.DatabaseError as exc:
+        raise sqlite_refusal(p, exc) from exc
+    assert best is not None
+    best.path, best.schema_version, best.revision = p, version, f"{version:04d}"
+    if len(rows) > 1:
+        best.notes.append(f"schema_version has {len(rows)} rows; using the first ({version}) as Hermes does")
+    for table, cols in best.extra_columns.items():
+        best.notes.append(f"unknown columns kept on {table}: {', '.join(cols)}")
+    for kind, names in best.extra_objects.items():
+        best.notes.append(f"unknown {kind} kept: {', '.join(names)}")
+    return best
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

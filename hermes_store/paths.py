@@ -1,0 +1,409 @@
+"""The database file and what lies around it, below both migrations and adoption.
+
+``migrations`` adopts Hermes files (it imports :mod:`hermes_store.adopt`), and adoption
+runs our Alembic revisions on its private copy. What both need lives here, so the
+dependency runs one way only (``migrations`` → ``adopt`` → ``paths``):
+
+* where our revisions are and which one is newest (:func:`make_config`, :func:`head`)
+  and how to run an Alembic command on one file (:func:`run_alembic`);
+* what kind of path a caller handed us, checked before anything is written
+  (:func:`check_target`: symlinks, folders, read-only files and folders);
+* whether an existing file can be a SQLite database at all (:func:`check_file`);
+* creating a new database file readable by its owner only
+  (:func:`create_private_database`), and fsync helpers.
+
+"Read-only" means what the owner asked for, not only what the kernel enforces: a
+0400 file or a 0500 folder is refused even for root, who could write it anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import time
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
+
+from . import errors
+from .engine import create_engine, to_url
+
+#: Name of our Alembic version table; a host's ``alembic_version`` is never touched.
+VERSION_TABLE = "hermes_store_version"
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+#: Sidecar files SQLite keeps next to a database.
+SIDECARS = ("-wal", "-shm", "-journal")
+
+
+# ------------------------------------------------------------------ revisions
+
+
+def script_location() -> Path:
+    """Folder holding env.py and versions/ (installed copy first, source tree second)."""
+    pkg_dir = Path(__file__).resolve().parent
+    for candidate in (pkg_dir / "_alembic", pkg_dir.parent / "alembic"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise errors.HermesStoreError("hermes_store migrations are missing from this installation")
+
+
+def make_config(url: str | None = None, *, version_table: str = VERSION_TABLE) -> Config:
+    """An Alembic Config pointing at our scripts, independent of any alembic.ini."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(script_location()))
+    cfg.set_main_option("version_table", version_table)
+    if url is not None:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def head() -> str:
+    """The newest revision id shipped with this copy of hermes_store."""
+    return ScriptDirectory.from_config(make_config()).get_current_head()
+
+
+def run_alembic(conn: Connection, fn: Callable[..., Any], *args: Any, version_table: str = VERSION_TABLE) -> Any:
+    """Run an Alembic command (``command.upgrade``…) on ``conn``.
+
+    A transaction the caller had open stays the caller's to commit or roll back; one
+    the command left open on an idle connection is committed.
+    """
+    hosted = conn.in_transaction()
+    cfg = make_config(version_table=version_table)
+    cfg.attributes["connection"] = conn
+    result = fn(cfg, *args)
+    if not hosted and conn.in_transaction():
+        conn.commit()
+    return result
+
+
+@contextmanager
+def migration_connection(target: Any) -> Iterator[Connection]:
+    """A connection for migrations: foreign keys off, since legacy files may hold
+    dangling references and table rebuilds must not cascade."""
+    engine = create_engine(target, foreign_keys=False)
+    try:
+        with engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()
+
+
+# ------------------------------------------------------------------ path kinds
+
+
+def as_path(target: str | os.PathLike[str]) -> Path:
+    """A file path from a path or a ``sqlite:///`` URL (adoption works on files only)."""
+    s = os.fspath(target)
+    if "://" in s:
+        url = to_url(s)
+        if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+            raise errors.AdoptionError(f"adoption needs a SQLite file, got {url.render_as_string()}")
+        s = url.database
+    return Path(s).expanduser()
+
+
+def _owner_can_write(st: os.stat_result) -> bool:
+    """The write bit that applies to us; root only counts bits someone has."""
+    euid = os.geteuid()
+    if euid == st.st_uid:
+        return bool(st.st_mode & stat.S_IWUSR)
+    if euid == 0:
+        return bool(st.st_mode & 0o222)
+    return True  # the kernel decides for others; os.access below asks it
+
+
+def is_read_only(p: Path) -> bool:
+    """True when ``p`` (file or folder) must not be written: no write bit, or the
+    kernel says no (read-only mount, ACLs)."""
+    try:
+        st = p.stat()
+    except OSError:
+        return False
+    return not _owner_can_write(st) or not os.access(p, os.W_OK)
+
+
+def resolve_link(path: Path) -> Path:
+    """Follow a symlinked database path to the real file.
+
+    Adoption swaps the *target* (next to it, in its folder), so the link keeps pointing
+    at the adopted file, and SQLite, which also resolves links, keeps its ``-wal``
+    next to the target. A dangling or looping link is refused: opening it would create
+    a file wherever it points.
+    """
+    if not path.is_symlink():
+        return path
+    try:
+        return Path(os.path.realpath(path, strict=True))
+    except OSError as exc:
+        try:
+            where = os.readlink(path)
+        except OSError:
+            where = "?"
+        raise errors.DatabaseUnavailableError(
+            f"{path} is a symbolic link to {where}, which does not exist (or loops); nothing was created"
+        ) from exc
+
+
+def _existing_ancestor(folder: Path) -> Path:
+    """The nearest ancestor of ``folder`` that exists (as anything, links followed)."""
+    cur = folder
+    while not cur.exists():
+        if cur.is_symlink():
+            raise errors.DatabaseUnavailableError(f"cannot use {folder}: {cur} is a dangling symbolic link")
+        parent = cur.parent
+        if parent == cur:
+            break
+        cur = parent
+    return cur
+
+
+def check_target(
+    path: str | os.PathLike[str], *, write: bool, create: bool = False, make_parents: bool = False
+) -> Path:
+    """Check a database path before anything touches it; return the real file path.
+
+    Raises (having written nothing):
+
+    * :class:`~hermes_store.errors.DatabaseUnavailableError` — a dangling or looping
+      symlink, a missing file when ``create`` is False, a missing folder (unless
+      ``make_parents``), a path below a regular file, an unreadable file;
+    * :class:`~hermes_store.errors.NotADatabaseError` — a folder or a special file
+      where the database should be;
+    * :class:`~hermes_store.errors.ReadOnlyDatabaseError` — ``write`` is asked and the
+      file or its folder is read-only (SQLite creates ``-wal``/``-journal`` files next
+      to the database, so writing needs the folder too).
+    """
+    p = resolve_link(Path(path).expanduser())
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.exists():
+        anc = _existing_ancestor(folder)
+        if not anc.is_dir():
+            raise errors.DatabaseUnavailableError(f"cannot use {p}: {anc} is a file, not a folder")
+        if not make_parents:
+            raise errors.DatabaseUnavailableError(f"cannot open {p}: folder {folder} does not exist")
+        if is_read_only(anc):
+            raise errors.ReadOnlyDatabaseError(f"cannot create {p}: folder {anc} is read-only")
+        return p
+    if not folder.is_dir():
+        raise errors.DatabaseUnavailableError(f"cannot use {p}: {folder} is a file, not a folder")
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        if not create:
+            raise errors.DatabaseUnavailableError(f"{p} does not exist") from None
+        if is_read_only(folder):
+            raise errors.ReadOnlyDatabaseError(f"cannot create {p}: folder {folder} is read-only") from None
+        return p
+    except OSError as exc:
+        raise errors.DatabaseUnavailableError(f"cannot use {p}: {exc}") from exc
+    if stat.S_ISDIR(st.st_mode):
+        raise errors.NotADatabaseError(f"{p} is a folder, not a database file; left unchanged")
+    if not stat.S_ISREG(st.st_mode):
+        raise errors.NotADatabaseError(f"{p} is not a regular file; left unchanged")
+    if not os.access(p, os.R_OK):
+        raise errors.DatabaseUnavailableError(f"cannot read {p}: permission denied; left unchanged")
+    if write and is_read_only(p):
+        raise errors.ReadOnlyDatabaseError(f"{p} is read-only (mode {stat.S_IMODE(st.st_mode):04o}); left unchanged")
+    if write and is_read_only(folder):
+        raise errors.ReadOnlyDatabaseError(
+            f"{p} is in a read-only folder ({folder}), where SQLite cannot create its journal; left unchanged"
+        )
+    return p
+
+
+def make_parents(p: Path) -> None:
+    """Create the folders above a new database, with typed errors."""
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except PermissionError as exc:
+        raise errors.ReadOnlyDatabaseError(f"cannot create folder {p.parent}: {exc}") from exc
+    except OSError as exc:
+        raise errors.DatabaseUnavailableError(f"cannot create folder {p.parent}: {exc}") from exc
+
+
+# ------------------------------------------------------------------ new files
+
+
+def create_private_database(path: Path) -> bool:
+    """Create the database file readable by its owner only (0600); False if it exists.
+
+    The file is created with that mode (no window where others could open it), then
+    given a SQLite header so it is a real, empty database and not a 0-byte file,
+    which :func:`check_file` refuses as a likely failed copy. When another process
+    created it first, this waits briefly for that header instead of racing it.
+    """
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        deadline = time.monotonic() + 2.0
+        with suppress(OSError):
+            while path.stat().st_size == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return False
+    except PermissionError as exc:
+        raise errors.ReadOnlyDatabaseError(f"cannot create {path}: {exc}") from exc
+    except OSError as exc:
+        raise errors.DatabaseUnavailableError(f"cannot create {path}: {exc}") from exc
+    os.close(fd)
+    try:
+        conn = sqlite3.connect(path)
+        try:
+            conn.execute("PRAGMA user_version = 0")  # writes the 100-byte header page
+        finally:
+            conn.close()
+    except BaseException as exc:
+        for f in (path, *(Path(f"{path}{s}") for s in SIDECARS)):
+            with suppress(OSError):
+                f.unlink()
+        if isinstance(exc, sqlite3.Error):
+            raise errors.DatabaseUnavailableError(f"cannot create {path}: {exc}") from exc
+        raise
+    return True
+
+
+def fsync_file(p: Path) -> None:
+    fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(d: Path) -> None:
+    """Make renames/creations in ``d`` durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        with suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ reading
+
+
+@contextmanager
+def readonly_connection(p: Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection that leaves the file exactly as it found it.
+
+    A reader of a WAL-mode file creates ``-wal``/``-shm`` sidecars when they are
+    missing, and a read-only connection cannot remove them again. When we created
+    them (and the WAL stayed empty) one short read-write open lets SQLite itself
+    remove them; SQLite only does so when no other connection uses the file, and an
+    empty WAL means nothing is written to the database file (its bytes and mtime stay
+    as they were, even for a 0400 file that root may open). Where the kernel refuses
+    that open, the two empty files we created are removed directly.
+    """
+    wal, shm = Path(f"{p}-wal"), Path(f"{p}-shm")
+    had_wal, had_shm = wal.exists(), shm.exists()
+    conn = sqlite3.connect(p.absolute().as_uri() + "?mode=ro", uri=True, isolation_level=None)
+    try:
+        yield conn
+    finally:
+        conn.close()
+        if not had_wal and wal.exists() and not had_shm:
+            with suppress(OSError, sqlite3.Error):
+                if wal.stat().st_size == 0:
+                    if os.access(p, os.W_OK):
+                        rw = sqlite3.connect(p.absolute().as_uri() + "?mode=rw", uri=True, isolation_level=None)
+                        try:
+                            rw.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+                        finally:
+                            rw.close()
+                    else:
+                        shm.unlink()
+                        wal.unlink()
+
+
+def sqlite_refusal(p: Path, exc: sqlite3.DatabaseError) -> errors.HermesStoreError:
+    """Map a driver error met while only reading to the typed refusal it means."""
+    msg = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and (
+        "unable to open" in msg or "readonly" in msg or "locked" in msg or "busy" in msg
+    ):
+        return errors.DatabaseUnavailableError(f"cannot read {p}: {msg}; left unchanged")
+    if "malformed" in msg or "corrupt" in msg:
+        return errors.NotADatabaseError(f"{p} is corrupt ({msg}); left unchanged")
+    return errors.NotADatabaseError(f"{p} is not a usable SQLite database ({msg}); left unchanged")
+
+
+def check_file(path: str | os.PathLike[str], *, recovery_ok: bool = False) -> None:
+    """Refuse, without touching it, a file that cannot be a usable SQLite database.
+
+    Cheap checks only (stat, the 100-byte header, one read of the schema): an empty
+    file, a text file, a truncated copy or a file whose schema cannot be read. SQLite
+    itself would treat a 0-byte file as an empty database and happily write into it;
+    an empty ``state.db`` is far more likely a failed copy, so we refuse it.
+
+    A hot rollback journal next to the file means a writer crashed mid-transaction;
+    only a read-write open can roll it back. ``recovery_ok`` (ordinary upgrades) lets
+    SQLite do that; adoption, which must not write the original, refuses instead.
+    """
+    p = as_path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError as exc:
+        if p.is_symlink():
+            raise errors.DatabaseUnavailableError(f"{p} is a dangling symbolic link; nothing was created") from exc
+        raise errors.DatabaseUnavailableError(f"{p} does not exist") from exc
+    except OSError as exc:
+        raise errors.DatabaseUnavailableError(f"cannot read {p}: {exc}") from exc
+    if stat.S_ISDIR(st.st_mode):
+        raise errors.NotADatabaseError(f"{p} is a folder, not a database file; left unchanged")
+    if not stat.S_ISREG(st.st_mode):
+        raise errors.NotADatabaseError(f"{p} is not a regular file; left unchanged")
+    if st.st_size == 0:
+        raise errors.NotADatabaseError(
+            f"{p} is an empty file (0 bytes), not a SQLite database; refusing to use it, left unchanged"
+        )
+    try:
+        with open(p, "rb") as fh:
+            header = fh.read(100)
+    except OSError as exc:
+        raise errors.DatabaseUnavailableError(f"cannot read {p}: {exc}") from exc
+    if not header.startswith(SQLITE_HEADER):
+        raise errors.NotADatabaseError(
+            f"{p} is not a SQLite database (no SQLite header; a text file or an encrypted database?); left unchanged"
+        )
+    if len(header) < 100:
+        raise errors.NotADatabaseError(f"{p} is truncated ({st.st_size} bytes); left unchanged")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    if page_size < 512 or page_size & (page_size - 1):
+        raise errors.NotADatabaseError(f"{p} is corrupt (invalid page size {page_size}); left unchanged")
+    pages = int.from_bytes(header[28:32], "big")
+    # The in-header page count is trustworthy only when its "valid-for" counter matches.
+    if header[24:28] == header[92:96] and pages and st.st_size < pages * page_size:
+        raise errors.NotADatabaseError(
+            f"{p} is truncated: the header promises {pages} pages of {page_size} bytes "
+            f"({pages * page_size} bytes) but the file has {st.st_size}; left unchanged"
+        )
+    if st.st_size % page_size:
+        raise errors.NotADatabaseError(
+            f"{p} is truncated or corrupt: {st.st_size} bytes is not a whole number of "
+            f"{page_size}-byte pages; left unchanged"
+        )
+    journal = Path(f"{p}-journal")
+    if journal.exists() and journal.stat().st_size > 0:
+        if recovery_ok:
+            return
+        raise errors.AdoptionError(
+            f"{p} has an unfinished transaction ({journal.name}); open it once with Hermes or the "
+            "sqlite3 shell to recover it, then adopt. Left unchanged"
+        )
+    try:
+        with readonly_connection(p) as conn:
+            conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise sqlite_refusal(p, exc) from exc

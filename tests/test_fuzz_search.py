@@ -1,0 +1,202 @@
+"""Search results checked against a brute-force model of the same query over the same rows.
+
+A seeded corpus (words with mixed case, punctuation-joined terms, tool names and tool
+calls, CJK sentences) is searched with generated queries; the expected answer is
+computed in Python from the rows read with plain sqlite3, never through our search
+code. A sanitizer or routing regression that silently returned [] (or extra rows)
+fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sqlite3
+import unicodedata
+from typing import Iterator
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from hermes_store import SessionDB
+from hermes_store.search import plan_search
+
+WORDS = ["deploy", "Deploy", "DEPLOYMENT", "kubectl", "zebra", "quokka", "rollout", "config", "service",
+         "pipeline", "alpha", "beta"]
+JOINED = ["chat-send", "P2.2", "sp_new", "my-app.config.ts"]
+CJK = ["数据库迁移已经完成", "我们讨论数据库连接", "测试通信协议", "迁移计划完成了"]
+TOOLS = ["terminal", "web_search", "终端工具"]
+
+
+def _text(rng: random.Random) -> str:
+    parts = []
+    for _ in range(rng.randint(1, 7)):
+        roll = rng.random()
+        if roll < 0.65:
+            parts.append(rng.choice(WORDS))
+        elif roll < 0.8:
+            parts.append(rng.choice(JOINED))
+        else:
+            parts.append(rng.choice(CJK))
+    return " ".join(parts) + rng.choice(["", ".", "!", "?"])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionDB]:
+    rng = random.Random(20240914)
+    db = SessionDB(tmp_path_factory.mktemp("fuzz") / "state.db")
+    for sid, source in (("a", "cli"), ("b", "telegram"), ("c", "cli")):
+        db.create_session(sid, source)
+    for i in range(72):
+        sid = "abc"[i % 3]
+        kind = rng.random()
+        if kind < 0.15:
+            args = json.dumps({"cmd": _text(rng)})
+            db.append_message(sid, "assistant", None, tool_calls=[
+                {"id": f"t{i}", "type": "function", "function": {"name": rng.choice(TOOLS), "arguments": args}}])
+        elif kind < 0.3:
+            db.append_message(sid, "tool", _text(rng), tool_name=rng.choice(TOOLS), tool_call_id=f"t{i}")
+        else:
+            db.append_message(sid, rng.choice(["user", "assistant"]), _text(rng))
+    # Timestamps out of id order, all distinct, so "newest" is a real ordering.
+    db._execute_write(lambda c: c.execute("UPDATE messages SET timestamp = 1000 + ((id * 37) % 101)"))
+    yield db
+    db.close()
+
+
+@pytest.fixture(scope="module")
+def rows(store: SessionDB) -> dict[int, tuple[float, list[str]]]:
+    """id -> (timestamp, searchable columns), read with plain sqlite3."""
+    conn = sqlite3.connect(store.db_path)
+    try:
+        out = {
+            mid: (ts, [t for t in (content, tool_name, tool_calls) if isinstance(t, str)])
+            for mid, ts, content, tool_name, tool_calls in conn.execute(
+                "SELECT id, timestamp, content, tool_name, tool_calls FROM messages")
+        }
+    finally:
+        conn.close()
+    assert len(out) == 72
+    return out
+
+
+def fold(text: str) -> str:
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
+
+
+def tokens(text: str) -> list[str]:
+    """unicode61's view of a column: runs of letters and digits, case- and accent-folded."""
+    return re.findall(r"[^\W_]+", fold(text))
+
+
+def term_matches(columns: list[str], term: str) -> bool:
+    """A plain word, or ``word*`` for a prefix, against any one column."""
+    prefix = term.endswith("*")
+    word = fold(term.rstrip("*"))
+    return any(t.startswith(word) if prefix else t == word for c in columns for t in tokens(c))
+
+
+def brute_force(columns: list[str], query: str, matches=term_matches) -> bool:
+    """FTS5's meaning of ``t (op t)*``, from its grammar (fts5parse.y).
+
+    Terms separated only by spaces form one unit (an implicit AND binds tightest), then
+    NOT, then AND, then OR: ``a b NOT c d`` is ``(a b) NOT (c d)``.
+    """
+    def unit(text: str) -> bool:
+        return all(matches(columns, t) for t in text.split())
+
+    def factor(text: str) -> bool:
+        first, *negated = text.split(" NOT ")
+        return unit(first) and not any(unit(n) for n in negated)
+
+    return any(all(factor(f) for f in group.split(" AND ")) for group in query.split(" OR "))
+
+
+def substring_matches(columns: list[str], term: str) -> bool:
+    return any(term in c for c in columns)
+
+
+words = st.sampled_from(["deploy", "Deploy", "deployment", "deplo*", "kubectl", "zebra", "quokka", "rollout",
+                         "config", "service", "pipeline", "alpha", "beta", "chat", "send", "sp", "new", "p2",
+                         "terminal", "search", "cmd", "function", "absent", "zeb*", "a*"])
+operator = st.sampled_from([" ", " ", " AND ", " OR ", " NOT "])
+
+
+@st.composite
+def word_queries(draw: st.DrawFn) -> str:
+    terms = draw(st.lists(words, min_size=1, max_size=4))
+    out = terms[0]
+    for term in terms[1:]:
+        out += draw(operator) + term
+    return out
+
+
+def test_brute_force_model_agrees_with_known_cases() -> None:
+    """The model itself, on hand-checked cases (so a wrong model cannot hide a bug)."""
+    cols = ["Deploy the zebra", '{"cmd": "kubectl"}']
+    assert brute_force(cols, "deploy") and brute_force(cols, "zeb*") and brute_force(cols, "kubectl")
+    assert not brute_force(cols, "deployment") and not brute_force(cols, "deploy NOT zebra")
+    assert brute_force(cols, "absent OR zebra") and not brute_force(cols, "absent zebra")
+    assert brute_force(cols, "zebra NOT absent AND deploy") and not brute_force(cols, "zebra AND absent OR beta")
+    # Checked against SQLite: the implicit AND groups before NOT applies.
+    assert brute_force(["deploy"], "deploy deploy NOT deploy deployment")
+    assert not brute_force(["deploy deployment"], "deploy deploy NOT deploy deployment")
+    assert not brute_force(["deploy"], "deploy NOT deploy")
+
+
+@settings(max_examples=250, deadline=None)
+@given(word_queries(), st.sampled_from(["newest", "oldest"]), st.integers(0, 30), st.integers(0, 10))
+def test_word_queries_equal_brute_force(store: SessionDB, rows: dict, query: str, sort: str, limit: int,
+                                        offset: int) -> None:
+    assert plan_search(query).kind == "word" and plan_search(query).match == query  # passes through as is
+    expected = sorted((mid for mid, (_ts, cols) in rows.items() if brute_force(cols, query)),
+                      key=lambda mid: (rows[mid][0], mid), reverse=sort == "newest")
+    got = [h["id"] for h in store.search_messages(query, sort=sort, limit=limit, offset=offset)]
+    assert got == expected[offset:offset + limit]
+
+
+@settings(max_examples=120, deadline=None)
+@given(word_queries())
+def test_ranked_word_queries_return_the_same_set(store: SessionDB, rows: dict, query: str) -> None:
+    expected = {mid for mid, (_ts, cols) in rows.items() if brute_force(cols, query)}
+    got = [h["id"] for h in store.search_messages(query, limit=1000)]
+    assert len(got) == len(set(got)) and set(got) == expected
+
+
+cjk_terms = st.sampled_from(["数据库迁移", "数据库连接", "迁移计划", "通信协议", "已经完成", "讨论数据",
+                             "计划完成了", "完成", "数据", "迁移", "终端", "终端工具", "不存在的词"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(cjk_terms, min_size=1, max_size=3), st.lists(st.sampled_from([" ", " OR ", " NOT ", " AND "]),
+                                                              min_size=2, max_size=2))
+def test_cjk_queries_equal_brute_force_substring_scan(store: SessionDB, rows: dict, terms: list[str],
+                                                      joiners: list[str]) -> None:
+    """Trigram (>= 3-character terms, with FTS5's operators) and short-term substring routes.
+
+    The trigram index leaves tool rows out; they are found by LIKE with the same
+    meaning. The substring route ORs its terms (its documented meaning), so it is
+    checked on queries without NOT only.
+    """
+    query = terms[0] + "".join(j + t for j, t in zip(joiners, terms[1:]))
+    plan = plan_search(query)
+    assert plan.kind in ("trigram", "substring")
+    if plan.kind == "substring":
+        assume(" NOT " not in query)
+        expected = {mid for mid, (_ts, cols) in rows.items() if any(substring_matches(cols, t) for t in terms)}
+    else:
+        expected = {mid for mid, (_ts, cols) in rows.items() if brute_force(cols, query, substring_matches)}
+    got = [h["id"] for h in store.search_messages(query, limit=1000)]
+    assert len(got) == len(set(got)) and set(got) == expected, (query, plan.kind)
+
+
+def test_corpus_is_varied_enough(rows: dict) -> None:
+    """Guard against a corpus where every query trivially returns all or nothing."""
+    hit_counts = [sum(brute_force(cols, q) for _ts, cols in rows.values())
+                  for q in ("deploy", "zebra", "kubectl", "terminal", "deplo*", "chat")]
+    assert all(0 < n < len(rows) for n in hit_counts), hit_counts
+    assert sum(any("数据库迁移" in c for c in cols) for _ts, cols in rows.values()) > 2
+
