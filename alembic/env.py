@@ -14,7 +14,12 @@ from logging.config import fileConfig
 
 from alembic import context
 
-from hermes_store.alembic_support import foreign_names, keep_triggers_across_batch, make_include_name
+from hermes_store.alembic_support import (
+    foreign_names,
+    keep_triggers_across_batch,
+    make_include_name,
+    name_own_revision,
+)
 from hermes_store.engine import create_engine, default_db_path, install_begin_hook, to_url
 from hermes_store.migrations import VERSION_TABLE
 from hermes_store.models import metadata
@@ -44,6 +49,7 @@ def run_migrations_offline() -> None:
         version_table=version_table,
         literal_binds=True,
         render_as_batch=True,
+        process_revision_directives=name_own_revision,
         transactional_ddl=True,
         transaction_per_migration=True,
     )
@@ -73,12 +79,30 @@ def run_on(connection) -> None:  # type: ignore[no-untyped-def]
         render_as_batch=True,
         include_name=make_include_name(ignored, version_table),
         compare_type=True,
+        # `alembic revision` ids follow our namespace (hs0001...), never random hex.
+        process_revision_directives=name_own_revision,
     )
     with context.begin_transaction():
         context.run_migrations()
 
 
+def plain_revision_command() -> bool:
+    """``alembic revision`` without ``--autogenerate`` (env.py runs for it only so the
+    new revision gets an id of our namespace; see ``revision_environment`` in alembic.ini)."""
+    opts = config.cmd_opts
+    return opts is not None and hasattr(opts, "rev_id") and not getattr(opts, "autogenerate", False)
+
+
 def run_migrations_online() -> None:
+    if plain_revision_command():
+        # Nothing is compared, so no real database is opened (none is created either).
+        engine = create_engine("sqlite://")
+        with engine.connect() as conn:
+            context.configure(connection=conn, target_metadata=metadata, process_revision_directives=name_own_revision)
+            with context.begin_transaction():
+                context.run_migrations()
+        engine.dispose()
+        return
     connection = config.attributes.get("connection")
     if connection is not None:
         run_on(connection)

@@ -13,6 +13,7 @@ from typing import Sequence, Union
 
 from alembic import op
 import sqlalchemy as sa
+from hermes_store.alembic_support import keep_triggers_across_batch
 ${imports if imports else ""}
 
 revision: str = ${repr(up_revision)}
@@ -22,8 +23,11 @@ depends_on: Union[str, Sequence[str], None] = ${repr(depends_on)}
 
 
 def upgrade() -> None:
+    # Batch rebuilds on SQLite keep triggers, views and AUTOINCREMENT, whichever env.py runs us.
+    keep_triggers_across_batch(op.get_bind())
     ${upgrades if upgrades else "pass"}
 
 
 def downgrade() -> None:
+    keep_triggers_across_batch(op.get_bind())
     ${downgrades if downgrades else "pass"}

@@ -3,6 +3,11 @@
 * :func:`foreign_names` finds what autogenerate must not touch: FTS5 virtual tables,
   their shadow tables (``_data/_idx/_content/_docsize/_config``), views and SQLite
   internals. None of them is in our metadata, and none is ours to drop.
+* :func:`include_name` and :func:`exclude_hermes_store` are ready-made hooks for a
+  host application's env.py (branch mode and "ours first" mode, see README).
+* :func:`next_own_revision_id` / :func:`name_own_revision` give contributor revisions
+  ids in our own namespace (``hs0001``, ``hs0002``...), which no Hermes schema
+  version (``0001``...``0030``..., digits only) can ever take.
 * :func:`keep_triggers_across_batch` repairs the known SQLite batch-mode trap: a
   table rebuild (create ``_alembic_tmp_X`` / copy / drop X / rename) silently drops
   every trigger on X, and the rename fails while a view still names X.
@@ -16,6 +21,16 @@ from typing import Any, Callable
 from sqlalchemy import Connection, event
 
 SHADOW_SUFFIXES = ("_data", "_idx", "_content", "_docsize", "_config")
+
+#: Our Alembic version table's default name.
+VERSION_TABLE = "hermes_store_version"
+#: Every FTS5 virtual table any Hermes schema version (or we) created, and the views
+#: that feed them. Listed by name so a host's env.py can hide them without a connection.
+FTS_TABLES = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
+FTS_VIEWS = ("messages_fts_src", "messages_fts_trigram_src", "messages_fts_cjk_src")
+FTS_NAMES = frozenset(
+    [*FTS_TABLES, *FTS_VIEWS, *(t + s for t in FTS_TABLES for s in SHADOW_SUFFIXES)]
+)
 
 _CREATE_TMP = re.compile(r"^\s*CREATE TABLE\s+[\"`]?_alembic_tmp_(\w+)", re.I)
 _RENAME_TMP = re.compile(r"^\s*ALTER TABLE\s+[\"`]?_alembic_tmp_(\w+)[\"`]?\s+RENAME TO", re.I)
@@ -47,17 +62,97 @@ def make_include_name(
     return include_name
 
 
-def keep_triggers_across_batch(conn: Connection) -> None:
-    """Re-create triggers and views around every batch rebuild run on ``conn``."""
-    saved: dict[str, tuple[list[str], list[str]]] = {}
+#: Our own revisions: "hs" + 4 digits. Hermes schema version N is revision "%04d" % N.
+OWN_REVISION = re.compile(r"^hs(\d{4})$")
+HERMES_REVISION = re.compile(r"^\d{4}$")
 
-    @event.listens_for(conn, "before_cursor_execute")
-    def _before(c: Connection, cursor: Any, statement: str, *_: Any) -> None:
+
+def next_own_revision_id(script: Any) -> str:
+    """The next free id of our namespace in an Alembic ``ScriptDirectory``."""
+    numbers = [int(m.group(1)) for s in script.walk_revisions() if (m := OWN_REVISION.match(s.revision))]
+    return f"hs{max(numbers, default=0) + 1:04d}"
+
+
+def name_own_revision(context: Any, revision: Any, directives: list[Any]) -> None:
+    """env.py's ``process_revision_directives``: ``alembic revision`` without ``--rev-id``
+    gets :func:`next_own_revision_id` instead of Alembic's random hex.
+
+    An explicit ``--rev-id`` is kept: that is how a maintainer adds the revision of a
+    new Hermes schema version (``0031``...).
+    """
+    cmd_opts = getattr(context.config, "cmd_opts", None)
+    if getattr(cmd_opts, "rev_id", None):
+        return
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(context.config)
+    for directive in directives:
+        directive.rev_id = next_own_revision_id(script)
+
+
+def _is_machinery(name: str | None) -> bool:
+    return name is not None and (name in FTS_NAMES or name.startswith("sqlite_"))
+
+
+def include_name(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
+    """Branch mode: a host whose ``target_metadata`` lists our metadata too.
+
+    Hides FTS5 virtual/shadow tables, their views and SQLite internals (created by raw
+    SQL, not in any metadata, not the host's to drop); our plain tables stay visible so
+    autogenerate compares them against :data:`hermes_store.models.metadata`.
+    """
+    if type_ == "table":
+        return not _is_machinery(name) and name != VERSION_TABLE
+    return True
+
+
+def _our_table_names() -> frozenset[str]:
+    from .models import metadata  # models import nothing from here; kept lazy for import cost
+
+    return frozenset(metadata.tables)
+
+
+def exclude_hermes_store(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
+    """"Ours first" mode: the host migrates us by calling ``migrations.upgrade`` and
+    its own autogenerate must see none of our objects (plain tables, FTS machinery,
+    views, our version table). Indexes and columns of hidden tables go with them."""
+    if type_ == "table":
+        return not (_is_machinery(name) or name == VERSION_TABLE or name in _our_table_names())
+    return True
+
+
+def keep_triggers_across_batch(conn: Connection) -> None:
+    """Carry what a batch rebuild of a table would lose, on every rebuild run on ``conn``.
+
+    Alembic's SQLite batch mode rebuilds a table (create ``_alembic_tmp_X`` / copy /
+    drop X / rename) from its *reflected* definition, which silently loses:
+
+    * every trigger on X (the FTS sync triggers on ``messages``);
+    * ``AUTOINCREMENT``, which SQLAlchemy does not reflect, and with it the
+      ``sqlite_sequence`` high-water mark that keeps deleted ids from being reused;
+
+    and the final RENAME fails while a view still names X. The hooks park views,
+    rewrite the CREATE of the copy to keep AUTOINCREMENT, and restore the rest after
+    the rename, so hand-written and autogenerated revisions need no care of their own.
+    Our env.py installs them; revisions made from our template install them too, so
+    they hold when a host's env.py runs our revisions as a branch.
+    """
+    if conn.dialect.name != "sqlite" or conn.info.get("hermes_store_batch_hooks"):
+        return  # already installed on this connection (env.py and a revision may both ask)
+    conn.info["hermes_store_batch_hooks"] = True
+    saved: dict[str, tuple[list[str], list[str], int | None]] = {}
+
+    # retval=True: this hook may hand back a rewritten CREATE statement.
+    @event.listens_for(conn, "before_cursor_execute", retval=True)
+    def _before(c: Connection, cursor: Any, statement: str, parameters: Any, *_: Any) -> tuple[str, Any]:
         m = _CREATE_TMP.match(statement)
         if not m:
-            return
+            return statement, parameters
         table = m.group(1)
         # Snapshot through the raw cursor: executing through ``c`` would re-enter events.
+        original = cursor.execute(
+            "SELECT sql FROM sqlite_master WHERE type='table' AND name=?", (table,)
+        ).fetchone()
         triggers = [
             r[0]
             for r in cursor.execute(
@@ -71,15 +166,46 @@ def keep_triggers_across_batch(conn: Connection) -> None:
         # A view naming the table would make the final RENAME fail; park it meanwhile.
         for name, _sql in views:
             cursor.execute(f'DROP VIEW "{name}"')
-        saved[table] = (triggers, [sql for _n, sql in views])
+        seq = None
+        if original and _AUTOINCREMENT.search(original[0] or ""):
+            statement = _with_autoincrement(statement)
+            row = cursor.execute("SELECT seq FROM sqlite_sequence WHERE name=?", (table,)).fetchone()
+            seq = row[0] if row else None
+        saved[table] = (triggers, [sql for _n, sql in views], seq)
+        return statement, parameters
 
     @event.listens_for(conn, "after_cursor_execute")
     def _after(c: Connection, cursor: Any, statement: str, *_: Any) -> None:
         m = _RENAME_TMP.match(statement)
         if not m or m.group(1) not in saved:
             return
-        triggers, views = saved.pop(m.group(1))
+        table = m.group(1)
+        triggers, views, seq = saved.pop(table)
         for sql in views:
             cursor.execute(sql)
         for sql in triggers:
             cursor.execute(sql)
+        if seq is not None:
+            # The copy's sequence only reached max(id); ids above it were handed out before.
+            cursor.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?", (seq, table))
+
+
+_AUTOINCREMENT = re.compile(r"\bAUTOINCREMENT\b", re.I)
+_TABLE_PK = re.compile(r",\s*PRIMARY KEY \((\w+)\)", re.I)
+
+
+def _with_autoincrement(create_sql: str) -> str:
+    """Turn SQLAlchemy's ``id INTEGER, ... PRIMARY KEY (id)`` into ``id INTEGER PRIMARY KEY AUTOINCREMENT``.
+
+    SQLite accepts AUTOINCREMENT only as a column constraint of an INTEGER PRIMARY KEY.
+    Left unchanged when the table-level key is not a single column.
+    """
+    m = _TABLE_PK.search(create_sql)
+    if not m:
+        return create_sql
+    col = m.group(1)
+    column_def = re.compile(rf"(\(\s*|,\s*)({re.escape(col)}|\"{re.escape(col)}\") INTEGER(?=\s*[,)])", re.I)
+    if not column_def.search(create_sql):
+        return create_sql
+    without_pk = create_sql[: m.start()] + create_sql[m.end():]
+    return column_def.sub(r"\1\2 INTEGER PRIMARY KEY AUTOINCREMENT", without_pk, count=1)

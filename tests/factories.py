@@ -8,7 +8,7 @@ import json
 import factory
 from factory.alchemy import SQLAlchemyModelFactory
 
-from hermes_store.models import Message, Session
+from hermes_store.models import AgentSession as Session, Message
 
 _clock = itertools.count()
 

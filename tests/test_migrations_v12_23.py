@@ -624,11 +624,11 @@ def test_head_models_round_trip_new_tables(session) -> None:  # noqa: ANN001
     from sqlalchemy.orm import selectinload
 
     from hermes_store.models import (
+        AgentSession as Session,
         AsyncDelegation,
         CompressionLock,
         GatewayRouting,
         Message,
-        Session,
         SessionModelUsage,
     )
 

@@ -11,11 +11,11 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.exc import InvalidRequestError
 from sqlalchemy.orm import selectinload
 
-from hermes_store.models import Message, Session, SessionModelUsage
+from hermes_store.models import AgentSession as Session, SessionModelUsage
 
 from .factories import MessageFactory, SessionFactory
 
@@ -36,11 +36,17 @@ def test_factories_write_through_the_models(session) -> None:
     ).one()
     assert [m.id for m in loaded.messages] == [msg.id, tool.id]
     assert json.loads(loaded.messages[0].tool_calls)[0]["function"]["name"] == "web_search"
-    # triggers ran: the word index knows the tool name
-    hits = session.execute(
-        select(Message.id).where(Message.id.in_(select(Message.id))).where(Message.tool_name == "web_search")
-    ).scalars().all()
-    assert hits == [tool.id]
+    # triggers ran inside the test's transaction: the FTS indexes know the new rows
+    def fts(table: str, match: str) -> list[int]:
+        sql = text(f"SELECT rowid FROM {table} WHERE {table} MATCH :q ORDER BY rowid")
+        return session.execute(sql, {"q": match}).scalars().all()
+
+    assert fts("messages_fts", 'tool_name : "web_search"') == [tool.id]  # the tool name column
+    assert fts("messages_fts", 'tool_calls : "web_search"') == [msg.id]  # the name inside the tool call
+    assert fts("messages_fts", "zebra") == [msg.id]  # and the call's arguments
+    assert fts("messages_fts", "output") == [tool.id]
+    assert fts("messages_fts_trigram", "zebra") == [msg.id]  # tool rows stay out of the trigram index
+    assert fts("messages_fts_trigram", "output") == []
 
 
 def test_lazy_loads_are_refused(session) -> None:

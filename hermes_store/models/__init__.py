@@ -1,7 +1,15 @@
-"""Models: our DeclarativeBase, the plain tables, and light constructs for FTS."""
+"""Models: our DeclarativeBase, the plain tables, and light constructs for FTS.
+
+The sessions model is :class:`AgentSession`; the old name ``Session`` still works for
+one release (with a DeprecationWarning) but shadowed ``sqlalchemy.orm.Session`` in
+every host module that imported both.
+"""
+
+import warnings
 
 from .base import Base, NAMING_CONVENTION
 from .tables import (
+    AgentSession,
     AsyncDelegation,
     CjkBigram,
     CjkBigramDirty,
@@ -9,7 +17,6 @@ from .tables import (
     GatewayRouting,
     Message,
     SchemaVersion,
-    Session,
     SessionModelUsage,
     StateMeta,
 )
@@ -17,6 +24,7 @@ from .tables import (
 metadata = Base.metadata
 
 __all__ = [
+    "AgentSession",
     "AsyncDelegation",
     "CjkBigram",
     "CjkBigramDirty",
@@ -26,8 +34,19 @@ __all__ = [
     "Message",
     "NAMING_CONVENTION",
     "SchemaVersion",
-    "Session",
     "SessionModelUsage",
     "StateMeta",
     "metadata",
 ]
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    """Deprecated alias ``Session`` → :class:`AgentSession` (removed in the next release)."""
+    if name == "Session":
+        warnings.warn(
+            "hermes_store.models.Session is renamed AgentSession (it shadowed sqlalchemy.orm.Session)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return AgentSession
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,8 +24,11 @@ class SchemaVersion(Base):
     __mapper_args__ = {"primary_key": [version]}
 
 
-class Session(Base):
-    """One agent session; ``parent_session_id`` links compression/branch/delegate children."""
+class AgentSession(Base):
+    """One agent session; ``parent_session_id`` links compression/branch/delegate children.
+
+    Not called ``Session``: that name shadowed ``sqlalchemy.orm.Session`` in host code.
+    """
 
     __tablename__ = "sessions"
 
@@ -86,10 +89,10 @@ class Session(Base):
     compression_fallback_streak: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
     profile_name: Mapped[Optional[str]] = mapped_column(TEXT)
 
-    parent: Mapped[Optional["Session"]] = relationship(
+    parent: Mapped[Optional["AgentSession"]] = relationship(
         remote_side=[id], back_populates="children", lazy="raise_on_sql"
     )
-    children: Mapped[list["Session"]] = relationship(
+    children: Mapped[list["AgentSession"]] = relationship(
         back_populates="parent", lazy="raise_on_sql", passive_deletes=True
     )
     messages: Mapped[list["Message"]] = relationship(
@@ -119,16 +122,16 @@ class Session(Base):
 
 
 # Declared after the class so they can name the mapped columns with DESC ordering.
-Index("idx_sessions_started", Session.started_at.desc())
-Index("idx_sessions_session_key", Session.session_key, Session.started_at.desc())
+Index("idx_sessions_started", AgentSession.started_at.desc())
+Index("idx_sessions_session_key", AgentSession.session_key, AgentSession.started_at.desc())
 Index(
     "idx_sessions_gateway_peer",
-    Session.source,
-    Session.user_id,
-    Session.chat_id,
-    Session.chat_type,
-    Session.thread_id,
-    Session.started_at.desc(),
+    AgentSession.source,
+    AgentSession.user_id,
+    AgentSession.chat_id,
+    AgentSession.chat_type,
+    AgentSession.thread_id,
+    AgentSession.started_at.desc(),
 )
 
 
@@ -169,7 +172,7 @@ class Message(Base):
     # v22
     api_content: Mapped[Optional[str]] = mapped_column(TEXT)
 
-    session: Mapped[Session] = relationship(back_populates="messages", lazy="raise_on_sql")
+    session: Mapped[AgentSession] = relationship(back_populates="messages", lazy="raise_on_sql")
 
     __table_args__ = (
         Index("idx_messages_session", "session_id", "timestamp"),
@@ -256,7 +259,7 @@ class SessionModelUsage(Base):
     first_seen: Mapped[Optional[float]] = mapped_column(REAL)
     last_seen: Mapped[Optional[float]] = mapped_column(REAL)
 
-    session: Mapped[Session] = relationship(back_populates="model_usage", lazy="raise_on_sql")
+    session: Mapped[AgentSession] = relationship(back_populates="model_usage", lazy="raise_on_sql")
 
     __table_args__ = (
         Index("idx_session_model_usage_session", "session_id"),
