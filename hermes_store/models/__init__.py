@@ -14,11 +14,16 @@ from .tables import (
     CjkBigram,
     CjkBigramDirty,
     CompressionLock,
+    ConversationGeneration,
+    GatewayHeartbeat,
+    GatewayHygieneState,
     GatewayRouting,
     Message,
     SchemaVersion,
     SessionModelUsage,
+    SessionTurnLease,
     StateMeta,
+    SystemPrompt,
 )
 
 metadata = Base.metadata
@@ -30,12 +35,17 @@ __all__ = [
     "CjkBigramDirty",
     "Base",
     "CompressionLock",
+    "ConversationGeneration",
+    "GatewayHeartbeat",
+    "GatewayHygieneState",
     "GatewayRouting",
     "Message",
     "NAMING_CONVENTION",
     "SchemaVersion",
     "SessionModelUsage",
+    "SessionTurnLease",
     "StateMeta",
+    "SystemPrompt",
     "metadata",
 ]
 

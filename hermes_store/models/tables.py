@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sqlalchemy import INTEGER, REAL, TEXT, ForeignKey, Index, text
+from sqlalchemy import BLOB, INTEGER, REAL, TEXT, ForeignKey, Index, func, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from .base import Base
@@ -88,6 +88,26 @@ class AgentSession(Base):
     # v21
     compression_fallback_streak: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
     profile_name: Mapped[Optional[str]] = mapped_column(TEXT)
+    # v24 (added under late v23): activity tracking, anti-thrash count, durable pin
+    last_activity_at: Mapped[Optional[float]] = mapped_column(REAL)
+    last_activity_description: Mapped[Optional[str]] = mapped_column(TEXT)
+    last_activity_provenance: Mapped[Optional[str]] = mapped_column(TEXT)
+    compression_ineffective_count: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    pinned: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    # v25: the prompt lives in system_prompts; ``system_prompt`` is the legacy fallback
+    system_prompt_hash: Mapped[Optional[str]] = mapped_column(TEXT, ForeignKey("system_prompts.hash"))
+    title_source: Mapped[Optional[str]] = mapped_column(TEXT)
+    hidden: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    last_read_at: Mapped[Optional[float]] = mapped_column(REAL)
+    # v26
+    git_metadata_generation: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    # v27 (tool_names added under late v26)
+    tool_names: Mapped[Optional[str]] = mapped_column(TEXT)
+    compression_recovery_deadline: Mapped[Optional[float]] = mapped_column(REAL)
+    # v30 (late)
+    created_source: Mapped[Optional[str]] = mapped_column(TEXT)
+    compression_overload_streak: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    transport_profile: Mapped[Optional[str]] = mapped_column(TEXT)
 
     parent: Mapped[Optional["AgentSession"]] = relationship(
         remote_side=[id], back_populates="children", lazy="raise_on_sql"
@@ -118,6 +138,8 @@ class AgentSession(Base):
             sqlite_where=text("title IS NOT NULL"),
         ),
         Index("idx_sessions_handoff_state", "handoff_state", "started_at"),
+        Index("idx_sessions_system_prompt_hash", "system_prompt_hash"),
+        Index("idx_sessions_tool_names", "tool_names"),
     )
 
 
@@ -131,6 +153,13 @@ Index(
     AgentSession.chat_id,
     AgentSession.chat_type,
     AgentSession.thread_id,
+    AgentSession.started_at.desc(),
+)
+# v27: recency without scanning messages. SQLite reflection cannot read an expression
+# index back, so autogenerate compares it by name only.
+Index(
+    "idx_sessions_effective_activity",
+    func.coalesce(AgentSession.last_activity_at, AgentSession.started_at).desc(),
     AgentSession.started_at.desc(),
 )
 
@@ -171,12 +200,20 @@ class Message(Base):
     effect_disposition: Mapped[Optional[str]] = mapped_column(TEXT)
     # v22
     api_content: Mapped[Optional[str]] = mapped_column(TEXT)
+    # v24 (added under late v23): typed display events
+    display_kind: Mapped[Optional[str]] = mapped_column(TEXT)
+    display_metadata: Mapped[Optional[str]] = mapped_column(TEXT)
+    # v27 (added under late v26): a compression summary is not summarized again
+    _compressed_summary: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    # v30 (late): stable on-screen order; NULL = pending backfill by Hermes
+    display_identity: Mapped[Optional[bytes]] = mapped_column(BLOB)
+    display_order: Mapped[Optional[int]] = mapped_column(INTEGER)
 
     session: Mapped[AgentSession] = relationship(back_populates="messages", lazy="raise_on_sql")
 
     __table_args__ = (
         Index("idx_messages_session", "session_id", "timestamp"),
-        # hermes_store's own (revision 0024): newest-first substring scans stop early.
+        # hermes_store's own (revision hs0001): newest-first substring scans stop early.
         Index("idx_messages_timestamp", "timestamp"),
         Index(
             "idx_messages_platform_msg_id",
@@ -186,8 +223,40 @@ class Message(Base):
         ),
         Index("idx_messages_session_active", "session_id", "active", "timestamp"),
         Index("idx_messages_active_null", "active", sqlite_where=text("active IS NULL")),
+        # v24
+        Index("idx_messages_session_id", "session_id", "id"),
+        Index(
+            "idx_messages_assistant_calls_by_session",
+            "session_id",
+            sqlite_where=text("role = 'assistant' AND tool_calls IS NOT NULL"),
+        ),
+        # v30 (late)
+        Index(
+            "idx_messages_display_backfill",
+            "session_id",
+            sqlite_where=text(
+                "(display_order IS NULL OR display_identity IS NULL) AND (active = 1 OR compacted = 1)"
+            ),
+        ),
+        Index(
+            "idx_messages_display_identity",
+            "session_id",
+            "display_identity",
+            "display_order",
+            sqlite_where=text("display_identity IS NOT NULL AND (active = 1 OR compacted = 1)"),
+        ),
         {"sqlite_autoincrement": True},
     )
+
+
+Index(
+    "idx_messages_display_page",
+    Message.session_id,
+    Message.display_order,
+    Message.active.desc(),
+    Message.id.desc(),
+    sqlite_where=text("active = 1 OR compacted = 1"),
+)
 
 
 class StateMeta(Base):
@@ -291,24 +360,94 @@ class AsyncDelegation(Base):
     task_json: Mapped[Optional[str]] = mapped_column(TEXT)
     delivery_claim: Mapped[Optional[str]] = mapped_column(TEXT)
     delivery_claimed_at: Mapped[Optional[float]] = mapped_column(REAL)
+    # v30 (late): mirrors the delegation tool's own table
+    origin_session_id: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=text("''"))
 
     __table_args__ = (Index("idx_async_delegations_delivery", "delivery_state", "completed_at"),)
 
 
+class SystemPrompt(Base):
+    """A system prompt stored once, keyed by the SHA-256 hex of its UTF-8 text (v25).
+
+    Sessions point here through ``system_prompt_hash``; readers resolve
+    ``COALESCE(system_prompts.prompt, sessions.system_prompt)``.
+    """
+
+    __tablename__ = "system_prompts"
+
+    hash: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    prompt: Mapped[str] = mapped_column(TEXT, nullable=False)
+
+
+class SessionTurnLease(Base):
+    """A lease serializing the turns of one conversation across processes (v25)."""
+
+    __tablename__ = "session_turn_leases"
+
+    conversation_id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    holder: Mapped[str] = mapped_column(TEXT, nullable=False)
+    acquired_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    expires_at: Mapped[float] = mapped_column(REAL, nullable=False)
+
+    __table_args__ = (Index("idx_session_turn_leases_expires", "expires_at"),)
+
+
+class GatewayHygieneState(Base):
+    """The failure streak of the gateway's hygiene step per chat, kept across restarts (v26)."""
+
+    __tablename__ = "gateway_hygiene_state"
+
+    session_key: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    failure_streak: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+
+
+class ConversationGeneration(Base):
+    """A per-peer counter that only increases, so a cache scope is never reused (v27).
+
+    Hermes never deletes these rows, not even with the peer's sessions.
+    """
+
+    __tablename__ = "conversation_generations"
+
+    source: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=False)
+    session_key: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=False)
+    generation: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+
+
+class GatewayHeartbeat(Base):
+    """Liveness of one serve/gateway backend, so its idle sessions are not reaped (v27)."""
+
+    __tablename__ = "gateway_heartbeats"
+
+    backend_id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    pid: Mapped[int] = mapped_column(INTEGER, nullable=False)
+    started_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    last_heartbeat: Mapped[float] = mapped_column(REAL, nullable=False)
+    profile: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=text("''"))
+    host: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=text("''"))
+
+
 __all__ = [
+    "AgentSession",
     "AsyncDelegation",
+    "CjkBigram",
+    "CjkBigramDirty",
     "CompressionLock",
+    "ConversationGeneration",
+    "GatewayHeartbeat",
+    "GatewayHygieneState",
     "GatewayRouting",
     "Message",
     "SchemaVersion",
-    "Session",
     "SessionModelUsage",
+    "SessionTurnLease",
     "StateMeta",
+    "SystemPrompt",
 ]
 
 
 class CjkBigram(Base):
-    """hermes_store's short-CJK search index (revision 0024): adjacent CJK pairs per block.
+    """hermes_store's short-CJK search index (revision hs0001): adjacent CJK pairs per block.
 
     Maintained by :mod:`hermes_store.search.bigram`; see that module for the rules.
     """

@@ -1,4 +1,4 @@
-"""Short-CJK search index (revision 0024): adjacent CJK pairs per block of 64 messages.
+"""Short-CJK search index (revision hs0001): adjacent CJK pairs per block of 64 messages.
 
 A CJK term of two characters has no trigram, so without help it needs a LIKE scan of
 every message. Here each message's content, tool name and tool calls are cut into

@@ -19,12 +19,20 @@ history. This revision adds what such a search needs:
 * ``idx_messages_timestamp`` lets a common short term stop after the newest hits
   instead of sorting every match.
 
-``schema_version`` stays 23: Hermes can still open the file and ignores these objects.
-The index starts empty (high water -1 = nothing indexed, everything scanned) and is
-built by the first SessionDB open or ``hermes-store fts rebuild``, so upgrading a large
-file stays quick.
+``schema_version`` is left alone: Hermes can still open the file and ignores these
+objects. The index starts empty (high water -1 = nothing indexed, everything scanned)
+and is built by the first SessionDB open or ``hermes-store fts rebuild``, so upgrading
+a large file stays quick.
 
-Revision ID: 0024
+Why its id is ``hs0001`` and why it sits right after 0023: ids of our own start with
+``hs`` so they can never take the id of a Hermes schema version (it was once "0024",
+which Hermes v24 needed). It comes after 0023 because it needs what v23 has
+(``state_meta``, ``messages.timestamp``), and before 0024 because it was written at
+v23. It adds only objects of our own and alters none of Hermes', so it commutes with
+every later Hermes revision: they neither see nor touch what it adds (its triggers fire
+on ``messages`` and only write ``messages_cjk_bigram_dirty``).
+
+Revision ID: hs0001
 Revises: 0023
 """
 
@@ -32,7 +40,7 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0024"
+revision = "hs0001"
 down_revision = "0023"
 branch_labels = None
 depends_on = None
