@@ -286,10 +286,7 @@ def check_target(
         return p
     except OSError as exc:
         raise errors.DatabaseUnavailableError(f"cannot use {p}: {exc}") from exc
-    if stat.S_ISDIR(st.st_mode):
-        raise errors.NotADatabaseError(f"{p} is a folder, not a database file; left unchanged")
-    if not stat.S_ISREG(st.st_mode):
-        raise errors.NotADatabaseError(f"{p} is not a regular file; left unchanged")
+    _require_regular_file(p, st)
     if not os.access(p, os.R_OK):
         raise errors.DatabaseUnavailableError(f"cannot read {p}: permission denied; left unchanged")
     if write and is_read_only(p):
@@ -420,6 +417,14 @@ def sqlite_refusal(p: Path, exc: sqlite3.DatabaseError) -> errors.HermesStoreErr
     return errors.NotADatabaseError(f"{p} is not a usable SQLite database ({msg}); left unchanged")
 
 
+def _require_regular_file(p: Path, st: os.stat_result) -> None:
+    """A database is a regular file: a folder or a device/FIFO is refused, untouched."""
+    if stat.S_ISDIR(st.st_mode):
+        raise errors.NotADatabaseError(f"{p} is a folder, not a database file; left unchanged")
+    if not stat.S_ISREG(st.st_mode):
+        raise errors.NotADatabaseError(f"{p} is not a regular file; left unchanged")
+
+
 def check_file(path: str | os.PathLike[str], *, recovery_ok: bool = False) -> None:
     """Refuse, without touching it, a file that cannot be a usable SQLite database.
 
@@ -441,10 +446,7 @@ def check_file(path: str | os.PathLike[str], *, recovery_ok: bool = False) -> No
         raise errors.DatabaseUnavailableError(f"{p} does not exist") from exc
     except OSError as exc:
         raise errors.DatabaseUnavailableError(f"cannot read {p}: {exc}") from exc
-    if stat.S_ISDIR(st.st_mode):
-        raise errors.NotADatabaseError(f"{p} is a folder, not a database file; left unchanged")
-    if not stat.S_ISREG(st.st_mode):
-        raise errors.NotADatabaseError(f"{p} is not a regular file; left unchanged")
+    _require_regular_file(p, st)
     if st.st_size == 0:
         return
     try:

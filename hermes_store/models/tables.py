@@ -301,7 +301,7 @@ __all__ = [
     "GatewayRouting",
     "Message",
     "SchemaVersion",
-    "Session",
+    "AgentSession",
     "SessionModelUsage",
     "StateMeta",
 ]
