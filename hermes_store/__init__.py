@@ -4,15 +4,23 @@ Nothing is created or connected at import time.
 """
 
 from .errors import (
+    AdoptionError,
     DatabaseLockedError,
     DatabaseUnavailableError,
+    DiskFullError,
     HermesStoreError,
+    InvalidInputError,
     InvalidTitleError,
+    ManagedByHostError,
     NotADatabaseError,
     NotAHermesDatabaseError,
     NotFoundError,
+    NotMigratedError,
+    ReadOnlyDatabaseError,
     SchemaTooNewError,
     TitleConflictError,
+    UnknownFieldError,
+    UnsupportedDatabaseError,
 )
 from .facade import SessionDB, apply_wal_with_fallback, format_session_db_unavailable, get_last_init_error
 from .uow import UnitOfWork
@@ -20,17 +28,25 @@ from .uow import UnitOfWork
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdoptionError",
     "DatabaseLockedError",
     "DatabaseUnavailableError",
+    "DiskFullError",
     "HermesStoreError",
+    "InvalidInputError",
     "InvalidTitleError",
+    "ManagedByHostError",
     "NotADatabaseError",
     "NotAHermesDatabaseError",
     "NotFoundError",
+    "NotMigratedError",
+    "ReadOnlyDatabaseError",
     "SchemaTooNewError",
     "SessionDB",
     "TitleConflictError",
     "UnitOfWork",
+    "UnknownFieldError",
+    "UnsupportedDatabaseError",
     "__version__",
     "apply_wal_with_fallback",
     "format_session_db_unavailable",

@@ -69,3 +69,8 @@ class NotMigratedError(HermesStoreError):
 
 class UnsupportedDatabaseError(HermesStoreError):
     """The URL names a database kind (dialect) hermes_store does not support."""
+
+
+class ManagedByHostError(HermesStoreError):
+    """Our revisions in this database are run by a host application's Alembic (branch
+    mode); migrate it there (``alembic upgrade heads``), not from hermes_store."""

@@ -17,11 +17,12 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from sqlalchemy import Connection, event
+from sqlalchemy import Connection, Engine, event
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
 from . import errors, migrations, paths
-from .engine import BEGIN_MODE, create_engine, default_db_path
+from .engine import BEGIN_MODE, create_engine, default_db_path, to_url
 from .paths import create_private_database  # noqa: F401 - kept importable from here (CLI)
 from .repositories import (
     LineageRepository,
@@ -31,6 +32,7 @@ from .repositories import (
     SessionRepository,
 )
 from .repositories.base import driver_errors
+from .repositories.maintenance import remove_committed_files
 from .search import bigram
 from .search.query import contains_cjk, sanitize_fts5_query
 from .titles import sanitize_title
@@ -102,11 +104,50 @@ def _is_locked(exc: BaseException) -> bool:
     return "database is locked" in text or "database is busy" in text or "database table is locked" in text
 
 
+def _database_file(db_path: Any, url: str | URL | None, engine: Engine | None) -> Path:
+    """The SQLite file behind whichever of path / URL / Engine the caller gave.
+
+    Checked before anything is created: an unsupported dialect or an in-memory URL
+    gets one clear error, never a folder named ``sqlite:`` or ``postgresql+…:``.
+    """
+    given = [x for x in (db_path, url, engine) if x is not None]
+    if len(given) > 1:
+        raise errors.InvalidInputError("give SessionDB one of db_path, url= or engine=, not several")
+    target = given[0] if given else None
+    if target is None:
+        return default_db_path()
+    if isinstance(target, Engine):
+        target = target.url
+    if isinstance(target, URL) or (isinstance(target, str) and "://" in target):
+        parsed = to_url(target)
+        if parsed.get_backend_name() != "sqlite":
+            raise errors.UnsupportedDatabaseError(
+                f"{parsed.get_backend_name()} databases are not supported by SessionDB; "
+                "use a SQLite file (a path or a sqlite:///… URL)"
+            )
+        if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
+            raise errors.InvalidInputError(f"SessionDB needs a database file, not {parsed.render_as_string()}")
+        return Path(parsed.database).expanduser()
+    return Path(target).expanduser()
+
+
 class SessionDB:
     """Hermes-compatible session store on one SQLite file."""
 
-    def __init__(self, db_path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        db_path: str | os.PathLike[str] | URL | Engine | None = None,
+        *,
+        url: str | URL | None = None,
+        engine: Engine | None = None,
+    ) -> None:
         """Open (creating 0600, adopting or migrating as needed) the store at ``db_path``.
+
+        ``db_path`` keeps Hermes' signature (a path; None means ``$HERMES_HOME/state.db``)
+        and also takes what SQLAlchemy users pass: a ``sqlite:///…`` URL string, a
+        ``URL`` or an ``Engine`` (or ``url=`` / ``engine=``). A URL is never taken for a
+        path. Given an Engine, SessionDB opens the same file with its own engine (it
+        needs its own locking setup) and never disposes yours.
 
         Nothing is written before the path is known to be usable: a dangling symlink,
         a folder, a path below a file or a read-only file/folder raise a typed
@@ -114,7 +155,7 @@ class SessionDB:
         A symlink to a real database is followed (see :func:`hermes_store.paths.resolve_link`).
         """
         global _last_init_error
-        self.db_path = Path(db_path).expanduser() if db_path else default_db_path()
+        self.db_path = _database_file(db_path, url, engine)
         self._writes = 0
         self._lock = threading.Lock()
         # Idle connections kept open between calls, one stack for readers and one for
@@ -229,8 +270,13 @@ class SessionDB:
         while True:
             try:
                 with self._borrow(write=True) as conn:
-                    with conn.begin():
-                        result = fn(conn)
+                    try:
+                        with conn.begin():
+                            result = fn(conn)
+                    except BaseException:
+                        remove_committed_files(conn, committed=False)
+                        raise
+                    remove_committed_files(conn)  # transcript files go only once the rows are gone
                 break
             except (OperationalError, sqlite3.OperationalError) as exc:
                 # BEGIN IMMEDIATE reports a held lock as the driver's own error.

@@ -20,7 +20,6 @@ from typing import Iterator
 
 from alembic import command
 from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL
 
@@ -87,6 +86,8 @@ def _prepare_file(target: Target) -> tuple[Path | None, Path | None]:
         return None, None
     real = paths.check_target(path, write=True, create=True)
     adopt.finish_interrupted(real)
+    if real.exists() and real.stat().st_size == 0:
+        return real, None  # SQLite's own view: a 0-byte file is a new, empty database
     if real.exists():
         paths.check_file(real, recovery_ok=True)
         return real, None
@@ -111,6 +112,8 @@ def _drop_if_untouched(created: Path | None, before: os.stat_result | None) -> N
 def current(target: Target, *, version_table: str = VERSION_TABLE) -> str | None:
     """The revision the database is at (None when un-stamped, missing or empty).
 
+    Our version table first; failing that, a host application's version table holding
+    a revision of our chain (our revisions run as a branch of the host's Alembic).
     Never creates the file: asking is not a reason to leave an empty database behind.
     """
     path = _file_path(target)
@@ -118,13 +121,29 @@ def current(target: Target, *, version_table: str = VERSION_TABLE) -> str | None
         if not path.exists() or path.stat().st_size == 0:
             return None
         paths.check_target(path, write=False)
+    with _reading(target) as conn:
+        return _revision_of(conn, version_table)[1]
+
+
+def _revision_of(conn: Connection, version_table: str) -> tuple[str | None, str | None]:
+    """``(version table, revision)``: ours, else a host's holding one of our ids."""
+    if inspect(conn).has_table(version_table):
+        ctx = MigrationContext.configure(conn, opts={"version_table": version_table})
+        return version_table, ctx.get_current_revision()
+    found = paths.host_revision(conn, version_table)
+    return found if found else (None, None)
+
+
+@contextmanager
+def _reading(target: Target) -> Iterator[Connection]:
+    """A connection for looking only: a read we start is ended, a caller's transaction is left alone."""
     with _connection(target) as conn:
         hosted = conn.in_transaction()
-        ctx = MigrationContext.configure(conn, opts={"version_table": version_table})
-        rev = ctx.get_current_revision()
-        if not hosted and conn.in_transaction():
-            conn.rollback()
-        return rev
+        try:
+            yield conn
+        finally:
+            if not hosted and conn.in_transaction():
+                conn.rollback()
 
 
 def upgrade(target: Target, revision: str = "head", *, version_table: str = VERSION_TABLE) -> str | None:
@@ -154,7 +173,8 @@ def upgrade(target: Target, revision: str = "head", *, version_table: str = VERS
                 return current(target, version_table=version_table)
     fresh = created.stat() if created is not None else None
     try:
-        _check_known(target, version_table)
+        if _check_known(target, version_table, revision):
+            return current(target, version_table=version_table)
         _run(target, command.upgrade, revision, version_table=version_table)
     except BaseException:
         _drop_if_untouched(created, fresh)
@@ -165,7 +185,8 @@ def upgrade(target: Target, revision: str = "head", *, version_table: str = VERS
 def downgrade(target: Target, revision: str, *, version_table: str = VERSION_TABLE) -> str | None:
     """Downgrade to ``revision`` (``"base"`` removes everything)."""
     _prepare_file(target)
-    _check_known(target, version_table)
+    if _check_known(target, version_table, revision):
+        return current(target, version_table=version_table)
     _run(target, command.downgrade, revision, version_table=version_table)
     return current(target, version_table=version_table)
 
@@ -176,44 +197,45 @@ def stamp(target: Target, revision: str, *, version_table: str = VERSION_TABLE) 
     _run(target, command.stamp, revision, version_table=version_table)
 
 
-def _check_known(target: Target, version_table: str) -> None:
-    """A database stamped with a revision we do not ship is refused, untouched."""
-    with _connection(target) as conn:
-        # A host's open transaction is left alone: our reads end only the one they began.
-        hosted = conn.in_transaction()
+def _check_known(target: Target, version_table: str, revision: str | None = None) -> bool:
+    """Refuse, untouched, what our revisions must not run on; True when there is nothing to do.
+
+    * a Hermes file not adopted yet (reached with an Engine/Connection; a path is
+      adopted by :func:`upgrade`: we cannot swap a file under someone else's engine);
+    * a foreign sessions/messages schema;
+    * a revision we do not ship (a newer hermes_store wrote it);
+    * our revisions recorded in a host application's version table (branch mode): the
+      host's Alembic owns them. At the requested revision that is fine (nothing to do);
+      otherwise the host must run its ``alembic upgrade heads``.
+    """
+    with _reading(target) as conn:
         try:
             tables = set(inspect(conn).get_table_names())
         except Exception as exc:  # sqlite3.DatabaseError: file is not a database
             raise errors.NotADatabaseError(f"not a SQLite database: {exc}") from exc
-        if version_table not in tables and "schema_version" in tables:
-            if not hosted and conn.in_transaction():
-                conn.rollback()
-            # Reached with an Engine/Connection (a path is adopted by upgrade()): we
-            # cannot swap a file under someone else's open engine.
-            raise errors.AdoptionError(
-                "this database was written by Hermes and is not adopted yet; call "
-                "hermes_store.adopt.adopt(path) (or migrations.upgrade(path)) on the file first"
-            )
-        if version_table not in tables and tables & {"sessions", "messages"}:
-            if not hosted and conn.in_transaction():
-                conn.rollback()
-            raise errors.NotAHermesDatabaseError(
-                "the database has a sessions/messages table but neither Hermes' schema_version "
-                f"nor {version_table}; refusing to migrate a foreign schema (left unchanged)"
-            )
-        rev = None
-        if version_table in tables:
-            ctx = MigrationContext.configure(conn, opts={"version_table": version_table})
-            rev = ctx.get_current_revision()
-        if not hosted and conn.in_transaction():
-            conn.rollback()
-    if rev is None:
-        return
-    script = ScriptDirectory.from_config(make_config())
-    try:
-        script.get_revision(rev)
-    except Exception as exc:
+        table, rev = _revision_of(conn, version_table)
+    if table is not None and table != version_table:
+        wanted = head() if revision in (None, "head", "heads") else revision
+        if rev == wanted:
+            return True
+        raise errors.ManagedByHostError(
+            f"hermes_store's revisions in this database are run by a host application's Alembic "
+            f"(its table {table} holds {rev}); run `alembic upgrade heads` in that project "
+            "instead of migrating it from here"
+        )
+    if table is None and "schema_version" in tables:
+        raise errors.AdoptionError(
+            "this database was written by Hermes and is not adopted yet; call "
+            "hermes_store.adopt.adopt(path) (or migrations.upgrade(path)) on the file first"
+        )
+    if table is None and tables & {"sessions", "messages"}:
+        raise errors.NotAHermesDatabaseError(
+            "the database has a sessions/messages table but neither Hermes' schema_version "
+            f"nor {version_table}; refusing to migrate a foreign schema (left unchanged)"
+        )
+    if rev is not None and rev not in paths.our_revision_ids():
         raise errors.SchemaTooNewError(
             f"database is at revision {rev!r}, which this hermes_store does not know "
-            f"(newest known: {script.get_current_head()}); upgrade hermes_store"
-        ) from exc
+            f"(newest known: {head()}); upgrade hermes_store"
+        )
+    return False

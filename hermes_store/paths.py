@@ -24,11 +24,12 @@ import stat
 import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from functools import lru_cache
+from typing import Any, Callable, Iterable, Iterator
 
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection
+from sqlalchemy import Connection, inspect
 
 from . import errors
 from .engine import create_engine, to_url
@@ -69,19 +70,100 @@ def head() -> str:
     return ScriptDirectory.from_config(make_config()).get_current_head()
 
 
+@lru_cache(maxsize=1)
+def revision_order() -> tuple[str, ...]:
+    """Every revision id of our (linear) chain, oldest first; the scripts do not change while we run."""
+    return tuple(reversed([s.revision for s in ScriptDirectory.from_config(make_config()).walk_revisions()]))
+
+
+def our_revision_ids() -> frozenset[str]:
+    return frozenset(revision_order())
+
+
+def _pick_host_revision(
+    tables: Iterable[str], columns: Callable[[str], list[str]], versions: Callable[[str], list[str]], skip: str
+) -> tuple[str, str] | None:
+    ids = our_revision_ids()
+    for table in sorted(tables):
+        if table == skip or columns(table) != ["version_num"]:
+            continue  # not an Alembic version table (or ours)
+        for rev in versions(table):
+            if rev in ids:
+                return table, rev
+    return None
+
+
+def host_revision(conn: Connection, version_table: str = VERSION_TABLE) -> tuple[str, str] | None:
+    """``(table, revision)`` when a host application's Alembic ran our revisions as a
+    branch of its own (README, "Way 2"), so our revision sits in *its* version table
+    and ours does not exist. None otherwise (callers check our own table first)."""
+    insp = inspect(conn)
+    return _pick_host_revision(
+        insp.get_table_names(),
+        lambda t: [c["name"] for c in insp.get_columns(t)],
+        lambda t: [r[0] for r in conn.exec_driver_sql(f'SELECT version_num FROM "{t}"')],
+        version_table,
+    )
+
+
+def host_revision_raw(conn: sqlite3.Connection, version_table: str = VERSION_TABLE) -> tuple[str, str] | None:
+    """:func:`host_revision` on a DB-API sqlite3 connection (adoption's read-only checks)."""
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    return _pick_host_revision(
+        tables,
+        lambda t: [r[1] for r in conn.execute(f'PRAGMA table_info("{t}")')],
+        lambda t: [r[0] for r in conn.execute(f'SELECT version_num FROM "{t}"')],
+        version_table,
+    )
+
+
 def run_alembic(conn: Connection, fn: Callable[..., Any], *args: Any, version_table: str = VERSION_TABLE) -> Any:
     """Run an Alembic command (``command.upgrade``…) on ``conn``.
 
-    A transaction the caller had open stays the caller's to commit or roll back; one
-    the command left open on an idle connection is committed.
+    A transaction the caller had open stays the caller's to commit or roll back, and
+    the revisions run inside it; one the command left open on an idle connection is
+    committed. Safe to call from inside another Alembic run (a host's env.py).
     """
     hosted = conn.in_transaction()
+    if hosted:
+        join_driver_transaction(conn)
     cfg = make_config(version_table=version_table)
     cfg.attributes["connection"] = conn
-    result = fn(cfg, *args)
+    with _outer_alembic_kept():
+        result = fn(cfg, *args)
     if not hosted and conn.in_transaction():
         conn.commit()
     return result
+
+
+def join_driver_transaction(conn: Connection) -> None:
+    """Make the caller's open transaction a real one at the driver, so our DDL joins it.
+
+    pysqlite (in its default mode) sends BEGIN only before INSERT/UPDATE/DELETE; a
+    host that began a transaction and ran only DDL or SELECTs so far is still in
+    autocommit underneath, and our CREATE TABLEs would commit on their own: the
+    host's rollback could not take them back.
+    """
+    if conn.dialect.name != "sqlite":
+        return
+    dbapi = conn.connection.driver_connection
+    if not getattr(dbapi, "in_transaction", True):
+        dbapi.execute("BEGIN")
+
+
+@contextmanager
+def _outer_alembic_kept() -> Iterator[None]:
+    """Alembic's ``context``/``op`` are module-level proxies to the running command; an
+    inner run (ours, called from a host's env.py) removes them on exit. Put the outer
+    run's proxies back so the host's env.py carries on."""
+    from alembic import context as context_module, op as op_module
+
+    outer = [p for p in (getattr(context_module, "_proxy", None), getattr(op_module, "_proxy", None)) if p]
+    try:
+        yield
+    finally:
+        for proxy in outer:
+            proxy._install_proxy()
 
 
 @contextmanager
@@ -204,10 +286,7 @@ def check_target(
         return p
     except OSError as exc:
         raise errors.DatabaseUnavailableError(f"cannot use {p}: {exc}") from exc
-    if stat.S_ISDIR(st.st_mode):
-        raise errors.NotADatabaseError(f"{p} is a folder, not a database file; left unchanged")
-    if not stat.S_ISREG(st.st_mode):
-        raise errors.NotADatabaseError(f"{p} is not a regular file; left unchanged")
+    _require_regular_file(p, st)
     if not os.access(p, os.R_OK):
         raise errors.DatabaseUnavailableError(f"cannot read {p}: permission denied; left unchanged")
     if write and is_read_only(p):
@@ -338,13 +417,21 @@ def sqlite_refusal(p: Path, exc: sqlite3.DatabaseError) -> errors.HermesStoreErr
     return errors.NotADatabaseError(f"{p} is not a usable SQLite database ({msg}); left unchanged")
 
 
+def _require_regular_file(p: Path, st: os.stat_result) -> None:
+    """A database is a regular file: a folder or a device/FIFO is refused, untouched."""
+    if stat.S_ISDIR(st.st_mode):
+        raise errors.NotADatabaseError(f"{p} is a folder, not a database file; left unchanged")
+    if not stat.S_ISREG(st.st_mode):
+        raise errors.NotADatabaseError(f"{p} is not a regular file; left unchanged")
+
+
 def check_file(path: str | os.PathLike[str], *, recovery_ok: bool = False) -> None:
     """Refuse, without touching it, a file that cannot be a usable SQLite database.
 
-    Cheap checks only (stat, the 100-byte header, one read of the schema): an empty
-    file, a text file, a truncated copy or a file whose schema cannot be read. SQLite
-    itself would treat a 0-byte file as an empty database and happily write into it;
-    an empty ``state.db`` is far more likely a failed copy, so we refuse it.
+    Cheap checks only (stat, the 100-byte header, one read of the schema): a text
+    file, a truncated copy or a file whose schema cannot be read. A 0-byte file passes:
+    like SQLite itself, we take it for a new, empty database (a fresh ``touch``, or
+    what a connect on an unmigrated path left behind).
 
     A hot rollback journal next to the file means a writer crashed mid-transaction;
     only a read-write open can roll it back. ``recovery_ok`` (ordinary upgrades) lets
@@ -359,14 +446,9 @@ def check_file(path: str | os.PathLike[str], *, recovery_ok: bool = False) -> No
         raise errors.DatabaseUnavailableError(f"{p} does not exist") from exc
     except OSError as exc:
         raise errors.DatabaseUnavailableError(f"cannot read {p}: {exc}") from exc
-    if stat.S_ISDIR(st.st_mode):
-        raise errors.NotADatabaseError(f"{p} is a folder, not a database file; left unchanged")
-    if not stat.S_ISREG(st.st_mode):
-        raise errors.NotADatabaseError(f"{p} is not a regular file; left unchanged")
+    _require_regular_file(p, st)
     if st.st_size == 0:
-        raise errors.NotADatabaseError(
-            f"{p} is an empty file (0 bytes), not a SQLite database; refusing to use it, left unchanged"
-        )
+        return
     try:
         with open(p, "rb") as fh:
             header = fh.read(100)

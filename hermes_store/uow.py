@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Engine
 
 from . import errors
 from .engine import BEGIN_MODE
+from .repositories.maintenance import remove_committed_files
 from .repositories import (
     LineageRepository,
     MaintenanceRepository,
@@ -62,6 +63,7 @@ class UnitOfWork:
         if self.conn is None:
             raise errors.HermesStoreError("UnitOfWork.commit() called outside its 'with' block")
         self.conn.commit()
+        remove_committed_files(self.conn)
         self.conn.begin()
 
     def __exit__(
@@ -71,8 +73,10 @@ class UnitOfWork:
         try:
             if exc_type is None:
                 self.conn.commit()
+                remove_committed_files(self.conn)
             else:
                 self.conn.rollback()
+                remove_committed_files(self.conn, committed=False)
         finally:
             self.conn.close()
             self.conn = None

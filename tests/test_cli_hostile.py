@@ -12,7 +12,6 @@ SIGINT) run the installed ``hermes-store`` script.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -20,7 +19,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +30,10 @@ from sqlalchemy.exc import OperationalError
 from hermes_store import SessionDB, errors
 from hermes_store.cli import main, schema
 
+from .test_cli import Run
+
 EXE = Path(sys.executable).with_name("hermes-store")
 DAY = 86_400.0
-
-
-@dataclass
-class Run:
-    code: int
-    stdout: str
-    stderr: str
-
-    def json(self) -> Any:
-        return json.loads(self.stdout)
 
 
 def run(*args: Any, env: dict[str, str] | None = None) -> Run:

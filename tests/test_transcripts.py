@@ -234,3 +234,30 @@ def test_request_dump_of_a_longer_live_id_is_left_to_it(db: SessionDB, tmp_path:
     (folder / "request_dump_a_2.json").write_text("x")
     assert db.prune_sessions(older_than_days=90, sessions_dir=folder) == 2  # both go: all files go
     assert os.listdir(folder) == []
+
+
+def test_transcripts_stay_when_the_delete_rolls_back(tmp_path: Path) -> None:
+    """Files go only after the rows are committed: a failed transaction keeps both."""
+    from hermes_store import UnitOfWork
+    from hermes_store.engine import create_engine
+
+    db = tmp_path / "state.db"
+    folder = tmp_path / "sessions"
+    folder.mkdir()
+    with SessionDB(db) as sdb:
+        sdb.create_session("keep", "cli")
+        sdb.end_session("keep", "done")
+    transcript = folder / "keep.json"
+    transcript.write_text("{}")
+    engine = create_engine(db)
+    with pytest.raises(RuntimeError):
+        with UnitOfWork(engine) as uow:
+            assert uow.maintenance.delete_session("keep", folder) is True
+            assert transcript.exists()  # not before the commit
+            raise RuntimeError("the caller's unit of work fails after the delete")
+    assert transcript.exists()
+    with UnitOfWork(engine) as uow:
+        assert uow.sessions.get("keep") is not None
+        assert uow.maintenance.delete_session("keep", folder) is True
+    assert not transcript.exists()
+    engine.dispose()

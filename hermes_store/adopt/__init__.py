@@ -28,13 +28,25 @@ Public API: :func:`check_file`, :func:`detect`, :func:`adopt`, :func:`needs_adop
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from contextlib import suppress
 from typing import Callable
 
+from alembic import command
+from alembic.runtime.migration import MigrationContext
+
 from .. import errors
-from ..paths import VERSION_TABLE, as_path, check_file, check_target, head, resolve_link
+from ..paths import (
+    VERSION_TABLE,
+    as_path,
+    check_file,
+    check_target,
+    head,
+    migration_connection,
+    resolve_link,
+    revision_order,
+    run_alembic,
+)
 from . import swap, work
 from .shape import HERMES_TABLES, AdoptionReport, Detected, Repair, detect, needs_adoption, reference_schema
 from .swap import BACKUP_SUFFIX, finish_interrupted
@@ -66,6 +78,21 @@ def _nothing_to_do(p: os.PathLike[str], det: Detected, recovered: str | None) ->
     )
 
 
+def _new_database(p: os.PathLike[str], revision: str, version_table: str) -> AdoptionReport:
+    """A 0-byte file is what SQLite calls a new, empty database: there is nothing of
+    Hermes' to keep, so it simply gets our schema (as ``upgrade`` would give it)."""
+    with migration_connection(p) as conn:
+        run_alembic(conn, command.upgrade, revision, version_table=version_table)
+        rev = MigrationContext.configure(conn, opts={"version_table": version_table}).get_current_revision()
+        conn.rollback()
+    return AdoptionReport(
+        path=p,  # type: ignore[arg-type]
+        adopted=False,
+        message=f"{p} was an empty file: created a new hermes_store database at revision {rev}",
+        revision=rev,
+    )
+
+
 def _refuse_problems(p: os.PathLike[str], det: Detected, revision: str) -> str:
     """The target revision, or a clear AdoptionError when the file cannot get there."""
     if det.problems:
@@ -74,7 +101,9 @@ def _refuse_problems(p: os.PathLike[str], det: Detected, revision: str) -> str:
             "left unchanged:\n  - " + "\n  - ".join(det.problems)
         )
     target = head() if revision == "head" else revision
-    if not re.fullmatch(r"\d{4}", target) or int(target) < det.schema_version:  # type: ignore[operator]
+    order = revision_order()
+    # Revision ids are not all numbers (ours are hs0001...): compare places in the chain.
+    if target not in order or det.revision not in order or order.index(target) < order.index(det.revision):
         raise errors.AdoptionError(
             f"{p} is at Hermes schema_version {det.schema_version}; it can only be adopted to revision "
             f"{det.revision} or later, not {target!r}. Left unchanged"
@@ -124,6 +153,8 @@ def adopt(
     # folder, so a read-only file or folder is refused here, untouched.
     check_target(p, write=True)
     recovered = finish_interrupted(p)
+    if p.stat().st_size == 0:
+        return _new_database(p, revision, vt)
     det = detect(p, version_table=vt, deep=False)
     if det.already_adopted:
         return _nothing_to_do(p, det, recovered)

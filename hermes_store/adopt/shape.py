@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import errors
 from ..introspect import snapshot
-from ..paths import VERSION_TABLE, as_path, check_file, head, readonly_connection, sqlite_refusal
+from ..paths import VERSION_TABLE, as_path, check_file, head, host_revision_raw, readonly_connection, sqlite_refusal
 
 #: Tables a Hermes state.db always has.
 HERMES_TABLES = frozenset({"schema_version", "sessions", "messages"})
@@ -285,12 +285,16 @@ def needs_adoption(path: str | os.PathLike[str], version_table: str | None = Non
     p = as_path(path)
     if not p.is_file() or p.stat().st_size == 0:
         return False
+    vt = version_table or VERSION_TABLE
     try:
         with readonly_connection(p) as conn:
             tables = _table_names(conn)
+            if "schema_version" not in tables or vt in tables:
+                return False
+            # Our revisions run by a host's Alembic (branch mode) are not a Hermes file.
+            return host_revision_raw(conn, vt) is None
     except sqlite3.DatabaseError:
         return False
-    return "schema_version" in tables and (version_table or VERSION_TABLE) not in tables
 
 
 def detect(path: str | os.PathLike[str], *, version_table: str | None = None, deep: bool = True) -> Detected:
@@ -309,14 +313,20 @@ def detect(path: str | os.PathLike[str], *, version_table: str | None = None, de
     try:
         with readonly_connection(p) as conn:
             tables = _table_names(conn)
-            if vt in tables:
-                rev = conn.execute(f'SELECT version_num FROM "{vt}"').fetchone()
+            hosted = None if vt in tables else host_revision_raw(conn, vt)
+            if vt in tables or hosted:
+                if hosted:
+                    rev: tuple[Any, ...] | None = (hosted[1],)
+                    where = f" in the host application's {hosted[0]}"
+                else:
+                    rev = conn.execute(f'SELECT version_num FROM "{vt}"').fetchone()
+                    where = ""
                 return Detected(
                     path=p,
                     schema_version=None,
                     revision=rev[0] if rev else None,
                     already_adopted=True,
-                    notes=[f"already a hermes_store database (revision {rev[0] if rev else 'none'})"],
+                    notes=[f"already a hermes_store database (revision {rev[0] if rev else 'none'}{where})"],
                 )
             if not HERMES_TABLES <= tables:
                 missing = ", ".join(sorted(HERMES_TABLES - tables))

@@ -139,6 +139,15 @@ def adopt(check_only: bool, no_backup: bool) -> None:
     """
     st = _state()
     require_file(st.path)
+    if st.path.stat().st_size == 0 and not check_only:
+        # A 0-byte file is a new, empty database: nothing of Hermes' to keep.
+        report = adopt_mod.adopt(st.path, backup=not no_backup)
+        if st.json:
+            st.emit({"db": str(st.path), "adopted": False, "already_adopted": False,
+                     "revision": report.revision, "message": report.message})
+        else:
+            stdout_console().print(Text(report.message))
+        return
     det = adopt_mod.detect(st.path, deep=False)
     detected = {
         "schema_version": det.schema_version,

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 
 from .. import errors
 from ..codec import check_key
@@ -142,6 +142,27 @@ def transcript_files_many(folder: str | Path, session_ids: Iterable[str]) -> dic
     """:func:`transcript_files` for many sessions with one listing of the folder."""
     listing = _TranscriptFolder(folder)
     return {sid: listing.files(sid) for sid in session_ids}
+
+
+#: ``Connection.info`` key of transcript files waiting for their transaction to commit.
+PENDING_FILES = "hermes_store.pending_transcript_files"
+
+
+def remove_committed_files(conn: Connection, *, committed: bool = True) -> int:
+    """After a commit, delete the transcript files the transaction's deletes queued.
+
+    Call with ``committed=False`` after a rollback to forget them instead. Returns how
+    many files were removed.
+    """
+    queue = conn.info.pop(PENDING_FILES, [])
+    removed = 0
+    for path in queue if committed else ():
+        try:
+            path.unlink()  # a symlink is removed itself, never its target
+            removed += 1
+        except OSError:
+            pass  # a file we cannot remove must not undo the committed database work
+    return removed
 
 
 class MaintenanceRepository(Repository):
@@ -326,19 +347,18 @@ class MaintenanceRepository(Repository):
             self.conn.exec_driver_sql(f"DELETE FROM sessions WHERE id IN ({marks})", args)
 
     def _remove_files(self, ids: Iterable[str], folder: str | Path) -> None:
-        """Delete the transcript files of these (already deleted) sessions, only inside ``folder``.
+        """Queue the transcript files of these (deleted) sessions, only inside ``folder``.
 
-        Ids that cannot be a file name are skipped with a warning (their rows are
-        deleted all the same); a request dump that may belong to another live session
-        is kept. See :class:`_TranscriptFolder`.
+        They are removed by :func:`remove_committed_files` once the caller's transaction
+        has committed (SessionDB and UnitOfWork do it for you): a rolled-back delete
+        must not have taken the files with it. Ids that cannot be a file name are
+        skipped with a warning (their rows are deleted all the same); a request dump
+        that may belong to another live session is kept. See :class:`_TranscriptFolder`.
         """
         listing = _TranscriptFolder(folder)
+        queue = self.conn.info.setdefault(PENDING_FILES, [])
         for sid in ids:
-            for path in listing.files(sid, self._is_session):
-                try:
-                    path.unlink()  # a symlink is removed itself, never its target
-                except OSError:
-                    pass  # a file we cannot remove must not undo the database work
+            queue.extend(listing.files(sid, self._is_session))
 
     def _is_session(self, session_id: str) -> bool:
         return self.conn.exec_driver_sql("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).first() is not None
