@@ -173,6 +173,7 @@ def upgrade(target: Target, revision: str = "head", *, version_table: str = VERS
                 return current(target, version_table=version_table)
     fresh = created.stat() if created is not None else None
     try:
+        _restamp_legacy(target, version_table)
         if _check_known(target, version_table, revision):
             return current(target, version_table=version_table)
         _run(target, command.upgrade, revision, version_table=version_table)
@@ -185,6 +186,7 @@ def upgrade(target: Target, revision: str = "head", *, version_table: str = VERS
 def downgrade(target: Target, revision: str, *, version_table: str = VERSION_TABLE) -> str | None:
     """Downgrade to ``revision`` (``"base"`` removes everything)."""
     _prepare_file(target)
+    _restamp_legacy(target, version_table)
     if _check_known(target, version_table, revision):
         return current(target, version_table=version_table)
     _run(target, command.downgrade, revision, version_table=version_table)
@@ -195,6 +197,37 @@ def stamp(target: Target, revision: str, *, version_table: str = VERSION_TABLE) 
     """Record ``revision`` without running it."""
     _prepare_file(target)
     _run(target, command.stamp, revision, version_table=version_table)
+
+
+#: Our CJK bigram revision was once called "0024", the id Hermes schema v24 needs.
+LEGACY_IDS = {"0024": "hs0001"}
+
+
+def _restamp_legacy(target: Target, version_table: str) -> str | None:
+    """Give a file stamped with an old id of ours its new id, before anything runs.
+
+    A file hermes_store wrote while our bigram revision was "0024" is at Hermes v23
+    plus that index: ``schema_version`` 23 and no v24 column (``last_activity_at``).
+    A real v24 file has both, and keeps its stamp. Returns the new id when it restamped.
+    """
+    with _connection(target) as conn:
+        hosted = conn.in_transaction()
+        insp = inspect(conn)
+        if not insp.has_table(version_table) or not insp.has_table("sessions"):
+            return None
+        (rev,) = conn.exec_driver_sql(f'SELECT version_num FROM "{version_table}"').first() or (None,)
+        if rev not in LEGACY_IDS:
+            return None
+        hermes = conn.exec_driver_sql("SELECT max(version) FROM schema_version").scalar()
+        columns = {c["name"] for c in insp.get_columns("sessions")}
+        new = LEGACY_IDS[rev] if hermes == 23 and "last_activity_at" not in columns else None
+        if new is not None:
+            if hosted:
+                paths.join_driver_transaction(conn)
+            conn.exec_driver_sql(f'UPDATE "{version_table}" SET version_num = ? WHERE version_num = ?', (new, rev))
+        if not hosted:
+            conn.commit()
+        return new
 
 
 def _check_known(target: Target, version_table: str, revision: str | None = None) -> bool:

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session as OrmSession
 
-from hermes_store import migrations
+from hermes_store import migrations, paths
 from hermes_store.engine import create_engine
 
 DATA = Path(__file__).parent / "data"
@@ -64,7 +64,8 @@ def migrate(db_path: Path) -> Callable[[str], Path]:
 
     def _migrate(revision: str = "head") -> Path:
         cur = migrations.current(db_path) if db_path.exists() else None
-        if revision == "base" or (cur is not None and revision != "head" and revision < cur):
+        order = paths.revision_order()  # ids are not all numbers (hs0001): compare places
+        if revision == "base" or (cur is not None and revision != "head" and order.index(revision) < order.index(cur)):
             migrations.downgrade(db_path, revision)
         else:
             migrations.upgrade(db_path, revision)

@@ -21,6 +21,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import text
 
+import hermes_store
 from hermes_store import SessionDB, adopt, errors, migrations
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,7 +40,8 @@ def readme_block(name: str) -> str:
 
 def _run(host: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(host)
+    # The host's modules, and the same hermes_store this test process imported.
+    env["PYTHONPATH"] = os.pathsep.join([str(host), str(Path(hermes_store.__file__).resolve().parent.parent)])
     env["HERMES_HOME"] = str(host / "hermes-home")
     env.pop("HERMES_STORE_URL", None)
     return subprocess.run(list(argv), cwd=host, env=env, capture_output=True, text=True)
