@@ -134,7 +134,7 @@ def current() -> None:
 def adopt(check_only: bool, no_backup: bool) -> None:
     """Adopt a Hermes-made state.db, keeping every row.
 
-    Works on files from Hermes schema_version 1 to 23. The original is kept as
+    Works on files from Hermes schema_version 1 to 30. The original is kept as
     <name>.pre-adopt.bak unless --no-backup.
     """
     st = _state()
