@@ -22,7 +22,7 @@ import pytest
 from hermes_store import adopt as adopt_mod
 from hermes_store.adopt import swap as swap_mod
 from hermes_store.adopt import work as work_mod
-from hermes_store import errors, migrations
+from hermes_store import SessionDB, errors, migrations
 from hermes_store.engine import create_engine
 from hermes_store.introspect import diff, snapshot
 
@@ -68,14 +68,41 @@ def ro(p: Path) -> Iterator[sqlite3.Connection]:
         conn.close()
 
 
-def rows(conn: sqlite3.Connection, table: str, skip: tuple[str, ...] = ()) -> list[tuple[Any, ...]]:
+def rows(conn: sqlite3.Connection, table: str, skip: tuple[str, ...] = ()) -> dict[Any, dict[str, Any]]:
+    """Every row of ``table`` by rowid, as {column: value} (adoption may reorder columns)."""
     cols = [r[1] for r in conn.execute(f'PRAGMA table_info("{table}")') if r[1] not in skip]
-    sql = f'SELECT {", ".join(chr(34) + c + chr(34) for c in cols)} FROM "{table}" ORDER BY rowid'
-    return conn.execute(sql).fetchall()
+    sql = f'SELECT rowid, {", ".join(chr(34) + c + chr(34) for c in cols)} FROM "{table}" ORDER BY rowid'
+    return {r[0]: dict(zip(cols, r[1:])) for r in conn.execute(sql)}
+
+
+def sessions_as_read(conn: sqlite3.Connection) -> dict[Any, dict[str, Any]]:
+    """Sessions by rowid; ``system_prompt`` as readers resolve it (v25 stores prompts once,
+    by hash), ``model_config`` left out (revision 0016 tags delegates in it)."""
+    out = rows(conn, "sessions", skip=("model_config",))
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'system_prompts'").fetchone():
+        for rowid, prompt in conn.execute(
+            "SELECT s.rowid, COALESCE(sp.prompt, s.system_prompt) FROM sessions s "
+            "LEFT JOIN system_prompts sp ON sp.hash = s.system_prompt_hash"
+        ):
+            out[rowid]["system_prompt"] = prompt
+    return out
+
+
+def kept(before: dict[Any, dict[str, Any]], after: dict[Any, dict[str, Any]]) -> None:
+    """Every row and every value the original had is still there, under the same key."""
+    assert set(after) >= set(before)
+    for key, row in before.items():
+        assert {c: after[key].get(c, "<missing>") for c in row} == row, key
+
+
+#: state_meta keys that describe the FTS indexes, not data: a full re-index closes a
+#: pending rebuild window, and revision 0030 deletes v28's tool-row mark (as Hermes does
+#: when it moves a file to FTS layout 3).
+FTS_BOOKKEEPING = "('fts_rebuild_high_water', 'fts_rebuild_progress', 'fts_tool_full_content_high_water')"
 
 
 def plain_counts(conn: sqlite3.Connection) -> dict[str, int]:
-    """Rows per plain table; state_meta without hermes_store's own bookkeeping keys."""
+    """Rows per plain table; state_meta without hermes_store's own and FTS bookkeeping keys."""
     out = {}
     for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall():
         if name.startswith("sqlite_") or "VIRTUAL" in (sql or "").upper() or re.search(
@@ -84,7 +111,7 @@ def plain_counts(conn: sqlite3.Connection) -> dict[str, int]:
             continue
         if name == migrations.VERSION_TABLE:
             continue
-        where = " WHERE substr(key, 1, 13) <> 'hermes_store.'" if name == "state_meta" else ""
+        where = f" WHERE substr(key, 1, 13) <> 'hermes_store.' AND key NOT IN {FTS_BOOKKEEPING}" if name == "state_meta" else ""
         out[name] = conn.execute(f'SELECT count(*) FROM "{name}"{where}').fetchone()[0]
     return out
 
@@ -103,30 +130,84 @@ def fts_ids(conn: sqlite3.Connection, table: str, phrase: str) -> set[int]:
     return {r[0] for r in conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ?", (quoted,))}
 
 
-def trigram_skips_tool_rows(conn: sqlite3.Connection) -> bool:
-    view = conn.execute("SELECT sql FROM sqlite_master WHERE type='view' AND name='messages_fts_trigram_src'").fetchone()
-    return bool(view and "tool" in view[0])
+def delegated(model_config: str | None) -> bool:
+    """A ``_delegate_from`` marker, read as Hermes v30's trigram predicate reads it
+    (malformed JSON, a non-object or a JSON null is no marker)."""
+    try:
+        mc = json.loads(model_config or "{}")
+    except ValueError:
+        return False
+    return isinstance(mc, dict) and mc.get("_delegate_from") is not None
+
+
+def trigram_rows(conn: sqlite3.Connection) -> set[int]:
+    """Messages the trigram index must hold, by the file's Hermes version: every row
+    up to v22; no tool rows from v23; no cron sessions from v29; no subagent or
+    delegated (``_delegate_from``) sessions from v30. Derived from the rows themselves."""
+    version = conn.execute("SELECT version FROM schema_version").fetchone()[0]
+    sessions = {sid: (source, mc) for sid, source, mc in conn.execute("SELECT id, source, model_config FROM sessions")}
+    out = set()
+    for mid, sid, role in conn.execute("SELECT id, session_id, role FROM messages"):
+        source, mc = sessions.get(sid, (None, None))
+        if version >= 23 and role == "tool":
+            continue
+        if version >= 29 and source == "cron":
+            continue
+        if version >= 30 and (source == "subagent" or delegated(mc)):
+            continue
+        out.add(mid)
+    return out
+
+
+#: Characters of a tool result the v28+ word index keeps.
+TOOL_PREFIX = 8192
+
+
+def bounded_tool_rows(conn: sqlite3.Connection) -> set[int]:
+    """Messages whose tool content the word index keeps only a prefix of: every row in
+    FTS layout 3 (``messages_fts_src``), rows above v28's mark where its triggers are."""
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    if "messages_fts_src" in names:
+        return {r[0] for r in conn.execute("SELECT id FROM messages")}
+    mark = None
+    if "state_meta" in names:
+        mark = conn.execute("SELECT value FROM state_meta WHERE key = 'fts_tool_full_content_high_water'").fetchone()
+    if mark is None:
+        return set()
+    return {r[0] for r in conn.execute("SELECT id FROM messages WHERE id > ?", (int(mark[0]),))}
 
 
 def assert_every_message_searchable(conn: sqlite3.Connection) -> None:
-    skip_tool = trigram_skips_tool_rows(conn)
+    """Every word of every message is in the word index; the trigram index holds
+    exactly the rows the file's version puts there (a row it leaves out is still found
+    by its words, and by a plain substring scan)."""
+    in_trigram = trigram_rows(conn)
+    bounded = bounded_tool_rows(conn)
     checked = 0
     for mid, role, content, tool_name, tool_calls in conn.execute(
         "SELECT id, role, content, tool_name, tool_calls FROM messages"
     ).fetchall():
         text = content or ""
+        words = re.findall(r"[^\W_]+", text)
+        if role == "tool" and mid in bounded and len(text) > TOOL_PREFIX:
+            # The word index keeps a long tool result's first 8192 characters (v28+).
+            words = re.findall(r"[^\W_]+", text[:TOOL_PREFIX])
+            if re.match(r"[^\W_]{2}", text[TOOL_PREFIX - 1 : TOOL_PREFIX + 1]):
+                words.pop()  # cut in two at the boundary
         # unicode61 splits on everything but letters and digits; a CJK run glued to
         # Latin letters ("讨论A2A通信") is one token, found whole.
-        for word in set(re.findall(r"[^\W_]+", text)):
+        for word in set(words):
             assert mid in fts_ids(conn, "messages_fts", word), (mid, word)
             checked += 1
         for run in CJK.findall(text):
             piece = run[:3]
-            if role == "tool" and skip_tool:
+            hits = fts_ids(conn, "messages_fts_trigram", piece)
+            if mid in in_trigram:
+                assert mid in hits, (mid, piece)
+            else:
+                assert mid not in hits, (mid, piece)
                 like = {r[0] for r in conn.execute("SELECT id FROM messages WHERE content LIKE ?", (f"%{piece}%",))}
                 assert mid in like, (mid, piece)
-            else:
-                assert mid in fts_ids(conn, "messages_fts_trigram", piece), (mid, piece)
             checked += 1
         if tool_name:
             assert mid in fts_ids(conn, "messages_fts", tool_name), (mid, tool_name)
@@ -142,6 +223,23 @@ def assert_every_message_searchable(conn: sqlite3.Connection) -> None:
     assert checked > 0
 
 
+def assert_cjk_search_follows_the_index(p: Path) -> None:
+    """What a user gets: a CJK search returns the sessions whose rows the trigram index
+    holds, and none of those it leaves out (Hermes v30: cron, subagent, delegated)."""
+    with ro(p) as conn:
+        in_trigram = trigram_rows(conn)
+        texts = conn.execute("SELECT id, session_id, content FROM messages").fetchall()
+    pieces = {run[:3] for _mid, _sid, text in texts for run in CJK.findall(text or "")}
+    db = SessionDB(p)
+    try:
+        for piece in sorted(pieces):
+            want = {sid for mid, sid, text in texts if piece in (text or "") and mid in in_trigram}
+            got = {h["session_id"] for h in db.search_messages(piece, limit=1000)}
+            assert got == want, piece
+    finally:
+        db.close()
+
+
 # --------------------------------------------------------------- every Hermes file
 
 
@@ -152,7 +250,7 @@ def test_every_hermes_file_adopts_to_head(src: Path, tmp_path: Path, fresh_head:
     with ro(p) as before:
         counts = plain_counts(before)
         messages = rows(before, "messages")
-        sessions = rows(before, "sessions", skip=("model_config",))  # 0016 tags delegates in it
+        sessions = sessions_as_read(before)
 
     report = adopt_mod.adopt(p)
 
@@ -164,9 +262,8 @@ def test_every_hermes_file_adopts_to_head(src: Path, tmp_path: Path, fresh_head:
     with ro(p) as conn:
         assert diff(fresh_head, snapshot(conn)) == []
         assert {t: n for t, n in plain_counts(conn).items() if t in counts} == counts
-        new_cols = len(messages[0]) if messages else 0
-        assert [r[:new_cols] for r in rows(conn, "messages")] == messages
-        assert [r[: len(sessions[0])] for r in rows(conn, "sessions", skip=("model_config",))] == sessions
+        kept(messages, rows(conn, "messages"))
+        kept(sessions, sessions_as_read(conn))
         assert_every_message_searchable(conn)
     conn = sqlite3.connect(p)
     try:
@@ -174,6 +271,7 @@ def test_every_hermes_file_adopts_to_head(src: Path, tmp_path: Path, fresh_head:
             conn.execute(f"INSERT INTO {table}({table}, rank) VALUES('integrity-check', 1)")
     finally:
         conn.close()
+    assert_cjk_search_follows_the_index(p)
 
 
 def test_adopted_file_keeps_indexing_new_rows(tmp_path: Path) -> None:
@@ -197,6 +295,16 @@ def test_adopted_file_keeps_indexing_new_rows(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------- detection
 
 
+#: What turns each variant into the shape its revision reproduces (PROVENANCE.md).
+VARIANT_REPAIRS = {
+    "hermes_v10_late": {"fts_reset"},  # inline FTS tables
+    "hermes_v23_late": {"drop_object", "drop_column"},  # v24's columns and index, only defaults here
+    "hermes_v26_late": {"drop_object", "drop_table", "drop_column"},  # v27's, likewise
+    "hermes_v29_late": {"fts_reset"},  # FTS layout 2
+    "hermes_v30_early": {"add_column", "create_object", "fts_reset"},  # late v30 adds columns, layout 3
+}
+
+
 @pytest.mark.parametrize("src", HERMES_FILES, ids=lambda p: p.stem)
 def test_detect_reads_version_and_shape_without_writing(src: Path, tmp_path: Path) -> None:
     p = place(src, tmp_path)
@@ -207,10 +315,14 @@ def test_detect_reads_version_and_shape_without_writing(src: Path, tmp_path: Pat
     with ro(p) as conn:
         version = conn.execute("SELECT version FROM schema_version").fetchone()[0]
     assert det.schema_version == version and det.revision == f"{version:04d}"
-    if src.name == "hermes_v10.db":
-        assert det.shape == "hermes_v10_late" and [r.kind for r in det.repairs] == ["fts_v10_late"]
+    # hermes_v10.db is the late-v10 shape; hermes_v10_external_fts.db the documented one.
+    shape = "hermes_v10_late" if src.name == "hermes_v10.db" else re.sub(r"_external_fts$", "", src.stem)
+    assert det.shape == shape
+    if shape == f"hermes_v{version}":
+        assert det.repairs == []  # the very shape revision 00NN reproduces
     else:
-        assert det.shape == f"hermes_v{version}" and det.repairs == []
+        # A variant Hermes wrote under the same number: repaired into that shape.
+        assert det.repairs and {r.kind for r in det.repairs} <= VARIANT_REPAIRS[shape]
 
 
 def test_detect_leaves_no_sidecars_on_a_wal_file(tmp_path: Path) -> None:
@@ -280,11 +392,31 @@ def test_unknown_column_a_revision_would_drop_is_refused(tmp_path: Path) -> None
     assert state(p) == before
 
 
-def test_column_of_a_later_version_holding_data_is_refused(tmp_path: Path) -> None:
+def test_column_of_a_later_version_holding_data_is_kept(tmp_path: Path, fresh_head: dict[str, Any]) -> None:
+    """Hermes adds columns without bumping the version; the revision that adds the
+    column would fail on it, so its values are set aside and put back after the upgrade."""
     p = place(hermes(11), tmp_path)
     conn = sqlite3.connect(p)
     conn.execute("ALTER TABLE messages ADD COLUMN platform_message_id TEXT")  # a v12 column
-    conn.execute("UPDATE messages SET platform_message_id = 'tg-' || id WHERE id = 3")
+    conn.execute("UPDATE messages SET platform_message_id = 'tg-' || id WHERE id % 3 = 0")
+    conn.commit()
+    wanted = dict(conn.execute("SELECT id, platform_message_id FROM messages"))
+    conn.close()
+    det = adopt_mod.detect(p)
+    assert det.adoptable
+    assert [(r.kind, r.column) for r in det.repairs] == [("set_aside_column", "platform_message_id")]
+    adopt_mod.adopt(p)
+    with ro(p) as conn:
+        assert diff(fresh_head, snapshot(conn)) == []
+        assert dict(conn.execute("SELECT id, platform_message_id FROM messages")) == wanted
+        assert not conn.execute("SELECT name FROM sqlite_master WHERE instr(name, '_hermes_store_adopt') = 1").fetchall()
+
+
+def test_column_of_a_later_version_with_another_type_is_refused(tmp_path: Path) -> None:
+    p = place(hermes(11), tmp_path)
+    conn = sqlite3.connect(p)
+    conn.execute("ALTER TABLE messages ADD COLUMN platform_message_id INTEGER")  # v12 has TEXT
+    conn.execute("UPDATE messages SET platform_message_id = id WHERE id = 3")
     conn.commit()
     conn.close()
     before = state(p)
@@ -750,14 +882,14 @@ def test_half_migrated_file_is_repaired(tmp_path: Path, fresh_head: dict[str, An
     conn.commit()
     conn.close()
     det = adopt_mod.detect(p13)
-    assert [r.kind for r in det.repairs] == ["drop_index", "drop_table"]
+    assert [r.kind for r in det.repairs] == ["drop_object", "drop_table"]
     adopt_mod.adopt(p13)
     with ro(p13) as conn:
         assert diff(fresh_head, snapshot(conn)) == []
         assert plain_counts(conn)["messages"] == 60
 
 
-def test_early_table_holding_rows_is_refused(tmp_path: Path) -> None:
+def test_early_table_holding_rows_is_kept(tmp_path: Path, fresh_head: dict[str, Any]) -> None:
     p = place(hermes(13), tmp_path)
     conn = sqlite3.connect(p)
     conn.execute(_sql_of(hermes(14), "compression_locks"))
@@ -765,6 +897,21 @@ def test_early_table_holding_rows_is_refused(tmp_path: Path) -> None:
     conn.execute(
         f"INSERT INTO compression_locks ({', '.join(cols)}) VALUES ({', '.join('1' for _ in cols)})"
     )
+    conn.commit()
+    wanted = conn.execute("SELECT * FROM compression_locks").fetchall()
+    conn.close()
+    assert [r.kind for r in adopt_mod.detect(p).repairs] == ["set_aside_table"]
+    adopt_mod.adopt(p)
+    with ro(p) as conn:
+        assert diff(fresh_head, snapshot(conn)) == []
+        assert conn.execute("SELECT * FROM compression_locks").fetchall() == wanted
+
+
+def test_early_table_of_another_shape_is_refused(tmp_path: Path) -> None:
+    p = place(hermes(13), tmp_path)
+    conn = sqlite3.connect(p)
+    conn.execute("CREATE TABLE compression_locks (session_id TEXT PRIMARY KEY, note TEXT)")
+    conn.execute("INSERT INTO compression_locks VALUES ('compat_000', 'mine')")
     conn.commit()
     conn.close()
     before = state(p)

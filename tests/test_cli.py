@@ -466,8 +466,28 @@ def test_adopt_a_hermes_v11_file_then_search_it(tmp_path: Path) -> None:
     assert Path(doc["backup"]).read_bytes() == original
     assert doc["row_counts"]["sessions"] == 5 and doc["row_counts"]["messages"] == 60
 
+    # Head's trigram index (Hermes v30) leaves out cron, subagent and delegated sessions;
+    # revision 0016 tagged this v11 file's orphaned delegates. Expected from the rows.
+    conn = sqlite3.connect(path)
+    try:
+        having = {sid: (source, mc) for sid, source, mc in conn.execute(
+            "SELECT s.id, s.source, s.model_config FROM sessions s JOIN messages m ON m.session_id = s.id "
+            "WHERE m.role <> 'tool' AND instr(m.content, '记忆断裂') > 0"
+        )}
+    finally:
+        conn.close()
+
+    def delegated(mc: str | None) -> bool:
+        try:
+            value = json.loads(mc or "{}")
+        except ValueError:
+            return False
+        return isinstance(value, dict) and value.get("_delegate_from") is not None
+
+    searchable = {sid for sid, (source, mc) in having.items() if source not in ("cron", "subagent") and not delegated(mc)}
+    assert searchable and searchable != set(having)  # both kinds are in this file
     hits = ok("--db", path, "--json", "search", "记忆断裂").json()["results"]
-    assert sorted(h["session_id"] for h in hits) == ["compat_000", "compat_002", "compat_004"]
+    assert {h["session_id"] for h in hits} == searchable
     assert ">>>" in hits[0]["snippet"]
     assert ok("--db", path, "--json", "search", "UNIQUEARG", "--limit", "100").json()["count"] == 15
     assert ok("--db", path, "--json", "lineage", "compat_001").json()["root"] == "compat_000"

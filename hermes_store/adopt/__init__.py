@@ -1,10 +1,14 @@
-"""Adopt a ``state.db`` written by Hermes Agent (schema_version 1–23) into hermes_store.
+"""Adopt a ``state.db`` written by Hermes Agent (schema_version 1–30) into hermes_store.
 
 Hermes versions its file with a one-row ``schema_version`` table and hand-written
-migrations; hermes_store uses Alembic revisions ``0001``…``0023`` that reproduce those
-schemas exactly. Adoption bridges the two: detect which Hermes schema (and which real
-*shape*, since some releases shipped variants) the file has, record the matching
-revision in our version table, repair what that revision assumes, and upgrade.
+migrations; hermes_store uses Alembic revisions ``0001``…``0030`` that reproduce those
+schemas exactly (revision ``00NN`` is Hermes schema version NN), plus revisions of its
+own (``hs0001``…) that add only objects of its own. Adoption bridges the two: detect
+which Hermes schema (and which real *shape*: Hermes adds columns without a version
+bump, migrated files differ from created ones, FTS layouts change under one number,
+SQLite may lack FTS5 or the trigram tokenizer) the file has, repair it into the shape
+revision ``00NN`` reproduces, apply our own revisions that lie before ``00NN`` in the
+chain, record ``00NN`` in our version table, and upgrade.
 
 All-or-nothing, one adopter at a time, and safe against a kill at any instruction:
 
@@ -122,12 +126,14 @@ def adopt(
     """Turn a Hermes-made ``state.db`` into a hermes_store database, keeping every row.
 
     Steps, all on a copy in the same folder (made with SQLite's backup API, which also
-    folds in uncheckpointed WAL content): stamp the revision matching the file's
-    ``schema_version``, apply the repairs :func:`detect` found (late-v10 FTS layout,
-    missing columns) and re-index FTS, upgrade to ``revision``, then verify — row
-    counts per table equal the original's, FTS5 integrity-check passes, ``PRAGMA
-    quick_check`` is ok, and the schema equals a fresh upgrade modulo unknown extras the
-    original carried. Only then is the copy swapped in (see :mod:`.swap`).
+    folds in uncheckpointed WAL content): apply the repairs :func:`detect` found
+    (objects of a later version taken out, their data set aside; missing columns,
+    tables, indexes, triggers and foreign keys added; the FTS objects re-created and
+    re-indexed), apply our own revisions that lie before the file's Hermes revision,
+    stamp that revision, upgrade to ``revision`` and put the set-aside data back, then
+    verify — row counts per table equal the original's, FTS5 integrity-check passes,
+    ``PRAGMA quick_check`` is ok, and the schema equals a fresh upgrade modulo unknown
+    extras the original carried. Only then is the copy swapped in (see :mod:`.swap`).
 
     Refusals come before anything is written: typed errors for a dangling symlink, a
     folder, files that are not Hermes databases, and

@@ -1,9 +1,11 @@
 """What a file is: the Hermes ``schema_version`` and the real *shape* it has.
 
 Read-only: nothing here writes. :func:`detect` compares the file's schema with the
-reference schemas shipped in ``hermes_store/reference_schemas`` and lists what the
-copy will need repaired (:class:`Repair`), what it keeps as unknown extras, and the
-problems adoption cannot repair. The result types of adoption live here too.
+reference schemas shipped in ``hermes_store/reference_schemas`` (``hermes_vNN.json`` is
+the shape revision ``00NN`` reproduces; ``hermes_vNN_late`` / ``_early`` are other
+shapes Hermes wrote under the same number) and lists what the copy needs repaired to
+take the shape of revision ``00NN`` (:class:`Repair`), what it keeps as unknown extras,
+and the problems adoption cannot repair. The result types of adoption live here too.
 """
 
 from __future__ import annotations
@@ -19,8 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from .. import errors
-from ..introspect import snapshot
-from ..paths import VERSION_TABLE, as_path, check_file, head, host_revision_raw, readonly_connection, sqlite_refusal
+from ..introspect import diff, snapshot
+from ..paths import (
+    VERSION_TABLE,
+    as_path,
+    check_file,
+    host_revision_raw,
+    readonly_connection,
+    revision_order,
+    sqlite_refusal,
+)
 
 #: Tables a Hermes state.db always has.
 HERMES_TABLES = frozenset({"schema_version", "sessions", "messages"})
@@ -33,11 +43,19 @@ HERMES_TABLES = frozenset({"schema_version", "sessions", "messages"})
 class Repair:
     """One change the copy needs before the stamped revision's assumptions hold."""
 
-    kind: str  # "drop_index" | "drop_table" | "drop_column" | "add_column" | "fts_v10_late"
+    #: ``drop_object`` (an index/trigger/view of a later version), ``drop_table`` /
+    #: ``drop_column`` (of a later version, holding nothing), ``set_aside_table`` /
+    #: ``set_aside_column`` (of a later version, holding data: moved aside, dropped, and
+    #: put back once the revision that creates it has run), ``add_column``,
+    #: ``create_table``, ``add_foreign_key``, ``create_object`` / ``replace_object``
+    #: (an index/trigger/view of the stamped revision), ``fts_reset``.
+    kind: str
     description: str
     table: str | None = None
     column: str | None = None
     sql: str | None = None
+    #: Name of the index/trigger/view/table a ``*_object`` or ``create_table`` repair is about.
+    name: str | None = None
 
 
 @dataclass
@@ -97,39 +115,59 @@ def reference_schema(name: str) -> dict[str, Any]:
         raise errors.AdoptionError(f"no reference schema for Hermes v{name} in this installation") from exc
 
 
-def _shapes(version: int) -> list[tuple[str, list[Repair]]]:
-    """Candidate shapes of a Hermes file at ``version`` and the repairs each implies."""
-    shapes: list[tuple[str, list[Repair]]] = [(str(version), [])]
-    if version == 10:
-        shapes.append(
-            (
-                "10_late",
-                [
-                    Repair(
-                        "fts_v10_late",
-                        "convert the late-v10 inline FTS tables to the documented v10 "
-                        "external-content layout and rebuild both indexes",
-                    )
-                ],
-            )
-        )
-    return shapes
+@lru_cache(maxsize=None)
+def reference_names() -> tuple[str, ...]:
+    """Every shipped reference shape: ``"23"``, ``"23_late"``, ``"30_early"``..."""
+    folder = resources.files("hermes_store").joinpath("reference_schemas")
+    names = []
+    for res in folder.iterdir():
+        m = re.fullmatch(r"hermes_v(\d+(?:_[a-z]+)?)\.json", res.name)
+        if m:
+            names.append(m.group(1))
+    return tuple(sorted(names, key=lambda n: (int(n.split("_")[0]), n)))
+
+
+def _shapes(version: int) -> list[str]:
+    """Reference shapes a Hermes file at ``version`` can have: the one our revision
+    reproduces first, then the variants Hermes wrote under the same number (columns
+    added without a version bump, other FTS layouts)."""
+    return [str(version)] + [n for n in reference_names() if n.startswith(f"{version}_")]
+
+
+@lru_cache(maxsize=None)
+def fts_names() -> frozenset[str]:
+    """Names of Hermes' full-text objects in any known shape (tables, views, triggers).
+
+    They hold nothing of their own: every index is derived from ``messages``, so
+    adoption may replace them all with the stamped revision's and re-index. Hermes'
+    optional CJK index (``messages_fts_cjk*``) needs a loadable tokenizer and is left
+    alone, as an unknown extra.
+    """
+    names: set[str] = set()
+    for n in reference_names():
+        ref = reference_schema(n)
+        for kind in ("virtual", "views", "triggers"):
+            names.update(k for k in ref[kind] if k.startswith("messages_fts") and not k.startswith("messages_fts_cjk"))
+    return frozenset(names)
 
 
 def _later_objects(version: int, newest: int) -> dict[str, dict[str, Any]]:
-    """What only later Hermes versions create, with the spec/SQL they create it with.
+    """What only later Hermes shapes create, with the spec/SQL they create it with.
 
-    A file can carry such "early" objects when Hermes crashed between adding them and
-    bumping ``schema_version`` (its migrations add columns first, bump last), or when a
-    development build wrote it. The revision that creates them would then fail.
+    A file carries such "early" objects when Hermes added them without bumping
+    ``schema_version`` (the declarative reconciler: the late-v23 and late-v26 shapes),
+    when Hermes crashed between adding them and bumping the version (its migrations add
+    columns first, bump last), or when a development build wrote it. The revision that
+    creates them would then fail, so adoption takes them out first (and puts their data
+    back afterwards).
     """
     own = reference_schema(str(version))
     out: dict[str, dict[str, Any]] = {k: {} for k in ("tables", "columns", "indexes", "triggers", "views", "virtual")}
-    for v in range(version + 1, newest + 1):
-        try:
-            ref = reference_schema(str(v))
-        except errors.AdoptionError:
+    for name in reference_names():
+        v = int(name.split("_")[0])
+        if v < version or v > newest or name == str(version):
             continue
+        ref = reference_schema(name)
         for t, spec in ref["tables"].items():
             if t not in own["tables"]:
                 out["tables"].setdefault(t, spec)
@@ -177,18 +215,41 @@ def _only_defaults(conn: sqlite3.Connection, table: str, column: str, spec: str)
     return conn.execute(f"SELECT EXISTS (SELECT 1 FROM {_q(table)} WHERE {cond})").fetchone()[0] == 0
 
 
+#: Order in which repairs run: take out what a later revision creates, then add what
+#: the stamped revision assumes, then the full-text indexes (they read the final tables).
+_REPAIR_ORDER = {
+    "drop_object": 0,
+    "drop_table": 1,
+    "set_aside_table": 1,
+    "drop_column": 2,
+    "set_aside_column": 2,
+    "add_column": 3,
+    "create_table": 3,
+    "add_foreign_key": 4,
+    "replace_object": 5,
+    "create_object": 5,
+    "fts_reset": 6,
+}
+
+_LABELS = {"indexes": "index", "triggers": "trigger", "views": "view", "virtual": "virtual table"}
+
+
 def _compare(
     ref: dict[str, Any], live: dict[str, Any], later: dict[str, dict[str, Any]], conn: sqlite3.Connection
 ) -> Detected:
     """Classify how ``live`` differs from ``ref``: repairs, problems, harmless extras.
 
-    Early objects (created by a later version than the file claims) become repairs
-    when dropping them loses nothing — an index with the later DDL, an empty table, a
-    column holding only NULL/its default — since the revision re-creates them
-    identically. Otherwise they are problems and adoption refuses.
+    Repaired, because nothing is lost: early objects (created by a later version than
+    the file claims; their data is set aside and put back after the upgrade), missing
+    columns Hermes' reconciler would add, missing tables, indexes, triggers and views
+    (re-created from the stamped revision), a missing foreign key (migrated v25+ files
+    lack ``system_prompt_hash``'s), and any difference in the full-text objects (every
+    index is derived from ``messages``: replaced and re-indexed). Refused, as problems:
+    a column whose type differs, a column or table Hermes never had the way the file
+    has it, a foreign key Hermes never declared.
     """
     det = Detected(path=Path(), schema_version=None, revision=None)
-    early_tables: list[str] = []
+    fts = fts_names()
     for table in live["tables"]:
         if table in ref["tables"]:
             continue
@@ -197,22 +258,27 @@ def _compare(
             det.extra_objects.setdefault("tables", []).append(table)
             continue
         got = live["tables"][table]
-        empty = conn.execute(f"SELECT NOT EXISTS (SELECT 1 FROM {_q(table)})").fetchone()[0]
-        if got["columns"] == want["columns"] and sorted(got["fks"]) == sorted(want["fks"]) and empty:
-            early_tables.append(table)
+        if got["columns"] != want["columns"] or sorted(got["fks"]) != sorted(want["fks"]):
+            det.problems.append(
+                f"table {table} belongs to a later Hermes schema than the file's schema_version "
+                "and differs from it"
+            )
+        elif conn.execute(f"SELECT NOT EXISTS (SELECT 1 FROM {_q(table)})").fetchone()[0]:
             det.repairs.append(
                 Repair("drop_table", f"drop empty table {table}; a later revision creates it", table,
                        sql=f"DROP TABLE {_q(table)}")
             )
         else:
-            det.problems.append(
-                f"table {table} belongs to a later Hermes schema than the file's schema_version "
-                "and differs from it or holds rows"
+            det.repairs.append(
+                Repair("set_aside_table", f"set aside the rows of {table} (a later revision creates it) "
+                       "and put them back after the upgrade", table)
             )
     for table, spec in ref["tables"].items():
         got = live["tables"].get(table)
         if got is None:
-            det.problems.append(f"table {table} is missing")
+            det.repairs.append(
+                Repair("create_table", f"create missing table {table} (it holds nothing yet)", table, name=table)
+            )
             continue
         for col, want in spec["columns"].items():
             have = got["columns"].get(col)
@@ -230,50 +296,93 @@ def _compare(
             want = later["columns"].get(f"{table}.{col}")
             if want is None:
                 det.extra_columns.setdefault(table, []).append(col)
-            elif have == want and _only_defaults(conn, table, col, want):
+            elif have != want:
+                det.problems.append(
+                    f"column {table}.{col} belongs to a later Hermes schema than the file's schema_version "
+                    f"and differs from it ({have!r}, expected {want!r})"
+                )
+            elif _only_defaults(conn, table, col, want):
                 det.repairs.append(
                     Repair("drop_column", f"drop column {table}.{col} (only NULL/default values); a later "
                            "revision adds it", table, col, f"ALTER TABLE {_q(table)} DROP COLUMN {_q(col)}")
                 )
             else:
-                det.problems.append(
-                    f"column {table}.{col} belongs to a later Hermes schema than the file's schema_version "
-                    "and differs from it or holds data"
+                det.repairs.append(
+                    Repair("set_aside_column", f"set aside the values of {table}.{col} (a later revision adds "
+                           "it) and put them back after the upgrade", table, col,
+                           f"ALTER TABLE {_q(table)} DROP COLUMN {_q(col)}")
                 )
-        if sorted(spec["fks"]) != sorted(got["fks"]):
+        have_fks, want_fks = set(got["fks"]), set(spec["fks"])
+        if have_fks < want_fks:
+            det.repairs.append(
+                Repair("add_foreign_key", f"add the foreign key {', '.join(sorted(want_fks - have_fks))} of "
+                       f"{table} (Hermes declares it only in files it creates)", table)
+            )
+        elif have_fks != want_fks:
             det.problems.append(f"foreign keys of {table} are {got['fks']}, expected {spec['fks']}")
         if spec.get("autoincrement", False) != got.get("autoincrement", False):
             det.problems.append(f"AUTOINCREMENT of {table} differs from Hermes' schema")
-    for kind, label in (("indexes", "index"), ("triggers", "trigger"), ("views", "view"), ("virtual", "virtual table")):
+    fts_changes: list[str] = []
+    for kind, label in _LABELS.items():
         for name, sql in ref[kind].items():
             have = live[kind].get(name)
-            if have is None:
-                det.problems.append(f"{label} {name} is missing")
-            elif have != sql:
-                det.problems.append(f"{label} {name} differs from Hermes' schema: {have}")
-        for name, have in live[kind].items():
+            if have == sql:
+                continue
+            if name in fts:
+                fts_changes.append(f"{label} {name} {'is missing' if have is None else 'differs'}")
+            elif kind == "virtual":
+                det.problems.append(f"{label} {name} {'is missing' if have is None else 'differs'}")
+            elif have is None:
+                det.repairs.append(Repair("create_object", f"create missing {label} {name}", name=name))
+            else:
+                det.repairs.append(
+                    Repair("replace_object", f"re-create {label} {name} as Hermes' schema has it", name=name,
+                           sql=f"DROP {label.upper()} {_q(name)}")
+                )
+        for name in live[kind]:
             if name in ref[kind]:
                 continue
-            want = later[kind].get(name)
-            if want is None:
+            if name in fts:
+                fts_changes.append(f"{label} {name} is not in this version's layout")
+            elif name not in later[kind]:
                 det.extra_objects.setdefault(kind, []).append(name)
-            elif kind == "indexes" and have == want:
-                det.repairs.append(
-                    Repair("drop_index", f"drop index {name}; a later revision creates it", sql=f"DROP INDEX {_q(name)}")
-                )
-            else:
+            elif kind == "virtual":
                 det.problems.append(f"{label} {name} belongs to a later Hermes schema than the file's schema_version")
-    # Drop order: indexes, then tables, then columns; additions and FTS work come after.
-    order = {"drop_index": 0, "drop_table": 1, "drop_column": 2}
-    det.repairs.sort(key=lambda r: order.get(r.kind, 3))
+            else:
+                det.repairs.append(
+                    Repair("drop_object", f"drop {label} {name}; a later revision creates it", name=name,
+                           sql=f"DROP {label.upper()} {_q(name)}")
+                )
+    if fts_changes:
+        det.repairs.append(
+            Repair("fts_reset", "re-create the full-text indexes as Hermes' schema has them and re-index every "
+                   "message (" + "; ".join(fts_changes) + ")")
+        )
+    det.repairs.sort(key=lambda r: _REPAIR_ORDER[r.kind])
     return det
+
+
+def _closest_shape(version: int, live: dict[str, Any]) -> str:
+    """The known shape of ``version`` the file differs least from (for reports)."""
+    best, fewest = str(version), None
+    for name in _shapes(version):
+        n = len(diff(reference_schema(name), live))
+        if fewest is None or n < fewest:
+            best, fewest = name, n
+    return best
 
 
 # ------------------------------------------------------------------------- detect
 
 
+def is_hermes_revision(revision: str) -> bool:
+    """Hermes schema version N is revision ``00NN``; every other id in the chain is ours."""
+    return re.fullmatch(r"\d{4}", revision) is not None
+
+
 def _head_version() -> int:
-    return int(head())
+    """The newest Hermes schema version our chain reproduces (ids of our own are not numbers)."""
+    return max(int(r) for r in revision_order() if is_hermes_revision(r))
 
 
 def _table_names(conn: sqlite3.Connection) -> set[str]:
@@ -355,17 +464,10 @@ def detect(path: str | os.PathLike[str], *, version_table: str | None = None, de
                 if bad != ["ok"]:
                     raise errors.NotADatabaseError(f"{p} is corrupt ({'; '.join(bad[:3])}); left unchanged")
             live = snapshot(conn)
-            later = _later_objects(version, newest)
-            best: Detected | None = None
-            for name, implied in _shapes(version):
-                cand = _compare(reference_schema(name), live, later, conn)
-                cand.repairs += implied
-                cand.shape = f"hermes_v{name}"
-                if best is None or len(cand.problems) < len(best.problems):
-                    best = cand
+            best = _compare(reference_schema(str(version)), live, _later_objects(version, newest), conn)
+            best.shape = f"hermes_v{_closest_shape(version, live)}"
     except sqlite3.DatabaseError as exc:
         raise sqlite_refusal(p, exc) from exc
-    assert best is not None
     best.path, best.schema_version, best.revision = p, version, f"{version:04d}"
     if len(rows) > 1:
         best.notes.append(f"schema_version has {len(rows)} rows; using the first ({version}) as Hermes does")

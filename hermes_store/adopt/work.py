@@ -1,4 +1,4 @@
-"""The copy: made, stamped, repaired, upgraded and verified next to the original.
+"""The copy: made, repaired, stamped, upgraded and verified next to the original.
 
 Everything here writes only the private work file (``.state.db.adopting-*.tmp``); the
 original is only read, through SQLite's backup API, which also folds in its
@@ -14,6 +14,7 @@ import sqlite3
 import tempfile
 import threading
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,73 +22,45 @@ from alembic import command
 
 from .. import errors
 from ..introspect import diff, snapshot
-from ..paths import create_private_database, migration_connection, readonly_connection, run_alembic
-from .shape import AdoptionReport, Detected, _q, _table_names
+from ..paths import create_private_database, migration_connection, readonly_connection, revision_order, run_alembic
+from .shape import AdoptionReport, Detected, Repair, _q, _table_names, fts_names, is_hermes_revision
 from .swap import step
 
 Progress = Callable[[str, float], None]
 
 #: state_meta keys of a pending v23 FTS rebuild; a full rebuild makes them obsolete.
 FTS_WINDOW_KEYS = ("fts_rebuild_high_water", "fts_rebuild_progress")
+#: state_meta key of v28's bounded tool-row indexing: rows up to it were indexed in full.
+#: A full rebuild indexes every row in full and moves it to MAX(id); revision 0030 (and
+#: Hermes' own move to FTS layout 3) deletes it.
+TOOL_HIGH_WATER_KEY = "fts_tool_full_content_high_water"
+#: FTS bookkeeping in state_meta: rebuilt, moved or deleted with the indexes, not data.
+FTS_BOOKKEEPING_KEYS = (*FTS_WINDOW_KEYS, TOOL_HIGH_WATER_KEY)
+#: Prefix of the work tables adoption uses on the copy (never left behind).
+WORK_TABLE_PREFIX = "_hermes_store_adopt_"
 
 #: What the v10-late, v11–v22 inline FTS tables index (NULLs as '').
 INLINE_FTS_TEXT = "COALESCE(content, '') || ' ' || COALESCE(tool_name, '') || ' ' || COALESCE(tool_calls, '')"
 
-# The documented v10 FTS layout (both indexes external-content on messages.content),
-# frozen here: a late-v10 file is converted to it so that revision 0011 finds what it
-# expects. Same DDL as Hermes v10 / revision 0010.
-V10_DOCUMENTED_FTS = [
-    "DROP TRIGGER IF EXISTS messages_fts_insert",
-    "DROP TRIGGER IF EXISTS messages_fts_delete",
-    "DROP TRIGGER IF EXISTS messages_fts_update",
-    "DROP TRIGGER IF EXISTS messages_fts_trigram_insert",
-    "DROP TRIGGER IF EXISTS messages_fts_trigram_delete",
-    "DROP TRIGGER IF EXISTS messages_fts_trigram_update",
-    "DROP TABLE IF EXISTS messages_fts",
-    "DROP TABLE IF EXISTS messages_fts_trigram",
-    """CREATE VIRTUAL TABLE messages_fts USING fts5(
-    content,
-    content=messages,
-    content_rowid=id
-)""",
-    """CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
-    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-END""",
-    """CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES('delete', old.id, old.content);
-END""",
-    """CREATE TRIGGER messages_fts_update AFTER UPDATE ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES('delete', old.id, old.content);
-    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-END""",
-    """CREATE VIRTUAL TABLE messages_fts_trigram USING fts5(
-    content,
-    content=messages,
-    content_rowid=id,
-    tokenize='trigram'
-)""",
-    """CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages BEGIN
-    INSERT INTO messages_fts_trigram(rowid, content) VALUES (new.id, new.content);
-END""",
-    """CREATE TRIGGER messages_fts_trigram_delete AFTER DELETE ON messages BEGIN
-    INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content) VALUES('delete', old.id, old.content);
-END""",
-    """CREATE TRIGGER messages_fts_trigram_update AFTER UPDATE ON messages BEGIN
-    INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content) VALUES('delete', old.id, old.content);
-    INSERT INTO messages_fts_trigram(rowid, content) VALUES (new.id, new.content);
-END""",
-    "INSERT INTO messages_fts(messages_fts) VALUES('rebuild')",
-    "INSERT INTO messages_fts_trigram(messages_fts_trigram) VALUES('rebuild')",
-]
-
 # ------------------------------------------------------------------ fresh schema and Alembic on the copy
 
 _fresh_lock = threading.Lock()
-_fresh_cache: dict[tuple[str, str], dict[str, Any]] = {}
+_fresh_cache: dict[tuple[str, str], "Fresh"] = {}
 
 
-def _fresh_snapshot(revision: str, version_table: str) -> dict[str, Any]:
-    """Schema of an empty database upgraded to ``revision`` (what adoption must match)."""
+@dataclass(frozen=True)
+class Fresh:
+    """An empty database upgraded to one revision: what adoption compares with and
+    re-creates missing pieces from (the revisions hold Hermes' DDL verbatim)."""
+
+    snapshot: dict[str, Any]
+    #: name -> (type, table, sql) of every table, index, trigger and view.
+    objects: dict[str, tuple[str, str, str]]
+    #: table -> foreign keys as (column, parent table, parent column, ON UPDATE, ON DELETE).
+    fks: dict[str, list[tuple[str, str, str | None, str, str]]]
+
+
+def _fresh(revision: str, version_table: str) -> Fresh:
     key = (revision, version_table)
     with _fresh_lock:
         if key not in _fresh_cache:
@@ -97,10 +70,26 @@ def _fresh_snapshot(revision: str, version_table: str) -> dict[str, Any]:
                 _upgrade_copy(fresh, revision, version_table=version_table)
                 conn = sqlite3.connect(fresh)
                 try:
-                    _fresh_cache[key] = snapshot(conn)
+                    objects = {
+                        name: (type_, tbl, sql)
+                        for type_, name, tbl, sql in conn.execute(
+                            "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid"
+                        )
+                    }
+                    fks = {
+                        name: [(r[3], r[2], r[4], r[5], r[6]) for r in conn.execute(f"PRAGMA foreign_key_list({_q(name)})")]
+                        for name, (type_, _t, _s) in objects.items()
+                        if type_ == "table"
+                    }
+                    _fresh_cache[key] = Fresh(snapshot(conn), objects, fks)
                 finally:
                     conn.close()
         return _fresh_cache[key]
+
+
+def _fresh_snapshot(revision: str, version_table: str) -> dict[str, Any]:
+    """Schema of an empty database upgraded to ``revision`` (what adoption must match)."""
+    return _fresh(revision, version_table).snapshot
 
 
 def _stamp(path: Path, revision: str, *, version_table: str) -> None:
@@ -113,6 +102,28 @@ def _upgrade_copy(path: Path, revision: str = "head", *, version_table: str) -> 
     """Run our revisions on the copy (a plain upgrade: the copy is already stamped)."""
     with migration_connection(path) as conn:
         run_alembic(conn, command.upgrade, revision, version_table=version_table)
+
+
+def _stamp_as_hermes(path: Path, revision: str, *, version_table: str) -> None:
+    """Bring the copy of a Hermes file at ``revision`` (``00NN``) to that revision.
+
+    Hermes' file has every Hermes revision up to NN applied but none of our own
+    (``hs…``). Our own revisions add only objects of our own and alter none of Hermes',
+    so they commute with Hermes' revisions: each one that lies before NN in the chain is
+    applied on the file as it is (after stamping the revision just before it), then NN
+    is stamped. Places in the chain decide "before", never the ids as numbers.
+    """
+    order = revision_order()
+    at: str | None = None
+    for i, rev in enumerate(order[: order.index(revision)]):
+        if is_hermes_revision(rev):
+            continue
+        if i and at != order[i - 1]:
+            _stamp(path, order[i - 1], version_table=version_table)
+        _upgrade_copy(path, rev, version_table=version_table)
+        at = rev
+    if at != revision:
+        _stamp(path, revision, version_table=version_table)
 
 
 def _open_rw(p: Path) -> sqlite3.Connection:
@@ -139,6 +150,23 @@ def _rebuild_fts(conn: sqlite3.Connection) -> list[str]:
     the text their triggers index, so a damaged index cannot survive.
     """
     done = []
+    tables = _table_names(conn)
+    bounded = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND sql LIKE ?)", (f"%{TOOL_HIGH_WATER_KEY}%",)
+    ).fetchone()[0]
+    if bounded and "state_meta" in tables:
+        # v28–early-v30 triggers index a tool row truncated only above the mark; the
+        # rebuild below indexes every row in full, so the mark moves to the last row
+        # (what Hermes' own rebuild does), or a later delete would corrupt the index.
+        conn.execute(
+            "INSERT INTO state_meta (key, value) SELECT ?, CAST(COALESCE(MAX(id), 0) AS TEXT) FROM messages "
+            "WHERE true ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (TOOL_HIGH_WATER_KEY,),
+        )
+    elif "state_meta" in tables:
+        # No trigger reads the mark (FTS layout 3 indexes what its view computes): obsolete,
+        # and Hermes deletes it when it moves a file to that layout.
+        conn.execute("DELETE FROM state_meta WHERE key = ?", (TOOL_HIGH_WATER_KEY,))
     for name, sql, content in _fts_tables(conn):
         if content:
             conn.execute(f"INSERT INTO {_q(name)}({_q(name)}) VALUES('rebuild')")
@@ -153,7 +181,7 @@ def _rebuild_fts(conn: sqlite3.Connection) -> list[str]:
                 conn.execute(f"INSERT INTO {_q(name)}(rowid, content) SELECT id, {INLINE_FTS_TEXT} FROM messages")
             done.append(name)
     # A pending v23 rebuild window would make the triggers skip rows we just indexed.
-    if "state_meta" in _table_names(conn):
+    if "state_meta" in tables:
         conn.execute(f"DELETE FROM state_meta WHERE key IN ({', '.join('?' * len(FTS_WINDOW_KEYS))})", FTS_WINDOW_KEYS)
     return done
 
@@ -190,15 +218,16 @@ def _comparable_counts(conn: sqlite3.Connection) -> dict[str, int]:
     """Row counts that adoption must keep equal.
 
     ``state_meta`` is counted without the keys hermes_store manages itself: revisions
-    record bookkeeping under ``hermes_store.*`` (e.g. 0016's delegate markers), and a
-    full FTS rebuild closes a pending v23 rebuild window (``fts_rebuild_*``).
+    record bookkeeping under ``hermes_store.*`` (e.g. 0016's delegate markers), and the
+    FTS bookkeeping keys go with the indexes (a full rebuild closes a pending v23
+    rebuild window, revision 0030 deletes v28's tool-row mark as Hermes' FTS layout 3 does).
     """
     counts = _row_counts(conn)
     if "state_meta" in counts:
-        marks = ", ".join("?" * len(FTS_WINDOW_KEYS))
+        marks = ", ".join("?" * len(FTS_BOOKKEEPING_KEYS))
         counts["state_meta"] = conn.execute(
             f"SELECT count(*) FROM state_meta WHERE substr(key, 1, 13) <> 'hermes_store.' AND key NOT IN ({marks})",
-            FTS_WINDOW_KEYS,
+            FTS_BOOKKEEPING_KEYS,
         ).fetchone()[0]
     return counts
 
@@ -252,22 +281,18 @@ def build_copy(
     step("copied")
 
     report_progress("upgrade", 0.0)
-    _stamp(work, det.revision, version_table=vt)  # type: ignore[arg-type]
     conn = _open_rw(work)
     try:
+        # Table rebuilds must not cascade (the default, said out loud).
+        conn.execute("PRAGMA foreign_keys = OFF")
         conn.execute("BEGIN IMMEDIATE")
-        for repair in det.repairs:
-            if repair.kind == "fts_v10_late":
-                for sql in V10_DOCUMENTED_FTS:
-                    conn.execute(sql)
-            else:
-                conn.execute(repair.sql)  # type: ignore[arg-type]
-        # External-content indexes corrupt themselves when a row they never indexed is
-        # updated or deleted through a trigger; re-index before any revision runs (the
-        # late-v10 conversion above already rebuilt its indexes).
+        aside = _apply_repairs(conn, det, lambda: _fresh(det.revision, vt))  # type: ignore[arg-type]
         _canonical_ledger_fk(conn)
-        converted = any(r.kind == "fts_v10_late" for r in det.repairs)
-        if not converted and any(content for _n, _s, content in _fts_tables(conn)):
+        # External-content indexes corrupt themselves when a row they never indexed is
+        # updated or deleted through a trigger; re-index before any revision runs (an
+        # FTS reset above already did).
+        reset = any(r.kind == "fts_reset" for r in det.repairs)
+        if not reset and any(content for _n, _s, content in _fts_tables(conn)):
             _rebuild_fts(conn)
         step("repairing")  # a kill here leaves the copy with a hot journal
         conn.execute("COMMIT")
@@ -278,8 +303,11 @@ def build_copy(
     finally:
         conn.close()
 
+    _stamp_as_hermes(work, det.revision, version_table=vt)  # type: ignore[arg-type]
     if target != det.revision:
         _upgrade_copy(work, target, version_table=vt)
+    if aside:
+        _put_back(work, aside, target)
     report_progress("upgrade", 1.0)
 
     report_progress("verify", 0.0)
@@ -380,4 +408,217 @@ def _canonical_ledger_fk(conn: sqlite3.Connection) -> None:
     conn.execute(f"INSERT INTO session_model_usage ({cols}) SELECT {cols} FROM _hermes_store_ledger_old")
     conn.execute("DROP TABLE _hermes_store_ledger_old")
     for sql in indexes:
+        conn.execute(sql)
+
+
+# ------------------------------------------------------------------ repairs on the copy
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """Data of a later version's table or column, kept in a work table while the
+    revisions run (the revision that creates the table/column would fail on it)."""
+
+    table: str
+    column: str | None  # None: the whole table
+    work_table: str
+    keys: tuple[str, ...] = ()
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    """Stored columns of ``table`` (generated ones cannot be written)."""
+    return [r[1] for r in conn.execute(f"PRAGMA table_xinfo({_q(table)})") if r[6] == 0]
+
+
+def _row_keys(conn: sqlite3.Connection, table: str) -> tuple[str, ...]:
+    """Columns that identify a row of ``table`` across revisions: its primary key, else rowid."""
+    pk = sorted((r[5], r[1]) for r in conn.execute(f"PRAGMA table_info({_q(table)})") if r[5])
+    return tuple(name for _pos, name in pk) or ("rowid",)
+
+
+def _set_aside(conn: sqlite3.Connection, repair: Repair, n: int) -> SetAside:
+    """Copy a later version's data into an untyped work table (values stay as stored)."""
+    table = repair.table
+    assert table is not None
+    work = f"{WORK_TABLE_PREFIX}{n}"
+    if repair.column is None:
+        cols = _columns(conn, table)
+        conn.execute(f"CREATE TABLE {_q(work)} ({', '.join(_q(c) for c in cols)})")
+        names = ", ".join(_q(c) for c in cols)
+        conn.execute(f"INSERT INTO {_q(work)} ({names}) SELECT {names} FROM {_q(table)} ORDER BY rowid")
+        conn.execute(f"DROP TABLE {_q(table)}")
+        return SetAside(table, None, work)
+    keys = _row_keys(conn, table)
+    slots = [f"k{i}" for i in range(len(keys))]
+    conn.execute(
+        f"CREATE TABLE {_q(work)} ({', '.join(slots)}, v, PRIMARY KEY ({', '.join(slots)})) WITHOUT ROWID"
+    )
+    conn.execute(
+        f"INSERT INTO {_q(work)} SELECT {', '.join(_q(k) for k in keys)}, {_q(repair.column)} FROM {_q(table)}"
+    )
+    conn.execute(repair.sql)  # type: ignore[arg-type]
+    return SetAside(table, repair.column, work, keys)
+
+
+def _put_back(path: Path, aside: list[SetAside], target: str) -> None:
+    """Return set-aside data once the revisions have created its table/column again.
+
+    The table's triggers are set aside meanwhile: putting data back is not an edit
+    (it must not, say, reset v30's display order or touch the FTS indexes).
+    """
+    conn = _open_rw(path)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for item in aside:
+            if item.table not in _table_names(conn) or (
+                item.column is not None and item.column not in _columns(conn, item.table)
+            ):
+                what = item.table if item.column is None else f"{item.table}.{item.column}"
+                raise errors.AdoptionError(
+                    f"revision {target} has no {what}, which holds data in this file; adopt to a later revision"
+                )
+            triggers = conn.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ? ORDER BY rowid",
+                (item.table,),
+            ).fetchall()
+            for name, _sql in triggers:
+                conn.execute(f"DROP TRIGGER {_q(name)}")
+            if item.column is None:
+                names = ", ".join(_q(c) for c in _columns(conn, item.work_table))
+                conn.execute(
+                    f"INSERT INTO {_q(item.table)} ({names}) SELECT {names} FROM {_q(item.work_table)} ORDER BY rowid"
+                )
+            else:
+                match = " AND ".join(f"w.k{i} = {_q(item.table)}.{_q(k)}" for i, k in enumerate(item.keys))
+                conn.execute(
+                    f"UPDATE {_q(item.table)} SET {_q(item.column)} = "
+                    f"(SELECT w.v FROM {_q(item.work_table)} AS w WHERE {match}) "
+                    f"WHERE EXISTS (SELECT 1 FROM {_q(item.work_table)} AS w WHERE {match})"
+                )
+            conn.execute(f"DROP TABLE {_q(item.work_table)}")
+            for _name, sql in triggers:
+                conn.execute(sql)
+        conn.execute("COMMIT")
+    except BaseException:
+        with suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    finally:
+        conn.close()
+
+
+def _apply_repairs(conn: sqlite3.Connection, det: Detected, fresh: Callable[[], Fresh]) -> list[SetAside]:
+    """Run :func:`~.shape.detect`'s repairs on the copy, in their order. Missing pieces
+    come from ``fresh()`` (an empty file at the stamped revision: Hermes' DDL of that
+    version; made only when needed). Returns the data set aside for :func:`_put_back`."""
+    aside: list[SetAside] = []
+    for repair in det.repairs:
+        if repair.kind in ("set_aside_table", "set_aside_column"):
+            aside.append(_set_aside(conn, repair, len(aside)))
+        elif repair.kind in ("create_table", "create_object", "replace_object"):
+            if repair.sql:
+                conn.execute(repair.sql)
+            conn.execute(fresh().objects[repair.name][2])  # type: ignore[index]
+        elif repair.kind == "add_foreign_key":
+            _add_foreign_keys(conn, repair.table, fresh().fks.get(repair.table, []))  # type: ignore[arg-type]
+        elif repair.kind == "fts_reset":
+            _reset_fts(conn, fresh())
+        else:
+            conn.execute(repair.sql)  # type: ignore[arg-type]
+    return aside
+
+
+def _reset_fts(conn: sqlite3.Connection, fresh: Fresh) -> None:
+    """Replace every Hermes full-text object by the stamped revision's, then re-index.
+
+    Lossless: each index is derived from ``messages``. Covers a file without the
+    trigram table (SQLite without the trigram tokenizer), without any FTS (SQLite
+    without FTS5), with a missing or edited trigger, and the FTS layouts Hermes wrote
+    under one version number (late v10, v29/v30 layouts 1–3).
+    """
+    names = fts_names()
+    live = conn.execute("SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'table', 'view')").fetchall()
+    rank = {"trigger": 0, "table": 1, "view": 2}
+    for type_, name in sorted(live, key=lambda r: rank[r[0]]):
+        if name in names:
+            conn.execute(f"DROP {type_.upper()} {_q(name)}")
+    wanted = [(t, sql) for name, (t, _tbl, sql) in fresh.objects.items() if name in names]
+    for type_, sql in sorted(wanted, key=lambda r: -rank[r[0]]):
+        conn.execute(sql)
+    _rebuild_fts(conn)
+
+
+def _add_foreign_keys(conn: sqlite3.Connection, table: str, wanted: list[tuple[str, str, str | None, str, str]]) -> None:
+    """Declare the foreign keys of ``wanted`` that ``table`` lacks, as table constraints.
+
+    Hermes' reconciler adds v25's ``system_prompt_hash`` with ``ADD COLUMN`` and no
+    ``REFERENCES``, so only files Hermes created at v25+ have that key; SQLite cannot
+    add a constraint in place, so the table is rebuilt with it (rows and rowids kept).
+    """
+    have = {(r[3], r[2], r[4]) for r in conn.execute(f"PRAGMA foreign_key_list({_q(table)})")}
+    clauses = []
+    for col, parent, parent_col, on_update, on_delete in wanted:
+        if (col, parent, parent_col) in have:
+            continue
+        clause = f"FOREIGN KEY ({_q(col)}) REFERENCES {_q(parent)}" + (f"({_q(parent_col)})" if parent_col else "")
+        if on_delete and on_delete != "NO ACTION":
+            clause += f" ON DELETE {on_delete}"
+        if on_update and on_update != "NO ACTION":
+            clause += f" ON UPDATE {on_update}"
+        clauses.append(clause)
+    if not clauses:
+        return
+    sql = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()[0]
+    close = sql.rindex(")")
+    body = sql[sql.index("(") : close].rstrip() + ",\n    " + ",\n    ".join(clauses) + "\n" + sql[close:]
+    _rebuild_table(conn, table, body)
+
+
+_NOT_NAME = r"[^A-Za-z0-9_$]"
+
+
+def _rebuild_table(conn: sqlite3.Connection, table: str, body: str) -> None:
+    """Replace ``table`` by ``CREATE TABLE table <body>``, keeping rows, rowids, the
+    AUTOINCREMENT counter, indexes, triggers and views.
+
+    The new table is filled under a work name and renamed; views and triggers that name
+    the table are set aside meanwhile, since SQLite checks them when renaming.
+    """
+    work = f"{WORK_TABLE_PREFIX}rebuild"
+    conn.execute(f"CREATE TABLE {_q(work)} {body}")
+    cols = _columns(conn, table)
+    without_rowid = bool(re.search(r"\)\s*WITHOUT\s+ROWID", body, re.I))
+    info = list(conn.execute(f"PRAGMA table_info({_q(table)})"))
+    pk = [r for r in info if r[5]]
+    alias = len(pk) == 1 and pk[0][2].upper() == "INTEGER"  # the rowid itself
+    names = ", ".join(_q(c) for c in cols)
+    keep_rowid = "" if without_rowid or alias else "rowid, "
+    mention = re.compile(rf"(^|{_NOT_NAME}){re.escape(table)}($|{_NOT_NAME})", re.I)
+    indexes = [r[0] for r in conn.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL ORDER BY rowid", (table,)
+    )]
+    triggers = [
+        (name, tbl, sql)
+        for name, tbl, sql in conn.execute(
+            "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger' ORDER BY rowid"
+        )
+        if tbl == table or mention.search(sql)
+    ]
+    views = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'view' ORDER BY rowid").fetchall()
+    seq = None
+    if "sqlite_sequence" in _table_names(conn):
+        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
+        seq = row[0] if row else None
+    for name, _sql in views:
+        conn.execute(f"DROP VIEW {_q(name)}")
+    for name, tbl, _sql in triggers:
+        if tbl != table:
+            conn.execute(f"DROP TRIGGER {_q(name)}")
+    conn.execute(f"INSERT INTO {_q(work)} ({keep_rowid}{names}) SELECT {keep_rowid}{names} FROM {_q(table)}")
+    conn.execute(f"DROP TABLE {_q(table)}")
+    conn.execute(f"ALTER TABLE {_q(work)} RENAME TO {_q(table)}")
+    if seq is not None:
+        conn.execute("DELETE FROM sqlite_sequence WHERE name IN (?, ?)", (table, work))
+        conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table, seq))
+    for sql in [*indexes, *(sql for _n, sql in views), *(sql for _n, _t, sql in triggers)]:
         conn.execute(sql)
