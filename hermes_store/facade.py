@@ -351,8 +351,23 @@ class SessionDB:
         self._write(lambda c: SessionRepository(c).update_system_prompt(session_id, system_prompt))
 
     def update_session(self, session_id: str, **fields: Any) -> bool:
-        """Set other known session columns (cwd, archived, git_branch, ...)."""
+        """Set other known session columns (cwd, archived, git_branch, hidden, pinned,
+        title_source, last_read_at, ...). False for an unknown id."""
         return self._write(lambda c: SessionRepository(c).update_fields(session_id, **fields))
+
+    def record_session_activity(
+        self,
+        session_id: str,
+        description: str | None = None,
+        provenance: str | None = "unknown",
+        at: float | None = None,
+    ) -> bool:
+        """Stamp a sign of life without a message (v24 ``last_activity_*``).
+
+        What Hermes' activity watchdog records during long tool calls or compression;
+        listings then order the session by it. False for an unknown id.
+        """
+        return self._write(lambda c: SessionRepository(c).record_activity(session_id, description, provenance, at))
 
     def update_token_counts(
         self,
@@ -381,8 +396,13 @@ class SessionDB:
 
     # ------------------------------------------------------------------ titles
 
-    def set_session_title(self, session_id: str, title: str | None) -> bool:
-        return self._write(lambda c: SessionRepository(c).set_title(session_id, title))
+    def set_session_title(self, session_id: str, title: str | None, *, title_source: str = "user") -> bool:
+        """Set the title (v25: recorded as set by ``title_source``, 'user' by default).
+
+        An automatic source ('llm', 'derived') never replaces a higher-ranked title;
+        that call returns False.
+        """
+        return self._write(lambda c: SessionRepository(c).set_title(session_id, title, title_source))
 
     def get_session_title(self, session_id: str) -> str | None:
         return self._read(lambda c: SessionRepository(c).get_title(session_id))

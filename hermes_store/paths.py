@@ -452,6 +452,9 @@ def check_file(path: str | os.PathLike[str], *, recovery_ok: bool = False) -> No
     try:
         with open(p, "rb") as fh:
             header = fh.read(100)
+        # Size after the header: a checkpoint writes page 1 (with the new page count)
+        # before the file grows, so the other order can see a healthy file as short.
+        st = p.stat()
     except OSError as exc:
         raise errors.DatabaseUnavailableError(f"cannot read {p}: {exc}") from exc
     if not header.startswith(SQLITE_HEADER):
@@ -465,17 +468,21 @@ def check_file(path: str | os.PathLike[str], *, recovery_ok: bool = False) -> No
     if page_size < 512 or page_size & (page_size - 1):
         raise errors.NotADatabaseError(f"{p} is corrupt (invalid page size {page_size}); left unchanged")
     pages = int.from_bytes(header[28:32], "big")
-    # The in-header page count is trustworthy only when its "valid-for" counter matches.
-    if header[24:28] == header[92:96] and pages and st.st_size < pages * page_size:
-        raise errors.NotADatabaseError(
-            f"{p} is truncated: the header promises {pages} pages of {page_size} bytes "
-            f"({pages * page_size} bytes) but the file has {st.st_size}; left unchanged"
-        )
-    if st.st_size % page_size:
-        raise errors.NotADatabaseError(
-            f"{p} is truncated or corrupt: {st.st_size} bytes is not a whole number of "
-            f"{page_size}-byte pages; left unchanged"
-        )
+    # While a WAL file exists, another process may be checkpointing: the file is then
+    # legitimately between sizes, and the schema read below is the real judge.
+    checkpointing = header[18:20] == b"\x02\x02" and Path(f"{p}-wal").exists()
+    if not checkpointing:
+        # The in-header page count is trustworthy only when its "valid-for" counter matches.
+        if header[24:28] == header[92:96] and pages and st.st_size < pages * page_size:
+            raise errors.NotADatabaseError(
+                f"{p} is truncated: the header promises {pages} pages of {page_size} bytes "
+                f"({pages * page_size} bytes) but the file has {st.st_size}; left unchanged"
+            )
+        if st.st_size % page_size:
+            raise errors.NotADatabaseError(
+                f"{p} is truncated or corrupt: {st.st_size} bytes is not a whole number of "
+                f"{page_size}-byte pages; left unchanged"
+            )
     journal = Path(f"{p}-journal")
     if journal.exists() and journal.stat().st_size > 0:
         if recovery_ok:

@@ -55,11 +55,23 @@ def test_invalid_json_in_json_columns_kept_as_text(db: SessionDB) -> None:
 
 
 def test_ten_megabyte_content(db: SessionDB) -> None:
+    """A 10 MB message is stored whole and stays findable.
+
+    Chosen behaviour, Hermes' since v28/v30: the word index holds only the first 8192
+    characters of a *tool result* (``messages_fts_src``), so a word that appears only
+    past them is not found by word search. Nothing is lost: the row reads back
+    byte-for-byte, a word from its start finds it, and so does a substring (CJK)
+    search for text anywhere in it. User and assistant text is indexed in full.
+    """
     db.create_session("s", "cli")
-    big = ("lorem ipsum " * 900_000)[:10_000_000] + " needlefinal"
-    mid = db.append_message("s", "tool", big, tool_name="dump")
-    assert db.get_messages("s")[0]["content"] == big
-    assert db.search_messages("needlefinal")[0]["id"] == mid
+    big = "needlestart " + ("lorem ipsum " * 900_000)[:10_000_000] + " needlefinal 尾部标记"
+    tool = db.append_message("s", "tool", big, tool_name="dump")
+    user = db.append_message("s", "user", big.replace("needle", "pin"))
+    assert [m["content"] for m in db.get_messages("s")] == [big, big.replace("needle", "pin")]
+    assert [h["id"] for h in db.search_messages("needlestart")] == [tool]
+    assert db.search_messages("needlefinal") == []  # past the tool row's indexed prefix
+    assert sorted(h["id"] for h in db.search_messages("尾部标记")) == [tool, user]
+    assert [h["id"] for h in db.search_messages("pinfinal")] == [user]  # non-tool rows: all of it
     integrity(db)
 
 

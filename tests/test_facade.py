@@ -34,7 +34,7 @@ def test_default_path_under_hermes_home_created_0600(tmp_path: Path, monkeypatch
         assert db.journal_mode == "wal"
         conn = sqlite3.connect(path)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 23
+        assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 30  # Hermes v30 (head)
         conn.close()
         with db.engine.connect() as c:
             assert c.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1

@@ -286,13 +286,18 @@ def test_append_bulk_replace_and_import_store_identical_rows(db: SessionDB) -> N
     db.import_sessions([{"id": "imported", "source": "cli", "started_at": 1.0, "messages": variants}])
 
     def stored(sid: str) -> list[tuple]:
+        """Every column but those derived from where the row landed (its id)."""
         conn = sqlite3.connect(db.db_path)
         try:
             cur = conn.execute("SELECT * FROM messages WHERE session_id = ? ORDER BY id", (sid,))
             cols = [d[0] for d in cur.description]
-            return [tuple(v for c, v in zip(cols, row) if c not in ("id", "session_id")) for row in cur]
+            rows = [dict(zip(cols, row)) for row in cur]
         finally:
             conn.close()
+        # Hermes' v30 insert trigger gives each new row its id as on-screen order.
+        assert [r["display_order"] for r in rows] == [r["id"] for r in rows]
+        assert {r["display_identity"] for r in rows} == {None}
+        return [tuple(v for c, v in r.items() if c not in ("id", "session_id", "display_order")) for r in rows]
 
     reference = stored("appended")
     assert len(reference) == 4
@@ -305,7 +310,8 @@ def test_append_bulk_replace_and_import_store_identical_rows(db: SessionDB) -> N
 def cols_index(db: SessionDB, name: str) -> int:
     conn = sqlite3.connect(db.db_path)
     try:
-        cols = [r[1] for r in conn.execute("PRAGMA table_info(messages)") if r[1] not in ("id", "session_id")]
+        cols = [r[1] for r in conn.execute("PRAGMA table_info(messages)")
+                if r[1] not in ("id", "session_id", "display_order")]
     finally:
         conn.close()
     return cols.index(name)

@@ -45,7 +45,11 @@ def test_factories_write_through_the_models(session) -> None:
     assert fts("messages_fts", 'tool_calls : "web_search"') == [msg.id]  # the name inside the tool call
     assert fts("messages_fts", "zebra") == [msg.id]  # and the call's arguments
     assert fts("messages_fts", "output") == [tool.id]
-    assert fts("messages_fts_trigram", "zebra") == [msg.id]  # tool rows stay out of the trigram index
+    # The trigram index (v30) keeps neither tool rows nor tool calls: content and tool name only.
+    user = MessageFactory(session=msg.session, content="quokkas everywhere")
+    session.commit()
+    assert fts("messages_fts_trigram", "okka") == [user.id]
+    assert fts("messages_fts_trigram", "zebra") == []
     assert fts("messages_fts_trigram", "output") == []
 
 

@@ -37,6 +37,7 @@ from ..engine import to_url
 from ..facade import SessionDB
 from ..repositories.base import like_prefix
 from ..repositories.maintenance import DAY
+from ..repositories.sessions import SessionRepository
 
 PROG = "hermes-store"
 SORT_CHOICES = ("rank", "newest", "oldest")
@@ -455,6 +456,8 @@ def sessions_by_id(db: SessionDB, ids: Iterable[str]) -> dict[str, dict[str, Any
     if not ids:
         return {}
     rows = _rows(db, "SELECT * FROM sessions WHERE id IN (SELECT value FROM json_each(:ids))", {"ids": json.dumps(ids)})
+    with db.engine.connect() as conn:
+        SessionRepository(conn).resolve_prompts(rows)  # v25: prompts stored once, by hash
     return {r["id"]: r for r in rows}
 
 

@@ -22,6 +22,7 @@ from ..engine import translate_driver_error
 Executor = OrmSession | Connection
 
 _SCHEMA_CACHE: "weakref.WeakKeyDictionary[Any, dict[str, frozenset[str]]]" = weakref.WeakKeyDictionary()
+_OBJECT_SQL_CACHE: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
 
 
 UnknownFieldError = errors.UnknownFieldError  # re-exported: repositories raise it
@@ -93,6 +94,31 @@ class Repository:
                 r[1] for r in self.conn.exec_driver_sql(f'PRAGMA table_info("{table_name}")')
             )
         return cols
+
+    def not_null_columns(self, table_name: str) -> frozenset[str]:
+        """Columns declared NOT NULL (None for them would fail inside the write)."""
+        per_engine = _SCHEMA_CACHE.setdefault(self.conn.engine, {})
+        key = f"{table_name}\x00notnull"
+        cols = per_engine.get(key)
+        if cols is None:
+            cols = per_engine[key] = frozenset(
+                r[1] for r in self.conn.exec_driver_sql(f'PRAGMA table_info("{table_name}")') if r[3]
+            )
+        return cols
+
+    def object_sql(self, name: str) -> str:
+        """Stored SQL of a schema object ('' when absent), read once per engine.
+
+        Search asks which sessions the trigram view leaves out; the answer depends on
+        the file's revision, and only migrations change it.
+        """
+        per_engine = _OBJECT_SQL_CACHE.setdefault(self.conn.engine, {})
+        sql = per_engine.get(name)
+        if sql is None:
+            sql = per_engine[name] = (
+                self.conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE name = ?", (name,)).scalar() or ""
+            )
+        return sql
 
 
 def like_prefix(value: str) -> str:

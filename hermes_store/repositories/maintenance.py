@@ -14,6 +14,7 @@ from ..codec import check_key
 from ..search.fts import fts5
 from .base import Repository, now
 from .messages import MessageRepository, decode_row, encode_message
+from .sessions import SessionRepository
 from .records import UsageRow
 
 DAY = 86_400.0
@@ -184,6 +185,7 @@ class MaintenanceRepository(Repository):
         row = self._one("SELECT * FROM sessions WHERE id = :id", {"id": session_id})
         if row is None:
             return None
+        SessionRepository(self.conn).resolve_prompts([row])
         row["messages"] = MessageRepository(self.conn).get_messages(session_id)
         if self.has_table("session_model_usage"):
             row["model_usage"] = self._usage_rows(session_id)
@@ -212,6 +214,7 @@ class MaintenanceRepository(Repository):
             )
             if not page:
                 return
+            SessionRepository(self.conn).resolve_prompts(page)
             # Per-session queries go straight to the DB-API cursor: SQLAlchemy's result
             # setup per statement would cost more than the query on a big export.
             raw = self.conn.connection.driver_connection
@@ -259,11 +262,24 @@ class MaintenanceRepository(Repository):
             if not isinstance(m, Mapping):
                 raise errors.InvalidInputError(f"session {sid!r}: message #{index} must be a dict, not {type(m).__name__}")
             item = {k: v for k, v in m.items() if k in msg_cols}
+            # Hermes' display identity is a digest it computes itself (NULL = "to be
+            # filled in"); only the real bytes are kept, never a text rendering of them.
+            if not isinstance(item.get("display_identity"), (bytes, bytearray, memoryview)):
+                item.pop("display_identity", None)
             item["session_id"] = sid
             rows.append(encode_message(item, msg_cols, index=index, keep_id=True))
         self._free_ids_or_renumber(rows)
         known = self.columns_of("sessions")
         cols = {k: v for k, v in record.items() if k in known}
+        sessions = SessionRepository(self.conn)
+        if sessions.prompts_hashed():
+            # The export carries the full text: it is stored once, by its own hash
+            # (v25); a hash without its text is kept only if that text is here.
+            prompt, digest = cols.pop("system_prompt", None), cols.pop("system_prompt_hash", None)
+            if prompt is not None:
+                cols["system_prompt_hash"] = sessions.store_prompt(prompt)
+            elif digest is not None and self._scalar("SELECT 1 FROM system_prompts WHERE hash = :h", {"h": digest}):
+                cols["system_prompt_hash"] = digest
         # A parent that is not (yet) here would break the FK: keep the link only when valid.
         parent = cols.get("parent_session_id")
         if parent and not self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": parent}):
@@ -304,6 +320,9 @@ class MaintenanceRepository(Repository):
         if not keep:
             for r in rows:
                 r.pop("id", None)
+                # The on-screen order (v30) was taken from the old ids: the insert
+                # trigger derives it again from the new ones.
+                r.pop("display_order", None)
 
     _pending_parents: list[tuple[str, str]]
 
@@ -345,6 +364,8 @@ class MaintenanceRepository(Repository):
             if self.has_table("session_model_usage"):
                 self.conn.exec_driver_sql(f"DELETE FROM session_model_usage WHERE session_id IN ({marks})", args)
             self.conn.exec_driver_sql(f"DELETE FROM sessions WHERE id IN ({marks})", args)
+        if ids:
+            SessionRepository(self.conn).drop_unused_prompts()  # as Hermes does after deletes and prunes
 
     def _remove_files(self, ids: Iterable[str], folder: str | Path) -> None:
         """Queue the transcript files of these (deleted) sessions, only inside ``folder``.

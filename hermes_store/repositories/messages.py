@@ -28,6 +28,8 @@ from .records import MessageRecord, MessageWindow
 
 #: JSON-ish columns: stored as JSON text (falsy → NULL), decoded on read.
 JSON_COLUMNS = ("tool_calls", "reasoning_details", "codex_reasoning_items", "codex_message_items")
+#: Binary columns: bytes are stored as they are (v30's display identity digest).
+BLOB_COLUMNS = frozenset({"display_identity"})
 MESSAGE_FIELDS = (
     "tool_name", "tool_calls", "tool_call_id", "token_count", "finish_reason", "reasoning",
     "reasoning_content", "reasoning_details", "codex_reasoning_items", "codex_message_items",
@@ -107,7 +109,12 @@ def _encode(
             "timestamp": _timestamp(timestamp),
         }
         for key, value in fields.items():
-            row[key] = encode_json(value) if key in JSON_COLUMNS else _text(value, key)
+            if key in JSON_COLUMNS:
+                row[key] = encode_json(value)
+            elif key in BLOB_COLUMNS and isinstance(value, _BYTES):
+                row[key] = bytes(value)
+            else:
+                row[key] = _text(value, key)
     except errors.InvalidInputError as exc:
         if index is None:
             raise

@@ -29,6 +29,16 @@ class SessionRecord(TypedDict, total=False):
     estimated_cost_usd: float | None
     actual_cost_usd: float | None
     api_call_count: int | None
+    # v24: a sign of life without a message (see SessionRepository.record_activity)
+    last_activity_at: float | None
+    last_activity_description: str | None
+    last_activity_provenance: str | None
+    pinned: int
+    # v25: ``system_prompt`` is always the full text; this is where it is stored
+    system_prompt_hash: str | None
+    title_source: str | None
+    hidden: int
+    last_read_at: float | None
     # listing extras
     preview: str
     last_active: float

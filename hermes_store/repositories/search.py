@@ -3,6 +3,16 @@
 The routing (which index a query can use) lives in :mod:`hermes_store.search.query`;
 FTS5 syntax in :mod:`hermes_store.search.fts`. This module filters, sorts, pages and
 adds one message of context on each side of every hit.
+
+What each route covers follows Hermes' indexes (v30):
+
+* word queries: ``messages_fts`` over every session, tool calls included; a tool
+  result is indexed by its first 8192 characters only (``messages_fts_src``), so a
+  word further into a tool result is not found this way (the row itself is intact);
+* CJK queries (trigram, or substring for terms under 3 characters, helped by our
+  bigram index): only sessions the trigram index keeps (not cron, not sub-agents), on
+  every route; tool rows and rows with tool calls, which that index does not hold,
+  are matched by substring over all their text.
 """
 
 from __future__ import annotations
@@ -18,7 +28,16 @@ from sqlalchemy.exc import OperationalError
 from .. import errors
 from ..codec import clean_text, decode_content
 from ..search import bigram
-from ..search.fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN, TRIGRAM_INDEX, WORD_INDEX, fts5
+from ..search.fts import (
+    SNIPPET_CLOSE,
+    SNIPPET_ELLIPSIS,
+    SNIPPET_OPEN,
+    TRIGRAM_INDEX,
+    TRIGRAM_SOURCE_VIEW,
+    WORD_INDEX,
+    fts5,
+    trigram_sessions,
+)
 from ..search.query import escape_like, plan_search
 from .base import Repository
 from .records import SearchHit
@@ -149,12 +168,23 @@ class SearchRepository(Repository):
         filters = "".join(f" AND {w}" for w in where)
         order = {"newest": "m.timestamp DESC, m.id DESC", "oldest": "m.timestamp ASC, m.id ASC"}
         window = min(params["limit"] + params["offset"], MAX_ROWS)
+        # CJK queries are answered from the trigram index or by substring; every one
+        # of those routes leaves out the sessions that index leaves out (v29: cron,
+        # v30: cron and sub-agents), so a query's answer does not depend on its length.
+        indexed = trigram_sessions(self.object_sql(TRIGRAM_SOURCE_VIEW)) if plan.kind != "word" else ""
+        cjk_filter = f" AND {indexed}" if indexed else ""
         if plan.kind in ("word", "trigram"):
             index = WORD_INDEX if plan.kind == "word" else TRIGRAM_INDEX
+            # From v30 the trigram index holds no tool_calls: a row with tool calls is
+            # matched by substring over all its columns instead (see _with_tool_rows).
+            calls_by_like = plan.kind == "trigram" and "tool_calls" not in self.object_sql(TRIGRAM_INDEX)
             params["q"] = plan.match
             params["window"] = window
             try:
-                ranked = self._index_hits(index, filters, params, sort, order)
+                ranked = self._index_hits(
+                    index, filters, params, sort, order,
+                    exclude=cjk_filter + (" AND m.tool_calls IS NULL" if calls_by_like else ""),
+                )
             except (OperationalError, sqlite3.OperationalError) as exc:
                 if not is_query_syntax_error(exc):
                     raise
@@ -165,62 +195,78 @@ class SearchRepository(Repository):
             if plan.kind == "word":
                 rows = ranked[params["offset"]:window]
             else:
-                rows = self._with_tool_rows(ranked, plan, filters, params, window, sort)
+                rows = self._with_tool_rows(ranked, plan, filters + cjk_filter, params, window, sort, calls_by_like)
         else:
             any_term: Groups = [([t], []) for t in plan.terms]  # the substring route ORs its terms
-            sql, flat = self._substring_select(any_term, filters, params, window, flat=True)
+            sql, flat = self._substring_select(any_term, filters + cjk_filter, params, window, flat=True)
             ordering = order.get(sort or "", order["newest"])
             sql = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
             rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
         return self._finish(rows, plan.terms)
 
     def _index_hits(
-        self, index: str, filters: str, params: dict[str, Any], sort: str | None, order: dict[str, str]
+        self, index: str, filters: str, params: dict[str, Any], sort: str | None, order: dict[str, str],
+        exclude: str = "",
     ) -> list[dict[str, Any]]:
         """The first ``offset + limit`` hits of an FTS index, in the requested order.
 
         Unfiltered, rank-ordered searches let FTS5 rank, cut and snippet the page
         first and join only that; otherwise every hit is joined for the filters and
-        sorted by SQLite.
+        sorted by SQLite. ``exclude`` (conditions on ``m``/``s``) drops rows the
+        caller answers another way; the ranked page is then widened until it holds
+        ``window`` kept rows or the index has no more hits.
         """
         if filters or sort is not None:
             sql = (
                 f"SELECT {HIT_COLUMNS.format(snippet='h.snippet', rank='h.rank')} "
                 f"FROM ({fts5.match_sql(index)}) h JOIN messages m ON m.id = h.id "
-                f"JOIN sessions s ON s.id = m.session_id WHERE 1{filters} "
+                f"JOIN sessions s ON s.id = m.session_id WHERE 1{filters}{exclude} "
                 f"ORDER BY {order.get(sort or '', 'h.rank, m.timestamp DESC, m.id DESC')} LIMIT :window"
             )
             return self._all(sql, params)
-        top = self.conn.execute(text(fts5.top_sql(index)), params).fetchall()
-        if not top:
-            return []
-        ranks = {mid: rank for mid, rank, _snippet in top}
-        snippets = {mid: snippet for mid, _rank, snippet in top}
-        marks = ", ".join(f":h{i}" for i in range(len(top)))
-        ids = {f"h{i}": mid for i, (mid, _r, _s) in enumerate(top)}
-        rows = self._all(
-            f"SELECT {HIT_COLUMNS.format(snippet='NULL', rank='0.0')} FROM messages m "
-            f"JOIN sessions s ON s.id = m.session_id WHERE m.id IN ({marks})",
-            ids,
-        )
+        window = params["window"]
+        fetch = window
+        while True:
+            top = self.conn.execute(text(fts5.top_sql(index)), {**params, "window": fetch}).fetchall()
+            if not top:
+                return []
+            ranks = {mid: rank for mid, rank, _snippet in top}
+            snippets = {mid: snippet for mid, _rank, snippet in top}
+            rows: list[dict[str, Any]] = []
+            for start in range(0, len(top), 500):
+                chunk = top[start:start + 500]
+                ids = {f"h{i}": mid for i, (mid, _r, _s) in enumerate(chunk)}
+                rows += self._all(
+                    f"SELECT {HIT_COLUMNS.format(snippet='NULL', rank='0.0')} FROM messages m "
+                    f"JOIN sessions s ON s.id = m.session_id WHERE m.id IN ({', '.join(':' + k for k in ids)}){exclude}",
+                    ids,
+                )
+            if len(rows) >= window or len(top) < fetch or fetch >= MAX_ROWS:
+                break
+            fetch = min(fetch * 4, MAX_ROWS)
         for row in rows:
             row["rank"], row["snippet"] = ranks[row["id"]], snippets.get(row["id"], "")
         rows.sort(key=lambda r: (r["rank"], -r["timestamp"], -r["id"]))
-        return rows
+        return rows[:window]
 
     def _with_tool_rows(
         self, ranked: list[dict[str, Any]], plan: Any, filters: str, params: dict[str, Any], window: int,
-        sort: str | None,
+        sort: str | None, calls_by_like: bool = False,
     ) -> list[dict[str, Any]]:
-        """Trigram hits plus tool rows, which the v23 trigram index leaves out.
+        """Trigram hits plus the rows the trigram index cannot answer for.
 
-        Both sides are fetched only up to ``offset + limit`` rows (each query can stop
-        early), then merged: by rank, tool rows after the ranked hits; or by time.
-        Tool rows are matched by substring with the query's own AND/OR/NOT meaning.
+        Those are tool rows (never in the trigram index) and, from v30
+        (``calls_by_like``), rows with tool calls: the index no longer holds
+        ``tool_calls``, so only a substring test over all three columns gives such a
+        row the meaning the query has for every other row. Both sides are fetched
+        only up to ``offset + limit`` rows (each query can stop early), then merged:
+        by rank, these rows after the ranked hits; or by time. They are matched by
+        substring with the query's own AND/OR/NOT meaning.
         """
         if sort is None and len(ranked) >= window:
             return ranked[params["offset"]:window]
-        tool_sql, flat = self._substring_select(boolean_groups(plan.match), " AND m.role = 'tool'" + filters,
+        rows_kind = " AND (m.role = 'tool' OR m.tool_calls IS NOT NULL)" if calls_by_like else " AND m.role = 'tool'"
+        tool_sql, flat = self._substring_select(boolean_groups(plan.match), rows_kind + filters,
                                                 params, window, flat=True)
         direction = "ASC" if sort == "oldest" else "DESC"
         ordering = f"m.timestamp {direction}, m.id {direction}"

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from sqlalchemy.exc import IntegrityError
 
 from .. import errors
-from ..codec import check_key
+from ..codec import check_key, clean_text, text_from_bytes
 from ..titles import sanitize_title, split_title_number
 from .base import Repository, UnknownFieldError, like_prefix, now
 from .records import SessionRecord
@@ -18,6 +19,10 @@ CREATE_FIELDS = ("model", "model_config", "system_prompt", "user_id", "parent_se
 COUNTERS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
 ROUTE = ("billing_provider", "billing_base_url", "billing_mode")
 PREVIEW_CHARS = 60
+#: Hermes bounds an activity description to this many characters (v24).
+ACTIVITY_DESCRIPTION_CHARS = 120
+#: Title provenance, lowest rank first: an automatic title never replaces a user one (v25).
+TITLE_SOURCES = ("derived", "llm", "user")
 #: The newest session of each chain: deepest first, then latest start.
 _TIP = (
     "tip AS (SELECT root_id, id AS tip_id FROM (SELECT root_id, id, row_number() OVER ("
@@ -29,6 +34,37 @@ def _json_field(value: Any) -> Any:
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False) if value else None
     return value
+
+
+def prompt_hash(prompt: str) -> str:
+    """Hermes v25's key of a stored system prompt: SHA-256 of its UTF-8 bytes, hex."""
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()
+
+
+def _prompt_text(value: Any) -> str:
+    """A system prompt as storable text (bytes as strict UTF-8, lone surrogates as U+FFFD)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return text_from_bytes(value, "system_prompt")
+    if not isinstance(value, str):
+        raise errors.InvalidInputError(f"system_prompt must be str, not {type(value).__name__}")
+    return clean_text(value)
+
+
+def last_active_sql(alias: str, has_activity: bool = True) -> str:
+    """Hermes' recency of a session (``_sql_session_last_active``, v24).
+
+    The later of ``last_activity_at`` and the newest message, else the start. Appends
+    do not stamp ``last_activity_at`` (Hermes v24-v26 files show it NULL after a
+    conversation); Hermes' activity watchdog does, so a session busy in a long tool
+    call still counts as active.
+    """
+    newest = f"(SELECT max(m.timestamp) FROM messages m WHERE m.session_id = {alias}.id)"
+    if not has_activity:
+        return f"COALESCE({newest}, {alias}.started_at)"
+    return (
+        f"COALESCE((SELECT max(v) FROM (SELECT {alias}.last_activity_at AS v UNION ALL SELECT {newest})), "
+        f"{alias}.started_at)"
+    )
 
 
 class SessionRepository(Repository):
@@ -43,21 +79,94 @@ class SessionRepository(Repository):
         unknown = set(cols) - self.columns_of("sessions")
         if unknown:
             raise UnknownFieldError(f"unknown session fields: {sorted(map(str, unknown))}")
+        stored = None
+        if "system_prompt" in cols and self.prompts_hashed():
+            # v25: the text goes to system_prompts; the session keeps its hash. An
+            # existing session keeps the prompt it has (inline or hashed).
+            stored = self.store_prompt(cols.pop("system_prompt"))
+            cols["system_prompt_hash"] = stored
         names = ["id", "source", "started_at", *cols]
         values = {"id": session_id, "source": source, "started_at": cols.pop("started_at", None) or now(), **cols}
-        fill = ", ".join(f"{c} = COALESCE(sessions.{c}, excluded.{c})" for c in ["source", *cols])
+        fills = []
+        for c in ["source", *cols]:
+            if c == "system_prompt_hash" and stored is not None:
+                fills.append("system_prompt_hash = COALESCE(sessions.system_prompt_hash, "
+                             "CASE WHEN sessions.system_prompt IS NULL THEN excluded.system_prompt_hash END)")
+            else:
+                fills.append(f"{c} = COALESCE(sessions.{c}, excluded.{c})")
         self._exec(
             f"INSERT INTO sessions ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)}) "
-            f"ON CONFLICT(id) DO UPDATE SET {fill}",
+            f"ON CONFLICT(id) DO UPDATE SET {', '.join(fills)}",
             values,
         )
+        if stored is not None:
+            self.drop_unused_prompts([stored])  # the session already had one
         return session_id
+
+    # ------------------------------------------------------------------ system prompts (v25)
+
+    def prompts_hashed(self) -> bool:
+        """Whether this file stores prompts once, by hash (Hermes v25 and later)."""
+        return self.has_table("system_prompts") and "system_prompt_hash" in self.columns_of("sessions")
+
+    def store_prompt(self, prompt: Any) -> str:
+        """Keep ``prompt`` in system_prompts (once per distinct text); returns its hash."""
+        text = _prompt_text(prompt)
+        digest = prompt_hash(text)
+        self._exec("INSERT OR IGNORE INTO system_prompts (hash, prompt) VALUES (:h, :p)", {"h": digest, "p": text})
+        return digest
+
+    def drop_unused_prompts(self, hashes: Iterable[str | None] | None = None) -> int:
+        """Delete stored prompts no session points at (only ``hashes``, or all).
+
+        Hermes collects these after deletes and prunes; a prompt replaced by
+        update_system_prompt is collected at once, since nothing else can use it.
+        """
+        if not self.prompts_hashed():
+            return 0
+        unused = "NOT EXISTS (SELECT 1 FROM sessions WHERE sessions.system_prompt_hash = system_prompts.hash)"
+        if hashes is None:
+            return self._exec(f"DELETE FROM system_prompts WHERE {unused}")
+        return sum(
+            self._exec(f"DELETE FROM system_prompts WHERE hash = :h AND {unused}", {"h": h})
+            for h in set(hashes) if h is not None
+        )
+
+    def resolve_prompts(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Put the full text into each row's ``system_prompt``, as Hermes' reads do.
+
+        ``COALESCE(system_prompts.prompt, sessions.system_prompt)``: a hashed prompt is
+        read from system_prompts; an inline one (a file not fully migrated, or written
+        by an older Hermes) is read as it is. Rows are changed in place.
+        """
+        hashes = sorted({r["system_prompt_hash"] for r in rows if r.get("system_prompt_hash") is not None})
+        if not hashes or not self.has_table("system_prompts"):
+            return
+        texts: dict[str, str] = {}
+        for start in range(0, len(hashes), 500):
+            chunk = hashes[start:start + 500]
+            texts.update(
+                self.conn.exec_driver_sql(
+                    f"SELECT hash, prompt FROM system_prompts WHERE hash IN ({', '.join('?' * len(chunk))})",
+                    tuple(chunk),
+                ).fetchall()
+            )
+        for row in rows:
+            text = texts.get(row.get("system_prompt_hash"))  # type: ignore[arg-type]
+            if text is not None:
+                row["system_prompt"] = text
+
+    def _resolved(self, row: dict[str, Any] | None) -> Any:
+        if row is not None:
+            self.resolve_prompts([row])
+        return row
 
     def ensure(self, session_id: str, source: str = "unknown", model: str | None = None, **fields: Any) -> str:
         return self.create(session_id, source, model=model, **fields)
 
     def get(self, session_id: str) -> SessionRecord | None:
-        return self._one("SELECT * FROM sessions WHERE id = :id", {"id": session_id})  # type: ignore[return-value]
+        """The session row; ``system_prompt`` holds the full text however it is stored."""
+        return self._resolved(self._one("SELECT * FROM sessions WHERE id = :id", {"id": session_id}))
 
     def exists(self, session_id: str) -> bool:
         return self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": session_id}) is not None
@@ -78,24 +187,56 @@ class SessionRepository(Repository):
         ) > 0
 
     def update_system_prompt(self, session_id: str, system_prompt: str | None) -> bool:
-        return self._exec(
-            "UPDATE sessions SET system_prompt = :p WHERE id = :id", {"p": system_prompt, "id": session_id}
-        ) > 0
+        """Replace the session's prompt (None clears it); stored by hash from v25."""
+        return self.update_fields(session_id, system_prompt=system_prompt)
 
     def update_fields(self, session_id: str, **fields: Any) -> bool:
-        """Set arbitrary known columns (cwd, archived, git_branch...).
+        """Set arbitrary known columns (cwd, archived, hidden, pinned, title_source...).
 
         No fields is a no-op that reports whether the session exists; an unknown field
-        raises UnknownFieldError (a TypeError too) before anything is written.
+        raises UnknownFieldError (a TypeError too), and None for a NOT NULL column
+        (hidden, pinned, archived...) InvalidInputError, before anything is written.
+        ``system_prompt`` is stored the way the file stores prompts (by hash from v25).
         """
         if not fields:
             return self.exists(session_id)
         unknown = set(fields) - self.columns_of("sessions")
         if unknown:
             raise UnknownFieldError(f"unknown session fields: {sorted(map(str, unknown))}")
-        sets = ", ".join(f"{k} = :{k}" for k in fields)
+        required = sorted(k for k, v in fields.items() if v is None and k in self.not_null_columns("sessions"))
+        if required:
+            raise errors.InvalidInputError(f"session fields {required} cannot be None (NOT NULL columns)")
         values = {k: _json_field(v) for k, v in fields.items()}
-        return self._exec(f"UPDATE sessions SET {sets} WHERE id = :_id", {**values, "_id": session_id}) > 0
+        old_hash = None
+        if "system_prompt" in values and self.prompts_hashed():
+            old_hash = self._scalar("SELECT system_prompt_hash FROM sessions WHERE id = :id", {"id": session_id})
+            prompt = values["system_prompt"]
+            values["system_prompt_hash"] = None if prompt is None else self.store_prompt(prompt)
+            values["system_prompt"] = None  # new writes never fill the legacy column (v25)
+        sets = ", ".join(f"{k} = :{k}" for k in values)
+        changed = self._exec(f"UPDATE sessions SET {sets} WHERE id = :_id", {**values, "_id": session_id}) > 0
+        if "system_prompt_hash" in values:
+            self.drop_unused_prompts([old_hash, values["system_prompt_hash"]])
+        return changed
+
+    def record_activity(
+        self, session_id: str, description: str | None = None, provenance: str | None = "unknown",
+        at: float | None = None,
+    ) -> bool:
+        """Stamp a sign of life (v24): ``last_activity_at`` and what it was.
+
+        The description is cut to Hermes' 120 characters. Listings then count the
+        session as active at ``at`` (default now) even without a new message.
+        """
+        if description is not None:
+            description = clean_text(str(description))[:ACTIVITY_DESCRIPTION_CHARS]
+        when = now() if at is None else float(at)
+        return self.update_fields(
+            session_id,
+            last_activity_at=when,
+            last_activity_description=description,
+            last_activity_provenance=provenance,
+        )
 
     # ------------------------------------------------------------------ accounting
 
@@ -203,8 +344,17 @@ class SessionRepository(Repository):
 
     # ------------------------------------------------------------------ titles
 
-    def set_title(self, session_id: str, title: str | None) -> bool:
-        """Set a sanitized title; a title held by another session raises TitleConflictError."""
+    def set_title(self, session_id: str, title: str | None, title_source: str = "user") -> bool:
+        """Set a sanitized title; a title held by another session raises TitleConflictError.
+
+        From v25 the title's provenance goes to ``title_source`` ('user' for a title
+        set by a person, as Hermes records it; 'llm' / 'derived' for automatic ones).
+        An automatic title never replaces a higher-ranked one (user > llm > derived),
+        nor a title of unknown source: the call then returns False and changes
+        nothing. Clearing the title clears its source.
+        """
+        if title_source not in TITLE_SOURCES:
+            raise errors.InvalidInputError(f"title_source must be one of {TITLE_SOURCES}, not {title_source!r}")
         clean = sanitize_title(title)
         if clean is not None:
             holder = self._scalar(
@@ -212,8 +362,18 @@ class SessionRepository(Repository):
             )
             if holder is not None:
                 raise errors.TitleConflictError(f"Title '{clean}' is already in use by session {holder}")
+        sets, guard = "title = :t", ""
+        params: dict[str, Any] = {"t": clean, "id": session_id}
+        if "title_source" in self.columns_of("sessions"):
+            sets += ", title_source = :src"
+            params["src"] = None if clean is None else title_source
+            if title_source != "user":
+                # Only an untitled session, or one whose title ranks no higher, takes an
+                # automatic title; a title of unknown source (set before v25) is kept.
+                same_or_lower = ", ".join(f"'{x}'" for x in TITLE_SOURCES[: TITLE_SOURCES.index(title_source) + 1])
+                guard = f" AND (title IS NULL OR title_source IN ({same_or_lower}))"
         try:
-            return self._exec("UPDATE sessions SET title = :t WHERE id = :id", {"t": clean, "id": session_id}) > 0
+            return self._exec(f"UPDATE sessions SET {sets} WHERE id = :id{guard}", params) > 0
         except IntegrityError as exc:  # a concurrent writer took it between check and update
             raise errors.TitleConflictError(f"Title '{clean}' is already in use") from exc
 
@@ -221,7 +381,7 @@ class SessionRepository(Repository):
         return self._scalar("SELECT title FROM sessions WHERE id = :id", {"id": session_id})
 
     def get_by_title(self, title: str) -> SessionRecord | None:
-        return self._one("SELECT * FROM sessions WHERE title = :t", {"t": title})  # type: ignore[return-value]
+        return self._resolved(self._one("SELECT * FROM sessions WHERE title = :t", {"t": title}))
 
     def _numbered(self, base: str) -> list[tuple[str, int | None, float]]:
         """Sessions titled ``base`` (N None) or ``base #N``: (id, N, started_at)."""
@@ -287,6 +447,7 @@ class SessionRepository(Repository):
         """Sessions with preview and last_active, lineage-aware (see SPEC §4 listing)."""
         where, params = _source_filter("s", source, exclude_sources)
         params.update(limit=max(int(limit), 0), offset=max(int(offset), 0))
+        activity = "last_activity_at" in self.columns_of("sessions")
         if not include_children:
             where.append(
                 "(s.parent_session_id IS NULL OR p.id IS NULL OR "
@@ -296,8 +457,8 @@ class SessionRepository(Repository):
         project = project_compression_tips and not include_children
         visible = (
             "SELECT s.id AS root_id, s.started_at AS root_started, s.end_reason AS root_end_reason,"
-            " s.ended_at AS root_ended_at FROM sessions s"
-            f" LEFT JOIN sessions p ON p.id = s.parent_session_id WHERE {cond}"
+            f" s.ended_at AS root_ended_at, {'s.last_activity_at' if activity else 'NULL'} AS root_activity"
+            f" FROM sessions s LEFT JOIN sessions p ON p.id = s.parent_session_id WHERE {cond}"
         )
 
         def chain_from(src: str) -> str:
@@ -306,25 +467,29 @@ class SessionRepository(Repository):
             Chain rows carry what the next step tests (end reason, end time), so only
             sessions that ended with 'compression' probe for children.
             """
-            seed = f"SELECT root_id, root_id, 0, root_started, root_end_reason, root_ended_at FROM {src}"
+            seed = f"SELECT root_id, root_id, 0, root_started, root_end_reason, root_ended_at, root_activity FROM {src}"
             step = (
-                " UNION ALL SELECT chain.root_id, c.id, chain.depth + 1, c.started_at, c.end_reason, c.ended_at"
+                " UNION ALL SELECT chain.root_id, c.id, chain.depth + 1, c.started_at, c.end_reason, c.ended_at,"
+                f" {'c.last_activity_at' if activity else 'NULL'}"
                 " FROM chain JOIN sessions c ON c.parent_session_id = chain.id"
                 " WHERE chain.end_reason = 'compression' AND chain.ended_at IS NOT NULL"
                 " AND c.started_at >= chain.ended_at AND chain.depth < 1000"
             )
             return (
-                f"chain(root_id, id, depth, started, end_reason, ended_at) AS ({seed}{step if project else ''}), "
-                + _TIP
+                f"chain(root_id, id, depth, started, end_reason, ended_at, activity) AS "
+                f"({seed}{step if project else ''}), " + _TIP
             )
 
         if order_by_last_active:
             # Chain-wide activity needs every root's chain before the page is known.
+            # Each member counts by Hermes' recency (activity stamp or newest message,
+            # else its start): see last_active_sql.
             ctes = [
                 f"roots AS ({visible})",
                 chain_from("roots"),
-                "page AS (SELECT roots.root_id, roots.root_started, (SELECT max(COALESCE("
-                "(SELECT max(m.timestamp) FROM messages m WHERE m.session_id = chain.id), chain.started))"
+                "page AS (SELECT roots.root_id, roots.root_started, (SELECT max(COALESCE((SELECT max(v) FROM ("
+                "SELECT chain.activity AS v UNION ALL "
+                "SELECT (SELECT max(m.timestamp) FROM messages m WHERE m.session_id = chain.id))), chain.started))"
                 " FROM chain WHERE chain.root_id = roots.root_id) AS chain_last"
                 " FROM roots ORDER BY chain_last DESC, root_started DESC, root_id DESC LIMIT :limit OFFSET :offset)",
             ]
@@ -342,7 +507,7 @@ class SessionRepository(Repository):
             "SELECT t.*, page.root_id AS _root_id, "
             " (SELECT m.content FROM messages m WHERE m.session_id = t.id AND m.role = 'user'"
             "  ORDER BY m.timestamp, m.id LIMIT 1) AS _preview, "
-            " COALESCE((SELECT max(m.timestamp) FROM messages m WHERE m.session_id = t.id), t.started_at) AS last_active "
+            f" {last_active_sql('t', activity)} AS last_active "
             f"FROM page JOIN tip ON tip.root_id = page.root_id JOIN sessions t ON t.id = tip.tip_id ORDER BY {order}"
         )
         out: list[SessionRecord] = []
@@ -352,18 +517,21 @@ class SessionRepository(Repository):
             if project and root_id != row["id"]:
                 row["_lineage_root_id"] = root_id
             out.append(row)  # type: ignore[arg-type]
+        self.resolve_prompts(out)  # type: ignore[arg-type]
         return out
 
     def search(self, source: str | None = None, limit: int = 20, offset: int = 0) -> list[SessionRecord]:
-        """Sessions ordered by latest activity (message time, else start)."""
+        """Sessions ordered by latest activity (Hermes' recency: see last_active_sql)."""
         where, params = _source_filter("s", source, None)
         params.update(limit=max(int(limit), 0), offset=max(int(offset), 0))
-        return self._all(  # type: ignore[return-value]
-            "SELECT s.*, COALESCE((SELECT max(m.timestamp) FROM messages m WHERE m.session_id = s.id), s.started_at)"
+        rows = self._all(
+            f"SELECT s.*, {last_active_sql('s', 'last_activity_at' in self.columns_of('sessions'))}"
             f" AS last_active FROM sessions s WHERE {' AND '.join(where) or '1'}"
             " ORDER BY last_active DESC, s.id DESC LIMIT :limit OFFSET :offset",
             params,
         )
+        self.resolve_prompts(rows)
+        return rows  # type: ignore[return-value]
 
 
 def _source_filter(alias: str, include: str | Iterable[str] | None, exclude: Iterable[str] | None) -> tuple[list[str], dict[str, Any]]:

@@ -14,13 +14,41 @@ from sqlalchemy import column, table
 WORD_INDEX = "messages_fts"
 TRIGRAM_INDEX = "messages_fts_trigram"
 TRIGRAM_SOURCE_VIEW = "messages_fts_trigram_src"
+WORD_SOURCE_VIEW = "messages_fts_src"
 FTS_INDEXES = (WORD_INDEX, TRIGRAM_INDEX)
+
+#: Sessions whose messages Hermes keeps out of the trigram index, by schema version,
+#: as a condition on ``sessions`` aliased ``s`` (true = the session is indexed).
+#: v30 (PR #102032): cron and sub-agent transcripts, by source or by the
+#: ``_delegate_from`` marker (a malformed model_config counts as no marker).
+TRIGRAM_SESSIONS_V30 = (
+    "s.source NOT IN ('cron', 'subagent') AND json_extract((CASE WHEN json_valid(s.model_config) "
+    "THEN s.model_config ELSE json_object() END), '$._delegate_from') IS NULL"
+)
+#: v29 (PR #101725): cron sessions only.
+TRIGRAM_SESSIONS_V29 = "s.source <> 'cron'"
 
 #: Light constructs for queries that want them (not part of any MetaData).
 messages_fts = table(WORD_INDEX, column("rowid"), column("content"), column("tool_name"), column("tool_calls"))
-messages_fts_trigram = table(
-    TRIGRAM_INDEX, column("rowid"), column("content"), column("tool_name"), column("tool_calls")
-)
+# From v30 (FTS layout 2) the trigram index has no tool_calls column.
+messages_fts_trigram = table(TRIGRAM_INDEX, column("rowid"), column("content"), column("tool_name"))
+
+
+
+def trigram_sessions(view_sql: str) -> str:
+    """The session condition of the trigram index whose source view is ``view_sql``.
+
+    Read from the view the file really has, so every search route leaves out exactly
+    the sessions its trigram index leaves out: none before v29 (the view does not
+    join ``sessions``), cron at v29, cron and sub-agents from v30. Returns '' when no
+    session is left out.
+    """
+    if "_delegate_from" in view_sql:
+        return TRIGRAM_SESSIONS_V30
+    if "cron" in view_sql:
+        return TRIGRAM_SESSIONS_V29
+    return ""
+
 
 SNIPPET_OPEN, SNIPPET_CLOSE, SNIPPET_ELLIPSIS = ">>>", "<<<", "..."
 SNIPPET_TOKENS = 10
