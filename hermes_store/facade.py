@@ -22,7 +22,9 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
 from . import errors, migrations, paths
-from .engine import BEGIN_MODE, create_engine, default_db_path, to_url
+from .dialects import for_connection
+from .dialects.sqlite import _wal_warned, apply_wal_with_fallback  # noqa: F401 - public here since v1
+from .engine import create_engine, default_db_path, to_url
 from .paths import create_private_database  # noqa: F401 - kept importable from here (CLI)
 from .repositories import (
     LineageRepository,
@@ -33,7 +35,6 @@ from .repositories import (
 )
 from .repositories.base import driver_errors
 from .repositories.maintenance import remove_committed_files
-from .search import bigram
 from .search.query import contains_cjk, sanitize_fts5_query
 from .titles import sanitize_title
 
@@ -56,29 +57,7 @@ MAX_IDLE_CONNECTIONS = 4
 #: Rows the short-CJK index catches up on at open and at each checkpoint interval.
 BIGRAM_CATCH_UP_ROWS = 20_000
 
-_WAL_FALLBACK_CAUSES = ("locking protocol", "not authorized", "disk i/o error")
-_wal_warned: set[str] = set()
 _last_init_error: str | None = None
-
-
-def apply_wal_with_fallback(conn: sqlite3.Connection, *, db_label: str = "state.db") -> str:
-    """Switch to WAL; on filesystems that refuse it (NFS/SMB...) use rollback journal.
-
-    Returns "wal" or "delete". Warns once per label; other errors propagate.
-    """
-    try:
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() == "wal":
-            return "wal"
-        raise sqlite3.OperationalError(f"locking protocol (journal_mode stayed {mode})")
-    except sqlite3.OperationalError as exc:
-        if not any(cause in str(exc).lower() for cause in _WAL_FALLBACK_CAUSES):
-            raise
-        if db_label not in _wal_warned:
-            _wal_warned.add(db_label)
-            log.warning("%s: WAL mode unavailable (%s); using rollback journal instead", db_label, exc)
-        conn.execute("PRAGMA journal_mode=DELETE")
-        return "delete"
 
 
 def get_last_init_error() -> str | None:
@@ -97,11 +76,6 @@ def format_session_db_unavailable(prefix: str = "Session database not available"
             f"WAL locking SQLite needs ({err})."
         )
     return f"{prefix}: {err}"
-
-
-def _is_locked(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return "database is locked" in text or "database is busy" in text or "database table is locked" in text
 
 
 def _database_file(db_path: Any, url: str | URL | None, engine: Engine | None) -> Path:
@@ -173,16 +147,14 @@ class SessionDB:
             # No pool cap: how many threads use one SessionDB is the application's call.
             self._engine = create_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
             label = self.db_path.name
+            self._dialect = dialect = for_connection(self._engine)
 
             @event.listens_for(self._engine, "connect")
             def _journal(dbapi_conn: Any, _rec: Any) -> None:
-                self.journal_mode = apply_wal_with_fallback(dbapi_conn, db_label=label)
-                # NORMAL is durable across application crashes in WAL mode and saves
-                # an fsync per commit.
-                dbapi_conn.execute("PRAGMA synchronous=NORMAL")
+                self.journal_mode = dialect.on_connect(dbapi_conn, label=label)
 
             with self._engine.connect() as conn:
-                conn.exec_driver_sql("SELECT 1")
+                dialect.ping(conn)
             self._catch_up_search_index()
         except Exception as exc:
             _last_init_error = f"{type(exc).__name__}: {exc}"
@@ -219,7 +191,7 @@ class SessionDB:
             conn = stack.pop() if stack else None
         if conn is None or conn.closed or conn.invalidated:
             conn = self._engine.connect()
-            conn.execution_options(**{BEGIN_MODE: "IMMEDIATE" if write else "DEFERRED"})
+            conn.execution_options(**self._dialect.begin_options(write))
         try:
             yield conn
         except BaseException:
@@ -242,17 +214,8 @@ class SessionDB:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _outside_transaction(self, sql: str) -> None:
-        """Run a statement that must not sit inside BEGIN (VACUUM, checkpoints)."""
-        with self._engine.connect() as conn:
-            # The DB-API connection is in autocommit (our engine issues BEGIN itself).
-            conn.connection.driver_connection.execute(sql).fetchall()
-
     def _checkpoint(self) -> None:
-        try:
-            self._outside_transaction("PRAGMA wal_checkpoint(PASSIVE)")
-        except sqlite3.OperationalError:
-            pass  # a busy checkpoint is simply retried at the next interval
+        self._dialect.checkpoint(self._engine)  # best effort: a busy one waits for the next interval
 
     def _read(self, fn: Callable[[Connection], T]) -> T:
         with self._borrow(write=False) as conn:
@@ -280,7 +243,7 @@ class SessionDB:
                 break
             except (OperationalError, sqlite3.OperationalError) as exc:
                 # BEGIN IMMEDIATE reports a held lock as the driver's own error.
-                if not _is_locked(exc):
+                if not self._dialect.is_retryable(exc):
                     raise
                 now = time.monotonic()
                 if now >= deadline:
@@ -307,12 +270,14 @@ class SessionDB:
         """
         try:
             with self._engine.connect() as conn:
-                if not bigram.installed(conn) or not bigram.pending(conn):
+                if not MaintenanceRepository(conn).search_index_behind():
                     return 0
         except OperationalError:
             return 0
         try:
-            return self._write(lambda c: bigram.catch_up(c, limit), budget=1.0, _maintenance=True)
+            return self._write(
+                lambda c: MaintenanceRepository(c).catch_up_search_index(limit), budget=1.0, _maintenance=True
+            )
         except errors.DatabaseLockedError:
             return 0  # someone else is writing; the next interval will do it
 
@@ -586,7 +551,7 @@ class SessionDB:
         def flush(rows: list[dict[str, Any]]) -> tuple[int, int]:
             def run(c: Connection) -> tuple[int, int]:
                 repo = MaintenanceRepository(c, pending_parents=pending)
-                c.exec_driver_sql("PRAGMA defer_foreign_keys = ON")
+                repo.defer_foreign_keys()
                 done = sum(1 for r in rows if repo.import_session(r))
                 return done, len(rows) - done
 
@@ -657,7 +622,7 @@ class SessionDB:
 
     def vacuum(self) -> None:
         with driver_errors():
-            self._outside_transaction("VACUUM")
+            self._dialect.vacuum(self._engine)
 
     def get_meta(self, key: str) -> str | None:
         return self._read(lambda c: MaintenanceRepository(c).get_meta(key))
@@ -667,18 +632,11 @@ class SessionDB:
 
     def rebuild_fts(self) -> list[str]:
         """Rebuild both FTS5 indexes and the short-CJK index from the messages table."""
-        def run(c: Connection) -> list[str]:
-            done = MaintenanceRepository(c).fts_rebuild()
-            if bigram.installed(c):
-                bigram.rebuild(c)
-                done.append(bigram.TABLE)
-            return done
-
-        return self._write(run, budget=TRANSCRIPT_BUDGET_S)
+        return self._write(lambda c: MaintenanceRepository(c).rebuild_search(), budget=TRANSCRIPT_BUDGET_S)
 
     def index_search(self) -> int:
         """Bring the short-CJK index fully up to date now; returns rows indexed."""
-        return self._write(lambda c: bigram.catch_up(c), budget=TRANSCRIPT_BUDGET_S)
+        return self._write(lambda c: MaintenanceRepository(c).catch_up_search_index(), budget=TRANSCRIPT_BUDGET_S)
 
     def optimize_fts(self) -> list[str]:
         return self._write(lambda c: MaintenanceRepository(c).fts_optimize(), budget=TRANSCRIPT_BUDGET_S)

@@ -15,7 +15,7 @@ from types import TracebackType
 from sqlalchemy import Connection, Engine
 
 from . import errors
-from .engine import BEGIN_MODE
+from .dialects import for_connection
 from .repositories.maintenance import remove_committed_files
 from .repositories import (
     LineageRepository,
@@ -43,9 +43,9 @@ class UnitOfWork:
     def __enter__(self) -> "UnitOfWork":
         conn = self.engine.connect()
         try:
-            # Writers take SQLite's write lock at BEGIN, so a transaction never fails
-            # half-way through on a lock upgrade.
-            conn.execution_options(**{BEGIN_MODE: "IMMEDIATE" if self.write else "DEFERRED"})
+            # Writers take the write lock at BEGIN (SQLite), so a transaction never
+            # fails half-way through on a lock upgrade.
+            conn.execution_options(**for_connection(conn).begin_options(self.write))
             conn.begin()
         except BaseException:
             conn.close()  # a failed BEGIN (locked, read-only) must not leak the connection

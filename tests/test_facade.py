@@ -181,9 +181,11 @@ def test_jitter_switches_to_long_window_after_early_phase(db: SessionDB, monkeyp
 
 
 def test_passive_checkpoint_every_50_writes(db: SessionDB, monkeypatch) -> None:
+    from hermes_store.dialects import sqlite as sqlite_dialect
+
     seen: list[str] = []
-    real = db._outside_transaction
-    monkeypatch.setattr(db, "_outside_transaction", lambda sql: (seen.append(sql), real(sql)))
+    real = sqlite_dialect._outside_transaction
+    monkeypatch.setattr(sqlite_dialect, "_outside_transaction", lambda engine, sql: (seen.append(sql), real(engine, sql)))
     db.create_session("s", "cli")
     for i in range(99):
         db.append_message("s", "user", f"m{i}")

@@ -35,7 +35,7 @@ from rich.text import Text
 from .. import adopt as adopt_mod, errors, migrations
 from ..engine import to_url
 from ..facade import SessionDB
-from ..repositories.base import like_prefix
+from ..dialects import for_dialect
 from ..repositories.maintenance import DAY
 from ..repositories.sessions import SessionRepository
 
@@ -46,8 +46,6 @@ USAGE_KEYS = {
     "task": ("task",),
     "route": ("billing_provider", "billing_base_url", "billing_mode"),
 }
-#: Suffixes of the shadow tables FTS5 keeps next to each virtual table.
-FTS_SHADOWS = ("_data", "_idx", "_content", "_docsize", "_config")
 
 
 class CliError(Exception):
@@ -438,15 +436,12 @@ def session_db(state: State, *, create: bool = False) -> Iterator[SessionDB]:
         db.close()
 
 
-def _rows(db: SessionDB, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """A read-only query on the facade's engine (for the few views the facade lacks)."""
-    from sqlalchemy import text
-
+def read(db: SessionDB, fn: Callable[[Any], Any]) -> Any:
+    """Run ``fn(connection)`` for a read on the facade's engine (for the few views the
+    facade lacks: they are repository methods, the CLI issues no SQL of its own)."""
     with db.engine.connect() as conn:
         try:
-            result = conn.execute(text(sql), params or {})
-            keys = list(result.keys())
-            return [dict(zip(keys, r)) for r in result.fetchall()]
+            return fn(conn)
         finally:
             conn.rollback()
 
@@ -455,10 +450,7 @@ def sessions_by_id(db: SessionDB, ids: Iterable[str]) -> dict[str, dict[str, Any
     ids = list(ids)
     if not ids:
         return {}
-    rows = _rows(db, "SELECT * FROM sessions WHERE id IN (SELECT value FROM json_each(:ids))", {"ids": json.dumps(ids)})
-    with db.engine.connect() as conn:
-        SessionRepository(conn).resolve_prompts(rows)  # v25: prompts stored once, by hash
-    return {r["id"]: r for r in rows}
+    return read(db, lambda c: SessionRepository(c).get_many(ids))  # prompts resolved (v25)
 
 
 def resolve(db: SessionDB, prefix: str) -> str:
@@ -466,7 +458,7 @@ def resolve(db: SessionDB, prefix: str) -> str:
     sid = db.resolve_session_id(prefix)
     if sid:
         return sid
-    matches = [r["id"] for r in _rows(db, "SELECT id FROM sessions WHERE id LIKE :p ESCAPE '\\' ORDER BY id LIMIT 6", {"p": like_prefix(prefix)})] if prefix else []
+    matches = read(db, lambda c: SessionRepository(c).ids_with_prefix(prefix, 6)) if prefix else []
     if len(matches) > 1:
         listed = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
         raise errors.NotFoundError(f"session id prefix {prefix!r} is ambiguous: {listed}")
@@ -479,20 +471,13 @@ def prune_candidates(db: SessionDB, older_than_days: float, source: str | None) 
 
 
 def schema_tables(path: Path) -> tuple[list[tuple[str, int]], list[str]]:
-    """Plain tables with row counts, and FTS5 indexes (their shadow tables left out)."""
+    """Plain tables with row counts, and FTS5 indexes (their shadow tables left out).
+
+    Read through a read-only connection: this runs right after upgrade/adopt, and must
+    not open (or migrate) the file as a store would.
+    """
     with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
-        rows = conn.execute(
-            "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"
-        ).fetchall()
-        virtual = [n for n, sql in rows if (sql or "").upper().startswith("CREATE VIRTUAL TABLE")]
-        shadows = {v + s for v in virtual for s in FTS_SHADOWS}
-        plain = []
-        for name, _sql in rows:
-            if name in shadows or name in virtual:
-                continue
-            count = conn.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
-            plain.append((name, int(count)))
-    return plain, virtual
+        return for_dialect("sqlite").table_counts(conn)
 
 
 def create_private_file(path: Path) -> None:

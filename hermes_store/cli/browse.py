@@ -11,6 +11,7 @@ from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
+from ..repositories import LineageRepository, SessionRepository
 from ._common import (
     LIMIT,
     NONEMPTY,
@@ -19,7 +20,7 @@ from ._common import (
     SORT_CHOICES,
     TEXT,
     USAGE_KEYS,
-    _rows,
+    read,
     _state,
     content_text,
     fitted_table,
@@ -71,28 +72,7 @@ def compression_tips(db: Any, ids: list[str]) -> dict[str, str]:
     """
     if not ids:
         return {}
-    continues = "p.end_reason = 'compression' AND p.ended_at IS NOT NULL AND c.started_at >= p.ended_at"
-    rows = _rows(
-        db,
-        "WITH RECURSIVE up(start, id, depth) AS ("
-        " SELECT value, value, 0 FROM json_each(:ids)"
-        " UNION ALL SELECT up.start, p.id, up.depth + 1 FROM up JOIN sessions c ON c.id = up.id"
-        f" JOIN sessions p ON p.id = c.parent_session_id WHERE {continues} AND up.depth < 1000)"
-        # SQLite: with max(), the bare column comes from the row holding the maximum.
-        " SELECT start, root FROM (SELECT start, id AS root, max(depth) AS depth FROM up GROUP BY start) WHERE depth > 0",
-        {"ids": json.dumps(ids)},
-    )
-    tips = {r["start"]: r["root"] for r in rows}
-    if tips:
-        continued = _rows(
-            db,
-            "SELECT DISTINCT p.id FROM sessions p JOIN sessions c ON c.parent_session_id = p.id"
-            f" WHERE p.id IN (SELECT value FROM json_each(:ids)) AND {continues}",
-            {"ids": json.dumps(list(tips))},
-        )
-        for r in continued:
-            tips.pop(r["id"], None)
-    return tips
+    return read(db, lambda c: LineageRepository(c).compression_tips(ids))
 
 
 @click.command("sessions")
@@ -332,9 +312,7 @@ def stats(by: str, source: str | None) -> None:
     st = _state()
     with session_db(st) as db:
         rows = db.usage(by=by, source=source)
-        where = "" if source is None else " WHERE s.source = :src"
-        counts = _rows(db, f"SELECT count(*) AS sessions, (SELECT count(*) FROM messages m JOIN sessions s ON s.id = m.session_id{where})"
-                       f" AS messages FROM sessions s{where}", {"src": source})[0]
+        counts = read(db, lambda c: SessionRepository(c).totals(source))
     metrics = ("sessions", "api_call_count", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
                "reasoning_tokens", "estimated_cost_usd", "actual_cost_usd")
     docs = []

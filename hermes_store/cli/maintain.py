@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import click
 from rich.text import Text
 
+from ..repositories import MaintenanceRepository
 from ..repositories.maintenance import DAY, transcript_files_many
 from ._common import (
     DAYS,
     PROG,
     TEXT,
     CliError,
-    _rows,
+    read,
     _state,
     fitted_table,
     fmt_num,
@@ -57,11 +57,9 @@ def prune(days: int, source: str | None, sessions_dir: Path | None, dry_run: boo
     with session_db(st) as db:
         if dry_run:
             cutoff, rows = prune_candidates(db, days, source)
-            ids = json.dumps([r["id"] for r in rows])
-            orphans = _rows(db, "SELECT id FROM sessions WHERE parent_session_id IN (SELECT value FROM json_each(:ids))"
-                            " AND id NOT IN (SELECT value FROM json_each(:ids)) ORDER BY id", {"ids": ids}) if rows else []
-            messages = _rows(db, "SELECT count(*) AS n FROM messages WHERE session_id IN (SELECT value FROM json_each(:ids))",
-                             {"ids": ids})[0]["n"] if rows else 0
+            ids = [r["id"] for r in rows]
+            orphan_ids, messages = read(db, lambda c: MaintenanceRepository(c).prune_preview(ids))
+            orphans = [{"id": i} for i in orphan_ids]
             found = transcript_files_many(sessions_dir, [r["id"] for r in rows]) if sessions_dir else {}
             files = [str(p) for r in rows for p in found.get(r["id"], [])]
             deleted = len(rows)

@@ -11,18 +11,28 @@ import sqlite3
 import time
 import weakref
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, bindparam, column, insert, literal, select, table, text
 from sqlalchemy.orm import Session as OrmSession
 
 from .. import errors
+from ..dialects import Dialect, for_connection
 from ..engine import translate_driver_error
+from ..models import Base
 
 Executor = OrmSession | Connection
 
+#: The models' tables: portable statements are built from these, not from f-strings.
+SESSIONS = Base.metadata.tables["sessions"]
+MESSAGES = Base.metadata.tables["messages"]
+
 _SCHEMA_CACHE: "weakref.WeakKeyDictionary[Any, dict[str, frozenset[str]]]" = weakref.WeakKeyDictionary()
 _OBJECT_SQL_CACHE: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
+_INFO_CACHE: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+_INSERTS: dict[tuple[str, str, str | None, tuple[str, ...]], tuple[str, tuple[str, ...]]] = {}
+#: Ids per IN (...) list: well under SQLite's oldest bound-parameter limit (999).
+ID_CHUNK = 500
 
 
 UnknownFieldError = errors.UnknownFieldError  # re-exported: repositories raise it
@@ -80,31 +90,40 @@ class Repository:
     def has_table(self, name: str) -> bool:
         return bool(self.columns_of(name))
 
-    def columns_of(self, table_name: str) -> frozenset[str]:
-        """Column names of a table (empty when it does not exist), read once per engine.
+    @property
+    def dialect(self) -> Dialect:
+        """What differs per database kind (search SQL, upserts, maintenance)."""
+        return for_connection(self.conn)
 
-        Hot paths (append, token counting) would otherwise pay a PRAGMA per call. The
-        schema of a file only changes through migrations, which run before an engine
-        is handed to repositories (SessionDB migrates first, then connects).
+    def _table_info(self, table_name: str) -> Sequence[tuple[str, bool, str | None]]:
+        """(name, NOT NULL, default) per column, read once per engine.
+
+        Hot paths (append, token counting) would otherwise pay an introspection query
+        per call. The schema of a file only changes through migrations, which run
+        before an engine is handed to repositories (SessionDB migrates first, then
+        connects).
         """
+        per_engine = _INFO_CACHE.setdefault(self.conn.engine, {})
+        info = per_engine.get(table_name)
+        if info is None:
+            info = per_engine[table_name] = tuple(self.dialect.table_info(self.conn, table_name))
+        return info
+
+    def columns_of(self, table_name: str) -> frozenset[str]:
+        """Column names of a table (empty when it does not exist), read once per engine."""
         per_engine = _SCHEMA_CACHE.setdefault(self.conn.engine, {})
         cols = per_engine.get(table_name)
         if cols is None:
-            cols = per_engine[table_name] = frozenset(
-                r[1] for r in self.conn.exec_driver_sql(f'PRAGMA table_info("{table_name}")')
-            )
+            cols = per_engine[table_name] = frozenset(r[0] for r in self._table_info(table_name))
         return cols
 
     def not_null_columns(self, table_name: str) -> frozenset[str]:
         """Columns declared NOT NULL (None for them would fail inside the write)."""
-        per_engine = _SCHEMA_CACHE.setdefault(self.conn.engine, {})
-        key = f"{table_name}\x00notnull"
-        cols = per_engine.get(key)
-        if cols is None:
-            cols = per_engine[key] = frozenset(
-                r[1] for r in self.conn.exec_driver_sql(f'PRAGMA table_info("{table_name}")') if r[3]
-            )
-        return cols
+        return frozenset(r[0] for r in self._table_info(table_name) if r[1])
+
+    def column_defaults(self, table_name: str) -> dict[str, str | None]:
+        """Declared column defaults (SQL literals) of a table, read once per engine."""
+        return {r[0]: r[2] for r in self._table_info(table_name)}
 
     def object_sql(self, name: str) -> str:
         """Stored SQL of a schema object ('' when absent), read once per engine.
@@ -115,10 +134,72 @@ class Repository:
         per_engine = _OBJECT_SQL_CACHE.setdefault(self.conn.engine, {})
         sql = per_engine.get(name)
         if sql is None:
-            sql = per_engine[name] = (
-                self.conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE name = ?", (name,)).scalar() or ""
-            )
+            sql = per_engine[name] = self.dialect.object_sql(self.conn, name)
         return sql
+
+    def session_exists(self, session_id: str) -> bool:
+        """THE session-exists check (every repository asks it the same way)."""
+        return session_exists(self.conn, session_id)
+
+
+_EXISTS = select(literal(1)).where(SESSIONS.c.id == bindparam("id")).limit(1)
+_PRESENT = select(SESSIONS.c.id).where(SESSIONS.c.id.in_(bindparam("ids", expanding=True)))
+
+
+def session_exists(conn: Connection, session_id: str) -> bool:
+    """Whether ``sessions`` has a row with this id (built from the model's table)."""
+    return conn.execute(_EXISTS, {"id": session_id}).first() is not None
+
+
+def missing_sessions(conn: Connection, session_ids: Iterable[str]) -> list[str]:
+    """Which of these session ids have no row (in the given order, duplicates once)."""
+    ids = list(dict.fromkeys(session_ids))
+    found: set[str] = set()
+    for start in range(0, len(ids), ID_CHUNK):
+        found.update(r[0] for r in conn.execute(_PRESENT, {"ids": ids[start:start + ID_CHUNK]}))
+    return [i for i in ids if i not in found]
+
+
+def driver_insert(conn: Connection, table_name: str, names: Sequence[str], *, schema: str | None = None
+                  ) -> tuple[str, tuple[str, ...]]:
+    """THE INSERT builder for rows sent straight to the DB-API cursor (hot paths).
+
+    Compiled once per column set from the model's table (a lightweight table of the
+    same name for a staging copy or a column the model lacks), in the driver's own
+    parameter style. Returns the SQL and the order the values must be passed in:
+    ``tuple(row[k] for k in order)``.
+    """
+    key = (conn.dialect.name, table_name, schema, tuple(names))
+    found = _INSERTS.get(key)
+    if found is None:
+        model = Base.metadata.tables.get(table_name)
+        if schema is None and model is not None and all(n in model.c for n in names):
+            target = model
+        else:
+            target = table(table_name, *(column(n) for n in names), schema=schema)
+        compiled = insert(target).compile(dialect=conn.dialect, column_keys=list(names))
+        order = tuple(compiled.positiontup or ()) if compiled.positional else tuple(names)
+        found = _INSERTS[key] = (str(compiled), order)
+    return found
+
+
+def in_filter(column_sql: str, values: Sequence[Any], prefix: str, params: dict[str, Any], *,
+              negate: bool = False) -> str:
+    """``column IN (:prefix0, :prefix1...)`` (or NOT IN), its values added to ``params``."""
+    names = [f"{prefix}{i}" for i in range(len(values))]
+    params.update(zip(names, values))
+    return f"{column_sql} {'NOT IN' if negate else 'IN'} ({', '.join(':' + n for n in names)})"
+
+
+def source_filter(alias: str, include: Sequence[str], exclude: Sequence[str], params: dict[str, Any],
+                  *, prefixes: tuple[str, str] = ("inc", "exc")) -> list[str]:
+    """THE source filter of listings and search: conditions on ``alias.source``."""
+    where = []
+    if include:
+        where.append(in_filter(f"{alias}.source", include, prefixes[0], params))
+    if exclude:
+        where.append(in_filter(f"{alias}.source", exclude, prefixes[1], params, negate=True))
+    return where
 
 
 def like_prefix(value: str) -> str:

@@ -6,8 +6,18 @@ depth bound (cycle-safe: a corrupt cycle stops at the bound instead of spinning)
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from sqlalchemy import bindparam, text
+
 from .base import Repository
 
+#: The one bound of every walk through ``parent_session_id`` (ancestors, descendants
+#: and compression chains, here, in listings and in the CLI). It only exists so a
+#: corrupt cycle stops instead of spinning; it must never cut a real chain. Compression
+#: walks used 1,000 in listings and 10,000 here: the larger one is kept, since a
+#: long-running agent can compress more than 1,000 times, and a cycle costs at most
+#: 10,000 small rows per walk.
 MAX_DEPTH = 10_000
 
 #: A child continues its parent's compression chain when the parent ended with
@@ -47,14 +57,7 @@ class LineageRepository(Repository):
         return [r[0] for r in rows]
 
     def _continuations_sql(self, select: str) -> str:
-        return (
-            "WITH RECURSIVE chain(id, depth) AS ("
-            " SELECT id, 0 FROM sessions WHERE id = ?"
-            " UNION ALL"
-            " SELECT c.id, chain.depth + 1 FROM chain JOIN sessions p ON p.id = chain.id"
-            f" JOIN sessions c ON c.parent_session_id = p.id WHERE {_CONTINUES} AND chain.depth < ?) "
-            + select
-        )
+        return f"WITH RECURSIVE {compression_chain_cte('?')} " + select
 
     def compression_tip(self, session_id: str) -> str | None:
         """The newest session of the compression chain starting at ``session_id``."""
@@ -63,7 +66,7 @@ class LineageRepository(Repository):
                 "SELECT chain.id FROM chain JOIN sessions s ON s.id = chain.id"
                 " ORDER BY chain.depth DESC, s.started_at DESC, chain.id DESC LIMIT 1"
             ),
-            (session_id, MAX_DEPTH),
+            (session_id,),
         ).first()
         return row[0] if row else None
 
@@ -75,7 +78,7 @@ class LineageRepository(Repository):
                 " WHERE EXISTS (SELECT 1 FROM messages m WHERE m.session_id = chain.id)"
                 " ORDER BY chain.depth DESC, s.started_at DESC, chain.id DESC LIMIT 1"
             ),
-            (session_id, MAX_DEPTH),
+            (session_id,),
         ).first()
         return row[0] if row else session_id
 
@@ -86,10 +89,7 @@ class LineageRepository(Repository):
             " SELECT id, parent_session_id, 0 FROM sessions WHERE id = :sid"
             " UNION ALL SELECT s.id, s.parent_session_id, up.depth + 1 FROM sessions s JOIN up ON s.id = up.parent"
             " WHERE up.depth < :max),"
-            " chain(id, depth) AS ("
-            " SELECT id, 0 FROM sessions WHERE id = :sid"
-            " UNION ALL SELECT c.id, chain.depth + 1 FROM chain JOIN sessions p ON p.id = chain.id"
-            f" JOIN sessions c ON c.parent_session_id = p.id WHERE {_CONTINUES} AND chain.depth < :max),"
+            f" {compression_chain_cte(':sid')},"
             " tip AS (SELECT chain.id, chain.depth FROM chain JOIN sessions s ON s.id = chain.id"
             " ORDER BY chain.depth DESC, s.started_at DESC LIMIT 1),"
             " down(id, depth) AS ("
@@ -103,3 +103,46 @@ class LineageRepository(Repository):
             {"sid": session_id, "max": MAX_DEPTH},
         ).fetchall()
         return [r[0] for r in rows]
+
+    def compression_tips(self, ids: Sequence[str]) -> dict[str, str]:
+        """``{tip: root}`` for the given sessions that are the newest step of a compression chain.
+
+        A tip continues a compressed parent and nothing continues it in turn; its root
+        is the first session of its chain. One statement, depth-bounded like every walk.
+        """
+        if not ids:
+            return {}
+        rows = self.conn.execute(
+            text(
+                "WITH RECURSIVE up(start, id, depth) AS ("
+                " SELECT id, id, 0 FROM sessions WHERE id IN :ids"
+                " UNION ALL SELECT up.start, p.id, up.depth + 1 FROM up JOIN sessions c ON c.id = up.id"
+                f" JOIN sessions p ON p.id = c.parent_session_id WHERE {_CONTINUES} AND up.depth < {MAX_DEPTH})"
+                " SELECT u.start, u.id FROM up u WHERE u.depth > 0"
+                " AND u.depth = (SELECT max(v.depth) FROM up v WHERE v.start = u.start)"
+            ).bindparams(bindparam("ids", expanding=True)),
+            {"ids": list(ids)},
+        ).fetchall()
+        tips = {start: root for start, root in rows}
+        if tips:
+            continued = self.conn.execute(
+                text(
+                    "SELECT DISTINCT p.id FROM sessions p JOIN sessions c ON c.parent_session_id = p.id"
+                    f" WHERE p.id IN :ids AND {_CONTINUES}"
+                ).bindparams(bindparam("ids", expanding=True)),
+                {"ids": list(tips)},
+            ).fetchall()
+            for (sid,) in continued:
+                tips.pop(sid, None)
+        return tips
+
+
+def compression_chain_cte(seed: str) -> str:
+    """THE compression-chain walk: ``chain(id, depth)`` from the session bound as ``seed``
+    down through every continuation (see _CONTINUES), bounded by MAX_DEPTH."""
+    return (
+        "chain(id, depth) AS ("
+        f" SELECT id, 0 FROM sessions WHERE id = {seed}"
+        " UNION ALL SELECT c.id, chain.depth + 1 FROM chain JOIN sessions p ON p.id = chain.id"
+        f" JOIN sessions c ON c.parent_session_id = p.id WHERE {_CONTINUES} AND chain.depth < {MAX_DEPTH})"
+    )

@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, bindparam, text
 
 from .. import errors
 from ..codec import check_key
-from ..search.fts import fts5
+from ..search import bigram
 from .base import Repository, now
 from .messages import MessageRepository, decode_row, encode_message
 from .sessions import SessionRepository
@@ -175,8 +175,8 @@ class MaintenanceRepository(Repository):
     def set_meta(self, key: str, value: Any) -> None:
         # Plain upsert (never INSERT OR REPLACE, which deletes and re-inserts).
         self._exec(
-            "INSERT INTO state_meta (key, value) VALUES (:k, :v) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            {"k": key, "v": None if value is None else str(value)},
+            self.dialect.upsert_sql("state_meta", ["key", "value"], ["key"], "value = excluded.value"),
+            {"key": key, "value": None if value is None else str(value)},
         )
 
     # ------------------------------------------------------------------ export / import
@@ -253,7 +253,7 @@ class MaintenanceRepository(Repository):
             raise errors.InvalidInputError(f"session {sid!r}: 'messages' and 'model_usage' must be lists")
         if any(not isinstance(u, Mapping) for u in usage):
             raise errors.InvalidInputError(f"session {sid!r}: each 'model_usage' entry must be a dict")
-        if self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": sid}):
+        if self.session_exists(sid):
             return False
         msg_repo = MessageRepository(self.conn)
         msg_cols = msg_repo._known()
@@ -282,7 +282,7 @@ class MaintenanceRepository(Repository):
                 cols["system_prompt_hash"] = digest
         # A parent that is not (yet) here would break the FK: keep the link only when valid.
         parent = cols.get("parent_session_id")
-        if parent and not self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": parent}):
+        if parent and not self.session_exists(parent):
             self._pending_parents.append((cols["id"], parent))
             cols["parent_session_id"] = None
         names = list(cols)
@@ -295,11 +295,7 @@ class MaintenanceRepository(Repository):
                 u = {k: v for k, v in u.items() if k in ledger_cols}
                 u["session_id"] = cols["id"]
                 names = list(u)
-                self._exec(
-                    f"INSERT INTO session_model_usage ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)})"
-                    " ON CONFLICT DO NOTHING",
-                    u,
-                )
+                self._exec(self.dialect.upsert_sql("session_model_usage", names, [], None), u)
         return True
 
     def _free_ids_or_renumber(self, rows: list[dict[str, Any]]) -> None:
@@ -337,7 +333,7 @@ class MaintenanceRepository(Repository):
         """Children imported before their parent get their link back once it arrives."""
         still = []
         for child, parent in self._pending_parents:
-            if parent == new_id or self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": parent}):
+            if parent == new_id or self.session_exists(parent):
                 self._exec("UPDATE sessions SET parent_session_id = :p WHERE id = :c", {"p": parent, "c": child})
             else:
                 still.append((child, parent))
@@ -347,7 +343,7 @@ class MaintenanceRepository(Repository):
 
     def delete_session(self, session_id: str, sessions_dir: str | Path | None = None) -> bool:
         """Delete a session and its messages; its children stay, orphaned."""
-        if not self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": session_id}):
+        if not self.session_exists(session_id):
             return False
         self._delete_ids([session_id])
         if sessions_dir is not None:
@@ -379,10 +375,7 @@ class MaintenanceRepository(Repository):
         listing = _TranscriptFolder(folder)
         queue = self.conn.info.setdefault(PENDING_FILES, [])
         for sid in ids:
-            queue.extend(listing.files(sid, self._is_session))
-
-    def _is_session(self, session_id: str) -> bool:
-        return self.conn.exec_driver_sql("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).first() is not None
+            queue.extend(listing.files(sid, self.session_exists))
 
     def prune_candidates(self, older_than_days: float = 90, source: str | None = None) -> list[dict[str, Any]]:
         """What :meth:`prune_sessions` would delete: ended sessions started before the cutoff."""
@@ -392,6 +385,22 @@ class MaintenanceRepository(Repository):
             + " ORDER BY started_at, id",
             {"cut": now() - float(older_than_days) * DAY, "src": source},
         )
+
+    def prune_preview(self, ids: list[str]) -> tuple[list[str], int]:
+        """For sessions about to be deleted: the children they would orphan (not
+        themselves deleted), and how many messages would go with them."""
+        if not ids:
+            return [], 0
+        orphans = self.conn.execute(
+            text("SELECT id FROM sessions WHERE parent_session_id IN :ids AND id NOT IN :ids ORDER BY id")
+            .bindparams(bindparam("ids", expanding=True)),
+            {"ids": ids},
+        ).scalars().all()
+        messages = self.conn.execute(
+            text("SELECT count(*) FROM messages WHERE session_id IN :ids").bindparams(bindparam("ids", expanding=True)),
+            {"ids": ids},
+        ).scalar()
+        return list(orphans), int(messages or 0)
 
     def prune_sessions(
         self, older_than_days: float = 90, source: str | None = None, sessions_dir: str | Path | None = None
@@ -432,10 +441,30 @@ class MaintenanceRepository(Repository):
     # ------------------------------------------------------------------ FTS
 
     def _on_each_index(self, cmd: str) -> list[str]:
-        indexes = fts5.existing_indexes(self.conn)
+        indexes = self.dialect.fts_indexes(self.conn)
         for index in indexes:
-            fts5.command(self.conn, index, cmd)
+            self.dialect.fts_command(self.conn, index, cmd)
         return indexes
+
+    def defer_foreign_keys(self) -> None:
+        """References are checked at commit (an import may bring children first)."""
+        self.dialect.defer_foreign_keys(self.conn)
+
+    def rebuild_search(self) -> list[str]:
+        """Rebuild every full-text index and the short-CJK index; returns what was rebuilt."""
+        done = self.fts_rebuild()
+        if bigram.installed(self.conn):
+            bigram.rebuild(self.conn)
+            done.append(bigram.TABLE)
+        return done
+
+    def search_index_behind(self) -> bool:
+        """Whether the short-CJK index has rows to catch up on (False when absent)."""
+        return bigram.installed(self.conn) and bool(bigram.pending(self.conn))
+
+    def catch_up_search_index(self, limit: int | None = None) -> int:
+        """Extend the short-CJK index over up to ``limit`` new rows; returns rows indexed."""
+        return bigram.catch_up(self.conn, limit)
 
     def fts_rebuild(self) -> list[str]:
         """Re-read every message into both FTS indexes; returns the indexes touched."""
@@ -448,9 +477,9 @@ class MaintenanceRepository(Repository):
     def fts_integrity_check(self) -> dict[str, str | None]:
         """Per index: None when healthy, else the error text."""
         out: dict[str, str | None] = {}
-        for index in fts5.existing_indexes(self.conn):
+        for index in self.dialect.fts_indexes(self.conn):
             try:
-                fts5.command(self.conn, index, "integrity-check")
+                self.dialect.fts_command(self.conn, index, "integrity-check")
                 out[index] = None
             except Exception as exc:  # sqlite reports corruption as DatabaseError
                 out[index] = str(exc)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import operator
 import sqlite3
-import weakref
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from sqlalchemy import text
@@ -23,7 +22,7 @@ from ..codec import (
     text_from_bytes,
 )
 from ..engine import translate_driver_error
-from .base import Repository, UnknownFieldError, driver_errors, now
+from .base import Repository, UnknownFieldError, driver_errors, driver_insert, missing_sessions, now
 from .records import MessageRecord, MessageWindow
 
 #: JSON-ish columns: stored as JSON text (falsy → NULL), decoded on read.
@@ -39,7 +38,6 @@ DECODED_EXTRAS = ("reasoning_details", "codex_reasoning_items", "codex_message_i
 #: Batches at least this large go through a staging table (see _insert_staged).
 BULK_STAGE_MIN = 64
 STAGE = "hermes_store_bulk_stage"
-_DEFAULTS: "weakref.WeakKeyDictionary[Any, dict[str, str | None]]" = weakref.WeakKeyDictionary()
 _BYTES = (bytes, bytearray, memoryview)
 _Runs = list[tuple[tuple[str, ...], list[tuple[Any, ...]]]]
 
@@ -168,22 +166,19 @@ class MessageRepository(Repository):
         fields = {k: v for k, v in fields.items() if v is not None}
         timestamp = fields.pop("timestamp", None)
         row = _encode(session_id, role, content, timestamp, fields, self._known(), None)
-        names = list(row)
+        sql, order = driver_insert(self.conn, "messages", tuple(row))
         # The hot path of every agent turn: two plain statements on the DB-API
         # connection, inside the caller's transaction.
         raw = self.conn.connection.driver_connection
         try:
-            new_id = raw.execute(
-                f"INSERT INTO messages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-                tuple(row.values()),
-            ).lastrowid
+            new_id = raw.execute(sql, tuple([row[k] for k in order])).lastrowid
             raw.execute(
                 "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1, "
                 "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?",
                 (count_tool_calls(fields.get("tool_calls")), session_id),
             )
         except sqlite3.IntegrityError as exc:
-            if "FOREIGN KEY" in str(exc) and not self._exists(session_id):
+            if "FOREIGN KEY" in str(exc) and not self.session_exists(session_id):
                 raise errors.NotFoundError(f"unknown session {session_id!r}") from exc
             raise
         except (sqlite3.Error, OverflowError) as exc:
@@ -192,22 +187,6 @@ class MessageRepository(Repository):
                 raise
             raise typed from exc
         return int(new_id)
-
-    def _exists(self, session_id: str) -> bool:
-        return self.conn.exec_driver_sql("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).first() is not None
-
-    def _missing_sessions(self, session_ids: Iterable[str]) -> list[str]:
-        """Which of these session ids have no row (in the given order)."""
-        ids = list(dict.fromkeys(session_ids))
-        found: set[str] = set()
-        for start in range(0, len(ids), 500):
-            chunk = ids[start:start + 500]
-            found.update(
-                r[0] for r in self.conn.exec_driver_sql(
-                    f"SELECT id FROM sessions WHERE id IN ({', '.join('?' * len(chunk))})", tuple(chunk)
-                )
-            )
-        return [i for i in ids if i not in found]
 
     def bulk_append(self, messages: Iterable[Mapping[str, Any]], *, update_counters: bool = True) -> int:
         """Insert many messages with one executemany per column set; counters once per session.
@@ -227,7 +206,7 @@ class MessageRepository(Repository):
             c = per_session.setdefault(row["session_id"], [0, 0])
             c[0] += 1
             c[1] += count_tool_calls(item.get("tool_calls"))
-        missing = self._missing_sessions(per_session)
+        missing = missing_sessions(self.conn, per_session)
         if missing:
             first = next(i for i, r in enumerate(rows) if r["session_id"] == missing[0])
             raise errors.NotFoundError(
@@ -255,7 +234,7 @@ class MessageRepository(Repository):
             names = tuple(row)
             if not runs or runs[-1][0] != names:
                 runs.append((names, []))
-            runs[-1][1].append(tuple(row.values()))
+            runs[-1][1].append(tuple(row.values()))  # in ``names`` order; see _insert_run
         if not runs:
             return
         with driver_errors():
@@ -265,9 +244,7 @@ class MessageRepository(Repository):
                     self._insert_staged(cursor, runs)
                 else:
                     for names, values in runs:
-                        cursor.executemany(
-                            f"INSERT INTO messages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})", values
-                        )
+                        self._insert_run(cursor, "messages", None, names, values)
             finally:
                 cursor.close()
 
@@ -287,10 +264,8 @@ class MessageRepository(Repository):
             cursor.execute(f"DROP TABLE temp.{STAGE}")
             cursor.execute(f"CREATE TEMP TABLE {STAGE} AS SELECT * FROM main.messages WHERE 0")
         for names, rows in runs:
-            cursor.executemany(
-                f"INSERT INTO temp.{STAGE} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})", rows
-            )
-        defaults = self._defaults()
+            self._insert_run(cursor, STAGE, "temp", names, rows)
+        defaults = self.column_defaults("messages")
         exprs = [f"COALESCE({c}, {defaults[c]})" if defaults.get(c) is not None else c for c in columns]
         cursor.execute(
             f"INSERT INTO main.messages ({', '.join(columns)}) SELECT {', '.join(exprs)} "
@@ -298,14 +273,14 @@ class MessageRepository(Repository):
         )
         cursor.execute(f"DELETE FROM temp.{STAGE}")
 
-    def _defaults(self) -> dict[str, str | None]:
-        """Declared column defaults of ``messages`` (SQL literals), read once per engine."""
-        cached = _DEFAULTS.get(self.conn.engine)
-        if cached is None:
-            cached = _DEFAULTS[self.conn.engine] = {
-                r[1]: r[4] for r in self.conn.exec_driver_sql("PRAGMA main.table_info(messages)")
-            }
-        return cached
+    def _insert_run(self, cursor: Any, table: str, schema: str | None, names: tuple[str, ...],
+                    values: list[tuple[Any, ...]]) -> None:
+        """One executemany of rows sharing ``names`` (values in ``names`` order)."""
+        sql, order = driver_insert(self.conn, table, names, schema=schema)
+        if order != names:
+            pos = [names.index(k) for k in order]
+            values = [tuple([v[i] for i in pos]) for v in values]
+        cursor.executemany(sql, values)
 
     def get_messages(self, session_id: str) -> list[MessageRecord]:
         return [decode_row(r) for r in self._all("SELECT * FROM messages WHERE session_id = :s ORDER BY id", {"s": session_id})]
@@ -337,7 +312,7 @@ class MessageRepository(Repository):
             item.setdefault("role", m.get("role", "user"))
             rows.append(encode_message(item, known, index=index))
             calls += count_tool_calls(item.get("tool_calls"))
-        if rows and not self._exists(session_id):  # an empty replace of nothing stays a no-op
+        if rows and not self.session_exists(session_id):  # an empty replace of nothing stays a no-op
             raise errors.NotFoundError(f"unknown session {session_id!r}")
         self._exec("DELETE FROM messages WHERE session_id = :s", {"s": session_id})
         self.insert_rows(rows)

@@ -35,11 +35,11 @@ from ..search.fts import (
     TRIGRAM_INDEX,
     TRIGRAM_SOURCE_VIEW,
     WORD_INDEX,
-    fts5,
     trigram_sessions,
 )
 from ..search.query import escape_like, plan_search
-from .base import Repository
+from .base import Repository, in_filter
+from .base import source_filter as source_clauses
 from .records import SearchHit
 
 CONTEXT_CHARS = 200
@@ -155,16 +155,12 @@ class SearchRepository(Repository):
             return []
         if sort not in SORTS:
             sort = None
-        where: list[str] = []
         params: dict[str, Any] = {"limit": _count(limit, "limit"), "offset": _count(offset, "offset")}
-        for prefix, values, op in (("src", _as_list(source_filter), "IN"),
-                                   ("xsrc", _as_list(exclude_sources), "NOT IN"),
-                                   ("role", _as_list(role_filter), "IN")):
-            if values:
-                names = [f"{prefix}{i}" for i in range(len(values))]
-                column = "m.role" if prefix == "role" else "s.source"
-                where.append(f"{column} {op} ({', '.join(':' + n for n in names)})")
-                params.update(zip(names, values))
+        where = source_clauses("s", _as_list(source_filter), _as_list(exclude_sources), params,
+                              prefixes=("src", "xsrc"))
+        roles = _as_list(role_filter)
+        if roles:
+            where.append(in_filter("m.role", roles, "role", params))
         filters = "".join(f" AND {w}" for w in where)
         order = {"newest": "m.timestamp DESC, m.id DESC", "oldest": "m.timestamp ASC, m.id ASC"}
         window = min(params["limit"] + params["offset"], MAX_ROWS)
@@ -219,7 +215,7 @@ class SearchRepository(Repository):
         if filters or sort is not None:
             sql = (
                 f"SELECT {HIT_COLUMNS.format(snippet='h.snippet', rank='h.rank')} "
-                f"FROM ({fts5.match_sql(index)}) h JOIN messages m ON m.id = h.id "
+                f"FROM ({self.dialect.match_sql(index)}) h JOIN messages m ON m.id = h.id "
                 f"JOIN sessions s ON s.id = m.session_id WHERE 1{filters}{exclude} "
                 f"ORDER BY {order.get(sort or '', 'h.rank, m.timestamp DESC, m.id DESC')} LIMIT :window"
             )
@@ -227,7 +223,7 @@ class SearchRepository(Repository):
         window = params["window"]
         fetch = window
         while True:
-            top = self.conn.execute(text(fts5.top_sql(index)), {**params, "window": fetch}).fetchall()
+            top = self.conn.execute(text(self.dialect.top_sql(index)), {**params, "window": fetch}).fetchall()
             if not top:
                 return []
             ranks = {mid: rank for mid, rank, _snippet in top}

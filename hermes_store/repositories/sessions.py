@@ -7,12 +7,14 @@ import json
 import re
 from typing import Any, Iterable, Sequence
 
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 
 from .. import errors
 from ..codec import check_key, clean_text, text_from_bytes
 from ..titles import sanitize_title, split_title_number
-from .base import Repository, UnknownFieldError, like_prefix, now
+from .base import Repository, UnknownFieldError, MESSAGES, SESSIONS, like_prefix, now, source_filter
+from .lineage import MAX_DEPTH
 from .records import SessionRecord
 
 CREATE_FIELDS = ("model", "model_config", "system_prompt", "user_id", "parent_session_id")
@@ -94,11 +96,7 @@ class SessionRepository(Repository):
                              "CASE WHEN sessions.system_prompt IS NULL THEN excluded.system_prompt_hash END)")
             else:
                 fills.append(f"{c} = COALESCE(sessions.{c}, excluded.{c})")
-        self._exec(
-            f"INSERT INTO sessions ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)}) "
-            f"ON CONFLICT(id) DO UPDATE SET {', '.join(fills)}",
-            values,
-        )
+        self._exec(self.dialect.upsert_sql("sessions", names, ["id"], ", ".join(fills)), values)
         if stored is not None:
             self.drop_unused_prompts([stored])  # the session already had one
         return session_id
@@ -113,7 +111,7 @@ class SessionRepository(Repository):
         """Keep ``prompt`` in system_prompts (once per distinct text); returns its hash."""
         text = _prompt_text(prompt)
         digest = prompt_hash(text)
-        self._exec("INSERT OR IGNORE INTO system_prompts (hash, prompt) VALUES (:h, :p)", {"h": digest, "p": text})
+        self._exec(self.dialect.upsert_sql("system_prompts", ["hash", "prompt"], [], None), {"hash": digest, "prompt": text})
         return digest
 
     def drop_unused_prompts(self, hashes: Iterable[str | None] | None = None) -> int:
@@ -169,7 +167,34 @@ class SessionRepository(Repository):
         return self._resolved(self._one("SELECT * FROM sessions WHERE id = :id", {"id": session_id}))
 
     def exists(self, session_id: str) -> bool:
-        return self._scalar("SELECT 1 FROM sessions WHERE id = :id", {"id": session_id}) is not None
+        return self.session_exists(session_id)
+
+    def get_many(self, session_ids: Iterable[str]) -> dict[str, SessionRecord]:
+        """Rows of these sessions by id (unknown ids left out), prompts resolved."""
+        ids = list(dict.fromkeys(session_ids))
+        rows: list[dict[str, Any]] = []
+        stmt = select(SESSIONS).where(SESSIONS.c.id.in_(bindparam("ids", expanding=True)))
+        for start in range(0, len(ids), 500):
+            result = self.conn.execute(stmt, {"ids": ids[start:start + 500]})
+            rows += [dict(r) for r in result.mappings()]
+        self.resolve_prompts(rows)
+        return {r["id"]: r for r in rows}  # type: ignore[misc]
+
+    def ids_with_prefix(self, prefix: str, limit: int) -> list[str]:
+        """Up to ``limit`` session ids starting with ``prefix`` (``_``/``%`` literal), sorted."""
+        stmt = (select(SESSIONS.c.id).where(SESSIONS.c.id.like(like_prefix(prefix), escape="\\"))
+                .order_by(SESSIONS.c.id).limit(limit))
+        return [r[0] for r in self.conn.execute(stmt)]
+
+    def totals(self, source: str | None = None) -> dict[str, int]:
+        """How many sessions and messages there are (of one source, or all)."""
+        sessions = select(func.count()).select_from(SESSIONS)
+        messages = select(func.count()).select_from(MESSAGES.join(SESSIONS, SESSIONS.c.id == MESSAGES.c.session_id))
+        if source is not None:
+            sessions = sessions.where(SESSIONS.c.source == source)
+            messages = messages.where(SESSIONS.c.source == source)
+        return {"sessions": int(self.conn.execute(sessions).scalar() or 0),
+                "messages": int(self.conn.execute(messages).scalar() or 0)}
 
     def end(self, session_id: str, end_reason: str | None) -> bool:
         """First end wins: an already-ended session keeps its end time and reason."""
@@ -282,7 +307,8 @@ class SessionRepository(Repository):
             "t": now(),
         }
         self._exec(
-            "INSERT INTO sessions (id, source, started_at) VALUES (:id, 'unknown', :t) ON CONFLICT(id) DO NOTHING", p
+            self.dialect.upsert_sql("sessions", ["id", "source", "started_at"], ["id"], None),
+            {"id": session_id, "source": "unknown", "started_at": p["t"]},
         )
         if task == "":  # only the main loop moves the session's own counters and route
             if absolute:
@@ -321,9 +347,10 @@ class SessionRepository(Repository):
         else:
             key_model = p["model"] or "unknown"
             key_route = [p[c] or "" for c in ROUTE]
-        q = {**p, "model": key_model, "task": task, "est": p["est"] or 0.0, "act": p["act"] or 0.0}
-        q.update(zip(ROUTE, key_route))
         cols = (*COUNTERS, "api_call_count")
+        q = {"session_id": p["id"], "model": key_model, **dict(zip(ROUTE, key_route)), "task": task,
+             **{c: p[c] for c in cols}, "estimated_cost_usd": p["est"] or 0.0, "actual_cost_usd": p["act"] or 0.0,
+             "cost_status": p["cost_status"], "cost_source": p["cost_source"], "first_seen": p["t"], "last_seen": p["t"]}
         if absolute:
             upd = ", ".join(f"{c} = excluded.{c}" for c in cols)
             upd += ", estimated_cost_usd = excluded.estimated_cost_usd, actual_cost_usd = excluded.actual_cost_usd"
@@ -331,16 +358,9 @@ class SessionRepository(Repository):
             upd = ", ".join(f"{c} = {c} + excluded.{c}" for c in cols)
             upd += (", estimated_cost_usd = estimated_cost_usd + excluded.estimated_cost_usd"
                     ", actual_cost_usd = actual_cost_usd + excluded.actual_cost_usd")
-        self._exec(
-            "INSERT INTO session_model_usage (session_id, model, billing_provider, billing_base_url, billing_mode, task, "
-            f"{', '.join(cols)}, estimated_cost_usd, actual_cost_usd, cost_status, cost_source, first_seen, last_seen) "
-            "VALUES (:id, :model, :billing_provider, :billing_base_url, :billing_mode, :task, "
-            f"{', '.join(':' + c for c in cols)}, :est, :act, :cost_status, :cost_source, :t, :t) "
-            "ON CONFLICT(session_id, model, billing_provider, billing_base_url, billing_mode, task) DO UPDATE SET "
-            f"{upd}, cost_status = COALESCE(excluded.cost_status, cost_status), "
-            "cost_source = COALESCE(excluded.cost_source, cost_source), last_seen = excluded.last_seen",
-            q,
-        )
+        upd += (", cost_status = COALESCE(excluded.cost_status, cost_status)"
+                ", cost_source = COALESCE(excluded.cost_source, cost_source), last_seen = excluded.last_seen")
+        self._exec(self.dialect.upsert_sql("session_model_usage", list(q), ["session_id", "model", *ROUTE, "task"], upd), q)
 
     # ------------------------------------------------------------------ titles
 
@@ -422,10 +442,8 @@ class SessionRepository(Repository):
             return None
         if self.exists(id_or_prefix):
             return id_or_prefix
-        rows = self.conn.exec_driver_sql(
-            "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' LIMIT 2", (like_prefix(id_or_prefix),)
-        ).fetchall()
-        return rows[0][0] if len(rows) == 1 else None
+        rows = self.ids_with_prefix(id_or_prefix, 2)
+        return rows[0] if len(rows) == 1 else None
 
     def count(self, source: str | None = None) -> int:
         if source is None:
@@ -445,7 +463,8 @@ class SessionRepository(Repository):
         order_by_last_active: bool = False,
     ) -> list[SessionRecord]:
         """Sessions with preview and last_active, lineage-aware (see SPEC §4 listing)."""
-        where, params = _source_filter("s", source, exclude_sources)
+        params: dict[str, Any] = {}
+        where = source_filter("s", _listed(source), _listed(exclude_sources), params)
         params.update(limit=max(int(limit), 0), offset=max(int(offset), 0))
         activity = "last_activity_at" in self.columns_of("sessions")
         if not include_children:
@@ -473,7 +492,7 @@ class SessionRepository(Repository):
                 f" {'c.last_activity_at' if activity else 'NULL'}"
                 " FROM chain JOIN sessions c ON c.parent_session_id = chain.id"
                 " WHERE chain.end_reason = 'compression' AND chain.ended_at IS NOT NULL"
-                " AND c.started_at >= chain.ended_at AND chain.depth < 1000"
+                f" AND c.started_at >= chain.ended_at AND chain.depth < {MAX_DEPTH}"
             )
             return (
                 f"chain(root_id, id, depth, started, end_reason, ended_at, activity) AS "
@@ -522,7 +541,8 @@ class SessionRepository(Repository):
 
     def search(self, source: str | None = None, limit: int = 20, offset: int = 0) -> list[SessionRecord]:
         """Sessions ordered by latest activity (Hermes' recency: see last_active_sql)."""
-        where, params = _source_filter("s", source, None)
+        params: dict[str, Any] = {}
+        where = source_filter("s", _listed(source), [], params)
         params.update(limit=max(int(limit), 0), offset=max(int(offset), 0))
         rows = self._all(
             f"SELECT s.*, {last_active_sql('s', 'last_activity_at' in self.columns_of('sessions'))}"
@@ -534,21 +554,11 @@ class SessionRepository(Repository):
         return rows  # type: ignore[return-value]
 
 
-def _source_filter(alias: str, include: str | Iterable[str] | None, exclude: Iterable[str] | None) -> tuple[list[str], dict[str, Any]]:
-    where: list[str] = []
-    params: dict[str, Any] = {}
-    if include:
-        inc = [include] if isinstance(include, str) else list(include)
-        names = [f"inc{i}" for i in range(len(inc))]
-        where.append(f"{alias}.source IN ({', '.join(':' + n for n in names)})")
-        params.update(zip(names, inc))
-    if exclude:
-        exc = [exclude] if isinstance(exclude, str) else list(exclude)
-        if exc:
-            names = [f"exc{i}" for i in range(len(exc))]
-            where.append(f"{alias}.source NOT IN ({', '.join(':' + n for n in names)})")
-            params.update(zip(names, exc))
-    return where, params
+def _listed(values: str | Iterable[str] | None) -> list[str]:
+    """A filter argument as a list: one name, several, or none."""
+    if not values:
+        return []
+    return [values] if isinstance(values, str) else list(values)
 
 
 def make_preview(content: Any) -> str:

@@ -1,0 +1,111 @@
+"""What differs per database kind, behind one small interface.
+
+Portable queries live in the repositories, written once against the models' tables.
+What truly differs per dialect (full-text and substring search statements, upserts,
+locking and which errors are worth a retry, maintenance such as VACUUM, checkpoints
+and FTS upkeep, schema introspection) lives in one module per dialect implementing
+:class:`Dialect`. Callers pick the module with :func:`for_connection` or
+:func:`for_dialect`; nothing else branches on the dialect name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+from sqlalchemy import Connection, Engine
+
+from .. import errors
+
+
+@runtime_checkable
+class Dialect(Protocol):
+    """The per-dialect operations the repositories, facade and CLI rely on."""
+
+    #: SQLAlchemy's dialect name this module serves ("sqlite", "postgresql"...).
+    name: str
+
+    # -------------------------------------------------------------- locking and retries
+
+    def begin_options(self, write: bool) -> dict[str, Any]:
+        """Execution options that make ``begin()`` take the right lock for a reader/writer."""
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """Whether a failed transaction is worth retrying (lock held, serialization failure)."""
+
+    def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
+        """Per-connection setup a long-lived store wants; returns the journal mode in use."""
+
+    # -------------------------------------------------------------- upserts
+
+    def upsert_sql(self, table: str, names: Sequence[str], conflict: Sequence[str], updates: str | None) -> str:
+        """INSERT of ``names`` (``:name`` binds); on a ``conflict`` clash run ``updates``
+        (SQL using ``excluded.col``), or do nothing when ``updates`` is None."""
+
+    # -------------------------------------------------------------- full-text search
+
+    def fts_indexes(self, conn: Connection) -> list[str]:
+        """The full-text indexes this database has."""
+
+    def fts_command(self, conn: Connection, index: str, cmd: str) -> None:
+        """Index upkeep: 'rebuild', 'optimize' or 'integrity-check' (raises when unhealthy)."""
+
+    def match_sql(self, index: str) -> str:
+        """Hits of ``:q`` in ``index`` with snippet and rank."""
+
+    def top_sql(self, index: str) -> str:
+        """The ``:window`` best-ranked hits of ``:q`` in ``index``, with snippets."""
+
+    # -------------------------------------------------------------- maintenance
+
+    def vacuum(self, engine: Engine) -> None:
+        """Give free pages back to the filesystem (outside any transaction)."""
+
+    def checkpoint(self, engine: Engine) -> None:
+        """Fold the write-ahead log into the main file when nobody blocks it (best effort)."""
+
+    def defer_foreign_keys(self, conn: Connection) -> None:
+        """Check references at commit, not per statement (imports of children first)."""
+
+    def ping(self, conn: Connection) -> None:
+        """Round trip that proves the connection works."""
+
+    # -------------------------------------------------------------- introspection
+
+    def table_info(self, conn: Connection, table: str) -> Sequence[tuple[str, bool, str | None]]:
+        """(column name, NOT NULL, default SQL) of each column; empty when no such table."""
+
+    def object_sql(self, conn: Connection, name: str) -> str:
+        """Stored definition of a schema object ('' when absent or not kept by the dialect)."""
+
+    def table_counts(self, conn: Connection) -> tuple[list[tuple[str, int]], list[str]]:
+        """Plain tables with their row counts, and the full-text index names."""
+
+
+_REGISTRY: dict[str, Dialect] = {}
+
+
+def _registry() -> Mapping[str, Dialect]:
+    """Dialect modules by name, imported on first use (a module per dialect)."""
+    if not _REGISTRY:
+        from . import sqlite
+
+        _REGISTRY[sqlite.DIALECT.name] = sqlite.DIALECT
+    return _REGISTRY
+
+
+def for_dialect(name: str) -> Dialect:
+    """The module for SQLAlchemy dialect ``name``; UnsupportedDatabaseError otherwise."""
+    found = _registry().get(name)
+    if found is None:
+        raise errors.UnsupportedDatabaseError(
+            f"{name!r} databases are not supported; supported: {', '.join(sorted(_registry()))}"
+        )
+    return found
+
+
+def for_connection(conn: Connection | Engine) -> Dialect:
+    """The module for whatever database ``conn`` (a Connection or Engine) talks to."""
+    return for_dialect(conn.dialect.name)
+
+
+__all__ = ["Dialect", "for_connection", "for_dialect"]
