@@ -4,6 +4,10 @@ Written to run inside someone else's process: it never reconfigures logging when
 called programmatically, keeps its own version table (``hermes_store_version``), and
 ignores FTS5 virtual/shadow tables and views, which are created by raw SQL in the
 revisions and are not part of our metadata.
+
+On PostgreSQL DDL is transactional natively: the SQLite hooks (our BEGIN, the batch
+trigger keeper) are not installed, batch mode is off, and the search objects of the
+baseline revision (hs0002) are hidden from autogenerate like FTS5 tables are on SQLite.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from hermes_store.alembic_support import (
     keep_triggers_across_batch,
     make_include_name,
     name_own_revision,
+    revision_directives,
 )
 from hermes_store.engine import create_engine, default_db_path, install_begin_hook, to_url
 from hermes_store.migrations import VERSION_TABLE
@@ -44,12 +49,13 @@ version_table = x_args.get("version_table") or config.get_main_option("version_t
 
 
 def run_migrations_offline() -> None:
+    url = resolve_url()
     context.configure(
-        url=resolve_url(),
+        url=url,
         target_metadata=metadata,
         version_table=version_table,
         literal_binds=True,
-        render_as_batch=True,
+        render_as_batch=to_url(url).get_backend_name() == "sqlite",
         process_revision_directives=name_own_revision,
         transactional_ddl=True,
         transaction_per_migration=True,
@@ -59,13 +65,15 @@ def run_migrations_offline() -> None:
 
 
 def run_on(connection) -> None:  # type: ignore[no-untyped-def]
-    # SQLite DDL is transactional once a real BEGIN is sent; pysqlite never sends it
-    # for DDL, so we hook SQLAlchemy's begin on this connection only.
-    install_begin_hook(connection)
-    # Batch rebuilds drop triggers and trip over views; restore both automatically.
-    keep_triggers_across_batch(connection)
+    sqlite = connection.dialect.name == "sqlite"
+    if sqlite:
+        # SQLite DDL is transactional once a real BEGIN is sent; pysqlite never sends it
+        # for DDL, so we hook SQLAlchemy's begin on this connection only.
+        install_begin_hook(connection)
+        # Batch rebuilds drop triggers and trip over views; restore both automatically.
+        keep_triggers_across_batch(connection)
     was_in_transaction = connection.in_transaction()
-    ignored = foreign_names(connection) if connection.dialect.name == "sqlite" else set()
+    ignored = foreign_names(connection) if sqlite else set()
     if connection.in_transaction() and not was_in_transaction:
         connection.commit()  # end only the read we just started, never a host's transaction
     context.configure(
@@ -76,12 +84,14 @@ def run_on(connection) -> None:  # type: ignore[no-untyped-def]
         # each revision commits or rolls back as one unit.
         transactional_ddl=True,
         transaction_per_migration=True,
-        # Autogenerate on SQLite must emit batch operations (ALTER is limited).
-        render_as_batch=True,
+        # Autogenerate on SQLite must emit batch operations (ALTER is limited);
+        # PostgreSQL has a full ALTER TABLE.
+        render_as_batch=sqlite,
         include_name=make_include_name(ignored, version_table),
         compare_type=True,
-        # `alembic revision` ids follow our namespace (hs0001...), never random hex.
-        process_revision_directives=name_own_revision,
+        # `alembic revision` ids follow our namespace (hs0001...), never random hex;
+        # on PostgreSQL, SQLite's nullable keys are not reported as changes.
+        process_revision_directives=revision_directives,
     )
     with warnings.catch_warnings(), context.begin_transaction():
         # SQLite cannot reflect expression indexes, so autogenerate cannot compare

@@ -11,6 +11,11 @@
 * :func:`keep_triggers_across_batch` repairs the known SQLite batch-mode trap: a
   table rebuild (create ``_alembic_tmp_X`` / copy / drop X / rename) silently drops
   every trigger on X, and the rename fails while a view still names X.
+* :func:`sqlite_history_only` is the guard at the top of every revision that replays
+  Hermes' SQLite history (0001…0030, hs0001): on PostgreSQL they do nothing and the
+  baseline revision ``hs0002`` creates the head schema in one step.
+* :data:`PG_SEARCH_COLUMNS` / :data:`PG_SEARCH_INDEXES` name the PostgreSQL search
+  objects ``hs0002`` makes outside the models; the ``include_name`` hooks hide them.
 """
 
 from __future__ import annotations
@@ -36,6 +41,26 @@ _CREATE_TMP = re.compile(r"^\s*CREATE TABLE\s+[\"`]?_alembic_tmp_(\w+)", re.I)
 _RENAME_TMP = re.compile(r"^\s*ALTER TABLE\s+[\"`]?_alembic_tmp_(\w+)[\"`]?\s+RENAME TO", re.I)
 
 
+#: PostgreSQL search machinery made by raw SQL in ``hs0002`` and not in the models
+#: (like FTS5 tables on SQLite): the stored generated ``tsvector`` column of messages,
+#: its GIN index and the ``pg_trgm`` GIN index. Autogenerate must neither drop nor add them.
+PG_SEARCH_COLUMNS = frozenset({("messages", "search_vector")})
+PG_SEARCH_INDEXES = frozenset({"idx_messages_search_vector", "idx_messages_trgm"})
+
+
+def sqlite_history_only(bind: Any) -> bool:
+    """True when a revision of Hermes' SQLite history must do nothing (any dialect but SQLite).
+
+    Revisions 0001…0030 and hs0001 reproduce, step by step, the files Hermes itself
+    wrote: SQLite DDL, FTS5 tables, triggers and table rebuilds that only mean
+    something on SQLite (and whose exact text the adoption and snapshot tests check).
+    No PostgreSQL database ever went through that history, so on PostgreSQL they are
+    no-ops and one baseline revision (``hs0002``) creates the head schema directly.
+    Later revisions are written once for both dialects and need no guard.
+    """
+    return bind.dialect.name != "sqlite"
+
+
 def foreign_names(conn: Connection) -> set[str]:
     """Names in the file that autogenerate must ignore (FTS, shadows, views, internals)."""
     rows = conn.exec_driver_sql("SELECT type, name, sql FROM sqlite_master").all()
@@ -57,9 +82,18 @@ def make_include_name(
     def include_name(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
         if type_ == "table":
             return name not in ignored and name != version_table
-        return True
+        return not _is_pg_search(name, type_, parent_names)
 
     return include_name
+
+
+def _is_pg_search(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
+    """One of hs0002's PostgreSQL search objects (never in the models)."""
+    if type_ == "column":
+        return (parent_names.get("table_name"), name) in PG_SEARCH_COLUMNS
+    if type_ == "index":
+        return name in PG_SEARCH_INDEXES
+    return False
 
 
 #: Our own revisions: "hs" + 4 digits. Hermes schema version N is revision "%04d" % N.
@@ -90,6 +124,44 @@ def name_own_revision(context: Any, revision: Any, directives: list[Any]) -> Non
         directive.rev_id = next_own_revision_id(script)
 
 
+def drop_sqlite_nullable_keys(context: Any, revision: Any, directives: list[Any]) -> None:
+    """``process_revision_directives`` on PostgreSQL: drop "make this key column NULL".
+
+    Hermes' SQLite DDL lets a non-INTEGER PRIMARY KEY hold NULL, and the models say so
+    (``nullable=True``) to match the file exactly. PostgreSQL makes every key column
+    NOT NULL whatever the DDL says, so autogenerate would propose, forever, a change
+    the server cannot make. Only that one difference is dropped; any other change to
+    the same column is kept.
+    """
+    if context.dialect.name == "sqlite":
+        return
+    from alembic.operations import ops
+
+    def keep(op_: Any) -> bool:
+        if not isinstance(op_, ops.AlterColumnOp) or op_.modify_nullable is None:
+            return True
+        table = context.opts["target_metadata"].tables.get(op_.table_name)
+        column = table.c.get(op_.column_name) if table is not None else None
+        if column is None or not column.primary_key:
+            return True
+        op_.modify_nullable = None
+        return op_.has_changes()
+
+    for script in directives:
+        for container in (*script.upgrade_ops_list, *script.downgrade_ops_list):
+            for table_ops in list(container.ops):
+                if isinstance(table_ops, ops.ModifyTableOps):
+                    table_ops.ops = [o for o in table_ops.ops if keep(o)]
+                    if not table_ops.ops:
+                        container.ops.remove(table_ops)
+
+
+def revision_directives(context: Any, revision: Any, directives: list[Any]) -> None:
+    """env.py's ``process_revision_directives``: the PostgreSQL key filter, then our ids."""
+    drop_sqlite_nullable_keys(context, revision, directives)
+    name_own_revision(context, revision, directives)
+
+
 def _is_machinery(name: str | None) -> bool:
     return name is not None and (name in FTS_NAMES or name.startswith("sqlite_"))
 
@@ -103,7 +175,7 @@ def include_name(name: str | None, type_: str, parent_names: dict[str, Any]) -> 
     """
     if type_ == "table":
         return not _is_machinery(name) and name != VERSION_TABLE
-    return True
+    return not _is_pg_search(name, type_, parent_names)
 
 
 def _our_table_names() -> frozenset[str]:

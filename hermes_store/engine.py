@@ -163,11 +163,18 @@ def create_engine(
     busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
     **kwargs: Any,
 ) -> Engine:
-    """Create an Engine for a SQLite file with our PRAGMAs, transaction handling and typed errors."""
+    """Create an Engine for a SQLite file with our PRAGMAs, transaction handling and typed errors.
+
+    Any other URL (PostgreSQL) gets a plain pooled engine with ``pool_pre_ping``, so a
+    connection the server dropped (restart, idle timeout) is replaced before use
+    instead of failing a caller; its DDL is transactional without our BEGIN hook, and
+    ``foreign_keys``/``busy_timeout_ms`` are SQLite settings it ignores.
+    """
     url = to_url(target)
+    if url.get_backend_name() != "sqlite":
+        kwargs.setdefault("pool_pre_ping", True)
+        return _sa_create_engine(url, **kwargs)
     engine = _sa_create_engine(url, **kwargs)
-    if engine.dialect.name != "sqlite":
-        return engine
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:

@@ -59,16 +59,31 @@ def _file_path(target: Target) -> Path | None:
     return Path(url.database)
 
 
+#: Dialects our migrations know: SQLite (Hermes' history) and PostgreSQL (one baseline).
+SUPPORTED_DIALECTS = ("sqlite", "postgresql")
+
+
+def _supported(name: str) -> None:
+    if name not in SUPPORTED_DIALECTS:
+        raise errors.UnsupportedDatabaseError(
+            f"{name} databases are not supported by hermes_store migrations (SQLite or PostgreSQL only)"
+        )
+
+
 @contextmanager
 def _connection(target: Target) -> Iterator[Connection]:
     if isinstance(target, Connection):
+        _supported(target.dialect.name)
         yield target
         return
     if isinstance(target, Engine):
+        _supported(target.dialect.name)
         with target.connect() as conn:
             yield conn
         return
-    with paths.migration_connection(to_url(target)) as conn:
+    url = to_url(target)
+    _supported(url.get_backend_name())  # before a driver is even imported
+    with paths.migration_connection(url) as conn:
         yield conn
 
 
@@ -159,6 +174,7 @@ def upgrade(target: Target, revision: str = "head", *, version_table: str = VERS
     as ``<name>.pre-adopt.bak``). When another process adopts it first, this waits for
     it and carries on with an ordinary upgrade of the adopted file.
     """
+    _refuse_going_back(target, revision, version_table)
     path, created = _prepare_file(target)
     if path is not None and created is None and adopt.needs_adoption(path, version_table):
         try:
@@ -181,6 +197,25 @@ def upgrade(target: Target, revision: str = "head", *, version_table: str = VERS
         _drop_if_untouched(created, fresh)
         raise
     return current(target, version_table=version_table)
+
+
+def _refuse_going_back(target: Target, revision: str, version_table: str) -> None:
+    """An upgrade to a revision below the current one is a mistake, not a no-op.
+
+    Alembic would silently do nothing; the caller asked for a schema it will not get.
+    Ids are compared by place in the chain (``hs0002`` sits after ``0030``), never as text.
+    """
+    order = paths.revision_order()
+    if revision not in order:
+        return  # "head", relative steps and unknown ids are handled further on
+    cur = current(target, version_table=version_table)
+    if cur in LEGACY_IDS:
+        return  # an old id of ours, restamped before anything runs (see _restamp_legacy)
+    if cur in order and order.index(revision) < order.index(cur):
+        raise errors.InvalidInputError(
+            f"database is at revision {cur}; upgrade cannot go back to {revision} "
+            "(use downgrade); nothing was changed"
+        )
 
 
 def downgrade(target: Target, revision: str, *, version_table: str = VERSION_TABLE) -> str | None:

@@ -138,3 +138,52 @@ def set_times(store, session_id: str, *, started_at: float | None = None, ended_
         )
 
     store._execute_write(run)
+
+
+# --------------------------------------------------------------------- PostgreSQL
+
+PG_URL_ENV = "HERMES_STORE_TEST_PG_URL"
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    """The test server's URL (``scripts/pg-test-server start`` exports it).
+
+    Without it the PostgreSQL cases skip with a visible reason; under CI=true a
+    skipped PostgreSQL case would hide a missing server, so it fails instead.
+    """
+    import os
+
+    url = os.environ.get(PG_URL_ENV)
+    if not url:
+        reason = f"{PG_URL_ENV} is not set: start a server with `eval \"$(scripts/pg-test-server start)\"`"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"PostgreSQL tests must run under CI: {reason}")
+        pytest.skip(reason)
+    return url
+
+
+@pytest.fixture
+def pg_database(pg_url: str) -> Iterator[str]:
+    """A fresh, empty database on the test server for this test alone (URL string), dropped afterwards.
+
+    A database per test (not a schema) so extensions, functions and the version table
+    of one test can never be seen by another running in parallel.
+    """
+    import uuid
+
+    from sqlalchemy import create_engine as sa_create_engine
+    from sqlalchemy.engine import make_url
+
+    name = f"hs_test_{uuid.uuid4().hex[:16]}"
+    admin = sa_create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        try:
+            yield make_url(pg_url).set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0001"
 down_revision = None
 branch_labels = ("hermes_store",)  # lets a host run `alembic upgrade hermes_store@head`
@@ -72,11 +74,15 @@ END""",
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in UPGRADE:
         op.execute(sql)
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for trigger in ("messages_fts_update", "messages_fts_delete", "messages_fts_insert"):
         op.execute(f"DROP TRIGGER IF EXISTS {trigger}")
     op.execute("DROP TABLE IF EXISTS messages_fts")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
@@ -17,10 +19,14 @@ depends_on = None
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("ALTER TABLE messages ADD COLUMN finish_reason TEXT")
     op.execute("UPDATE schema_version SET version = 2")
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.drop_column("messages", "finish_reason")
     op.execute("UPDATE schema_version SET version = 1")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0005"
 down_revision = "0004"
 branch_labels = None
@@ -18,6 +20,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("ALTER TABLE sessions ADD COLUMN cache_read_tokens INTEGER DEFAULT 0")
     op.execute("ALTER TABLE sessions ADD COLUMN cache_write_tokens INTEGER DEFAULT 0")
     op.execute("ALTER TABLE sessions ADD COLUMN reasoning_tokens INTEGER DEFAULT 0")
@@ -33,6 +37,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.drop_column("sessions", "pricing_version")
     op.drop_column("sessions", "cost_source")
     op.drop_column("sessions", "cost_status")

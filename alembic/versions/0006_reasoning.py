@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0006"
 down_revision = "0005"
 branch_labels = None
@@ -18,6 +20,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT")
     op.execute("ALTER TABLE messages ADD COLUMN reasoning_details TEXT")
     op.execute("ALTER TABLE messages ADD COLUMN codex_reasoning_items TEXT")
@@ -25,6 +29,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.drop_column("messages", "codex_reasoning_items")
     op.drop_column("messages", "reasoning_details")
     op.drop_column("messages", "reasoning")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0007"
 down_revision = "0006"
 branch_labels = None
@@ -19,6 +21,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("ALTER TABLE messages ADD COLUMN reasoning_content TEXT")
     op.execute(
         """CREATE TABLE state_meta (
@@ -30,6 +34,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("DROP TABLE state_meta")
     op.drop_column("messages", "reasoning_content")
     op.execute("UPDATE schema_version SET version = 6")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0010"
 down_revision = "0009"
 branch_labels = None
@@ -41,11 +43,15 @@ END""",
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in UPGRADE:
         op.execute(sql)
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for trigger in ("messages_fts_trigram_update", "messages_fts_trigram_delete", "messages_fts_trigram_insert"):
         op.execute(f"DROP TRIGGER {trigger}")
     op.execute("DROP TABLE messages_fts_trigram")

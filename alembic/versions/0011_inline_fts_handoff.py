@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0011"
 down_revision = "0010"
 branch_labels = None
@@ -120,6 +122,8 @@ HANDOFF_COLUMNS = ("handoff_state", "handoff_platform", "handoff_error")
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in DROP_FTS + INLINE_FTS:
         op.execute(sql)
     for column in HANDOFF_COLUMNS:
@@ -128,6 +132,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for column in reversed(HANDOFF_COLUMNS):
         op.drop_column("sessions", column)
     for sql in DROP_FTS + EXTERNAL_FTS_V10:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0012"
 down_revision = "0011"
 branch_labels = None
@@ -19,6 +21,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("ALTER TABLE messages ADD COLUMN platform_message_id TEXT")
     op.execute(
         "CREATE INDEX idx_messages_platform_msg_id ON messages(session_id, platform_message_id) "
@@ -28,6 +32,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     # SQLite refuses to drop an indexed column; the index goes first.
     op.execute("DROP INDEX idx_messages_platform_msg_id")
     op.drop_column("messages", "platform_message_id")

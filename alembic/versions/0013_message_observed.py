@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0013"
 down_revision = "0012"
 branch_labels = None
@@ -19,10 +21,14 @@ depends_on = None
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("ALTER TABLE messages ADD COLUMN observed INTEGER DEFAULT 0")
     op.execute("UPDATE schema_version SET version = 13")
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.drop_column("messages", "observed")
     op.execute("UPDATE schema_version SET version = 12")

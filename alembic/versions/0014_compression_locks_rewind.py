@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0014"
 down_revision = "0013"
 branch_labels = None
@@ -44,11 +46,15 @@ UPGRADE = [
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in UPGRADE:
         op.execute(sql)
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     # Rewound (active = 0) messages become visible again at v13, which has no notion
     # of rewinding; keeping them is the only choice that loses nothing.
     op.execute("DROP INDEX idx_messages_session_active")

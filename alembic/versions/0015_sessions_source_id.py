@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0015"
 down_revision = "0014"
 branch_labels = None
@@ -18,10 +20,14 @@ depends_on = None
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("CREATE INDEX idx_sessions_source_id ON sessions(source, id)")
     op.execute("UPDATE schema_version SET version = 15")
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("DROP INDEX idx_sessions_source_id")
     op.execute("UPDATE schema_version SET version = 14")

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0016"
 down_revision = "0015"
 branch_labels = None
@@ -141,11 +143,15 @@ DOWNGRADE = [
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in UPGRADE:
         op.execute(sql)
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in DOWNGRADE:
         op.execute(sql)
     op.drop_column("sessions", "git_repo_root")

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0017"
 down_revision = "0016"
 branch_labels = None
@@ -40,6 +42,8 @@ INDEXES = [
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for name, type_ in COLUMNS:
         op.execute(f"ALTER TABLE sessions ADD COLUMN {name} {type_}")
     for sql in INDEXES:
@@ -48,6 +52,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     # Indexes first: SQLite will not drop a column an index still names.
     for index in ("idx_sessions_handoff_state", "idx_sessions_gateway_peer", "idx_sessions_session_key"):
         op.execute(f"DROP INDEX {index}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0018"
 down_revision = "0017"
 branch_labels = None
@@ -19,6 +21,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("ALTER TABLE sessions ADD COLUMN display_name TEXT")
     op.execute("ALTER TABLE sessions ADD COLUMN origin_json TEXT")
     op.execute("ALTER TABLE sessions ADD COLUMN expiry_finalized INTEGER DEFAULT 0")
@@ -26,6 +30,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.drop_column("sessions", "expiry_finalized")
     op.drop_column("sessions", "origin_json")
     op.drop_column("sessions", "display_name")

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0019"
 down_revision = "0018"
 branch_labels = None
@@ -37,11 +39,15 @@ UPGRADE = [
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in UPGRADE:
         op.execute(sql)
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("DROP INDEX idx_messages_active_null")
     op.drop_column("messages", "effect_disposition")
     op.execute("DROP TABLE gateway_routing")

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0020"
 down_revision = "0019"
 branch_labels = None
@@ -94,11 +96,15 @@ WHERE id IS NOT NULL
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in UPGRADE:
         op.execute(sql)
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("DROP INDEX idx_session_model_usage_model")
     op.execute("DROP INDEX idx_session_model_usage_session")
     op.execute("DROP TABLE session_model_usage")

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0021"
 down_revision = "0020"
 branch_labels = None
@@ -50,11 +52,15 @@ UPGRADE = [
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in UPGRADE:
         op.execute(sql)
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.drop_column("sessions", "profile_name")
     op.drop_column("sessions", "compression_fallback_streak")
     op.execute("DROP INDEX idx_async_delegations_delivery")

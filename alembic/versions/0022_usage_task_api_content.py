@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0022"
 down_revision = "0021"
 branch_labels = None
@@ -116,6 +118,8 @@ def _pick(column: str) -> str:
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     _set_aside()
     op.execute(USAGE_V22)
     op.execute(
@@ -128,6 +132,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.drop_column("messages", "api_content")
     _set_aside()
     op.execute(USAGE_V21)

@@ -34,6 +34,8 @@ Revises: 0022
 from __future__ import annotations
 
 from alembic import context, op
+
+from hermes_store.alembic_support import sqlite_history_only
 from sqlalchemy import text
 
 revision = "0023"
@@ -250,6 +252,8 @@ def _backfill(statements: list[str]) -> None:
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in DROP_TRIGGERS + DROP_V22:
         op.execute(sql)
     op.execute(CLEAR_REBUILD_WINDOW)
@@ -264,6 +268,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in DROP_TRIGGERS + DROP_V23:
         op.execute(sql)
     # v22 triggers know no rebuild window; the backfill below covers every row anyway.

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0024"
 down_revision = "hs0001"
 branch_labels = None
@@ -128,6 +130,8 @@ END""",
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for table, column, spec in ADD_COLUMNS:
         op.execute(f"ALTER TABLE {table} ADD COLUMN {column} {spec}")
     for sql in INDEXES_V24:
@@ -138,6 +142,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in DROP_UPDATE_TRIGGERS + UPDATE_TRIGGERS_V23:
         op.execute(sql)
     op.execute("DROP INDEX idx_messages_assistant_calls_by_session")

@@ -43,6 +43,8 @@ import hashlib
 import re
 
 from alembic import context, op
+
+from hermes_store.alembic_support import sqlite_history_only
 from sqlalchemy import text
 
 revision = "0025"
@@ -175,6 +177,8 @@ def _move_prompts() -> None:
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in UPGRADE:
         op.execute(sql)
     if not context.is_offline_mode():
@@ -236,6 +240,8 @@ def _rebuild_sessions_as_v24() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute(RESTORE_INLINE)
     op.execute("DROP INDEX idx_sessions_system_prompt_hash")
     op.execute("DROP INDEX idx_session_turn_leases_expires")

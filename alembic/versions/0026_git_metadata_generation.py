@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0026"
 down_revision = "0025"
 branch_labels = None
@@ -35,11 +37,15 @@ UPGRADE = [
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in UPGRADE:
         op.execute(sql)
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("DROP TABLE gateway_hygiene_state")
     op.execute("ALTER TABLE sessions DROP COLUMN git_metadata_generation")
     op.execute("UPDATE schema_version SET version = 25")

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0027"
 down_revision = "0026"
 branch_labels = None
@@ -61,6 +63,8 @@ OBJECTS = [
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for table, column, spec in ADD_COLUMNS:
         op.execute(f"ALTER TABLE {table} ADD COLUMN {column} {spec}")
     for sql in OBJECTS:
@@ -69,6 +73,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("DROP INDEX idx_sessions_effective_activity")
     op.execute("DROP TABLE gateway_heartbeats")
     op.execute("DROP TABLE conversation_generations")

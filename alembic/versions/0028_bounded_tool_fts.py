@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0028"
 down_revision = "0027"
 branch_labels = None
@@ -171,6 +173,8 @@ REBUILD_BOTH = [
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute(STAMP_HIGH_WATER)
     for sql in DROP_TRIGGERS + TRIGGERS_V28:
         op.execute(sql)
@@ -178,6 +182,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in DROP_TRIGGERS + TRIGGERS_V27 + REBUILD_BOTH:
         op.execute(sql)
     op.execute(f"DELETE FROM state_meta WHERE key = '{HIGH_WATER}'")

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0029"
 down_revision = "0028"
 branch_labels = None
@@ -154,12 +156,16 @@ END""",
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in DROP_TRIGRAM + TRIGRAM_V29 + REBUILD:
         op.execute(sql)
     op.execute("UPDATE schema_version SET version = 29")
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in DROP_TRIGRAM + TRIGRAM_V28 + REBUILD:
         op.execute(sql)
     op.execute("UPDATE schema_version SET version = 28")

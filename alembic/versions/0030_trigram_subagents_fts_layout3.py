@@ -42,6 +42,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "0030"
 down_revision = "0029"
 branch_labels = None
@@ -458,6 +460,8 @@ END""",
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for table, column, spec in ADD_COLUMNS:
         op.execute(f"ALTER TABLE {table} ADD COLUMN {column} {spec}")
     for sql in DISPLAY_INDEXES + DISPLAY_TRIGGERS + DROP_FTS + WORD_FTS_V30 + TRIGRAM_V30 + REBUILD_BOTH:
@@ -467,6 +471,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in DROP_FTS + ["DROP VIEW messages_fts_src"]:
         op.execute(sql)
     for sql in WORD_FTS_V29 + WORD_TRIGGERS_V29 + TRIGRAM_V29:

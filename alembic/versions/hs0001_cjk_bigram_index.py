@@ -40,6 +40,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hermes_store.alembic_support import sqlite_history_only
+
 revision = "hs0001"
 down_revision = "0023"
 branch_labels = None
@@ -75,11 +77,15 @@ ON CONFLICT(key) DO UPDATE SET value = excluded.value""",
 
 
 def upgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     for sql in UPGRADE:
         op.execute(sql)
 
 
 def downgrade() -> None:
+    if sqlite_history_only(op.get_bind()):
+        return
     op.execute("DROP TRIGGER messages_cjk_bigram_dirty_update")
     op.execute("DROP TRIGGER messages_cjk_bigram_dirty_insert")
     op.execute("DROP INDEX idx_messages_timestamp")

@@ -9,10 +9,26 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sqlalchemy import BLOB, INTEGER, REAL, TEXT, ForeignKey, Index, func, text
+from sqlalchemy import BIGINT, BLOB, INTEGER, REAL, TEXT, ForeignKey, Identity, Index, func, text
+from sqlalchemy.dialects.postgresql import BYTEA, DOUBLE_PRECISION
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from .base import Base
+
+# One model, two dialects: SQLite keeps Hermes' exact declared types, PostgreSQL gets
+# types that hold the same values (revision hs0002 creates them).
+#: Epoch seconds and costs: SQLite's REAL is 8 bytes, PostgreSQL's ``real`` only 4
+#: (a 2025 timestamp would lose everything below ~2 minutes), so ``double precision``.
+DOUBLE = REAL().with_variant(DOUBLE_PRECISION(), "postgresql")
+#: Token and call counters and message ids: SQLite integers are 8 bytes, PostgreSQL's
+#: ``integer`` only 4, so ``bigint``.
+BIG = INTEGER().with_variant(BIGINT(), "postgresql")
+#: Raw bytes (``display_identity``): PostgreSQL has no BLOB.
+BYTES = BLOB().with_variant(BYTEA(), "postgresql")
+
+def where(sql: str) -> dict:
+    """``sqlite_where`` and ``postgresql_where`` for a partial index (same predicate)."""
+    return {"sqlite_where": text(sql), "postgresql_where": text(sql)}
 
 
 class SchemaVersion(Base):
@@ -40,29 +56,29 @@ class AgentSession(Base):
     model_config: Mapped[Optional[str]] = mapped_column(TEXT)
     system_prompt: Mapped[Optional[str]] = mapped_column(TEXT)
     parent_session_id: Mapped[Optional[str]] = mapped_column(TEXT, ForeignKey("sessions.id"))
-    started_at: Mapped[float] = mapped_column(REAL, nullable=False)
-    ended_at: Mapped[Optional[float]] = mapped_column(REAL)
+    started_at: Mapped[float] = mapped_column(DOUBLE, nullable=False)
+    ended_at: Mapped[Optional[float]] = mapped_column(DOUBLE)
     end_reason: Mapped[Optional[str]] = mapped_column(TEXT)
-    message_count: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=text("0"))
-    tool_call_count: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=text("0"))
-    input_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=text("0"))
-    output_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=text("0"))
+    message_count: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
+    tool_call_count: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
+    input_tokens: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
+    output_tokens: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
     # v3
     title: Mapped[Optional[str]] = mapped_column(TEXT)
     # v5: billing
-    cache_read_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=text("0"))
-    cache_write_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=text("0"))
-    reasoning_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=text("0"))
+    cache_read_tokens: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
+    cache_write_tokens: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
+    reasoning_tokens: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
     billing_provider: Mapped[Optional[str]] = mapped_column(TEXT)
     billing_base_url: Mapped[Optional[str]] = mapped_column(TEXT)
     billing_mode: Mapped[Optional[str]] = mapped_column(TEXT)
-    estimated_cost_usd: Mapped[Optional[float]] = mapped_column(REAL)
-    actual_cost_usd: Mapped[Optional[float]] = mapped_column(REAL)
+    estimated_cost_usd: Mapped[Optional[float]] = mapped_column(DOUBLE)
+    actual_cost_usd: Mapped[Optional[float]] = mapped_column(DOUBLE)
     cost_status: Mapped[Optional[str]] = mapped_column(TEXT)
     cost_source: Mapped[Optional[str]] = mapped_column(TEXT)
     pricing_version: Mapped[Optional[str]] = mapped_column(TEXT)
     # v8
-    api_call_count: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=text("0"))
+    api_call_count: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
     # v11
     handoff_state: Mapped[Optional[str]] = mapped_column(TEXT)
     handoff_platform: Mapped[Optional[str]] = mapped_column(TEXT)
@@ -79,7 +95,7 @@ class AgentSession(Base):
     chat_id: Mapped[Optional[str]] = mapped_column(TEXT)
     chat_type: Mapped[Optional[str]] = mapped_column(TEXT)
     thread_id: Mapped[Optional[str]] = mapped_column(TEXT)
-    compression_failure_cooldown_until: Mapped[Optional[float]] = mapped_column(REAL)
+    compression_failure_cooldown_until: Mapped[Optional[float]] = mapped_column(DOUBLE)
     compression_failure_error: Mapped[Optional[str]] = mapped_column(TEXT)
     # v18
     display_name: Mapped[Optional[str]] = mapped_column(TEXT)
@@ -89,7 +105,7 @@ class AgentSession(Base):
     compression_fallback_streak: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
     profile_name: Mapped[Optional[str]] = mapped_column(TEXT)
     # v24 (added under late v23): activity tracking, anti-thrash count, durable pin
-    last_activity_at: Mapped[Optional[float]] = mapped_column(REAL)
+    last_activity_at: Mapped[Optional[float]] = mapped_column(DOUBLE)
     last_activity_description: Mapped[Optional[str]] = mapped_column(TEXT)
     last_activity_provenance: Mapped[Optional[str]] = mapped_column(TEXT)
     compression_ineffective_count: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
@@ -98,12 +114,12 @@ class AgentSession(Base):
     system_prompt_hash: Mapped[Optional[str]] = mapped_column(TEXT, ForeignKey("system_prompts.hash"))
     title_source: Mapped[Optional[str]] = mapped_column(TEXT)
     hidden: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
-    last_read_at: Mapped[Optional[float]] = mapped_column(REAL)
+    last_read_at: Mapped[Optional[float]] = mapped_column(DOUBLE)
     # v26
     git_metadata_generation: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
     # v27 (tool_names added under late v26)
     tool_names: Mapped[Optional[str]] = mapped_column(TEXT)
-    compression_recovery_deadline: Mapped[Optional[float]] = mapped_column(REAL)
+    compression_recovery_deadline: Mapped[Optional[float]] = mapped_column(DOUBLE)
     # v30 (late)
     created_source: Mapped[Optional[str]] = mapped_column(TEXT)
     compression_overload_streak: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
@@ -135,7 +151,7 @@ class AgentSession(Base):
             "idx_sessions_title_unique",
             "title",
             unique=True,
-            sqlite_where=text("title IS NOT NULL"),
+            **where("title IS NOT NULL"),
         ),
         Index("idx_sessions_handoff_state", "handoff_state", "started_at"),
         Index("idx_sessions_system_prompt_hash", "system_prompt_hash"),
@@ -169,15 +185,16 @@ class Message(Base):
 
     __tablename__ = "messages"
 
-    id: Mapped[int] = mapped_column(INTEGER, primary_key=True, autoincrement=True, nullable=True)
+    # SQLite: INTEGER PRIMARY KEY AUTOINCREMENT (Hermes' DDL); PostgreSQL: bigint identity.
+    id: Mapped[int] = mapped_column(BIG, Identity(), primary_key=True, autoincrement=True, nullable=True)
     session_id: Mapped[str] = mapped_column(TEXT, ForeignKey("sessions.id"), nullable=False)
     role: Mapped[str] = mapped_column(TEXT, nullable=False)
     content: Mapped[Optional[str]] = mapped_column(TEXT)
     tool_call_id: Mapped[Optional[str]] = mapped_column(TEXT)
     tool_calls: Mapped[Optional[str]] = mapped_column(TEXT)
     tool_name: Mapped[Optional[str]] = mapped_column(TEXT)
-    timestamp: Mapped[float] = mapped_column(REAL, nullable=False)
-    token_count: Mapped[Optional[int]] = mapped_column(INTEGER)
+    timestamp: Mapped[float] = mapped_column(DOUBLE, nullable=False)
+    token_count: Mapped[Optional[int]] = mapped_column(BIG)
     # v2
     finish_reason: Mapped[Optional[str]] = mapped_column(TEXT)
     # v6
@@ -206,7 +223,7 @@ class Message(Base):
     # v27 (added under late v26): a compression summary is not summarized again
     _compressed_summary: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
     # v30 (late): stable on-screen order; NULL = pending backfill by Hermes
-    display_identity: Mapped[Optional[bytes]] = mapped_column(BLOB)
+    display_identity: Mapped[Optional[bytes]] = mapped_column(BYTES)
     display_order: Mapped[Optional[int]] = mapped_column(INTEGER)
 
     session: Mapped[AgentSession] = relationship(back_populates="messages", lazy="raise_on_sql")
@@ -219,22 +236,22 @@ class Message(Base):
             "idx_messages_platform_msg_id",
             "session_id",
             "platform_message_id",
-            sqlite_where=text("platform_message_id IS NOT NULL"),
+            **where("platform_message_id IS NOT NULL"),
         ),
         Index("idx_messages_session_active", "session_id", "active", "timestamp"),
-        Index("idx_messages_active_null", "active", sqlite_where=text("active IS NULL")),
+        Index("idx_messages_active_null", "active", **where("active IS NULL")),
         # v24
         Index("idx_messages_session_id", "session_id", "id"),
         Index(
             "idx_messages_assistant_calls_by_session",
             "session_id",
-            sqlite_where=text("role = 'assistant' AND tool_calls IS NOT NULL"),
+            **where("role = 'assistant' AND tool_calls IS NOT NULL"),
         ),
         # v30 (late)
         Index(
             "idx_messages_display_backfill",
             "session_id",
-            sqlite_where=text(
+            **where(
                 "(display_order IS NULL OR display_identity IS NULL) AND (active = 1 OR compacted = 1)"
             ),
         ),
@@ -243,7 +260,7 @@ class Message(Base):
             "session_id",
             "display_identity",
             "display_order",
-            sqlite_where=text("display_identity IS NOT NULL AND (active = 1 OR compacted = 1)"),
+            **where("display_identity IS NOT NULL AND (active = 1 OR compacted = 1)"),
         ),
         {"sqlite_autoincrement": True},
     )
@@ -255,7 +272,7 @@ Index(
     Message.display_order,
     Message.active.desc(),
     Message.id.desc(),
-    sqlite_where=text("active = 1 OR compacted = 1"),
+    **where("active = 1 OR compacted = 1"),
 )
 
 
@@ -275,8 +292,8 @@ class CompressionLock(Base):
 
     session_id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
     holder: Mapped[str] = mapped_column(TEXT, nullable=False)
-    acquired_at: Mapped[float] = mapped_column(REAL, nullable=False)
-    expires_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    acquired_at: Mapped[float] = mapped_column(DOUBLE, nullable=False)
+    expires_at: Mapped[float] = mapped_column(DOUBLE, nullable=False)
 
     __table_args__ = (Index("idx_compression_locks_expires", "expires_at"),)
 
@@ -291,7 +308,7 @@ class GatewayRouting(Base):
     )
     session_key: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=False)
     entry_json: Mapped[str] = mapped_column(TEXT, nullable=False)
-    updated_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    updated_at: Mapped[float] = mapped_column(DOUBLE, nullable=False)
 
 
 class SessionModelUsage(Base):
@@ -315,18 +332,18 @@ class SessionModelUsage(Base):
         TEXT, primary_key=True, nullable=False, default="", server_default=text("''")
     )
     task: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=False, default="", server_default=text("''"))
-    api_call_count: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
-    input_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
-    output_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
-    cache_read_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
-    cache_write_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
-    reasoning_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
-    estimated_cost_usd: Mapped[float] = mapped_column(REAL, nullable=False, server_default=text("0"))
-    actual_cost_usd: Mapped[float] = mapped_column(REAL, nullable=False, server_default=text("0"))
+    api_call_count: Mapped[int] = mapped_column(BIG, nullable=False, server_default=text("0"))
+    input_tokens: Mapped[int] = mapped_column(BIG, nullable=False, server_default=text("0"))
+    output_tokens: Mapped[int] = mapped_column(BIG, nullable=False, server_default=text("0"))
+    cache_read_tokens: Mapped[int] = mapped_column(BIG, nullable=False, server_default=text("0"))
+    cache_write_tokens: Mapped[int] = mapped_column(BIG, nullable=False, server_default=text("0"))
+    reasoning_tokens: Mapped[int] = mapped_column(BIG, nullable=False, server_default=text("0"))
+    estimated_cost_usd: Mapped[float] = mapped_column(DOUBLE, nullable=False, server_default=text("0"))
+    actual_cost_usd: Mapped[float] = mapped_column(DOUBLE, nullable=False, server_default=text("0"))
     cost_status: Mapped[Optional[str]] = mapped_column(TEXT)
     cost_source: Mapped[Optional[str]] = mapped_column(TEXT)
-    first_seen: Mapped[Optional[float]] = mapped_column(REAL)
-    last_seen: Mapped[Optional[float]] = mapped_column(REAL)
+    first_seen: Mapped[Optional[float]] = mapped_column(DOUBLE)
+    last_seen: Mapped[Optional[float]] = mapped_column(DOUBLE)
 
     session: Mapped[AgentSession] = relationship(back_populates="model_usage", lazy="raise_on_sql")
 
@@ -347,19 +364,19 @@ class AsyncDelegation(Base):
     # Plain text, no foreign key: Hermes declares none.
     parent_session_id: Mapped[Optional[str]] = mapped_column(TEXT)
     state: Mapped[str] = mapped_column(TEXT, nullable=False)
-    dispatched_at: Mapped[float] = mapped_column(REAL, nullable=False)
-    completed_at: Mapped[Optional[float]] = mapped_column(REAL)
-    updated_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    dispatched_at: Mapped[float] = mapped_column(DOUBLE, nullable=False)
+    completed_at: Mapped[Optional[float]] = mapped_column(DOUBLE)
+    updated_at: Mapped[float] = mapped_column(DOUBLE, nullable=False)
     event_json: Mapped[Optional[str]] = mapped_column(TEXT)
     result_json: Mapped[Optional[str]] = mapped_column(TEXT)
     delivery_state: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=text("'pending'"))
     delivery_attempts: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
-    delivered_at: Mapped[Optional[float]] = mapped_column(REAL)
+    delivered_at: Mapped[Optional[float]] = mapped_column(DOUBLE)
     owner_pid: Mapped[Optional[int]] = mapped_column(INTEGER)
-    owner_started_at: Mapped[Optional[int]] = mapped_column(INTEGER)
+    owner_started_at: Mapped[Optional[int]] = mapped_column(BIG)
     task_json: Mapped[Optional[str]] = mapped_column(TEXT)
     delivery_claim: Mapped[Optional[str]] = mapped_column(TEXT)
-    delivery_claimed_at: Mapped[Optional[float]] = mapped_column(REAL)
+    delivery_claimed_at: Mapped[Optional[float]] = mapped_column(DOUBLE)
     # v30 (late): mirrors the delegation tool's own table
     origin_session_id: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=text("''"))
 
@@ -386,8 +403,8 @@ class SessionTurnLease(Base):
 
     conversation_id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
     holder: Mapped[str] = mapped_column(TEXT, nullable=False)
-    acquired_at: Mapped[float] = mapped_column(REAL, nullable=False)
-    expires_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    acquired_at: Mapped[float] = mapped_column(DOUBLE, nullable=False)
+    expires_at: Mapped[float] = mapped_column(DOUBLE, nullable=False)
 
     __table_args__ = (Index("idx_session_turn_leases_expires", "expires_at"),)
 
@@ -411,7 +428,7 @@ class ConversationGeneration(Base):
 
     source: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=False)
     session_key: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=False)
-    generation: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    generation: Mapped[int] = mapped_column(BIG, nullable=False, server_default=text("0"))
 
 
 class GatewayHeartbeat(Base):
@@ -421,8 +438,8 @@ class GatewayHeartbeat(Base):
 
     backend_id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
     pid: Mapped[int] = mapped_column(INTEGER, nullable=False)
-    started_at: Mapped[float] = mapped_column(REAL, nullable=False)
-    last_heartbeat: Mapped[float] = mapped_column(REAL, nullable=False)
+    started_at: Mapped[float] = mapped_column(DOUBLE, nullable=False)
+    last_heartbeat: Mapped[float] = mapped_column(DOUBLE, nullable=False)
     profile: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=text("''"))
     host: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=text("''"))
 
@@ -455,7 +472,7 @@ class CjkBigram(Base):
     __tablename__ = "messages_cjk_bigram"
 
     gram: Mapped[str] = mapped_column(TEXT, primary_key=True)
-    block: Mapped[int] = mapped_column(INTEGER, primary_key=True, autoincrement=False)
+    block: Mapped[int] = mapped_column(BIG, primary_key=True, autoincrement=False)
     __table_args__ = {"sqlite_with_rowid": False}
 
 
@@ -464,4 +481,4 @@ class CjkBigramDirty(Base):
 
     __tablename__ = "messages_cjk_bigram_dirty"
 
-    block: Mapped[int] = mapped_column(INTEGER, primary_key=True, autoincrement=False, nullable=True)
+    block: Mapped[int] = mapped_column(BIG, primary_key=True, autoincrement=False, nullable=True)

@@ -1,0 +1,312 @@
+"""Migrations on PostgreSQL: the baseline revision hs0002 builds the head schema with
+types that hold what SQLite holds, ``downgrade base`` leaves nothing of ours, and
+``alembic check`` / autogenerate are quiet. Every test gets its own fresh database."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from alembic import command
+from sqlalchemy import Engine, create_engine, insert, select, text
+
+from hermes_store import migrations, paths
+from hermes_store.models import AgentSession, Message, metadata
+from hermes_store.models.tables import BIG, DOUBLE
+
+REPO = Path(__file__).resolve().parent.parent
+HEAD = paths.head()
+
+
+@pytest.fixture
+def pg_engine(pg_database: str):
+    eng = create_engine(pg_database)
+    yield eng
+    eng.dispose()
+
+
+def columns(engine: Engine) -> dict[tuple[str, str], dict]:
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT table_name, column_name, data_type, is_identity, is_generated, identity_generation "
+            "FROM information_schema.columns WHERE table_schema = current_schema()"
+        )).mappings().all()
+    return {(r["table_name"], r["column_name"]): dict(r) for r in rows}
+
+
+def our_objects(engine: Engine) -> dict[str, set[str]]:
+    """Every object in the current schema, from pg_catalog (tables, indexes, sequences,
+    views, functions, triggers, types made by tables)."""
+    with engine.connect() as conn:
+        rels = conn.execute(text(
+            "SELECT c.relkind, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = current_schema()"
+        )).all()
+        funcs = conn.execute(text(
+            "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = current_schema() AND NOT EXISTS ("
+            "  SELECT 1 FROM pg_depend d WHERE d.objid = p.oid AND d.deptype = 'e')"
+        )).scalars().all()
+        trigs = conn.execute(text("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal")).scalars().all()
+        types = conn.execute(text(
+            "SELECT t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
+            "WHERE n.nspname = current_schema() AND NOT EXISTS ("
+            "  SELECT 1 FROM pg_depend d WHERE d.objid IN (t.oid, t.typelem) AND d.deptype = 'e')"
+        )).scalars().all()
+    out: dict[str, set[str]] = {"functions": set(funcs), "triggers": set(trigs), "types": set(types)}
+    for kind, name in rels:
+        out.setdefault(f"relkind_{kind}", set()).add(name)
+    return out
+
+
+# ------------------------------------------------------------------ schema at head
+
+
+def test_upgrade_head_builds_every_table_with_exact_types(pg_database: str, pg_engine: Engine) -> None:
+    assert migrations.current(pg_database) is None
+    assert migrations.upgrade(pg_database) == HEAD == "hs0002"
+    assert migrations.current(pg_database) == HEAD
+    cols = columns(pg_engine)
+    tables = {t for t, _c in cols}
+    assert tables == set(metadata.tables) | {migrations.VERSION_TABLE}
+    # Every model column exists, with the PostgreSQL type its model declares.
+    for table in metadata.tables.values():
+        for col in table.columns:
+            got = cols[(table.name, col.name)]["data_type"]
+            if col.type is DOUBLE:
+                assert got == "double precision", (table.name, col.name, got)
+            elif col.type is BIG:
+                assert got == "bigint", (table.name, col.name, got)
+    assert not [k for k, v in cols.items() if v["data_type"] == "real"]  # 4 bytes: never
+    ts = ["sessions.started_at", "sessions.ended_at", "sessions.last_activity_at", "messages.timestamp",
+          "compression_locks.expires_at", "gateway_heartbeats.last_heartbeat", "async_delegations.dispatched_at"]
+    for name in ts:
+        assert cols[tuple(name.split("."))]["data_type"] == "double precision", name
+    msg_id = cols[("messages", "id")]
+    assert (msg_id["data_type"], msg_id["is_identity"], msg_id["identity_generation"]) == ("bigint", "YES", "BY DEFAULT")
+    counters = ["input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens",
+                "api_call_count", "message_count", "tool_call_count"]
+    for name in counters:
+        assert cols[("sessions", name)]["data_type"] == "bigint", name
+    for name in counters[:6]:
+        assert cols[("session_model_usage", name)]["data_type"] == "bigint", name
+    assert cols[("messages", "token_count")]["data_type"] == "bigint"
+    for name in ["sessions.model_config", "sessions.origin_json", "messages.tool_calls",
+                 "messages.reasoning_details", "messages.display_metadata", "gateway_routing.entry_json",
+                 "async_delegations.event_json", "async_delegations.result_json", "async_delegations.task_json"]:
+        assert cols[tuple(name.split("."))]["data_type"] == "text", name
+    assert cols[("messages", "display_identity")]["data_type"] == "bytea"
+    search = cols[("messages", "search_vector")]
+    assert (search["data_type"], search["is_generated"]) == ("tsvector", "ALWAYS")
+    with pg_engine.connect() as conn:
+        assert conn.execute(text("SELECT version FROM schema_version")).scalars().all() == [30]
+        assert conn.execute(text(
+            "SELECT value FROM state_meta WHERE key = 'hermes_store.cjk_bigram_high_water'")).scalar() == "-1"
+        indexes = dict(conn.execute(text(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()")).all())
+        assert conn.execute(text("SELECT 1 FROM pg_extension WHERE extname = 'pg_trgm'")).scalar() == 1
+    model_indexes = {ix.name for t in metadata.tables.values() for ix in t.indexes}
+    assert model_indexes <= set(indexes)
+    assert "WHERE (title IS NOT NULL)" in indexes["idx_sessions_title_unique"]
+    assert "UNIQUE" in indexes["idx_sessions_title_unique"]
+    assert "started_at DESC" in indexes["idx_sessions_started"]
+    assert "active DESC, id DESC" in indexes["idx_messages_display_page"]
+    assert "USING gin (search_vector)" in indexes["idx_messages_search_vector"]
+    assert "gin_trgm_ops" in indexes["idx_messages_trgm"]
+
+
+def test_hermes_sqlite_history_does_nothing_on_postgresql(pg_database: str, pg_engine: Engine) -> None:
+    """0001…0030 and hs0001 are no-ops there: at 0030 only the version table exists."""
+    assert migrations.upgrade(pg_database, "0030") == "0030"
+    assert {t for t, _c in columns(pg_engine)} == {migrations.VERSION_TABLE}
+
+
+def test_epoch_keeps_microseconds_and_counters_go_past_32_bits(pg_engine: Engine, pg_database: str) -> None:
+    """A 4-byte ``real`` would store 1764547200.123456 as 1764547200.0 (or worse)."""
+    migrations.upgrade(pg_database)
+    stamp = 1764547200.123456
+    big = 2**40 + 7
+    with pg_engine.begin() as conn:
+        conn.execute(insert(AgentSession.__table__).values(
+            id="s1", source="cli", started_at=stamp, input_tokens=big, estimated_cost_usd=0.000123456789))
+        ids = conn.execute(insert(Message.__table__).returning(Message.__table__.c.id), [
+            {"session_id": "s1", "role": "user", "content": "hello world", "timestamp": stamp + 1,
+             "token_count": 3},
+            {"session_id": "s1", "role": "assistant", "content": '{"not json', "timestamp": stamp + 2,
+             "token_count": big},
+        ]).scalars().all()
+    assert ids[1] == ids[0] + 1
+    with pg_engine.connect() as conn:
+        row = conn.execute(select(AgentSession.__table__)).mappings().one()
+        assert row["started_at"] == stamp
+        assert row["input_tokens"] == big
+        assert row["estimated_cost_usd"] == 0.000123456789
+        assert row["message_count"] == 0  # server default
+        msgs = conn.execute(select(Message.__table__).order_by(Message.__table__.c.id)).mappings().all()
+        assert [m["timestamp"] for m in msgs] == [stamp + 1, stamp + 2]
+        assert msgs[1]["content"] == '{"not json' and msgs[1]["token_count"] == big
+        assert msgs[0]["active"] == 1 and msgs[0]["compacted"] == 0
+
+
+def test_search_vector_and_bigram_trigger_work(pg_engine: Engine, pg_database: str) -> None:
+    """The generated tsvector is searchable (``simple``: no stemming), a 10 MB row is
+    accepted (the vector is bounded under PostgreSQL's 1 MB limit), and a change below
+    the bigram high-water mark records its block as dirty."""
+    migrations.upgrade(pg_database)
+    huge = " ".join(f"w{i}" for i in range(1_500_000))  # ~10 MB of distinct words
+    with pg_engine.begin() as conn:
+        conn.execute(insert(AgentSession.__table__).values(id="s", source="cli", started_at=1.0))
+        conn.execute(insert(Message.__table__), [
+            {"id": 5, "session_id": "s", "role": "user", "content": "Running dogs", "timestamp": 1.0,
+             "tool_name": None, "tool_calls": None},
+            {"id": 6, "session_id": "s", "role": "tool", "content": huge, "tool_name": "grep_tool",
+             "tool_calls": None, "timestamp": 2.0},
+            {"id": 130, "session_id": "s", "role": "assistant", "content": None, "tool_name": None,
+             "tool_calls": '[{"name": "search_web"}]', "timestamp": 3.0},
+        ])
+
+    def hits(query: str) -> list[int]:
+        with pg_engine.connect() as conn:
+            return conn.execute(text(
+                "SELECT id FROM messages WHERE search_vector @@ to_tsquery('simple', :q) ORDER BY id"
+            ), {"q": query}).scalars().all()
+
+    assert hits("running") == [5]
+    assert hits("run") == []  # no stemming, as FTS5's unicode61
+    assert hits("w10") == [6] and hits("grep_tool") == [6]
+    assert hits("search_web") == [130]
+    with pg_engine.begin() as conn:
+        assert conn.execute(text("SELECT count(*) FROM messages_cjk_bigram_dirty")).scalar() == 0
+        conn.execute(text("UPDATE state_meta SET value = '200' WHERE key = 'hermes_store.cjk_bigram_high_water'"))
+        conn.execute(text("UPDATE messages SET content = 'changed' WHERE id IN (5, 130)"))
+        conn.execute(text("UPDATE messages SET timestamp = 9 WHERE id = 6"))  # not a searched column
+        conn.execute(insert(Message.__table__).values(session_id="s", role="user", content="x", timestamp=4.0,
+                                                      id=70))
+        dirty = conn.execute(text("SELECT block FROM messages_cjk_bigram_dirty ORDER BY block")).scalars().all()
+    assert dirty == [0, 1, 2]
+
+
+# ------------------------------------------------------------------ downgrade
+
+
+def test_downgrade_base_removes_every_object_and_upgrades_again(pg_database: str, pg_engine: Engine) -> None:
+    """pg_trgm stays installed (other schemas of the database may use it); its own
+    objects belong to the extension and are not counted as ours."""
+    before = our_objects(pg_engine)
+    migrations.upgrade(pg_database)
+    at_head = our_objects(pg_engine)
+    assert "hermes_store_cjk_bigram_mark_dirty" in at_head["functions"]
+    assert "messages_id_seq" in at_head["relkind_S"]  # the identity's sequence
+    assert migrations.downgrade(pg_database, "base") is None
+    after = our_objects(pg_engine)
+    # Only Alembic's own (empty) version table is left, as on SQLite.
+    assert after.pop("relkind_r") == {migrations.VERSION_TABLE}
+    assert after.pop("relkind_i", set()) <= {f"{migrations.VERSION_TABLE}_pkc"}
+    after["types"] -= {migrations.VERSION_TABLE, f"_{migrations.VERSION_TABLE}"}
+    assert {k: v for k, v in after.items() if v} == {k: v for k, v in before.items() if v}
+    with pg_engine.connect() as conn:
+        assert conn.execute(text(f"SELECT count(*) FROM {migrations.VERSION_TABLE}")).scalar() == 0
+    assert migrations.upgrade(pg_database) == HEAD
+    assert our_objects(pg_engine) == at_head
+
+
+# ------------------------------------------------------------------ autogenerate
+
+
+def test_alembic_command_line_check_is_quiet(pg_database: str, tmp_path: Path) -> None:
+    alembic_bin = Path(sys.executable).with_name("alembic")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    run = [str(alembic_bin), "-c", str(REPO / "alembic.ini"), "-x", f"url={pg_database}"]
+    up = subprocess.run([*run, "upgrade", "head"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    out = subprocess.run([*run, "check"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "No new upgrade operations detected" in out.stdout + out.stderr
+    cur = subprocess.run([*run, "current"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert HEAD in cur.stdout
+
+
+def test_autogenerate_on_unchanged_models_is_empty(pg_database: str, tmp_path: Path) -> None:
+    migrations.upgrade(pg_database)
+    cfg = migrations.make_config(pg_database)
+    command.check(cfg)
+    scripts = tmp_path / "scripts"
+    shutil.copytree(migrations.script_location(), scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    cfg.set_main_option("script_location", str(scripts))
+    command.revision(cfg, message="nothing", autogenerate=True, rev_id="9999")
+    (made,) = (scripts / "versions").glob("*_nothing.py")
+    generated = made.read_text()
+    bodies = re.findall(r"def (?:up|down)grade\(\) -> None:\n(.*?)(?=\n\n\ndef |\Z)", generated, re.S)
+    assert len(bodies) == 2
+    hook = "keep_triggers_across_batch(op.get_bind())"
+    for body in bodies:
+        code = [line.strip() for line in body.splitlines()
+                if line.strip() and not line.strip().startswith("#") and line.strip() != hook]
+        assert code == ["pass"], generated
+
+
+def test_autogenerate_still_sees_a_real_change(pg_database: str) -> None:
+    """The filters hide only the search objects and SQLite's nullable keys: a missing
+    index or a wrong type is still reported."""
+    from alembic.util.exc import AutogenerateDiffsDetected
+
+    migrations.upgrade(pg_database)
+    eng = create_engine(pg_database)
+    with eng.begin() as conn:
+        conn.execute(text("DROP INDEX idx_sessions_source"))
+        conn.execute(text("ALTER TABLE messages ALTER COLUMN timestamp TYPE real"))
+    eng.dispose()
+    with pytest.raises(AutogenerateDiffsDetected) as info:
+        command.check(migrations.make_config(pg_database))
+    assert "idx_sessions_source" in str(info.value) and "timestamp" in str(info.value)
+
+
+# ------------------------------------------------------------------ a host's transaction
+
+
+@pytest.mark.parametrize("end", ["commit", "rollback"])
+def test_upgrade_inside_the_callers_transaction(pg_database: str, pg_engine: Engine, end: str) -> None:
+    with pg_engine.connect() as conn:
+        conn.execute(text("CREATE TABLE host_things (id integer PRIMARY KEY)"))
+        assert migrations.upgrade(conn) == HEAD
+        assert conn.in_transaction()
+        assert migrations.current(conn) == HEAD
+        getattr(conn, end)()
+    tables = {t for t, _c in columns(pg_engine)}
+    if end == "commit":
+        assert {"host_things", "sessions", "messages", migrations.VERSION_TABLE} <= tables
+        assert migrations.current(pg_database) == HEAD
+    else:
+        assert tables == set()
+        assert migrations.current(pg_database) is None
+
+
+def test_upgrade_on_a_postgresql_engine(pg_engine: Engine) -> None:
+    assert migrations.upgrade(pg_engine, "0030") == "0030"
+    assert migrations.upgrade(pg_engine) == HEAD
+    assert migrations.downgrade(pg_engine, "0030") == "0030"
+    assert {t for t, _c in columns(pg_engine)} == {migrations.VERSION_TABLE}
+
+
+def test_upgrade_to_an_older_revision_is_refused(pg_database: str, pg_engine: Engine) -> None:
+    """Alembic would do nothing; the caller is told instead, and nothing changes."""
+    from hermes_store import errors
+
+    migrations.upgrade(pg_database)
+    before = columns(pg_engine)
+    with pytest.raises(errors.InvalidInputError, match="cannot go back to 0030"):
+        migrations.upgrade(pg_database, "0030")
+    assert migrations.current(pg_database) == HEAD and columns(pg_engine) == before
+
+
+@pytest.mark.parametrize("url", ["mysql+pymysql://u:p@localhost/db", "oracle://u:p@host/db"])
+def test_other_dialects_are_refused_before_connecting(url: str) -> None:
+    from hermes_store import errors
+
+    with pytest.raises(errors.UnsupportedDatabaseError, match="SQLite or PostgreSQL"):
+        migrations.upgrade(url)
