@@ -48,6 +48,35 @@ __all__ = [
 JSON_PREFIX = "\x00json:"
 
 
+# ----------------------------------------------------------------- NUL on PostgreSQL
+#
+# PostgreSQL ``text`` cannot hold U+0000, which SQLite stores fine (Hermes' own JSON
+# content marker starts with it). On PostgreSQL only, every string crossing the driver
+# is mapped reversibly (hermes_store.dialects.postgresql installs it on each psycopg
+# connection): U+0000 becomes the private-use character U+E001, and the two
+# private-use characters the mapping uses are escaped by U+E000 (U+E000 -> U+E000
+# U+E000, U+E001 -> U+E000 U+E001). Decoding reverses it exactly, so every string
+# round-trips, and the rest of the text is untouched: words next to a NUL stay
+# separate words for full-text and trigram search. SQLite files never see it.
+PG_ESC = "\ue000"
+PG_NUL = "\ue001"
+_PG_DECODE = re.compile("\ue000(.)|\ue001", re.S)
+
+
+def pg_encode_nul(s: str) -> str:
+    """``s`` as PostgreSQL text can hold it (see above); unchanged when it has no NUL/U+E000/U+E001."""
+    if "\x00" not in s and PG_ESC not in s and PG_NUL not in s:
+        return s
+    return s.replace(PG_ESC, PG_ESC + PG_ESC).replace(PG_NUL, PG_ESC + PG_NUL).replace("\x00", PG_NUL)
+
+
+def pg_decode_nul(s: Any) -> Any:
+    """Reverse :func:`pg_encode_nul` (non-strings are returned as they are)."""
+    if not isinstance(s, str) or (PG_ESC not in s and PG_NUL not in s):
+        return s
+    return _PG_DECODE.sub(lambda m: m.group(1) if m.group(1) is not None else "\x00", s)
+
+
 def clean_text(s: str) -> str:
     """Make ``s`` encodable as UTF-8 so sqlite3 can bind it.
 

@@ -89,7 +89,7 @@ def translate_driver_error(exc: BaseException) -> errors.HermesStoreError | None
     if isinstance(exc, sqlite3.ProgrammingError) and "binding parameter" in str(exc).lower():
         return errors.InvalidInputError(str(exc))
     if not isinstance(exc, sqlite3.Error):
-        return None
+        return _translate_pg(exc)
     missing = _NO_SUCH_TABLE.match(str(exc))
     if missing and missing.group(1) in _OUR_TABLES:
         return errors.NotMigratedError(
@@ -106,6 +106,35 @@ def translate_driver_error(exc: BaseException) -> errors.HermesStoreError | None
     return kind(str(exc))
 
 
+#: PostgreSQL SQLSTATEs callers can meet, by the typed error they become. Serialization
+#: failures and deadlocks (40001/40P01) are left alone: the facade retries them.
+_PG_BY_SQLSTATE: dict[str, type[errors.HermesStoreError]] = {
+    "53100": errors.DiskFullError,  # disk_full
+    "25006": errors.ReadOnlyDatabaseError,  # read_only_sql_transaction (a standby, read-only mode)
+    "22021": errors.InvalidInputError,  # character_not_in_repertoire
+    "22P05": errors.InvalidInputError,  # untranslatable_character
+    "22003": errors.InvalidInputError,  # numeric_value_out_of_range
+    "54000": errors.InvalidInputError,  # program_limit_exceeded (a value too large for a row)
+}
+
+
+def _translate_pg(exc: BaseException) -> errors.HermesStoreError | None:
+    """psycopg errors (by SQLSTATE) → typed errors; None for anything else."""
+    state = getattr(exc, "sqlstate", None)
+    if not isinstance(state, str) or type(exc).__module__.split(".")[0] != "psycopg":
+        return None
+    if state == "42P01":  # undefined_table
+        missing = re.search(r'relation "(?:\w+\.)?(\w+)"', str(exc))
+        if missing and missing.group(1) in _OUR_TABLES:
+            return errors.NotMigratedError(
+                f"the database has no {missing.group(1)} table: it is not migrated yet; run "
+                "hermes_store.migrations.upgrade(<URL or Engine>) or `hermes-store upgrade` first"
+            )
+        return None
+    kind = _PG_BY_SQLSTATE.get(state)
+    return None if kind is None else kind(str(exc).strip())
+
+
 def _translate_hook(context: ExceptionContext) -> None:
     """``handle_error`` hook: raise the typed error instead of the driver's.
 
@@ -118,7 +147,7 @@ def _translate_hook(context: ExceptionContext) -> None:
 
 def install_error_translation(engine: Engine) -> None:
     """Turn driver errors callers can meet (full disk, read-only, bad text) into typed errors."""
-    if engine.dialect.name == "sqlite" and not event.contains(engine, "handle_error", _translate_hook):
+    if engine.dialect.name in ("sqlite", "postgresql") and not event.contains(engine, "handle_error", _translate_hook):
         event.listen(engine, "handle_error", _translate_hook)
 
 
@@ -171,6 +200,15 @@ def create_engine(
     ``foreign_keys``/``busy_timeout_ms`` are SQLite settings it ignores.
     """
     url = to_url(target)
+    if url.get_backend_name() == "postgresql":
+        kwargs.setdefault("pool_pre_ping", True)
+        engine = _sa_create_engine(url, **kwargs)
+        from .dialects.postgresql import install_nul_adapters
+
+        # Text cannot hold U+0000 there: the reversible mapping of hermes_store.codec.
+        event.listen(engine, "connect", lambda dbapi_conn, _rec: install_nul_adapters(dbapi_conn))
+        install_error_translation(engine)
+        return engine
     if url.get_backend_name() != "sqlite":
         kwargs.setdefault("pool_pre_ping", True)
         return _sa_create_engine(url, **kwargs)

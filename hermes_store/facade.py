@@ -1,8 +1,10 @@
 """``SessionDB``: Hermes' public session-store API, built on the repositories.
 
 Code written against Hermes' own class runs unchanged: same method names, arguments,
-defaults and dict shapes. Underneath, every write is one ``BEGIN IMMEDIATE``
-transaction retried with random jitter while other processes hold the lock.
+defaults and dict shapes. Underneath, every write is one transaction (``BEGIN
+IMMEDIATE`` on a SQLite file; plain READ COMMITTED with counters updated in SQL on a
+PostgreSQL server) retried with random jitter while other processes hold the lock, or
+after a serialization failure or deadlock (40001/40P01) on the server.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from . import errors, migrations, paths
 from .dialects import for_connection
@@ -78,11 +80,15 @@ def format_session_db_unavailable(prefix: str = "Session database not available"
     return f"{prefix}: {err}"
 
 
-def _database_file(db_path: Any, url: str | URL | None, engine: Engine | None) -> Path:
-    """The SQLite file behind whichever of path / URL / Engine the caller gave.
+#: Dialects SessionDB opens: SQLite files, and PostgreSQL servers (shared by many writers).
+SERVER_DIALECTS = ("postgresql",)
+
+
+def _database_target(db_path: Any, url: str | URL | None, engine: Engine | None) -> Path | URL:
+    """The SQLite file, or the server URL, behind whichever of path / URL / Engine was given.
 
     Checked before anything is created: an unsupported dialect or an in-memory URL
-    gets one clear error, never a folder named ``sqlite:`` or ``postgresql+…:``.
+    gets one clear error, never a folder named ``sqlite:`` or ``mysql+…:``.
     """
     given = [x for x in (db_path, url, engine) if x is not None]
     if len(given) > 1:
@@ -94,10 +100,13 @@ def _database_file(db_path: Any, url: str | URL | None, engine: Engine | None) -
         target = target.url
     if isinstance(target, URL) or (isinstance(target, str) and "://" in target):
         parsed = to_url(target)
-        if parsed.get_backend_name() != "sqlite":
+        backend = parsed.get_backend_name()
+        if backend in SERVER_DIALECTS:
+            return parsed
+        if backend != "sqlite":
             raise errors.UnsupportedDatabaseError(
-                f"{parsed.get_backend_name()} databases are not supported by SessionDB; "
-                "use a SQLite file (a path or a sqlite:///… URL)"
+                f"{backend} databases are not supported by SessionDB; "
+                "use a SQLite file (a path or a sqlite:///… URL) or a postgresql+psycopg://… URL"
             )
         if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
             raise errors.InvalidInputError(f"SessionDB needs a database file, not {parsed.render_as_string()}")
@@ -105,8 +114,16 @@ def _database_file(db_path: Any, url: str | URL | None, engine: Engine | None) -
     return Path(target).expanduser()
 
 
+def _database_file(db_path: Any, url: str | URL | None, engine: Engine | None) -> Path:
+    """The SQLite file behind the arguments (UnsupportedDatabaseError for a server URL)."""
+    found = _database_target(db_path, url, engine)
+    if isinstance(found, URL):
+        raise errors.UnsupportedDatabaseError(f"{found.get_backend_name()} is a server, not a database file")
+    return found
+
+
 class SessionDB:
-    """Hermes-compatible session store on one SQLite file."""
+    """Hermes-compatible session store on one SQLite file or one PostgreSQL database."""
 
     def __init__(
         self,
@@ -127,9 +144,15 @@ class SessionDB:
         a folder, a path below a file or a read-only file/folder raise a typed
         :class:`~hermes_store.errors.HermesStoreError` with the file left as it was.
         A symlink to a real database is followed (see :func:`hermes_store.paths.resolve_link`).
+
+        A ``postgresql+psycopg://…`` URL (or an Engine on one) opens that database and
+        migrates it to head; ``db_path`` is then None and ``url`` says where it lives.
         """
         global _last_init_error
-        self.db_path = _database_file(db_path, url, engine)
+        target = _database_target(db_path, url, engine)
+        #: The SQLite file (None on a server); ``url`` is set either way.
+        self.db_path: Path | None = target if isinstance(target, Path) else None
+        self.url: URL = to_url(target)
         self._writes = 0
         self._lock = threading.Lock()
         # Idle connections kept open between calls, one stack for readers and one for
@@ -137,16 +160,23 @@ class SessionDB:
         # connection out of the pool for every append costs as much as the append.
         self._idle: dict[bool, list[Connection]] = {False: [], True: []}
         try:
-            # Path kind and permissions first (a dangling link, a folder, a read-only
-            # file or folder, a path below a file): typed errors, nothing created.
-            real = paths.check_target(self.db_path, write=True, create=True, make_parents=True)
-            paths.make_parents(real)
-            # Creates the file 0600 when missing, finishes an interrupted adoption,
-            # adopts a Hermes-made file, migrates our own older revisions.
-            migrations.upgrade(self.db_path)
-            # No pool cap: how many threads use one SessionDB is the application's call.
-            self._engine = create_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
-            label = self.db_path.name
+            if self.db_path is not None:
+                # Path kind and permissions first (a dangling link, a folder, a read-only
+                # file or folder, a path below a file): typed errors, nothing created.
+                real = paths.check_target(self.db_path, write=True, create=True, make_parents=True)
+                paths.make_parents(real)
+                # Creates the file 0600 when missing, finishes an interrupted adoption,
+                # adopts a Hermes-made file, migrates our own older revisions.
+                migrations.upgrade(self.db_path)
+                # No pool cap: how many threads use one SessionDB is the application's call.
+                self._engine = create_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
+                label = self.db_path.name
+            else:
+                # A server: no file checks, adoption, WAL or PRAGMAs. Our own pooled
+                # engine (pre-ping, NUL mapping, typed errors), never the caller's.
+                self._engine = create_engine(self.url, max_overflow=-1)
+                migrations.upgrade(self._engine)
+                label = self.url.database or self.url.get_backend_name()
             self._dialect = dialect = for_connection(self._engine)
 
             @event.listens_for(self._engine, "connect")
@@ -161,6 +191,10 @@ class SessionDB:
             raise
 
     # ------------------------------------------------------------------ plumbing
+
+    def _label(self) -> str:
+        """Where the data lives, for messages (never a password)."""
+        return str(self.db_path) if self.db_path is not None else self.url.render_as_string(hide_password=True)
 
     @property
     def engine(self):  # type: ignore[no-untyped-def]
@@ -241,14 +275,15 @@ class SessionDB:
                         raise
                     remove_committed_files(conn)  # transcript files go only once the rows are gone
                 break
-            except (OperationalError, sqlite3.OperationalError) as exc:
-                # BEGIN IMMEDIATE reports a held lock as the driver's own error.
+            except (DBAPIError, sqlite3.OperationalError) as exc:
+                # BEGIN IMMEDIATE reports a held lock as the driver's own error; a
+                # server reports serialization failures and deadlocks (40001/40P01).
                 if not self._dialect.is_retryable(exc):
                     raise
                 now = time.monotonic()
                 if now >= deadline:
                     raise errors.DatabaseLockedError(
-                        f"{self.db_path}: database stayed locked for {budget:.0f}s; giving up"
+                        f"{self._label()}: database stayed locked for {budget:.0f}s; giving up"
                     ) from exc
                 low, high = EARLY_JITTER_S if now - start < EARLY_PHASE_S else LATE_JITTER_S
                 time.sleep(min(random.uniform(low, high), max(deadline - now, 0)))

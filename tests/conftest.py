@@ -118,12 +118,32 @@ def session(engine: Engine) -> Iterator[OrmSession]:
             outer.rollback()
 
 
+#: Test modules whose ``db`` runs on both backends (SQLite file, PostgreSQL database).
+BOTH_BACKENDS = frozenset({"test_sessions"})
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run the modules in BOTH_BACKENDS once per backend (``db[sqlite]``, ``db[postgresql]``)."""
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if module in BOTH_BACKENDS and "db" in metafunc.fixturenames:
+        metafunc.parametrize("backend", ["sqlite", "postgresql"])
+
+
 @pytest.fixture
-def db(tmp_path: Path):
-    """A SessionDB on a fresh file, closed afterwards."""
+def backend() -> str:
+    """The backend of ``db`` (SQLite unless a test or module asks for both)."""
+    return "sqlite"
+
+
+@pytest.fixture
+def db(tmp_path: Path, backend: str, request: pytest.FixtureRequest):
+    """A SessionDB on a fresh SQLite file, or on a fresh PostgreSQL database, closed afterwards."""
     from hermes_store import SessionDB
 
-    store = SessionDB(tmp_path / "home" / "state.db")
+    if backend == "postgresql":
+        store = SessionDB(request.getfixturevalue("pg_database"))
+    else:
+        store = SessionDB(tmp_path / "home" / "state.db")
     yield store
     store.close()
 
@@ -131,13 +151,18 @@ def db(tmp_path: Path):
 def set_times(store, session_id: str, *, started_at: float | None = None, ended_at: float | None = None,
               end_reason: str | None = None) -> None:
     """Test helper: place a session in time (Hermes stamps times itself)."""
+    from sqlalchemy import text
+
     def run(conn):
         conn.execute(
-            "UPDATE sessions SET started_at = COALESCE(?, started_at), ended_at = ?, end_reason = ? WHERE id = ?",
-            (started_at, ended_at, end_reason, session_id),
+            text(
+                "UPDATE sessions SET started_at = COALESCE(CAST(:s AS DOUBLE PRECISION), started_at),"
+                " ended_at = :e, end_reason = :r WHERE id = :id"
+            ),
+            {"s": started_at, "e": ended_at, "r": end_reason, "id": session_id},
         )
 
-    store._execute_write(run)
+    store._write(run)
 
 
 # --------------------------------------------------------------------- PostgreSQL

@@ -69,6 +69,9 @@ class Dialect(Protocol):
     def ping(self, conn: Connection) -> None:
         """Round trip that proves the connection works."""
 
+    def sync_identity(self, conn: Connection, table: str, column: str = "id") -> None:
+        """After inserts with explicit ids, make the next generated id follow them."""
+
     # -------------------------------------------------------------- introspection
 
     def table_info(self, conn: Connection, table: str) -> Sequence[tuple[str, bool, str | None]]:
@@ -87,9 +90,10 @@ _REGISTRY: dict[str, Dialect] = {}
 def _registry() -> Mapping[str, Dialect]:
     """Dialect modules by name, imported on first use (a module per dialect)."""
     if not _REGISTRY:
-        from . import sqlite
+        from . import postgresql, sqlite
 
         _REGISTRY[sqlite.DIALECT.name] = sqlite.DIALECT
+        _REGISTRY[postgresql.DIALECT.name] = postgresql.DIALECT
     return _REGISTRY
 
 

@@ -119,6 +119,9 @@ class SQLiteDialect:
     def ping(self, conn: Connection) -> None:
         conn.exec_driver_sql("SELECT 1")
 
+    def sync_identity(self, conn: Connection, table: str, column: str = "id") -> None:
+        return None  # INTEGER PRIMARY KEY always continues after the largest id
+
     # -------------------------------------------------------------- introspection
 
     def table_info(self, conn: Connection, table: str) -> Sequence[tuple[str, bool, str | None]]:

@@ -6,7 +6,7 @@ depth bound (cycle-safe: a corrupt cycle stops at the bound instead of spinning)
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from sqlalchemy import bindparam, text
 
@@ -27,64 +27,66 @@ _CONTINUES = (
 )
 
 
+_ANCESTORS = text(
+    "WITH RECURSIVE up(id, parent, depth) AS ("
+    " SELECT id, parent_session_id, 0 FROM sessions WHERE id = :sid"
+    " UNION ALL"
+    " SELECT s.id, s.parent_session_id, up.depth + 1 FROM sessions s JOIN up ON s.id = up.parent"
+    " WHERE up.depth < :max)"
+    " SELECT id, min(depth) AS d FROM up GROUP BY id ORDER BY d DESC"
+)
+_DESCENDANTS = text(
+    "WITH RECURSIVE down(id, depth) AS ("
+    " SELECT id, 0 FROM sessions WHERE id = :sid"
+    " UNION ALL"
+    " SELECT s.id, down.depth + 1 FROM sessions s JOIN down ON s.parent_session_id = down.id"
+    " WHERE down.depth < :max)"
+    " SELECT d.id FROM (SELECT id, min(depth) AS depth FROM down GROUP BY id) d"
+    " JOIN sessions s ON s.id = d.id WHERE d.depth > 0 ORDER BY d.depth, s.started_at, s.id"
+)
+
+
 class LineageRepository(Repository):
     def ancestors(self, session_id: str, *, include_self: bool = True) -> list[str]:
         """Root first, ending with the session itself (or its parent)."""
-        rows = self.conn.exec_driver_sql(
-            "WITH RECURSIVE up(id, parent, depth) AS ("
-            " SELECT id, parent_session_id, 0 FROM sessions WHERE id = ?"
-            " UNION ALL"
-            " SELECT s.id, s.parent_session_id, up.depth + 1 FROM sessions s JOIN up ON s.id = up.parent"
-            " WHERE up.depth < ?)"
-            " SELECT id, min(depth) AS d FROM up GROUP BY id ORDER BY d DESC",
-            (session_id, MAX_DEPTH),
-        ).fetchall()
+        rows = self.conn.execute(_ANCESTORS, {"sid": session_id, "max": MAX_DEPTH}).fetchall()
         ids = [r[0] for r in rows]
         return ids if include_self else ids[:-1]
 
     def descendants(self, session_id: str) -> list[str]:
         """Every session below this one (breadth order: depth, then start time)."""
-        rows = self.conn.exec_driver_sql(
-            "WITH RECURSIVE down(id, depth) AS ("
-            " SELECT id, 0 FROM sessions WHERE id = ?"
-            " UNION ALL"
-            " SELECT s.id, down.depth + 1 FROM sessions s JOIN down ON s.parent_session_id = down.id"
-            " WHERE down.depth < ?)"
-            " SELECT d.id FROM (SELECT id, min(depth) AS depth FROM down GROUP BY id) d"
-            " JOIN sessions s ON s.id = d.id WHERE d.depth > 0 ORDER BY d.depth, s.started_at, s.id",
-            (session_id, MAX_DEPTH),
-        ).fetchall()
+        rows = self.conn.execute(_DESCENDANTS, {"sid": session_id, "max": MAX_DEPTH}).fetchall()
         return [r[0] for r in rows]
 
-    def _continuations_sql(self, select: str) -> str:
-        return f"WITH RECURSIVE {compression_chain_cte('?')} " + select
+    def _continuations_sql(self, select: str) -> Any:
+        return text(f"WITH RECURSIVE {compression_chain_cte(':sid')} " + select)
 
     def compression_tip(self, session_id: str) -> str | None:
         """The newest session of the compression chain starting at ``session_id``."""
-        row = self.conn.exec_driver_sql(
+        row = self.conn.execute(
             self._continuations_sql(
                 "SELECT chain.id FROM chain JOIN sessions s ON s.id = chain.id"
                 " ORDER BY chain.depth DESC, s.started_at DESC, chain.id DESC LIMIT 1"
             ),
-            (session_id,),
+            {"sid": session_id},
         ).first()
         return row[0] if row else None
 
     def resume_target(self, session_id: str) -> str:
         """The newest continuation that actually holds messages, else the session itself."""
-        row = self.conn.exec_driver_sql(
+        row = self.conn.execute(
             self._continuations_sql(
                 "SELECT chain.id FROM chain JOIN sessions s ON s.id = chain.id"
                 " WHERE EXISTS (SELECT 1 FROM messages m WHERE m.session_id = chain.id)"
                 " ORDER BY chain.depth DESC, s.started_at DESC, chain.id DESC LIMIT 1"
             ),
-            (session_id,),
+            {"sid": session_id},
         ).first()
         return row[0] if row else session_id
 
     def chain(self, session_id: str) -> list[str]:
         """Root → ... → session → ... → compression tip, in one statement."""
-        rows = self.conn.exec_driver_sql(
+        rows = self.conn.execute(text(
             "WITH RECURSIVE up(id, parent, depth) AS ("
             " SELECT id, parent_session_id, 0 FROM sessions WHERE id = :sid"
             " UNION ALL SELECT s.id, s.parent_session_id, up.depth + 1 FROM sessions s JOIN up ON s.id = up.parent"
@@ -99,7 +101,7 @@ class LineageRepository(Repository):
             " WHERE down.depth > 1)"
             " SELECT id, -min(depth) AS k FROM up GROUP BY id"
             " UNION ALL SELECT id, depth FROM down WHERE depth > 0"
-            " ORDER BY k",
+            " ORDER BY k"),
             {"sid": session_id, "max": MAX_DEPTH},
         ).fetchall()
         return [r[0] for r in rows]

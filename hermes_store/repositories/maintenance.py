@@ -18,6 +18,12 @@ from .sessions import SessionRepository
 from .records import UsageRow
 
 DAY = 86_400.0
+_TAKEN = text("SELECT 1 FROM messages WHERE id IN :ids LIMIT 1").bindparams(bindparam("ids", expanding=True))
+
+
+def _expanding(sql: str) -> Any:
+    """``sql`` with ``:ids`` bound as an expanding IN list."""
+    return text(sql).bindparams(bindparam("ids", expanding=True))
 DUMP_PREFIX = "request_dump_"
 log = logging.getLogger(__name__)
 
@@ -215,6 +221,14 @@ class MaintenanceRepository(Repository):
             if not page:
                 return
             SessionRepository(self.conn).resolve_prompts(page)
+            if self.conn.dialect.name != "sqlite":
+                for row in page:
+                    row["messages"] = MessageRepository(self.conn).get_messages(row["id"])
+                    if ledger:
+                        row["model_usage"] = self._usage_rows(row["id"])
+                    yield row
+                last_started, last_id = page[-1]["started_at"], page[-1]["id"]
+                continue
             # Per-session queries go straight to the DB-API cursor: SQLAlchemy's result
             # setup per statement would cost more than the query on a big export.
             raw = self.conn.connection.driver_connection
@@ -289,6 +303,8 @@ class MaintenanceRepository(Repository):
         self._exec(f"INSERT INTO sessions ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)})", cols)
         self._relink(cols["id"])
         msg_repo.insert_rows(rows)
+        if rows and "id" in rows[0]:
+            self.dialect.sync_identity(self.conn, "messages")  # later appends continue after kept ids
         if usage and self.has_table("session_model_usage"):
             ledger_cols = self.columns_of("session_model_usage")
             for u in usage:
@@ -310,9 +326,7 @@ class MaintenanceRepository(Repository):
             if not keep:
                 break
             chunk = ids[start:start + 500]
-            keep = self.conn.exec_driver_sql(
-                f"SELECT 1 FROM messages WHERE id IN ({', '.join('?' * len(chunk))}) LIMIT 1", tuple(chunk)
-            ).first() is None
+            keep = self.conn.execute(_TAKEN, {"ids": chunk}).first() is None
         if not keep:
             for r in rows:
                 r.pop("id", None)
@@ -352,14 +366,12 @@ class MaintenanceRepository(Repository):
 
     def _delete_ids(self, ids: list[str]) -> None:
         for start in range(0, len(ids), 500):
-            chunk = ids[start:start + 500]
-            marks = ", ".join("?" * len(chunk))
-            args = tuple(chunk)
-            self.conn.exec_driver_sql(f"UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN ({marks})", args)
-            self.conn.exec_driver_sql(f"DELETE FROM messages WHERE session_id IN ({marks})", args)
+            args = {"ids": ids[start:start + 500]}
+            self.conn.execute(_expanding("UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN :ids"), args)
+            self.conn.execute(_expanding("DELETE FROM messages WHERE session_id IN :ids"), args)
             if self.has_table("session_model_usage"):
-                self.conn.exec_driver_sql(f"DELETE FROM session_model_usage WHERE session_id IN ({marks})", args)
-            self.conn.exec_driver_sql(f"DELETE FROM sessions WHERE id IN ({marks})", args)
+                self.conn.execute(_expanding("DELETE FROM session_model_usage WHERE session_id IN :ids"), args)
+            self.conn.execute(_expanding("DELETE FROM sessions WHERE id IN :ids"), args)
         if ids:
             SessionRepository(self.conn).drop_unused_prompts()  # as Hermes does after deletes and prunes
 
@@ -416,10 +428,10 @@ class MaintenanceRepository(Repository):
         """TUI sessions that never got a message or title, ended, older than a day."""
         ids = [
             r[0]
-            for r in self.conn.exec_driver_sql(
+            for r in self.conn.execute(text(
                 "SELECT id FROM sessions s WHERE source = 'tui' AND title IS NULL AND ended_at IS NOT NULL"
-                " AND started_at < ? AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id)",
-                (now() - DAY,),
+                " AND started_at < :cut AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id)"),
+                {"cut": now() - DAY},
             )
         ]
         self._delete_ids(ids)
@@ -429,13 +441,13 @@ class MaintenanceRepository(Repository):
 
     def finalize_orphaned_compression_sessions(self) -> int:
         """End stale compression continuations that never made an API call."""
-        return self.conn.exec_driver_sql(
-            "UPDATE sessions SET ended_at = ?, end_reason = 'orphaned_compression' WHERE id IN ("
+        return self.conn.execute(text(
+            "UPDATE sessions SET ended_at = :t, end_reason = 'orphaned_compression' WHERE id IN ("
             " SELECT c.id FROM sessions c JOIN sessions p ON p.id = c.parent_session_id"
-            " WHERE c.ended_at IS NULL AND COALESCE(c.api_call_count, 0) = 0 AND c.started_at < ?"
+            " WHERE c.ended_at IS NULL AND COALESCE(c.api_call_count, 0) = 0 AND c.started_at < :cut"
             " AND p.end_reason = 'compression'"
-            " AND EXISTS (SELECT 1 FROM messages m WHERE m.session_id = c.id))",
-            (now(), now() - 7 * DAY),
+            " AND EXISTS (SELECT 1 FROM messages m WHERE m.session_id = c.id))"),
+            {"t": now(), "cut": now() - 7 * DAY},
         ).rowcount
 
     # ------------------------------------------------------------------ FTS
@@ -453,18 +465,22 @@ class MaintenanceRepository(Repository):
     def rebuild_search(self) -> list[str]:
         """Rebuild every full-text index and the short-CJK index; returns what was rebuilt."""
         done = self.fts_rebuild()
-        if bigram.installed(self.conn):
+        if self._bigram():
             bigram.rebuild(self.conn)
             done.append(bigram.TABLE)
         return done
 
     def search_index_behind(self) -> bool:
         """Whether the short-CJK index has rows to catch up on (False when absent)."""
-        return bigram.installed(self.conn) and bool(bigram.pending(self.conn))
+        return self._bigram() and bool(bigram.pending(self.conn))
 
     def catch_up_search_index(self, limit: int | None = None) -> int:
         """Extend the short-CJK index over up to ``limit`` new rows; returns rows indexed."""
-        return bigram.catch_up(self.conn, limit)
+        return bigram.catch_up(self.conn, limit) if self._bigram() else 0
+
+    def _bigram(self) -> bool:
+        """Whether this database has the short-CJK index (both dialects may)."""
+        return bigram.installed(self.conn)
 
     def fts_rebuild(self) -> list[str]:
         """Re-read every message into both FTS indexes; returns the indexes touched."""

@@ -7,7 +7,7 @@ import operator
 import sqlite3
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
-from sqlalchemy import text
+from sqlalchemy import column, insert, table, text
 
 from .. import errors
 from ..codec import (
@@ -22,7 +22,7 @@ from ..codec import (
     text_from_bytes,
 )
 from ..engine import translate_driver_error
-from .base import Repository, UnknownFieldError, driver_errors, driver_insert, missing_sessions, now
+from .base import MESSAGES, Repository, UnknownFieldError, driver_errors, driver_insert, missing_sessions, now
 from .records import MessageRecord, MessageWindow
 
 #: JSON-ish columns: stored as JSON text (falsy → NULL), decoded on read.
@@ -60,6 +60,13 @@ def _timestamp(value: Any) -> float:
     if not math.isfinite(ts):
         raise errors.InvalidInputError(f"timestamp must be finite, not {value!r}")
     return ts
+
+
+def _target(table_name: str, names: Sequence[str]) -> Any:
+    """The model's table when it has every column, else a lightweight table of ``names``."""
+    if table_name == "messages" and all(n in MESSAGES.c for n in names):
+        return MESSAGES
+    return table(table_name, *(column(n) for n in names))
 
 
 def _label(index: int | None) -> str:
@@ -147,8 +154,16 @@ def encode_message(
     return row
 
 
+#: Counter update of one append / one session of a bulk append (portable SQL).
+_BUMP = text(
+    "UPDATE sessions SET message_count = COALESCE(message_count, 0) + :n, "
+    "tool_call_count = COALESCE(tool_call_count, 0) + :calls WHERE id = :sid"
+)
+
+
 def decode_row(row: dict[str, Any]) -> MessageRecord:
     """Content and tool_calls decoded, as Hermes' get_messages returns them."""
+    row.pop("search_vector", None)  # PostgreSQL's generated search column is not message data
     row["content"] = decode_content(row.get("content"))
     if row.get("tool_calls") is not None:
         row["tool_calls"] = decode_json(row["tool_calls"])
@@ -166,6 +181,8 @@ class MessageRepository(Repository):
         fields = {k: v for k, v in fields.items() if v is not None}
         timestamp = fields.pop("timestamp", None)
         row = _encode(session_id, role, content, timestamp, fields, self._known(), None)
+        if self.conn.dialect.name != "sqlite":
+            return self._append_portable(session_id, row, count_tool_calls(fields.get("tool_calls")))
         sql, order = driver_insert(self.conn, "messages", tuple(row))
         # The hot path of every agent turn: two plain statements on the DB-API
         # connection, inside the caller's transaction.
@@ -186,6 +203,15 @@ class MessageRepository(Repository):
             if typed is None:
                 raise
             raise typed from exc
+        return int(new_id)
+
+    def _append_portable(self, session_id: str, row: dict[str, Any], calls: int) -> int:
+        """Append through SQLAlchemy Core (servers): INSERT … RETURNING id, then the
+        counters bumped in SQL, so concurrent appends to one session never lose a count."""
+        if not self.session_exists(session_id):
+            raise errors.NotFoundError(f"unknown session {session_id!r}")
+        new_id = self.conn.execute(insert(_target("messages", tuple(row))).returning(MESSAGES.c.id), row).scalar_one()
+        self.conn.execute(_BUMP, {"n": 1, "calls": calls, "sid": session_id})
         return int(new_id)
 
     def bulk_append(self, messages: Iterable[Mapping[str, Any]], *, update_counters: bool = True) -> int:
@@ -214,7 +240,9 @@ class MessageRepository(Repository):
                 + (f" and {len(missing) - 1} more unknown sessions" if len(missing) > 1 else "")
             )
         self.insert_rows(rows)
-        if update_counters and per_session:
+        if update_counters and per_session and self.conn.dialect.name != "sqlite":
+            self.conn.execute(_BUMP, [{"n": n, "calls": c, "sid": sid} for sid, (n, c) in per_session.items()])
+        elif update_counters and per_session:
             with driver_errors():
                 self.conn.connection.driver_connection.executemany(
                     "UPDATE sessions SET message_count = COALESCE(message_count, 0) + ?, "
@@ -236,6 +264,11 @@ class MessageRepository(Repository):
                 runs.append((names, []))
             runs[-1][1].append(tuple(row.values()))  # in ``names`` order; see _insert_run
         if not runs:
+            return
+        if self.conn.dialect.name != "sqlite":
+            # Servers: Core executemany per column set (psycopg batches it), input order kept.
+            for names, values in runs:
+                self.conn.execute(insert(_target("messages", names)), [dict(zip(names, v)) for v in values])
             return
         with driver_errors():
             cursor = self.conn.connection.driver_connection.cursor()
@@ -329,9 +362,9 @@ class MessageRepository(Repository):
         window = max(int(window or 0), 0)
         rows = self._all(
             "WITH a AS (SELECT id FROM messages WHERE id = :a AND session_id = :s) "
-            "SELECT * FROM (SELECT m.* FROM messages m, a WHERE m.session_id = :s AND m.id < a.id ORDER BY m.id DESC LIMIT :w) "
+            "SELECT * FROM (SELECT m.* FROM messages m, a WHERE m.session_id = :s AND m.id < a.id ORDER BY m.id DESC LIMIT :w) b "
             "UNION ALL SELECT m.* FROM messages m, a WHERE m.id = a.id "
-            "UNION ALL SELECT * FROM (SELECT m.* FROM messages m, a WHERE m.session_id = :s AND m.id > a.id ORDER BY m.id LIMIT :w)",
+            "UNION ALL SELECT * FROM (SELECT m.* FROM messages m, a WHERE m.session_id = :s AND m.id > a.id ORDER BY m.id LIMIT :w) f",
             {"a": anchor_id, "s": session_id, "w": window},
         )
         if not rows:

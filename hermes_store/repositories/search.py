@@ -22,12 +22,13 @@ import re
 import sqlite3
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 from sqlalchemy.exc import OperationalError
 
 from .. import errors
 from ..codec import clean_text, decode_content
 from ..search import bigram
+from ..search import postgresql as pg_search
 from ..search.fts import (
     SNIPPET_CLOSE,
     SNIPPET_ELLIPSIS,
@@ -167,14 +168,28 @@ class SearchRepository(Repository):
         # CJK queries are answered from the trigram index or by substring; every one
         # of those routes leaves out the sessions that index leaves out (v29: cron,
         # v30: cron and sub-agents), so a query's answer does not depend on its length.
-        indexed = trigram_sessions(self.object_sql(TRIGRAM_SOURCE_VIEW)) if plan.kind != "word" else ""
-        cjk_filter = f" AND {indexed}" if indexed else ""
-        if plan.kind in ("word", "trigram"):
+        pg = self.dialect.name == "postgresql"
+        if plan.kind == "word":
+            cjk_filter = ""
+        elif pg:
+            cjk_filter = self._pg_indexed_sessions(params)
+        else:
+            indexed = trigram_sessions(self.object_sql(TRIGRAM_SOURCE_VIEW))
+            cjk_filter = f" AND {indexed}" if indexed else ""
+        if pg and plan.kind == "trigram":
+            # PostgreSQL answers every CJK query by substring (ILIKE over the pg_trgm
+            # index), with the query's own AND/OR/NOT meaning, on every row.
+            sql, flat = self._substring_select(boolean_groups(plan.match), filters + cjk_filter, params,
+                                               window, flat=True)
+            ordering = order.get(sort or "", order["newest"])
+            sql = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
+            rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
+        elif plan.kind in ("word", "trigram"):
             index = WORD_INDEX if plan.kind == "word" else TRIGRAM_INDEX
             # From v30 the trigram index holds no tool_calls: a row with tool calls is
             # matched by substring over all its columns instead (see _with_tool_rows).
             calls_by_like = plan.kind == "trigram" and "tool_calls" not in self.object_sql(TRIGRAM_INDEX)
-            params["q"] = plan.match
+            params["q"] = pg_search.tsquery_text(plan.match) if pg else plan.match
             params["window"] = window
             try:
                 ranked = self._index_hits(
@@ -200,6 +215,14 @@ class SearchRepository(Repository):
             rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
         return self._finish(rows, plan.terms)
 
+    def _pg_indexed_sessions(self, params: dict[str, Any]) -> str:
+        """v30's trigram-index sessions on PostgreSQL (head schema): not cron, not sub-agents."""
+        clause = " AND s.source NOT IN ('cron', 'subagent')"
+        delegated = pg_search.delegated_sessions(self.conn)
+        if delegated:
+            clause += " AND " + in_filter("s.id", delegated, "dlg", params, negate=True)
+        return clause
+
     def _index_hits(
         self, index: str, filters: str, params: dict[str, Any], sort: str | None, order: dict[str, str],
         exclude: str = "",
@@ -216,7 +239,7 @@ class SearchRepository(Repository):
             sql = (
                 f"SELECT {HIT_COLUMNS.format(snippet='h.snippet', rank='h.rank')} "
                 f"FROM ({self.dialect.match_sql(index)}) h JOIN messages m ON m.id = h.id "
-                f"JOIN sessions s ON s.id = m.session_id WHERE 1{filters}{exclude} "
+                f"JOIN sessions s ON s.id = m.session_id WHERE 1=1{filters}{exclude} "
                 f"ORDER BY {order.get(sort or '', 'h.rank, m.timestamp DESC, m.id DESC')} LIMIT :window"
             )
             return self._all(sql, params)
@@ -275,8 +298,11 @@ class SearchRepository(Repository):
         return merged[params["offset"]:window]
 
     @staticmethod
-    def _like_clause(groups: Groups, params: dict[str, Any]) -> str:
-        """Terms matched as literal substrings of content, tool name or tool calls."""
+    def _like_clause(groups: Groups, params: dict[str, Any], like: str = "LIKE") -> str:
+        """Terms matched as literal substrings of content, tool name or tool calls.
+
+        ``like`` is ILIKE on PostgreSQL, whose LIKE is case-sensitive (SQLite's folds ASCII).
+        """
         names: dict[str, str] = {}
 
         def has(term: str) -> str:
@@ -284,17 +310,17 @@ class SearchRepository(Repository):
                 names[term] = f"lk{len(names)}"
                 params[names[term]] = f"%{escape_like(term)}%"
             n = names[term]
-            return (f"(m.content LIKE :{n} ESCAPE '\\' OR m.tool_name LIKE :{n} ESCAPE '\\' "
-                    f"OR m.tool_calls LIKE :{n} ESCAPE '\\')")
+            return (f"(m.content {like} :{n} ESCAPE '\\' OR m.tool_name {like} :{n} ESCAPE '\\' "
+                    f"OR m.tool_calls {like} :{n} ESCAPE '\\')")
 
         parts = []
         for positives, negatives in groups:
             # A NULL column makes LIKE NULL: count it as "not there" before negating.
             conds = [has(t) for t in positives]
-            conds += [f"NOT IFNULL({' AND '.join(has(t) for t in unit)}, 0)" for unit in negatives]
+            conds += [f"NOT COALESCE({' AND '.join(has(t) for t in unit)}, FALSE)" for unit in negatives]
             if conds:
                 parts.append(f"({' AND '.join(conds)})")
-        return " OR ".join(parts) or "0"
+        return " OR ".join(parts) or "1=0"
 
     def _substring_select(
         self, groups: Groups, filters: str, params: dict[str, Any], window: int, *, flat: bool
@@ -305,7 +331,10 @@ class SearchRepository(Repository):
         timestamp order and stop early (good for common terms); the indexed form reads
         candidate blocks plus the rows the index does not cover yet (good for rare ones).
         """
-        like = self._like_clause(groups, params)
+        pg = self.dialect.name == "postgresql"
+        like = self._like_clause(groups, params, "ILIKE" if pg else "LIKE")
+        # NOT INDEXED keeps SQLite on the rowid range (see below); PostgreSQL plans it itself.
+        not_indexed = "" if pg else " NOT INDEXED"
         columns = HIT_COLUMNS.format(snippet="NULL", rank="0.0")
         scan = (
             f"SELECT {columns} FROM messages m JOIN sessions s ON s.id = m.session_id WHERE ({like}){filters}"
@@ -327,14 +356,14 @@ class SearchRepository(Repository):
         params["bg_block"] = bigram.BLOCK
         cand = bigram.candidate_blocks_sql(grams, params)
         indexed = (
-            f"SELECT {columns} FROM ({cand}) c JOIN messages AS m NOT INDEXED "
+            f"SELECT {columns} FROM ({cand}) c JOIN messages AS m{not_indexed} "
             "ON m.id BETWEEN c.block * :bg_block AND c.block * :bg_block + :bg_block - 1 AND m.id <= :bg_hw "
             f"JOIN sessions s ON s.id = m.session_id WHERE ({like}){filters}"
         )
         # NOT INDEXED keeps SQLite on the rowid range: left to itself it may walk the
         # timestamp index for the outer ORDER BY and scan every message.
         tail = (
-            f"SELECT {columns} FROM messages AS m NOT INDEXED JOIN sessions s ON s.id = m.session_id "
+            f"SELECT {columns} FROM messages AS m{not_indexed} JOIN sessions s ON s.id = m.session_id "
             f"WHERE m.id > :bg_hw AND ({like}){filters}"
         )
         return f"{indexed} UNION ALL {tail}", False
@@ -355,9 +384,22 @@ class SearchRepository(Repository):
 
     def _context(self, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
         """Previous message, the hit, next message (same session, by timestamp then id)."""
-        marks = ", ".join("?" * len(ids))
-        rows = self.conn.exec_driver_sql(
-            "WITH hit AS (SELECT id, session_id, timestamp FROM messages WHERE id IN (" + marks + ")) "
+        rows = self.conn.execute(_CONTEXT_SQL, {"ids": ids}).fetchall()
+        out: dict[int, list[dict[str, Any]]] = {}
+        for hid, _pos, role, content in rows:
+            out.setdefault(hid, []).append({"role": role, "content": _cut(content)})
+        return out
+
+    def _texts(self, ids: list[int]) -> dict[int, tuple[Any, ...]]:
+        if not ids:
+            return {}
+        rows = self.conn.execute(_TEXTS_SQL, {"ids": ids}).fetchall()
+        return {r[0]: tuple(r[1:]) for r in rows}
+
+
+#: Portable statements (named, expanding binds) for the page's context and texts.
+_CONTEXT_SQL = text(
+            "WITH hit AS (SELECT id, session_id, timestamp FROM messages WHERE id IN :ids) "
             "SELECT hit.id, x.pos, x.role, x.content FROM hit "
             "JOIN (SELECT hit.id AS hid, -1 AS pos, p.role, p.content FROM hit JOIN messages p ON p.id = ("
             "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND "
@@ -368,22 +410,11 @@ class SearchRepository(Repository):
             "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND "
             "   (q.timestamp > hit.timestamp OR (q.timestamp = hit.timestamp AND q.id > hit.id))"
             "   ORDER BY q.timestamp, q.id LIMIT 1)"
-            ") x ON x.hid = hit.id ORDER BY hit.id, x.pos",
-            tuple(ids),
-        ).fetchall()
-        out: dict[int, list[dict[str, Any]]] = {}
-        for hid, _pos, role, content in rows:
-            out.setdefault(hid, []).append({"role": role, "content": _cut(content)})
-        return out
-
-    def _texts(self, ids: list[int]) -> dict[int, tuple[Any, ...]]:
-        if not ids:
-            return {}
-        rows = self.conn.exec_driver_sql(
-            f"SELECT id, content, tool_name, tool_calls FROM messages WHERE id IN ({', '.join('?' * len(ids))})",
-            tuple(ids),
-        ).fetchall()
-        return {r[0]: tuple(r[1:]) for r in rows}
+            ") x ON x.hid = hit.id ORDER BY hit.id, x.pos"
+).bindparams(bindparam("ids", expanding=True))
+_TEXTS_SQL = text(
+    "SELECT id, content, tool_name, tool_calls FROM messages WHERE id IN :ids"
+).bindparams(bindparam("ids", expanding=True))
 
 
 def _substring_snippet(texts: Sequence[Any], terms: Sequence[str]) -> str:

@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.exc import IntegrityError
 
 from .. import errors
@@ -17,6 +17,10 @@ from .base import Repository, UnknownFieldError, MESSAGES, SESSIONS, like_prefix
 from .lineage import MAX_DEPTH
 from .records import SessionRecord
 
+LEDGER = "session_model_usage"
+_PROMPTS = text("SELECT hash, prompt FROM system_prompts WHERE hash IN :hashes").bindparams(
+    bindparam("hashes", expanding=True)
+)
 CREATE_FIELDS = ("model", "model_config", "system_prompt", "user_id", "parent_session_id")
 COUNTERS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
 ROUTE = ("billing_provider", "billing_base_url", "billing_mode")
@@ -28,7 +32,7 @@ TITLE_SOURCES = ("derived", "llm", "user")
 #: The newest session of each chain: deepest first, then latest start.
 _TIP = (
     "tip AS (SELECT root_id, id AS tip_id FROM (SELECT root_id, id, row_number() OVER ("
-    " PARTITION BY root_id ORDER BY depth DESC, started DESC, id DESC) AS rn FROM chain) WHERE rn = 1)"
+    " PARTITION BY root_id ORDER BY depth DESC, started DESC, id DESC) AS rn FROM chain) ranked WHERE rn = 1)"
 )
 
 
@@ -64,7 +68,7 @@ def last_active_sql(alias: str, has_activity: bool = True) -> str:
     if not has_activity:
         return f"COALESCE({newest}, {alias}.started_at)"
     return (
-        f"COALESCE((SELECT max(v) FROM (SELECT {alias}.last_activity_at AS v UNION ALL SELECT {newest})), "
+        f"COALESCE((SELECT max(v) FROM (SELECT {alias}.last_activity_at AS v UNION ALL SELECT {newest}) la), "
         f"{alias}.started_at)"
     )
 
@@ -143,12 +147,7 @@ class SessionRepository(Repository):
         texts: dict[str, str] = {}
         for start in range(0, len(hashes), 500):
             chunk = hashes[start:start + 500]
-            texts.update(
-                self.conn.exec_driver_sql(
-                    f"SELECT hash, prompt FROM system_prompts WHERE hash IN ({', '.join('?' * len(chunk))})",
-                    tuple(chunk),
-                ).fetchall()
-            )
+            texts.update(self.conn.execute(_PROMPTS, {"hashes": chunk}).fetchall())
         for row in rows:
             text = texts.get(row.get("system_prompt_hash"))  # type: ignore[arg-type]
             if text is not None:
@@ -317,8 +316,11 @@ class SessionRepository(Repository):
                 act = "actual_cost_usd = COALESCE(:act, actual_cost_usd)"
             else:
                 counters = ", ".join(f"{c} = COALESCE({c}, 0) + :{c}" for c in (*COUNTERS, "api_call_count"))
-                est = "estimated_cost_usd = CASE WHEN :est IS NULL THEN estimated_cost_usd ELSE COALESCE(estimated_cost_usd, 0) + :est END"
-                act = "actual_cost_usd = CASE WHEN :act IS NULL THEN actual_cost_usd ELSE COALESCE(actual_cost_usd, 0) + :act END"
+                # CAST: a server must know the type of a parameter that may be NULL.
+                est = ("estimated_cost_usd = CASE WHEN CAST(:est AS DOUBLE PRECISION) IS NULL THEN estimated_cost_usd"
+                       " ELSE COALESCE(estimated_cost_usd, 0) + :est END")
+                act = ("actual_cost_usd = CASE WHEN CAST(:act AS DOUBLE PRECISION) IS NULL THEN actual_cost_usd"
+                       " ELSE COALESCE(actual_cost_usd, 0) + :act END")
             self._exec(
                 f"UPDATE sessions SET {counters}, {est}, {act}, "
                 "cost_status = COALESCE(:cost_status, cost_status), "
@@ -355,11 +357,12 @@ class SessionRepository(Repository):
             upd = ", ".join(f"{c} = excluded.{c}" for c in cols)
             upd += ", estimated_cost_usd = excluded.estimated_cost_usd, actual_cost_usd = excluded.actual_cost_usd"
         else:
-            upd = ", ".join(f"{c} = {c} + excluded.{c}" for c in cols)
-            upd += (", estimated_cost_usd = estimated_cost_usd + excluded.estimated_cost_usd"
-                    ", actual_cost_usd = actual_cost_usd + excluded.actual_cost_usd")
-        upd += (", cost_status = COALESCE(excluded.cost_status, cost_status)"
-                ", cost_source = COALESCE(excluded.cost_source, cost_source), last_seen = excluded.last_seen")
+            # Target columns qualified: PostgreSQL sees the table and ``excluded`` at once.
+            upd = ", ".join(f"{c} = {LEDGER}.{c} + excluded.{c}" for c in cols)
+            upd += (f", estimated_cost_usd = {LEDGER}.estimated_cost_usd + excluded.estimated_cost_usd"
+                    f", actual_cost_usd = {LEDGER}.actual_cost_usd + excluded.actual_cost_usd")
+        upd += (f", cost_status = COALESCE(excluded.cost_status, {LEDGER}.cost_status)"
+                f", cost_source = COALESCE(excluded.cost_source, {LEDGER}.cost_source), last_seen = excluded.last_seen")
         self._exec(self.dialect.upsert_sql("session_model_usage", list(q), ["session_id", "model", *ROUTE, "task"], upd), q)
 
     # ------------------------------------------------------------------ titles
@@ -405,9 +408,9 @@ class SessionRepository(Repository):
 
     def _numbered(self, base: str) -> list[tuple[str, int | None, float]]:
         """Sessions titled ``base`` (N None) or ``base #N``: (id, N, started_at)."""
-        rows = self.conn.exec_driver_sql(
-            "SELECT id, title, started_at FROM sessions WHERE title = ? OR title LIKE ? ESCAPE '\\'",
-            (base, like_prefix(base + " #")),
+        rows = self.conn.execute(
+            text("SELECT id, title, started_at FROM sessions WHERE title = :t OR title LIKE :p ESCAPE '\\'"),
+            {"t": base, "p": like_prefix(base + " #")},
         ).fetchall()
         out: list[tuple[str, int | None, float]] = []
         for sid, title, started in rows:
@@ -472,7 +475,7 @@ class SessionRepository(Repository):
                 "(s.parent_session_id IS NULL OR p.id IS NULL OR "
                 "(p.end_reason = 'branched' AND p.ended_at IS NOT NULL AND s.started_at >= p.ended_at))"
             )
-        cond = " AND ".join(where) or "1"
+        cond = " AND ".join(where) or "1 = 1"
         project = project_compression_tips and not include_children
         visible = (
             "SELECT s.id AS root_id, s.started_at AS root_started, s.end_reason AS root_end_reason,"
@@ -508,7 +511,7 @@ class SessionRepository(Repository):
                 chain_from("roots"),
                 "page AS (SELECT roots.root_id, roots.root_started, (SELECT max(COALESCE((SELECT max(v) FROM ("
                 "SELECT chain.activity AS v UNION ALL "
-                "SELECT (SELECT max(m.timestamp) FROM messages m WHERE m.session_id = chain.id))), chain.started))"
+                "SELECT (SELECT max(m.timestamp) FROM messages m WHERE m.session_id = chain.id)) la), chain.started))"
                 " FROM chain WHERE chain.root_id = roots.root_id) AS chain_last"
                 " FROM roots ORDER BY chain_last DESC, root_started DESC, root_id DESC LIMIT :limit OFFSET :offset)",
             ]
@@ -546,7 +549,7 @@ class SessionRepository(Repository):
         params.update(limit=max(int(limit), 0), offset=max(int(offset), 0))
         rows = self._all(
             f"SELECT s.*, {last_active_sql('s', 'last_activity_at' in self.columns_of('sessions'))}"
-            f" AS last_active FROM sessions s WHERE {' AND '.join(where) or '1'}"
+            f" AS last_active FROM sessions s WHERE {' AND '.join(where) or '1 = 1'}"
             " ORDER BY last_active DESC, s.id DESC LIMIT :limit OFFSET :offset",
             params,
         )

@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Sequence
 
+from sqlalchemy import inspect, text
+
 from .query import CJK_CLASS
 
 BLOCK = 64
@@ -46,7 +48,7 @@ def term_bigrams(term: str) -> list[str]:
 
 
 def high_water(conn: Any) -> int:
-    row = conn.exec_driver_sql("SELECT value FROM state_meta WHERE key = ?", (HIGH_WATER_KEY,)).first()
+    row = conn.execute(text("SELECT value FROM state_meta WHERE key = :k"), {"k": HIGH_WATER_KEY}).first()
     try:
         return int(row[0]) if row else -1
     except (TypeError, ValueError):
@@ -54,15 +56,17 @@ def high_water(conn: Any) -> int:
 
 
 def installed(conn: Any) -> bool:
-    return conn.exec_driver_sql(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)
-    ).first() is not None
+    if conn.dialect.name == "sqlite":
+        return conn.execute(
+            text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :n"), {"n": TABLE}
+        ).first() is not None
+    return inspect(conn).has_table(TABLE)
 
 
 def pending(conn: Any) -> int:
     """How many messages the index does not cover yet (tail rows + dirty blocks' rows)."""
     hw = high_water(conn)
-    tail = conn.exec_driver_sql("SELECT count(*) FROM messages WHERE id > ?", (hw,)).scalar()
+    tail = conn.execute(text("SELECT count(*) FROM messages WHERE id > :hw"), {"hw": hw}).scalar()
     dirty = conn.exec_driver_sql(f"SELECT count(*) FROM {DIRTY_TABLE}").scalar()
     return int(tail) + int(dirty) * BLOCK
 
@@ -72,12 +76,13 @@ def _index_rows(conn: Any, rows: Iterable[Sequence[Any]]) -> int:
     top = -1
     for mid, *texts in rows:
         block = mid // BLOCK
-        for text in texts:
-            if text:
-                pairs.update((g, block) for g in bigrams(text))
+        for value in texts:
+            if value:
+                pairs.update((g, block) for g in bigrams(value))
         top = max(top, mid)
     if pairs:
-        conn.exec_driver_sql(f"INSERT OR IGNORE INTO {TABLE} (gram, block) VALUES (?, ?)", list(pairs))
+        conn.execute(text(f"INSERT INTO {TABLE} (gram, block) VALUES (:g, :b) ON CONFLICT DO NOTHING"),
+                     [{"g": g, "b": b} for g, b in pairs])
     return top
 
 
@@ -92,19 +97,19 @@ def catch_up(conn: Any, limit: int | None = None) -> int:
     dirty = [r[0] for r in conn.exec_driver_sql(f"SELECT block FROM {DIRTY_TABLE}")]
     hw = high_water(conn)
     for block in dirty:
-        conn.exec_driver_sql(f"DELETE FROM {TABLE} WHERE block = ?", (block,))
-        rows = conn.exec_driver_sql(
-            "SELECT id, content, tool_name, tool_calls FROM messages WHERE id BETWEEN ? AND ? AND id <= ?",
-            (block * BLOCK, block * BLOCK + BLOCK - 1, hw),
+        conn.execute(text(f"DELETE FROM {TABLE} WHERE block = :b"), {"b": block})
+        rows = conn.execute(
+            text("SELECT id, content, tool_name, tool_calls FROM messages WHERE id BETWEEN :lo AND :hi AND id <= :hw"),
+            {"lo": block * BLOCK, "hi": block * BLOCK + BLOCK - 1, "hw": hw},
         ).fetchall()
         _index_rows(conn, rows)
         done += len(rows)
     if dirty:
         conn.exec_driver_sql(f"DELETE FROM {DIRTY_TABLE}")
     while limit is None or done < limit:
-        rows = conn.exec_driver_sql(
-            "SELECT id, content, tool_name, tool_calls FROM messages WHERE id > ? ORDER BY id LIMIT ?",
-            (hw, CHUNK),
+        rows = conn.execute(
+            text("SELECT id, content, tool_name, tool_calls FROM messages WHERE id > :hw ORDER BY id LIMIT :n"),
+            {"hw": hw, "n": CHUNK},
         ).fetchall()
         if not rows:
             break
@@ -115,9 +120,9 @@ def catch_up(conn: Any, limit: int | None = None) -> int:
 
 
 def _set_high_water(conn: Any, value: int) -> None:
-    conn.exec_driver_sql(
-        "INSERT INTO state_meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-        (HIGH_WATER_KEY, str(value)),
+    conn.execute(
+        text("INSERT INTO state_meta (key, value) VALUES (:k, :v) ON CONFLICT(key) DO UPDATE SET value = excluded.value"),
+        {"k": HIGH_WATER_KEY, "v": str(value)},
     )
 
 
@@ -154,7 +159,7 @@ def estimate_blocks(conn: Any, term_grams: Sequence[Sequence[str]]) -> int:
     total = 0
     for grams in term_grams:
         counts = [
-            conn.exec_driver_sql(f"SELECT count(*) FROM {TABLE} WHERE gram = ?", (g,)).scalar() for g in grams
+            conn.execute(text(f"SELECT count(*) FROM {TABLE} WHERE gram = :g"), {"g": g}).scalar() for g in grams
         ]
         total += min(counts) if counts else 0
     return total

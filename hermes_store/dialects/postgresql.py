@@ -1,0 +1,177 @@
+"""PostgreSQL (psycopg 3): a server shared by many processes and hosts.
+
+What differs from SQLite: no BEGIN IMMEDIATE (row locks and MVCC; writers wait on the
+rows they touch), retries on serialization failures and deadlocks (SQLSTATE
+40001/40P01), VACUUM ANALYZE instead of VACUUM, no WAL checkpoint of ours, the
+catalogs instead of PRAGMAs, and text that cannot hold U+0000 (see
+:mod:`hermes_store.codec`, "NUL on PostgreSQL": the adapters installed by
+:func:`install_nul_adapters` make that invisible to callers).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
+
+from ..codec import pg_decode_nul, pg_encode_nul
+
+#: serialization_failure, deadlock_detected, lock_not_available: worth another try.
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
+#: Columns the search step adds to ``messages`` (not in the models, never returned).
+HIDDEN_COLUMNS = frozenset({"search_vector"})
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    return getattr(orig, "sqlstate", None)
+
+
+def install_nul_adapters(dbapi_conn: Any) -> None:
+    """Make this psycopg connection encode U+0000 on the way in and decode it on the way out.
+
+    Applied to every ``str`` parameter and every text/varchar result, so content, JSON
+    columns, titles and query strings all use the same reversible mapping (see
+    :func:`hermes_store.codec.pg_encode_nul`); a search term is encoded like the stored
+    text it must match.
+    """
+    adapters = getattr(dbapi_conn, "adapters", None)
+    if adapters is None or getattr(dbapi_conn, "_hermes_store_nul", False):
+        return
+    from psycopg.types.string import StrDumperUnknown, TextLoader
+
+    # The pure-Python classes (the C ones cannot be subclassed); only strings that hold
+    # U+0000/U+E000/U+E001 are changed, everything else passes through as before.
+    class NulDumper(StrDumperUnknown):  # type: ignore[misc,valid-type]
+        def dump(self, obj: str) -> Any:
+            return super().dump(pg_encode_nul(obj))
+
+    class NulLoader(TextLoader):  # type: ignore[misc,valid-type]
+        def load(self, data: Any) -> Any:
+            return pg_decode_nul(super().load(data))
+
+    adapters.register_dumper(str, NulDumper)
+    for type_name in ("text", "varchar", "bpchar", "name"):
+        adapters.register_loader(type_name, NulLoader)
+    # The default loader of unknown types (e.g. string literals) decodes to str too.
+    try:
+        dbapi_conn._hermes_store_nul = True
+    except AttributeError:
+        pass
+
+
+class PostgreSQLDialect:
+    """The :class:`hermes_store.dialects.Dialect` of PostgreSQL servers."""
+
+    name = "postgresql"
+
+    # -------------------------------------------------------------- locking and retries
+
+    def begin_options(self, write: bool) -> dict[str, Any]:
+        # READ COMMITTED and row locks: counters are updated in SQL (x = x + n), so no
+        # table lock is needed up front.
+        return {}
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return _sqlstate(exc) in RETRYABLE_SQLSTATES
+
+    def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
+        install_nul_adapters(dbapi_conn)
+        return "wal"  # the server's own write-ahead log; nothing to set per connection
+
+    # -------------------------------------------------------------- upserts
+
+    def upsert_sql(self, table: str, names: Sequence[str], conflict: Sequence[str], updates: str | None) -> str:
+        # Same ON CONFLICT syntax as SQLite; ``updates`` must qualify target columns
+        # (``table.col``) since PostgreSQL sees ``excluded`` and the table at once.
+        target = f"({', '.join(conflict)})" if conflict else ""
+        action = "DO NOTHING" if updates is None else f"DO UPDATE SET {updates}"
+        return (
+            f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)}) "
+            f"ON CONFLICT{target} {action}"
+        )
+
+    # -------------------------------------------------------------- full-text search
+
+    def fts_indexes(self, conn: Connection) -> list[str]:
+        # The tsvector column is generated and its GIN index kept by the server.
+        return []
+
+    def fts_command(self, conn: Connection, index: str, cmd: str) -> None:
+        if cmd == "rebuild" or cmd == "optimize":
+            conn.exec_driver_sql(f'REINDEX INDEX "{index}"')
+
+    def match_sql(self, index: str) -> str:
+        from ..search import postgresql as pg_search
+
+        return pg_search.match_sql(index)
+
+    def top_sql(self, index: str) -> str:
+        from ..search import postgresql as pg_search
+
+        return pg_search.top_sql(index)
+
+    # -------------------------------------------------------------- maintenance
+
+    def vacuum(self, engine: Engine) -> None:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM ANALYZE")
+
+    def checkpoint(self, engine: Engine) -> None:
+        return None  # the server checkpoints on its own
+
+    def defer_foreign_keys(self, conn: Connection) -> None:
+        conn.exec_driver_sql("SET CONSTRAINTS ALL DEFERRED")
+
+    def ping(self, conn: Connection) -> None:
+        conn.exec_driver_sql("SELECT 1")
+
+    def sync_identity(self, conn: Connection, table: str, column: str = "id") -> None:
+        """After rows were inserted with explicit ids, move the identity past them."""
+        conn.execute(
+            text(
+                f"SELECT setval(pg_get_serial_sequence(:t, :c), "
+                f"GREATEST((SELECT COALESCE(max({column}), 0) FROM {table}), 1), "
+                f"(SELECT max({column}) IS NOT NULL FROM {table}))"
+            ),
+            {"t": table, "c": column},
+        )
+
+    # -------------------------------------------------------------- introspection
+
+    def table_info(self, conn: Connection, table: str) -> Sequence[tuple[str, bool, str | None]]:
+        rows = conn.execute(
+            text(
+                "SELECT column_name, is_nullable = 'NO', column_default FROM information_schema.columns"
+                " WHERE table_schema = current_schema() AND table_name = :t ORDER BY ordinal_position"
+            ),
+            {"t": table},
+        ).fetchall()
+        return [(r[0], bool(r[1]), r[2]) for r in rows if r[0] not in HIDDEN_COLUMNS]
+
+    def object_sql(self, conn: Connection, name: str) -> str:
+        row = conn.execute(
+            text(
+                "SELECT pg_get_viewdef(c.oid) FROM pg_class c WHERE c.relname = :n AND c.relkind IN ('v', 'm')"
+                " AND c.relnamespace = current_schema()::regnamespace"
+            ),
+            {"n": name},
+        ).first()
+        return (row[0] or "") if row else ""
+
+    def table_counts(self, conn: Connection) -> tuple[list[tuple[str, int]], list[str]]:
+        names = [
+            r[0]
+            for r in conn.execute(
+                text(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+                    " AND table_type = 'BASE TABLE' ORDER BY table_name"
+                )
+            )
+        ]
+        plain = [(n, int(conn.exec_driver_sql(f'SELECT count(*) FROM "{n}"').scalar() or 0)) for n in names]
+        return plain, []
+
+
+DIALECT = PostgreSQLDialect()
