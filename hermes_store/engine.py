@@ -81,7 +81,7 @@ def translate_driver_error(exc: BaseException) -> errors.HermesStoreError | None
         return None  # already typed
     if isinstance(exc, UnicodeEncodeError):
         return errors.InvalidInputError(
-            "text with a lone surrogate (U+D800-U+DFFF) cannot be passed to SQLite: "
+            "text with a lone surrogate (U+D800-U+DFFF) cannot be stored: "
             f"{exc.object[exc.start:exc.end]!r} at position {exc.start}"
         )
     if isinstance(exc, OverflowError):
