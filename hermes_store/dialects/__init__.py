@@ -87,6 +87,20 @@ class Dialect(Protocol):
 _REGISTRY: dict[str, Dialect] = {}
 
 
+def on_conflict_upsert(table: str, names: Sequence[str], conflict: Sequence[str], updates: str | None) -> str:
+    """``INSERT … ON CONFLICT`` in the syntax SQLite (3.24+) and PostgreSQL share.
+
+    ``updates`` must qualify target columns (``table.col``): PostgreSQL sees
+    ``excluded`` and the table at once.
+    """
+    target = f"({', '.join(conflict)})" if conflict else ""
+    action = "DO NOTHING" if updates is None else f"DO UPDATE SET {updates}"
+    return (
+        f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)}) "
+        f"ON CONFLICT{target} {action}"
+    )
+
+
 def _registry() -> Mapping[str, Dialect]:
     """Dialect modules by name, imported on first use (a module per dialect)."""
     if not _REGISTRY:

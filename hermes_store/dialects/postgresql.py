@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from ..codec import pg_decode_nul, pg_encode_nul
+from . import on_conflict_upsert
 
 #: serialization_failure, deadlock_detected, lock_not_available: worth another try.
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
@@ -82,15 +83,7 @@ class PostgreSQLDialect:
 
     # -------------------------------------------------------------- upserts
 
-    def upsert_sql(self, table: str, names: Sequence[str], conflict: Sequence[str], updates: str | None) -> str:
-        # Same ON CONFLICT syntax as SQLite; ``updates`` must qualify target columns
-        # (``table.col``) since PostgreSQL sees ``excluded`` and the table at once.
-        target = f"({', '.join(conflict)})" if conflict else ""
-        action = "DO NOTHING" if updates is None else f"DO UPDATE SET {updates}"
-        return (
-            f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)}) "
-            f"ON CONFLICT{target} {action}"
-        )
+    upsert_sql = staticmethod(on_conflict_upsert)
 
     # -------------------------------------------------------------- full-text search
 

@@ -14,6 +14,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
 from ..engine import BEGIN_MODE
+from . import on_conflict_upsert
 from ..search.fts import fts5
 
 # Warnings keep the facade's logger name: that is where users have filters for them.
@@ -80,13 +81,7 @@ class SQLiteDialect:
 
     # -------------------------------------------------------------- upserts
 
-    def upsert_sql(self, table: str, names: Sequence[str], conflict: Sequence[str], updates: str | None) -> str:
-        target = f"({', '.join(conflict)})" if conflict else ""
-        action = "DO NOTHING" if updates is None else f"DO UPDATE SET {updates}"
-        return (
-            f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)}) "
-            f"ON CONFLICT{target} {action}"
-        )
+    upsert_sql = staticmethod(on_conflict_upsert)
 
     # -------------------------------------------------------------- full-text search
 

@@ -38,7 +38,7 @@ from ..search.fts import (
     WORD_INDEX,
     trigram_sessions,
 )
-from ..search.query import escape_like, plan_search
+from ..search.query import escape_like, plan_search, split_on
 from .base import Repository, in_filter
 from .base import source_filter as source_clauses
 from .records import SearchHit
@@ -97,16 +97,6 @@ Groups = list[tuple[list[str], list[list[str]]]]
 _MATCH_ITEM = re.compile(r'"[^"]*"\*?|\S+')
 
 
-def _split_on(items: list[str], operator: str) -> list[list[str]]:
-    parts: list[list[str]] = [[]]
-    for item in items:
-        if item == operator:
-            parts.append([])
-        else:
-            parts[-1].append(item)
-    return [p for p in parts if p]
-
-
 def boolean_groups(match: str) -> Groups:
     """Read a sanitized MATCH string with FTS5's precedence, for LIKE to mirror it.
 
@@ -115,11 +105,11 @@ def boolean_groups(match: str) -> Groups:
     """
     items = _MATCH_ITEM.findall(match)  # operators are bare; a quoted "AND" is a term
     groups: Groups = []
-    for group in _split_on(items, "OR"):
+    for group in split_on(items, "OR"):
         positives: list[str] = []
         negatives: list[list[str]] = []
-        for factor in _split_on(group, "AND"):
-            first, *negated = _split_on(factor, "NOT")
+        for factor in split_on(group, "AND"):
+            first, *negated = split_on(factor, "NOT")
             positives += [_term_text(t) for t in first]
             negatives += [[_term_text(t) for t in unit] for unit in negated]
         groups.append((positives, negatives))

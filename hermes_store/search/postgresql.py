@@ -25,6 +25,7 @@ import re
 from typing import Any
 
 from .fts import SNIPPET_CLOSE, SNIPPET_OPEN, WORD_INDEX
+from .query import split_on
 
 __all__ = ["NO_MATCH", "delegated_sessions", "match_sql", "top_sql", "tsquery_text"]
 
@@ -67,16 +68,6 @@ def _term(item: str) -> str | None:
     return f"({phrase})" if len(words) > 1 else phrase
 
 
-def _split(items: list[str], operator: str) -> list[list[str]]:
-    parts: list[list[str]] = [[]]
-    for item in items:
-        if item == operator:
-            parts.append([])
-        else:
-            parts[-1].append(item)
-    return [p for p in parts if p]
-
-
 def _all_of(items: list[str]) -> str | None:
     terms = [_term(i) for i in items]
     if any(t is None for t in terms):
@@ -92,11 +83,11 @@ def tsquery_text(match: str) -> str:
     sanitize_fts5_query`). Returns :data:`NO_MATCH` when nothing can match.
     """
     groups = []
-    for group in _split(_ITEM.findall(match), "OR"):
+    for group in split_on(_ITEM.findall(match), "OR"):
         conds = []
         possible = True
-        for factor in _split(group, "AND"):
-            first, *negated = _split(factor, "NOT")
+        for factor in split_on(group, "AND"):
+            first, *negated = split_on(factor, "NOT")
             positive = _all_of(first)
             if positive is None:
                 possible = False

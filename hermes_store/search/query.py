@@ -230,3 +230,18 @@ def escape_like(term: str, escape: str = "\\") -> str:
         if wildcard != escape:
             out = out.replace(wildcard, escape + wildcard)
     return out
+
+
+def split_on(items: list[str], operator: str) -> list[list[str]]:
+    """Split a sanitized query's items at a bare boolean ``operator`` (empty parts dropped).
+
+    FTS5's precedence is read by splitting at OR, then AND, then NOT; the SQLite
+    substring route and the PostgreSQL tsquery builder both do it this way.
+    """
+    parts: list[list[str]] = [[]]
+    for item in items:
+        if item == operator:
+            parts.append([])
+        else:
+            parts[-1].append(item)
+    return [p for p in parts if p]
