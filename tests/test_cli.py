@@ -129,7 +129,9 @@ def test_url_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "u.db"
     ok("--url", f"sqlite:///{path}", "upgrade")
     assert ok("--db", path, "--json", "current").json()["up_to_date"] is True
-    assert "only sqlite" in one_line_error(run("--url", "postgresql://h/db", "current"), 2)
+    assert "only sqlite" in one_line_error(run("--url", "mysql://h/db", "current"), 2)
+    # A server that is not there: one line, exit 1 (a refusal, not a bad argument).
+    assert "database error" in one_line_error(run("--url", "postgresql+psycopg://u@127.0.0.1:1/db", "current"), 1)
     assert "either --db or --url" in one_line_error(run("--db", path, "--url", f"sqlite:///{path}", "current"), 2)
     assert "database file" in one_line_error(run("--url", "sqlite://", "current"), 2)
 

@@ -159,7 +159,8 @@ HOSTILE: list[tuple[list[str], int, str]] = [
     (["--url", "", "sessions"], 2, "must name a database file"),
     (["--url", "sqlite://", "sessions"], 2, "must name a database file"),
     (["--url", "sqlite:///:memory:", "sessions"], 2, "must name a database file"),
-    (["--url", "postgresql://host/db", "sessions"], 2, "only sqlite"),
+    (["--url", "mysql://host/db", "sessions"], 2, "only sqlite"),
+    (["--url", "postgresql+psycopg://u@127.0.0.1:1/db", "sessions"], 1, "database error"),
     (["--url", "mysql+pymysql://u:p@h/db", "sessions"], 2, "only sqlite"),
     (["--url", "sqlite:///{lab}/demo.db", "--db", "{lab}/demo.db", "sessions"], 2, "either --db or --url"),
 ]

@@ -37,7 +37,7 @@ from ._common import (
     DbPath,
     Group,
     State,
-    _sqlite_path,
+    parse_target,
     content_text,
     fmt_num,
     fmt_time,
@@ -56,7 +56,7 @@ __all__ = [
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--db", "db_path", type=DbPath(), metavar="PATH",
               help="Database file [default: $HERMES_HOME/state.db, else ~/.hermes/state.db].")
-@click.option("--url", metavar="URL", type=TEXT, help="Database as a sqlite:///path URL (instead of --db).")
+@click.option("--url", metavar="URL", type=TEXT, help="Database URL instead of --db: sqlite:///path or postgresql+psycopg://user@host/db.")
 @click.option("--json", "as_json", is_flag=True, help="Machine output: one JSON document on stdout (JSON Lines for export).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars or side-notes.")
 @click.version_option(__version__, prog_name=PROG)
@@ -65,8 +65,8 @@ def cli(ctx: click.Context, db_path: Path | None, url: str | None, as_json: bool
     """Inspect and maintain a Hermes Agent session store (state.db)."""
     if db_path is not None and url is not None:
         raise click.UsageError("use either --db or --url, not both")
-    path = _sqlite_path(url) if url is not None else (db_path.expanduser() if db_path else default_db_path())
-    ctx.obj = State(path=path, json=as_json, quiet=quiet)
+    path, server = parse_target(url) if url is not None else (db_path.expanduser() if db_path else default_db_path(), None)
+    ctx.obj = State(path=path, json=as_json, quiet=quiet, url=server)
 
 
 for _module in (schema, browse, transfer, maintain):

@@ -164,9 +164,15 @@ def stderr_console() -> Console:
 class State:
     """Global options, shared with every subcommand through click's context."""
 
-    path: Path
+    path: Path | None  # the SQLite file; None when ``url`` names a server
     json: bool = False
     quiet: bool = False
+    url: str | None = None  # a PostgreSQL URL (--url postgresql+psycopg://...)
+
+    @property
+    def where(self) -> str:
+        """The database as users should see it (a server URL without its password)."""
+        return str(self.path) if self.url is None else to_url(self.url).render_as_string(hide_password=True)
 
     def emit(self, doc: Any) -> None:
         """The one JSON document a ``--json`` run writes to stdout.
@@ -367,17 +373,21 @@ def relation(child: dict[str, Any], parent: dict[str, Any] | None) -> str:
 # ---------------------------------------------------------------------------- database access
 
 
-def _sqlite_path(url: str) -> Path:
-    """The file behind a ``sqlite:///`` URL; anything else is a bad argument."""
+def parse_target(url: str) -> tuple[Path | None, str | None]:
+    """``--url``: the file behind a ``sqlite:///`` URL, or a PostgreSQL server URL."""
     try:
         parsed = to_url(url if "://" in url else f"sqlite:///{url}")
     except Exception as exc:  # sqlalchemy.exc.ArgumentError and friends
         raise click.BadParameter(f"not a database URL: {exc}", param_hint="'--url'") from exc
-    if parsed.get_backend_name() != "sqlite":
-        raise click.BadParameter(f"only sqlite:/// URLs are supported, got {parsed.get_backend_name()!r}", param_hint="'--url'")
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        return None, url
+    if backend != "sqlite":
+        raise click.BadParameter(f"only sqlite:/// and postgresql:// URLs are supported, got {backend!r}",
+                                 param_hint="'--url'")
     if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
         raise click.BadParameter("the URL must name a database file (sqlite:///path/to/state.db)", param_hint="'--url'")
-    return Path(parsed.database).expanduser()
+    return Path(parsed.database).expanduser(), None
 
 
 def check_path_kind(path: Path) -> None:
@@ -419,6 +429,9 @@ def refuse_unadopted(path: Path) -> None:
 
 def open_db(state: State, *, create: bool = False) -> SessionDB:
     """Open (and, for our own older revisions, upgrade) the database, as SessionDB does."""
+    if state.url is not None:
+        return SessionDB(state.url)  # a server: no file to check, nothing to adopt
+    assert state.path is not None
     if create:
         check_path_kind(state.path)
     else:

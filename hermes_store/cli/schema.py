@@ -45,6 +45,9 @@ def upgrade(revision: str) -> None:
     st = _state()
     if revision != "head" and revision not in known_revisions():
         raise click.BadParameter(f"unknown revision {revision!r} (known: 0001 … {migrations.head()}, head)", param_hint="'--revision'")
+    if st.url is not None:
+        _upgrade_server(st, revision)
+        return
     path = st.path
     check_path_kind(path)
     existed = path.exists()
@@ -95,14 +98,35 @@ def upgrade(revision: str) -> None:
         out.print(Text("Search indexes: " + ", ".join(indexes)))
 
 
+def _upgrade_server(st: Any, revision: str) -> None:
+    """``upgrade`` on a PostgreSQL server: no file, nothing to adopt."""
+    previous = migrations.current(st.url)
+    new = migrations.upgrade(st.url, revision)
+    doc = {"db": st.where, "created": previous is None, "previous": previous, "revision": new,
+           "head": migrations.head(), "adopted": False}
+    if st.json:
+        st.emit(doc)
+        return
+    stdout_console().print(Text(f"{st.where}: {previous or 'empty'} → {new}" if previous != new
+                                else f"{st.where} is already at revision {new}"))
+
+
 @click.command()
 @json_option
 def current() -> None:
     """Show the database's revision and whether it is at head."""
     st = _state()
+    head = migrations.head()
+    if st.url is not None:
+        rev = migrations.current(st.url)
+        if st.json:
+            st.emit({"db": st.where, "revision": rev, "head": head, "up_to_date": rev == head,
+                     "needs_adoption": False, "hermes_schema_version": None})
+        else:
+            stdout_console().print(Text(f"{rev} (head)" if rev == head else f"{rev} (head is {head}; run '{PROG} upgrade')"))
+        return
     require_file(st.path)
     adopt_mod.check_file(st.path, recovery_ok=True)
-    head = migrations.head()
     doc: dict[str, Any] = {"db": str(st.path), "revision": None, "head": head, "up_to_date": False,
                            "needs_adoption": False, "hermes_schema_version": None}
     if adopt_mod.needs_adoption(st.path):
@@ -136,6 +160,9 @@ def adopt(check_only: bool, no_backup: bool) -> None:
     <name>.pre-adopt.bak unless --no-backup.
     """
     st = _state()
+    if st.url is not None:
+        raise CliError("adopt works on a Hermes state.db file (--db PATH); to move a file to a server, "
+                       f"'{PROG} export' it and '{PROG} --url URL import' it")
     require_file(st.path)
     if st.path.stat().st_size == 0 and not check_only:
         # A 0-byte file is a new, empty database: nothing of Hermes' to keep.
@@ -354,26 +381,26 @@ def demo() -> None:
     only says so.
     """
     st = _state()
-    if st.path.exists() and not st.path.is_dir():
+    if st.path is not None and st.path.exists() and not st.path.is_dir():
         refuse_unadopted(st.path)
     with session_db(st, create=True) as db:
         existing = db.session_count()
         already = existing and db.get_meta(DEMO_MARKER) is not None
         if existing and not already:
-            raise CliError(f"{st.path} already holds {existing} session(s); demo only writes into a new or empty database")
+            raise CliError(f"{st.where} already holds {existing} session(s); demo only writes into a new or empty database")
         if not already:
             db.set_meta(DEMO_MARKER, "1")
             ids = write_demo(db)
         else:  # running the README's first command twice is fine
             ids = [r["id"] for r in db.search_sessions(limit=1000)]
-        doc = {"db": str(st.path), "sessions": db.session_count(), "messages": db.message_count(), "session_ids": ids,
+        doc = {"db": st.where, "sessions": db.session_count(), "messages": db.message_count(), "session_ids": ids,
                "created": not already}
     if st.json:
         st.emit(doc)
         return
     out = stdout_console()
     verb = "written to" if not already else "already in"
-    out.print(Text(f"Demo database {verb} {st.path}: {doc['sessions']} sessions, {doc['messages']} messages."))
+    out.print(Text(f"Demo database {verb} {st.where}: {doc['sessions']} sessions, {doc['messages']} messages."))
     out.print(Text("Next: sessions, show ID, lineage ID, search kubernetes, search 一致性, stats", style="dim"))
 
 

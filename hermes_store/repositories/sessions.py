@@ -91,8 +91,9 @@ class SessionRepository(Repository):
             # existing session keeps the prompt it has (inline or hashed).
             stored = self.store_prompt(cols.pop("system_prompt"))
             cols["system_prompt_hash"] = stored
+        started = cols.pop("started_at", None) or now()  # before the names: listed once
         names = ["id", "source", "started_at", *cols]
-        values = {"id": session_id, "source": source, "started_at": cols.pop("started_at", None) or now(), **cols}
+        values = {"id": session_id, "source": source, "started_at": started, **cols}
         fills = []
         for c in ["source", *cols]:
             if c == "system_prompt_hash" and stored is not None:
