@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import sqlite3
 
 from sqlalchemy import event
@@ -38,6 +40,7 @@ def count_statements(engine):
     return statements, lambda: event.remove(engine, "before_cursor_execute", _count)
 
 
+@pytest.mark.sqlite_only
 def test_thousand_deep_lineage_in_one_statement(db: SessionDB) -> None:
     ids = _chain(db, 1000)
     statements, stop = count_statements(db.engine)
@@ -57,6 +60,7 @@ def test_thousand_deep_lineage_in_one_statement(db: SessionDB) -> None:
     stop()
 
 
+@pytest.mark.sqlite_only
 def test_tip_and_resume_target(db: SessionDB) -> None:
     ids = _chain(db, 4)
     assert db.get_compression_tip(ids[1]) == ids[3]
@@ -82,6 +86,7 @@ def test_non_compression_children_are_not_continuations(db: SessionDB) -> None:
     assert db.get_compression_tip("q") == "q"
 
 
+@pytest.mark.sqlite_only
 def test_cycles_terminate(db: SessionDB) -> None:
     def build(conn):
         conn.execute("PRAGMA defer_foreign_keys = ON")  # the cycle is complete at COMMIT
@@ -116,12 +121,14 @@ def test_get_session_ancestors_root_first_ending_with_itself(db: SessionDB) -> N
         assert uow.lineage.ancestors("root", include_self=False) == []
 
 
+@pytest.mark.sqlite_only
 def test_get_session_ancestors_of_a_deep_chain(db: SessionDB) -> None:
     ids = _chain(db, 1000, reason="branched")  # any parent link counts, not only compression
     assert db.get_session_ancestors(ids[-1]) == ids
     assert db.get_session_ancestors(ids[10]) == ids[:11]
 
 
+@pytest.mark.sqlite_only
 def test_get_session_ancestors_stops_at_a_missing_parent(db: SessionDB) -> None:
     """Hermes files may hold a parent id whose row was deleted (foreign keys off there)."""
     raw = sqlite3.connect(db.db_path, isolation_level=None)
@@ -131,6 +138,7 @@ def test_get_session_ancestors_stops_at_a_missing_parent(db: SessionDB) -> None:
     assert db.get_session_ancestors("orphan") == ["orphan"]
 
 
+@pytest.mark.sqlite_only
 def test_get_session_ancestors_in_a_cycle_lists_each_once(db: SessionDB) -> None:
     def build(conn):
         conn.execute("PRAGMA defer_foreign_keys = ON")

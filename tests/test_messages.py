@@ -31,6 +31,7 @@ def test_append_updates_counters_and_decodes(db: SessionDB) -> None:
     assert db.message_count("s") == 3 and db.message_count() == 3
 
 
+@pytest.mark.sqlite_only
 def test_multimodal_content_uses_hermes_encoding(db: SessionDB) -> None:
     db.create_session("s", "cli")
     parts = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:..."}}]
@@ -43,6 +44,7 @@ def test_multimodal_content_uses_hermes_encoding(db: SessionDB) -> None:
     assert raw2 == "plain string"
 
 
+@pytest.mark.sqlite_only
 def test_falsy_json_stored_as_null(db: SessionDB) -> None:
     db.create_session("s", "cli")
     mid = db.append_message("s", "assistant", "x", tool_calls=[], reasoning_details={}, codex_message_items=None)
@@ -193,6 +195,7 @@ def test_bulk_append_keeps_input_order_across_column_sets(db: SessionDB) -> None
     assert [m["id"] for m in msgs] == sorted(m["id"] for m in msgs)
 
 
+@pytest.mark.sqlite_only
 def test_large_bulk_append_goes_through_staging_with_defaults_and_order(db: SessionDB) -> None:
     """Batches big enough to be staged keep order, defaults, NUL bytes and the indexes."""
     db.create_session("s", "cli")
