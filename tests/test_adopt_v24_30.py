@@ -26,19 +26,14 @@ import pytest
 from hermes_store import adopt as adopt_mod
 from hermes_store import errors, migrations
 from hermes_store.adopt import work as work_mod
-from hermes_store.introspect import diff, snapshot
+from hermes_store.introspect import snapshot
 
 from .test_adopt import (
-    assert_cjk_search_follows_the_index,
-    assert_every_message_searchable,
+    adopt_and_check,
     fts_ids,
     hermes,
-    kept,
     place,
-    plain_counts,
     ro,
-    rows,
-    sessions_as_read,
     state,
 )
 
@@ -51,39 +46,6 @@ def fresh_head(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     migrations.upgrade(p, "head")
     with ro(p) as conn:
         return snapshot(conn)
-
-
-def without(live: dict[str, Any], table: str, *cols: str) -> dict[str, Any]:
-    """``live`` without unknown columns the test added on purpose (they are kept)."""
-    for col in cols:
-        del live["tables"][table]["columns"][col]
-    return live
-
-
-def adopt_and_check(p: Path, fresh_head: dict[str, Any], *, extra: tuple[str, ...] = ()) -> adopt_mod.AdoptionReport:
-    """Adopt ``p``; then the schema is head's, every row and value is kept, the FTS
-    indexes pass FTS5's strictest check and search finds what it must."""
-    with ro(p) as before:
-        counts = plain_counts(before)
-        messages = rows(before, "messages")
-        sessions = sessions_as_read(before)
-    report = adopt_mod.adopt(p)
-    assert report.adopted and report.revision == migrations.head()
-    assert sorted(os.listdir(p.parent)) == ["state.db", "state.db.pre-adopt.bak"]
-    with ro(p) as conn:
-        assert diff(fresh_head, without(snapshot(conn), "sessions", *extra)) == []
-        assert {t: n for t, n in plain_counts(conn).items() if t in counts} == counts
-        kept(messages, rows(conn, "messages"))
-        kept(sessions, sessions_as_read(conn))
-        assert_every_message_searchable(conn)
-    conn = sqlite3.connect(p)
-    try:
-        for table in ("messages_fts", "messages_fts_trigram"):
-            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES('integrity-check', 1)")
-    finally:
-        conn.close()
-    assert_cjk_search_follows_the_index(p)
-    return report
 
 
 # ------------------------------------------------------ how Hermes migrates a file

@@ -13,10 +13,10 @@ import re
 import sqlite3
 import tempfile
 import threading
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from alembic import command
 
@@ -281,11 +281,7 @@ def build_copy(
     step("copied")
 
     report_progress("upgrade", 0.0)
-    conn = _open_rw(work)
-    try:
-        # Table rebuilds must not cascade (the default, said out loud).
-        conn.execute("PRAGMA foreign_keys = OFF")
-        conn.execute("BEGIN IMMEDIATE")
+    with _write_transaction(work) as conn:
         aside = _apply_repairs(conn, det, lambda: _fresh(det.revision, vt))  # type: ignore[arg-type]
         _canonical_ledger_fk(conn)
         # External-content indexes corrupt themselves when a row they never indexed is
@@ -295,13 +291,6 @@ def build_copy(
         if not reset and any(content for _n, _s, content in _fts_tables(conn)):
             _rebuild_fts(conn)
         step("repairing")  # a kill here leaves the copy with a hot journal
-        conn.execute("COMMIT")
-    except BaseException:
-        with suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-        raise
-    finally:
-        conn.close()
 
     _stamp_as_hermes(work, det.revision, version_table=vt)  # type: ignore[arg-type]
     if target != det.revision:
@@ -460,15 +449,33 @@ def _set_aside(conn: sqlite3.Connection, repair: Repair, n: int) -> SetAside:
     return SetAside(table, repair.column, work, keys)
 
 
+@contextmanager
+def _write_transaction(path: Path) -> Iterator[sqlite3.Connection]:
+    """One BEGIN IMMEDIATE … COMMIT on the work copy, rolled back on any failure.
+
+    Foreign keys are off: table rebuilds must not cascade (the default, said out loud).
+    """
+    conn = _open_rw(path)
+    try:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("BEGIN IMMEDIATE")
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        with suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    finally:
+        conn.close()
+
+
 def _put_back(path: Path, aside: list[SetAside], target: str) -> None:
     """Return set-aside data once the revisions have created its table/column again.
 
     The table's triggers are set aside meanwhile: putting data back is not an edit
     (it must not, say, reset v30's display order or touch the FTS indexes).
     """
-    conn = _open_rw(path)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
+    with _write_transaction(path) as conn:
         for item in aside:
             if item.table not in _table_names(conn) or (
                 item.column is not None and item.column not in _columns(conn, item.table)
@@ -498,13 +505,6 @@ def _put_back(path: Path, aside: list[SetAside], target: str) -> None:
             conn.execute(f"DROP TABLE {_q(item.work_table)}")
             for _name, sql in triggers:
                 conn.execute(sql)
-        conn.execute("COMMIT")
-    except BaseException:
-        with suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-        raise
-    finally:
-        conn.close()
 
 
 def _apply_repairs(conn: sqlite3.Connection, det: Detected, fresh: Callable[[], Fresh]) -> list[SetAside]:
