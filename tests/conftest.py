@@ -119,13 +119,24 @@ def session(engine: Engine) -> Iterator[OrmSession]:
 
 
 #: Test modules whose ``db`` runs on both backends (SQLite file, PostgreSQL database).
+#: A module can also say so itself with ``pytestmark = pytest.mark.both_backends``.
 BOTH_BACKENDS = frozenset({"test_sessions", "test_messages", "test_titles", "test_lineage"})
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Run the modules in BOTH_BACKENDS once per backend (``db[sqlite]``, ``db[postgresql]``)."""
+def runs_on_both(metafunc: pytest.Metafunc) -> bool:
     module = metafunc.module.__name__.rsplit(".", 1)[-1]
-    if module in BOTH_BACKENDS and "db" in metafunc.fixturenames:
+    marks = getattr(metafunc.module, "pytestmark", [])
+    marks = marks if isinstance(marks, list) else [marks]
+    return module in BOTH_BACKENDS or any(m.name == "both_backends" for m in marks)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run both-backend modules once per backend (``[sqlite]``, ``[postgresql]``).
+
+    Any test of such a module that asks for ``db`` or ``backend`` is parametrized; a
+    fixture of the module can branch on ``backend`` to build its own store.
+    """
+    if runs_on_both(metafunc) and ({"db", "backend"} & set(metafunc.fixturenames)):
         # A test that reaches under the API into SQLite itself (raw ``?`` SQL through
         # _execute_write, the TEMP staging table, a hand-made cycle) says so with
         # @pytest.mark.sqlite_only; its PostgreSQL twin lives in test_pg_backend.py.
