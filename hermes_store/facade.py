@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import URL
@@ -28,24 +28,15 @@ from .dialects import for_connection
 from .dialects.sqlite import _wal_warned, apply_wal_with_fallback  # noqa: F401 - public here since v1
 from .engine import create_engine, default_db_path, to_url
 from .paths import create_private_database  # noqa: F401 - kept importable from here (CLI)
-from .repositories import (
-    LineageRepository,
-    MaintenanceRepository,
-    MessageRepository,
-    SearchRepository,
-    SessionRepository,
-)
+from .repositories import MaintenanceRepository
 from .repositories.base import driver_errors
 from .repositories.maintenance import remove_committed_files
-from .search.query import contains_cjk, sanitize_fts5_query
-from .titles import sanitize_title
+from .sessiondb import HermesSurface
+from .sessiondb._host import TRANSCRIPT_BUDGET_S, WRITE_BUDGET_S  # noqa: F401 - tuning knobs, named here since v1
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Retry budget for ordinary writes and for transcript writes (seconds).
-WRITE_BUDGET_S = 20.0
-TRANSCRIPT_BUDGET_S = 60.0
 #: Jitter windows: short sleeps for the first 2 s, then longer ones.
 EARLY_JITTER_S = (0.020, 0.150)
 LATE_JITTER_S = (0.250, 1.0)
@@ -122,7 +113,7 @@ def _database_file(db_path: Any, url: str | URL | None, engine: Engine | None) -
     return found
 
 
-class SessionDB:
+class SessionDB(HermesSurface):
     """Hermes-compatible session store on one SQLite file or one PostgreSQL database."""
 
     def __init__(
@@ -191,6 +182,14 @@ class SessionDB:
             raise
 
     # ------------------------------------------------------------------ plumbing
+
+    def _now(self) -> float:
+        """The clock: this module's ``time`` looked up at call time.
+
+        Hermes' tests patch ``hermes_state.time`` (this module, through the swap);
+        repositories read the same clock through :func:`repositories.base.now`.
+        """
+        return time.time()
 
     def _label(self) -> str:
         """Where the data lives, for messages (never a password)."""
@@ -323,361 +322,3 @@ class SessionDB:
                 return fn(conn.connection.driver_connection)
 
         return self._write(run)
-
-    # ------------------------------------------------------------------ static helpers
-
-    _sanitize_fts5_query = staticmethod(sanitize_fts5_query)
-    _contains_cjk = staticmethod(contains_cjk)
-    sanitize_title = staticmethod(sanitize_title)
-
-    # ------------------------------------------------------------------ sessions
-
-    def create_session(self, session_id: str, source: str, **kwargs: Any) -> str:
-        return self._write(lambda c: SessionRepository(c).create(session_id, source, **kwargs))
-
-    def ensure_session(self, session_id: str, source: str = "unknown", model: str | None = None, **kwargs: Any) -> str:
-        return self._write(lambda c: SessionRepository(c).ensure(session_id, source, model, **kwargs))
-
-    def get_session(self, session_id: str) -> dict[str, Any] | None:
-        return self._read(lambda c: SessionRepository(c).get(session_id))  # type: ignore[return-value]
-
-    def end_session(self, session_id: str, end_reason: str | None) -> None:
-        self._write(lambda c: SessionRepository(c).end(session_id, end_reason))
-
-    def reopen_session(self, session_id: str) -> None:
-        self._write(lambda c: SessionRepository(c).reopen(session_id))
-
-    def update_system_prompt(self, session_id: str, system_prompt: str | None) -> None:
-        self._write(lambda c: SessionRepository(c).update_system_prompt(session_id, system_prompt))
-
-    def update_session(self, session_id: str, **fields: Any) -> bool:
-        """Set other known session columns (cwd, archived, git_branch, hidden, pinned,
-        title_source, last_read_at, ...). False for an unknown id."""
-        return self._write(lambda c: SessionRepository(c).update_fields(session_id, **fields))
-
-    def record_session_activity(
-        self,
-        session_id: str,
-        description: str | None = None,
-        provenance: str | None = "unknown",
-        at: float | None = None,
-    ) -> bool:
-        """Stamp a sign of life without a message (v24 ``last_activity_*``).
-
-        What Hermes' activity watchdog records during long tool calls or compression;
-        listings then order the session by it. False for an unknown id.
-        """
-        return self._write(lambda c: SessionRepository(c).record_activity(session_id, description, provenance, at))
-
-    def update_token_counts(
-        self,
-        session_id: str,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-        model: str | None = None,
-        cache_read_tokens: int = 0,
-        cache_write_tokens: int = 0,
-        reasoning_tokens: int = 0,
-        estimated_cost_usd: float | None = None,
-        actual_cost_usd: float | None = None,
-        cost_status: str | None = None,
-        cost_source: str | None = None,
-        pricing_version: str | None = None,
-        billing_provider: str | None = None,
-        billing_base_url: str | None = None,
-        billing_mode: str | None = None,
-        api_call_count: int = 0,
-        absolute: bool = False,
-        task: str = "",
-    ) -> None:
-        args = dict(locals())
-        args.pop("self")
-        self._write(lambda c: SessionRepository(c).update_token_counts(**args))
-
-    # ------------------------------------------------------------------ titles
-
-    def set_session_title(self, session_id: str, title: str | None, *, title_source: str = "user") -> bool:
-        """Set the title (v25: recorded as set by ``title_source``, 'user' by default).
-
-        An automatic source ('llm', 'derived') never replaces a higher-ranked title;
-        that call returns False.
-        """
-        return self._write(lambda c: SessionRepository(c).set_title(session_id, title, title_source))
-
-    def get_session_title(self, session_id: str) -> str | None:
-        return self._read(lambda c: SessionRepository(c).get_title(session_id))
-
-    def get_session_by_title(self, title: str) -> dict[str, Any] | None:
-        return self._read(lambda c: SessionRepository(c).get_by_title(title))  # type: ignore[return-value]
-
-    def resolve_session_by_title(self, title: str) -> str | None:
-        return self._read(lambda c: SessionRepository(c).resolve_by_title(title))
-
-    def get_next_title_in_lineage(self, base_title: str) -> str:
-        return self._read(lambda c: SessionRepository(c).next_title_in_lineage(base_title))
-
-    # ------------------------------------------------------------------ lookup and lineage
-
-    def resolve_session_id(self, session_id_or_prefix: str) -> str | None:
-        return self._read(lambda c: SessionRepository(c).resolve_id(session_id_or_prefix))
-
-    def get_compression_tip(self, session_id: str) -> str | None:
-        if not session_id:
-            return session_id
-        return self._read(lambda c: LineageRepository(c).compression_tip(session_id))
-
-    def resolve_resume_session_id(self, session_id: str) -> str:
-        if not session_id:
-            return session_id
-        return self._read(lambda c: LineageRepository(c).resume_target(session_id))
-
-    def get_session_lineage(self, session_id: str) -> list[str]:
-        """Root → … → tip ids of the session's chain."""
-        return self._read(lambda c: LineageRepository(c).chain(session_id))
-
-    def get_session_ancestors(self, session_id: str) -> list[str]:
-        """Root first, ending with the session itself."""
-        return self._read(lambda c: LineageRepository(c).ancestors(session_id))
-
-    def get_session_descendants(self, session_id: str) -> list[str]:
-        """Every session below this one, nearest first."""
-        return self._read(lambda c: LineageRepository(c).descendants(session_id))
-
-    # ------------------------------------------------------------------ listing
-
-    def list_sessions_rich(
-        self,
-        source: str | Iterable[str] | None = None,
-        exclude_sources: Iterable[str] | None = None,
-        limit: int = 20,
-        offset: int = 0,
-        include_children: bool = False,
-        project_compression_tips: bool = True,
-        order_by_last_active: bool = False,
-    ) -> list[dict[str, Any]]:
-        return self._read(  # type: ignore[return-value]
-            lambda c: SessionRepository(c).list_rich(
-                source, exclude_sources, limit, offset, include_children, project_compression_tips, order_by_last_active
-            )
-        )
-
-    def search_sessions(self, source: str | None = None, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
-        return self._read(lambda c: SessionRepository(c).search(source, limit, offset))  # type: ignore[return-value]
-
-    def session_count(self, source: str | None = None) -> int:
-        return self._read(lambda c: SessionRepository(c).count(source))
-
-    def message_count(self, session_id: str | None = None) -> int:
-        return self._read(lambda c: MessageRepository(c).count(session_id))
-
-    # ------------------------------------------------------------------ messages
-
-    def append_message(
-        self,
-        session_id: str,
-        role: str,
-        content: Any = None,
-        tool_name: str | None = None,
-        tool_calls: Any = None,
-        tool_call_id: str | None = None,
-        token_count: int | None = None,
-        finish_reason: str | None = None,
-        reasoning: str | None = None,
-        reasoning_content: str | None = None,
-        reasoning_details: Any = None,
-        codex_reasoning_items: Any = None,
-        codex_message_items: Any = None,
-        **extra: Any,
-    ) -> int:
-        fields = {
-            "tool_name": tool_name, "tool_calls": tool_calls, "tool_call_id": tool_call_id,
-            "token_count": token_count, "finish_reason": finish_reason, "reasoning": reasoning,
-            "reasoning_content": reasoning_content, "reasoning_details": reasoning_details,
-            "codex_reasoning_items": codex_reasoning_items, "codex_message_items": codex_message_items,
-            **extra,
-        }
-        return self._write(
-            lambda c: MessageRepository(c).append(session_id, role, content, **fields), budget=TRANSCRIPT_BUDGET_S
-        )
-
-    def append_messages(self, messages: Iterable[dict[str, Any]]) -> int:
-        """Bulk append for imports and replays (dicts with session_id, role, ...)."""
-        items = list(messages)
-        # The short-CJK index is not extended here: it would halve bulk throughput,
-        # and rows above its high-water mark are found by a direct scan until the next
-        # maintenance interval (or index_search()) covers them.
-        return self._write(lambda c: MessageRepository(c).bulk_append(items), budget=TRANSCRIPT_BUDGET_S)
-
-    def get_messages(self, session_id: str) -> list[dict[str, Any]]:
-        return self._read(lambda c: MessageRepository(c).get_messages(session_id))  # type: ignore[return-value]
-
-    def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False) -> list[dict[str, Any]]:
-        def run(c: Connection) -> list[dict[str, Any]]:
-            ids = LineageRepository(c).ancestors(session_id) if include_ancestors else [session_id]
-            return MessageRepository(c).conversation(ids or [session_id])
-
-        return self._read(run)
-
-    def replace_messages(self, session_id: str, messages: list[dict[str, Any]]) -> None:
-        self._write(lambda c: MessageRepository(c).replace(session_id, messages), budget=TRANSCRIPT_BUDGET_S)
-
-    def clear_messages(self, session_id: str) -> None:
-        self._write(lambda c: MessageRepository(c).clear(session_id), budget=TRANSCRIPT_BUDGET_S)
-
-    def get_messages_around(self, session_id: str, around_message_id: int, window: int = 5) -> dict[str, Any]:
-        return self._read(lambda c: MessageRepository(c).around(session_id, around_message_id, window).as_dict())
-
-    def get_anchored_view(
-        self,
-        session_id: str,
-        around_message_id: int,
-        window: int = 5,
-        bookend: int = 3,
-        keep_roles: Iterable[str] | None = ("user", "assistant"),
-    ) -> dict[str, Any]:
-        roles = tuple(keep_roles) if keep_roles is not None else None
-        return self._read(
-            lambda c: MessageRepository(c)
-            .anchored_view(session_id, around_message_id, window, bookend, roles)
-            .as_dict(bookends=True)
-        )
-
-    # ------------------------------------------------------------------ search
-
-    def search_messages(
-        self,
-        query: str,
-        source_filter: Iterable[str] | None = None,
-        exclude_sources: Iterable[str] | None = None,
-        role_filter: Iterable[str] | None = None,
-        limit: int = 20,
-        offset: int = 0,
-        sort: str | None = None,
-    ) -> list[dict[str, Any]]:
-        return self._read(  # type: ignore[return-value]
-            lambda c: SearchRepository(c).search_messages(
-                query, source_filter, exclude_sources, role_filter, limit, offset, sort
-            )
-        )
-
-    # ------------------------------------------------------------------ export and maintenance
-
-    def export_session(self, session_id: str) -> dict[str, Any] | None:
-        return self._read(lambda c: MaintenanceRepository(c).export_session(session_id))
-
-    def export_all(self, source: str | None = None) -> list[dict[str, Any]]:
-        return list(self.iter_export(source))
-
-    def iter_export(self, source: str | None = None) -> Iterator[dict[str, Any]]:
-        """Streamed export: one session (with messages) at a time, flat memory."""
-        with self._engine.connect() as conn:
-            try:
-                yield from MaintenanceRepository(conn).iter_export(source)
-            finally:
-                conn.rollback()
-
-    def import_sessions(self, records: Iterable[dict[str, Any]], batch: int = 200) -> tuple[int, int]:
-        """Import exported sessions idempotently; returns (imported, skipped)."""
-        imported = skipped = 0
-        chunk: list[dict[str, Any]] = []
-        # Children met before their parent, carried across batches until it arrives.
-        pending: list[tuple[str, str]] = []
-
-        def flush(rows: list[dict[str, Any]]) -> tuple[int, int]:
-            def run(c: Connection) -> tuple[int, int]:
-                repo = MaintenanceRepository(c, pending_parents=pending)
-                repo.defer_foreign_keys()
-                done = sum(1 for r in rows if repo.import_session(r))
-                return done, len(rows) - done
-
-            return self._write(run, budget=TRANSCRIPT_BUDGET_S)
-
-        for record in records:
-            chunk.append(record)
-            if len(chunk) >= batch:
-                a, b = flush(chunk)
-                imported, skipped, chunk = imported + a, skipped + b, []
-        if chunk:
-            a, b = flush(chunk)
-            imported, skipped = imported + a, skipped + b
-        if imported:
-            self.index_search()  # an import is maintenance: leave the short-CJK index complete
-        return imported, skipped
-
-    def delete_session(self, session_id: str, sessions_dir: str | os.PathLike[str] | None = None) -> bool:
-        return self._write(lambda c: MaintenanceRepository(c).delete_session(session_id, sessions_dir))
-
-    def prune_sessions(
-        self, older_than_days: int = 90, source: str | None = None, sessions_dir: str | os.PathLike[str] | None = None
-    ) -> int:
-        return self._write(lambda c: MaintenanceRepository(c).prune_sessions(older_than_days, source, sessions_dir))
-
-    def prune_candidates(self, older_than_days: int = 90, source: str | None = None) -> list[dict[str, Any]]:
-        """Read-only: the sessions :meth:`prune_sessions` would delete."""
-        return self._read(lambda c: MaintenanceRepository(c).prune_candidates(older_than_days, source))
-
-    def prune_empty_ghost_sessions(self, sessions_dir: str | os.PathLike[str] | None = None) -> int:
-        return self._write(lambda c: MaintenanceRepository(c).prune_empty_ghost_sessions(sessions_dir))
-
-    def finalize_orphaned_compression_sessions(self) -> int:
-        return self._write(lambda c: MaintenanceRepository(c).finalize_orphaned_compression_sessions())
-
-    def maybe_auto_prune_and_vacuum(
-        self,
-        retention_days: int = 90,
-        min_interval_hours: float = 24,
-        vacuum: bool = True,
-        sessions_dir: str | os.PathLike[str] | None = None,
-    ) -> dict[str, Any]:
-        """Prune (and VACUUM) at most once per interval, tracked in state_meta."""
-        result: dict[str, Any] = {"skipped": False, "pruned": 0, "vacuumed": False}
-        try:
-            last_raw = self.get_meta("last_auto_prune")
-            try:
-                last = float(last_raw) if last_raw is not None else None
-            except ValueError:
-                last = None  # unreadable stamp: treat as never run
-            if last is not None and time.time() - last < float(min_interval_hours) * 3600:
-                result["skipped"] = True
-                return result
-
-            def run(c: Connection) -> int:
-                repo = MaintenanceRepository(c)
-                pruned = repo.prune_sessions(retention_days, None, sessions_dir)
-                repo.set_meta("last_auto_prune", repr(time.time()))
-                return pruned
-
-            result["pruned"] = self._write(run)
-            if vacuum and result["pruned"]:
-                self.vacuum()
-                result["vacuumed"] = True
-        except Exception as exc:  # reported, never raised: this runs on startup paths
-            result["error"] = f"{type(exc).__name__}: {exc}"
-        return result
-
-    def vacuum(self) -> None:
-        with driver_errors():
-            self._dialect.vacuum(self._engine)
-
-    def get_meta(self, key: str) -> str | None:
-        return self._read(lambda c: MaintenanceRepository(c).get_meta(key))
-
-    def set_meta(self, key: str, value: Any) -> None:
-        self._write(lambda c: MaintenanceRepository(c).set_meta(key, value))
-
-    def rebuild_fts(self) -> list[str]:
-        """Rebuild both FTS5 indexes and the short-CJK index from the messages table."""
-        return self._write(lambda c: MaintenanceRepository(c).rebuild_search(), budget=TRANSCRIPT_BUDGET_S)
-
-    def index_search(self) -> int:
-        """Bring the short-CJK index fully up to date now; returns rows indexed."""
-        return self._write(lambda c: MaintenanceRepository(c).catch_up_search_index(), budget=TRANSCRIPT_BUDGET_S)
-
-    def optimize_fts(self) -> list[str]:
-        return self._write(lambda c: MaintenanceRepository(c).fts_optimize(), budget=TRANSCRIPT_BUDGET_S)
-
-    def check_fts(self) -> dict[str, str | None]:
-        return self._read(lambda c: MaintenanceRepository(c).fts_integrity_check())
-
-    def usage(self, by: str = "model", source: str | None = None) -> list[Any]:
-        return self._read(lambda c: MaintenanceRepository(c).usage(by, source))

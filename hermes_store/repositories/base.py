@@ -8,6 +8,7 @@ serves an ORM Session, a plain Connection, or a fake in tests.
 from __future__ import annotations
 
 import sqlite3
+import sys
 import time
 import weakref
 from contextlib import contextmanager
@@ -61,8 +62,15 @@ def as_connection(executor: Executor) -> Connection:
 
 
 def now() -> float:
-    """Unix epoch seconds as a float, Hermes' timestamp format."""
-    return time.time()
+    """Unix epoch seconds as a float, Hermes' timestamp format.
+
+    Read through the facade module's ``time`` when it is loaded: code written for
+    Hermes patches ``hermes_state.time`` (our facade, through the swap) to move the
+    clock, and that must move every timestamp we write. Looked up, not imported, so
+    repositories do not depend on the facade.
+    """
+    facade = sys.modules.get("hermes_store.facade")
+    return getattr(facade, "time", time).time()
 
 
 class Repository:

@@ -1,0 +1,48 @@
+"""Hermes' ``SessionDB`` methods, one module per theme.
+
+``hermes_store.facade.SessionDB`` inherits every mixin here and adds the plumbing
+(opening, connections, transactions, retries). A mixin holds argument handling and
+one repository call per method; the SQL is in ``hermes_store.repositories``.
+
+| module | theme |
+|---|---|
+| sessions | create/ensure/get/end/reopen/update session rows |
+| titles | titles and their conflict rules |
+| usage | token/cost totals and the per-model usage ledger |
+| messages | transcript rows: append, read, replace, rewind, archive |
+| lineage | compression tips, resume targets, ancestors, descendants |
+| compression | compression locks, failure cooldowns, fallback streaks |
+| listing | listing, counting and searching |
+| gateway | gateway peers, origins, routing entries, Telegram topics |
+| housekeeping | export, import, delete, prune, archive |
+| fts | search-index upkeep, VACUUM, state_meta |
+"""
+
+from .compression import CompressionMixin
+from .fts import FtsMixin
+from .gateway import GatewayMixin
+from .housekeeping import HousekeepingMixin
+from .lineage import LineageMixin
+from .listing import ListingMixin
+from .messages import MessagesMixin
+from .sessions import SessionsMixin
+from .titles import TitlesMixin
+from .usage import UsageMixin
+
+
+class HermesSurface(
+    SessionsMixin,
+    TitlesMixin,
+    UsageMixin,
+    MessagesMixin,
+    LineageMixin,
+    CompressionMixin,
+    ListingMixin,
+    GatewayMixin,
+    HousekeepingMixin,
+    FtsMixin,
+):
+    """Every public Hermes method, by theme (see the table above)."""
+
+
+__all__ = ["HermesSurface"]
