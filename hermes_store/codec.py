@@ -26,6 +26,7 @@ Writing is strict where guessing would lose or alter data:
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -35,13 +36,22 @@ __all__ = [
     "JSON_PREFIX",
     "check_key",
     "clean_text",
+    "coerce_timestamp",
     "count_tool_calls",
     "decode_content",
     "decode_json",
+    "decode_json_or",
+    "dump_json",
     "encode_content",
     "encode_json",
+    "encode_json_text",
+    "message_preview",
+    "parse_tool_calls",
+    "repair_message_sequence",
+    "sanitize_turn_text",
     "strip_memory_context",
     "text_from_bytes",
+    "tool_call_increment",
 ]
 
 #: Marker Hermes puts in front of JSON-encoded (multimodal) message content.
@@ -262,3 +272,215 @@ def strip_memory_context(text: str) -> str:
         return text
     stripped = _STRAY_NOTE_RE.sub("", stripped)
     return stripped.strip()
+
+
+def sanitize_turn_text(text: Any) -> Any:
+    """A user/assistant turn's text as a replayed conversation carries it: recalled
+    memory removed, surrounding whitespace stripped (Hermes: ``sanitize_context(...).strip()``).
+    Non-strings (multimodal lists, None) are returned unchanged."""
+    if not isinstance(text, str):
+        return text
+    return strip_memory_context(text).strip()
+
+
+# ----------------------------------------------------------------- v23 message fields
+
+
+def coerce_timestamp(value: Any) -> float | None:
+    """An explicit message timestamp as epoch seconds, or None when it cannot be one.
+
+    Hermes (v23) takes a number, a numeric string, or anything with ``.timestamp()``
+    (a datetime); an unconvertible value is ignored and the clock used instead. A
+    non-finite number is treated as unconvertible too: NaN would be stored as NULL in
+    a NOT NULL column and fail the whole write.
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        stamp = value.timestamp() if callable(getattr(value, "timestamp", None)) else value
+        ts = float(stamp)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None
+    return ts if math.isfinite(ts) else None
+
+
+def parse_tool_calls(value: Any) -> Any:
+    """``tool_calls`` as given to Hermes v23: JSON text is parsed first (unparsable → ``[]``),
+    anything else is returned as it is."""
+    if isinstance(value, _BYTES):
+        value = bytes(value).decode("utf-8", "replace")
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return []
+    return value
+
+
+def tool_call_increment(parsed: Any) -> int:
+    """How much one message adds to ``sessions.tool_call_count`` (Hermes v23 rule).
+
+    ``parsed`` is what :func:`parse_tool_calls` returned: a list counts its length, any
+    other non-None value counts 1 (a ``role='tool'`` row without ``tool_calls`` adds
+    nothing). Tuples count their length too, as the list they are stored as.
+    """
+    if parsed is None:
+        return 0
+    if isinstance(parsed, (list, tuple)):
+        return len(parsed)
+    return 1
+
+
+def dump_json(value: Any) -> str | None:
+    """Hermes v23's ``json.dumps(value) if value else None`` for an already-parsed value
+    (a string is dumped as a JSON string, never stored bare)."""
+    if not value:
+        return None
+    return _dumps(value)
+
+
+def encode_json_text(value: Any) -> str | None:
+    """A reasoning/codex JSON column as appends store it: falsy → NULL; text that already
+    is JSON is kept verbatim (never double-encoded); other text is stored as a JSON
+    string, so it reads back as the same string; anything else is dumped."""
+    if not value:
+        return None
+    if isinstance(value, _BYTES):
+        value = text_from_bytes(value, "JSON column")
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            return _dumps(value)
+        return clean_text(value)
+    return _dumps(value)
+
+
+def decode_json_or(text: Any, fallback: Any) -> Any:
+    """Parse a JSON column for a replayed conversation: ``fallback`` for invalid JSON
+    (Hermes: bad ``tool_calls`` → ``[]``, bad reasoning details → None)."""
+    if not isinstance(text, (str, bytes, bytearray)):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return fallback
+
+
+_WS_RE = re.compile(r"\s+")
+PREVIEW_CHARS = 80
+
+
+def message_preview(content: Any) -> str:
+    """One line for a message picker (Hermes' ``list_recent_user_messages``).
+
+    Decoded text; multimodal content gives its text parts joined, or
+    ``"[multimodal content]"`` when it has none; whitespace collapsed to single
+    spaces; longer than 80 characters → the first 77 plus ``"..."``.
+    """
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    elif isinstance(content, (list, dict)):
+        parts = content if isinstance(content, list) else [content]
+        texts = [p if isinstance(p, str) else p.get("text") for p in parts
+                 if isinstance(p, str) or (isinstance(p, dict) and p.get("type") == "text"
+                                           and isinstance(p.get("text"), str))]
+        text = " ".join(texts) if texts else "[multimodal content]"
+    else:
+        text = str(content)
+    text = _WS_RE.sub(" ", text).strip()
+    if len(text) > PREVIEW_CHARS:
+        text = text[: PREVIEW_CHARS - 3] + "..."
+    return text
+
+
+# ----------------------------------------------------------------- alternation repair
+
+#: Roles whose consecutive turns are merged (tool results answer distinct calls: never merged).
+_MERGED_ROLES = frozenset({"system", "user", "assistant"})
+
+
+def _as_parts(content: Any) -> list[Any]:
+    if isinstance(content, list):
+        return list(content)
+    if content is None or content == "":
+        return []
+    if isinstance(content, dict):
+        return [content]
+    return [{"type": "text", "text": content if isinstance(content, str) else str(content)}]
+
+
+def _merge_content(first: Any, second: Any) -> Any:
+    """Two turns' content as one: strings joined by a blank line; with a multimodal side,
+    the parts of both in order (text becoming a text part); empty sides dropped."""
+    if first is None or first == "":
+        return second
+    if second is None or second == "":
+        return first
+    if isinstance(first, str) and isinstance(second, str):
+        return f"{first}\n\n{second}"
+    return _as_parts(first) + _as_parts(second)
+
+
+def _merge_turns(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(first)
+    for key, value in second.items():
+        if key == "content":
+            merged["content"] = _merge_content(first.get("content"), value)
+        elif key == "tool_calls":
+            merged["tool_calls"] = list(first.get("tool_calls") or []) + list(value or [])
+        elif key == "finish_reason":
+            merged[key] = value  # the turn ends the way its last part ended
+        else:
+            merged.setdefault(key, value)
+    return merged
+
+
+def _call_ids(msg: dict[str, Any]) -> set[Any]:
+    ids = set()
+    for call in msg.get("tool_calls") or []:
+        if isinstance(call, dict) and call.get("id") is not None:
+            ids.add(call["id"])
+    return ids
+
+
+def repair_message_sequence(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A replayable copy of a conversation whose turns may not alternate (Hermes' agent
+    repairs history the same way before sending it to a model; the DB is never touched).
+
+    * A ``tool`` result is kept only when it answers a call of the assistant turn it
+      follows (directly, or after other results of that turn) and that call was not
+      answered yet; a result without a ``tool_call_id`` is kept when the preceding
+      assistant turn made calls. Every other result is stray and dropped.
+    * Consecutive ``system``, ``user`` or ``assistant`` turns (also those made adjacent by
+      a dropped result) are merged into one: contents joined (strings by a blank line,
+      multimodal parts concatenated), assistant ``tool_calls`` concatenated,
+      ``finish_reason`` taken from the last part, every other key from the first part
+      that has it.
+    * Messages that are not dicts are dropped. The input list and its dicts are left
+      unchanged.
+    """
+    out: list[dict[str, Any]] = []
+    open_calls: set[Any] | None = None  # calls of the assistant turn the results follow
+    for msg in messages:
+        if not isinstance(msg, dict):
+            continue
+        role = msg.get("role")
+        if role == "tool":
+            call_id = msg.get("tool_call_id")
+            if open_calls is None or (call_id is not None and call_id not in open_calls):
+                continue  # stray: no assistant call (left) for it
+            if call_id is not None:
+                open_calls.discard(call_id)
+            out.append(dict(msg))
+            continue
+        if out and role in _MERGED_ROLES and out[-1].get("role") == role:
+            out[-1] = _merge_turns(out[-1], msg)
+        else:
+            out.append(dict(msg))
+        # Results may follow only an assistant turn that made calls (calls without an
+        # id leave an empty set: only results without an id can answer those).
+        open_calls = _call_ids(out[-1]) if role == "assistant" and out[-1].get("tool_calls") else None
+    return out

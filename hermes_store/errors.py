@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 
 class HermesStoreError(Exception):
     """Base class of every error hermes_store raises on purpose."""
@@ -39,8 +41,11 @@ class InvalidTitleError(HermesStoreError, ValueError):
     """The title is invalid (too long after sanitizing)."""
 
 
-class DatabaseLockedError(HermesStoreError):
-    """The database stayed locked by other writers for the whole retry budget."""
+class DatabaseLockedError(HermesStoreError, sqlite3.OperationalError):
+    """The database stayed locked by other writers for the whole retry budget.
+
+    Also a ``sqlite3.OperationalError``, what Hermes' own SessionDB raises then, so
+    code written for Hermes catches it unchanged."""
 
 
 class InvalidInputError(HermesStoreError, ValueError):
@@ -48,10 +53,11 @@ class InvalidInputError(HermesStoreError, ValueError):
     without a role, bytes where text is expected...). Nothing was written."""
 
 
-class ReadOnlyDatabaseError(DatabaseUnavailableError):
-    """The file or its folder is read-only, so the requested write cannot happen.
+class ReadOnlyDatabaseError(DatabaseUnavailableError, sqlite3.OperationalError):
+    """The file or its folder is read-only (or opened ``read_only=True``), so the write cannot happen.
 
-    Raised before anything is touched: the file stays byte-for-byte unchanged."""
+    Raised before anything is touched: the file stays byte-for-byte unchanged. Also a
+    ``sqlite3.OperationalError``, as Hermes raises for a write on a read-only open."""
 
 
 class DiskFullError(DatabaseUnavailableError):

@@ -9,10 +9,12 @@ after a serialization failure or deadlock (40001/40P01) on the server.
 
 from __future__ import annotations
 
+import asyncio  # noqa: F401 - a hermes_state module global Hermes code reaches for
 import logging
 import os
 import random
 import sqlite3
+import sys  # noqa: F401 - Hermes' tests patch hermes_state.sys.platform
 import threading
 import time
 from pathlib import Path
@@ -31,7 +33,35 @@ from .paths import create_private_database  # noqa: F401 - kept importable from 
 from .repositories import MaintenanceRepository
 from .repositories.base import driver_errors
 from .repositories.maintenance import remove_committed_files
+from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served by the swap
+    DDL_NAMES,
+    FTS_CJK_STALE_KEY,
+    FTS_STORAGE_VERSION,
+    MAX_FTS5_QUERY_CHARS,
+    _apply_macos_checkpoint_barrier,
+    _backup_db_file,
+    _cjk_fts_config_enabled,
+    _claim_repair_attempt,
+    _collect_delegate_child_ids,
+    _cwd_prefix_clause,
+    _db_opens_cleanly,
+    _delegate_from_json,
+    _delete_delegate_children,
+    _enforce_macos_synchronous_full,
+    _ephemeral_child_sql,
+    _is_background_review_harness_message,
+    _on_disk_journal_mode,
+    _scrub_surrogates,
+    _strip_background_review_harness,
+    ddl_strings,
+    fts5_cjk_so_path,
+    is_malformed_db_error,
+    load_fts5_cjk_extension,
+    repair_state_db_schema,
+    workspace_key,
+)
 from .sessiondb import HermesSurface
+from .sessiondb.async_wrapper import AsyncSessionDB  # noqa: F401 - Hermes' gateway wrapper
 from .sessiondb._host import TRANSCRIPT_BUDGET_S, WRITE_BUDGET_S  # noqa: F401 - tuning knobs, named here since v1
 
 log = logging.getLogger(__name__)
@@ -50,7 +80,28 @@ MAX_IDLE_CONNECTIONS = 4
 #: Rows the short-CJK index catches up on at open and at each checkpoint interval.
 BIGRAM_CATCH_UP_ROWS = 20_000
 
+#: The ``schema_version`` our head revision writes (Hermes v30's file format).
+SCHEMA_VERSION = 30
+#: Hermes' default file, computed at import as Hermes does. Code may patch it;
+#: while unpatched, ``SessionDB()`` reads ``$HERMES_HOME`` at call time instead.
+DEFAULT_DB_PATH = default_db_path()
+_IMPORTED_DEFAULT_DB_PATH = DEFAULT_DB_PATH
+#: Set to a URL (``postgresql+psycopg://…`` or ``sqlite:///…``) to point ``SessionDB()`` elsewhere.
+URL_ENV = "HERMES_STORE_URL"
+#: Error texts meaning "this filesystem cannot do WAL locking" (NFS/SMB), as Hermes v23.
+_WAL_INCOMPAT_MARKERS = ("locking protocol", "not authorized")
+#: Labels already warned about a WAL fallback (Hermes' name for it).
+_wal_fallback_warned_paths = _wal_warned
+
 _last_init_error: str | None = None
+_init_error_lock = threading.Lock()
+
+
+def _set_last_init_error(msg: str | None) -> None:
+    """Record (or clear, with None) why the last SessionDB open failed."""
+    global _last_init_error
+    with _init_error_lock:
+        _last_init_error = msg
 
 
 def get_last_init_error() -> str | None:
@@ -63,12 +114,26 @@ def format_session_db_unavailable(prefix: str = "Session database not available"
     err = _last_init_error
     if not err:
         return f"{prefix}."
-    if "locking protocol" in err.lower():
+    if any(marker in err.lower() for marker in _WAL_INCOMPAT_MARKERS):
         return (
-            f"{prefix}: the filesystem holding it (e.g. NFS/SMB) does not support the "
-            f"WAL locking SQLite needs ({err})."
+            f"{prefix}: {err} (the filesystem holding it, e.g. NFS/SMB, does not support the "
+            "WAL locking SQLite needs)."
         )
-    return f"{prefix}: {err}"
+    return f"{prefix}: {err}."
+
+
+def _log_wal_fallback_once(db_label: str, exc: Exception) -> None:
+    """One warning per label per process about falling back from WAL."""
+    if db_label not in _wal_fallback_warned_paths:
+        _wal_fallback_warned_paths.add(db_label)
+        log.warning("%s: WAL mode unavailable (%s); using rollback journal instead", db_label, exc)
+
+
+def __getattr__(name: str) -> Any:
+    """Hermes' DDL constants (``SCHEMA_SQL``…), built from our migrations on first use."""
+    if name in DDL_NAMES:
+        return ddl_strings()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: Dialects SessionDB opens: SQLite files, and PostgreSQL servers (shared by many writers).
@@ -86,6 +151,11 @@ def _database_target(db_path: Any, url: str | URL | None, engine: Engine | None)
         raise errors.InvalidInputError("give SessionDB one of db_path, url= or engine=, not several")
     target = given[0] if given else None
     if target is None:
+        target = os.environ.get(URL_ENV) or None
+    if target is None:
+        patched = globals()["DEFAULT_DB_PATH"]
+        if patched != _IMPORTED_DEFAULT_DB_PATH:
+            return Path(patched).expanduser()  # code set hermes_state.DEFAULT_DB_PATH
         return default_db_path()
     if isinstance(target, Engine):
         target = target.url
@@ -119,6 +189,7 @@ class SessionDB(HermesSurface):
     def __init__(
         self,
         db_path: str | os.PathLike[str] | URL | Engine | None = None,
+        read_only: bool = False,
         *,
         url: str | URL | None = None,
         engine: Engine | None = None,
@@ -138,48 +209,91 @@ class SessionDB(HermesSurface):
 
         A ``postgresql+psycopg://…`` URL (or an Engine on one) opens that database and
         migrates it to head; ``db_path`` is then None and ``url`` says where it lives.
+
+        With no target at all: ``$HERMES_STORE_URL`` when set, else ``DEFAULT_DB_PATH``
+        of this module when code patched it, else ``$HERMES_HOME/state.db`` now.
+
+        ``read_only=True`` (Hermes v23) opens an existing file as it is: no folder,
+        migration, adoption or WAL switch; every write raises
+        :class:`~hermes_store.errors.ReadOnlyDatabaseError` (also a
+        ``sqlite3.OperationalError``, as Hermes' callers expect).
+
+        A file whose schema SQLite reports malformed is repaired once per process
+        (:func:`repair_state_db_schema`, after a raw backup) and opened again.
         """
-        global _last_init_error
+        try:
+            self._open(db_path, read_only, url, engine)
+        except Exception as exc:
+            path = getattr(self, "db_path", None)
+            if path is not None and not read_only and is_malformed_db_error(exc) \
+                    and _claim_repair_attempt(path):
+                log.warning("%s: malformed database (%s); repairing it (a backup is kept)", path, exc)
+                self._dispose_quietly()
+                outcome = repair_state_db_schema(path)
+                if outcome.get("repaired"):
+                    try:
+                        self._open(db_path, read_only, url, engine)
+                        return
+                    except Exception as again:
+                        exc = again
+            _set_last_init_error(f"{type(exc).__name__}: {exc}")
+            raise exc
+
+    def _open(self, db_path: Any, read_only: bool, url: Any, engine: Any) -> None:
         target = _database_target(db_path, url, engine)
+        self.read_only = bool(read_only)
         #: The SQLite file (None on a server); ``url`` is set either way.
         self.db_path: Path | None = target if isinstance(target, Path) else None
         self.url: URL = to_url(target)
         self._writes = 0
-        self._lock = threading.Lock()
+        # Reentrant: Hermes' code holds ``with db._lock:`` around its own ``_conn`` use
+        # and may call our methods inside, which take it briefly too.
+        self._lock = threading.RLock()
         # Idle connections kept open between calls, one stack for readers and one for
         # writers (each stack's connections carry their BEGIN flavour). Checking a
         # connection out of the pool for every append costs as much as the append.
         self._idle: dict[bool, list[Connection]] = {False: [], True: []}
-        try:
-            if self.db_path is not None:
-                # Path kind and permissions first (a dangling link, a folder, a read-only
-                # file or folder, a path below a file): typed errors, nothing created.
-                real = paths.check_target(self.db_path, write=True, create=True, make_parents=True)
-                paths.make_parents(real)
-                # Creates the file 0600 when missing, finishes an interrupted adoption,
-                # adopts a Hermes-made file, migrates our own older revisions.
-                migrations.upgrade(self.db_path)
-                # No pool cap: how many threads use one SessionDB is the application's call.
-                self._engine = create_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
-                label = self.db_path.name
-            else:
-                # A server: no file checks, adoption, WAL or PRAGMAs. Our own pooled
-                # engine (pre-ping, NUL mapping, typed errors), never the caller's.
-                self._engine = create_engine(self.url, max_overflow=-1)
-                migrations.upgrade(self._engine)
-                label = self.url.database or self.url.get_backend_name()
-            self._dialect = dialect = for_connection(self._engine)
-
-            @event.listens_for(self._engine, "connect")
-            def _journal(dbapi_conn: Any, _rec: Any) -> None:
-                self.journal_mode = dialect.on_connect(dbapi_conn, label=label)
-
+        if self.db_path is not None and self.read_only:
+            # As it is on disk: must exist; nothing created, migrated or switched.
+            paths.check_target(self.db_path, write=False, create=False, make_parents=False)
+            ro_url = URL.create("sqlite", database=f"file:{self.db_path}", query={"mode": "ro", "uri": "true"})
+            self._engine = create_engine(ro_url, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
+            self._dialect = for_connection(self._engine)
+            self.journal_mode = None
             with self._engine.connect() as conn:
-                dialect.ping(conn)
-            self._catch_up_search_index()
-        except Exception as exc:
-            _last_init_error = f"{type(exc).__name__}: {exc}"
-            raise
+                self._dialect.ping(conn)
+            return
+        if self.db_path is not None:
+            # Path kind and permissions first (a dangling link, a folder, a read-only
+            # file or folder, a path below a file): typed errors, nothing created.
+            real = paths.check_target(self.db_path, write=True, create=True, make_parents=True)
+            paths.make_parents(real)
+            # Creates the file 0600 when missing, finishes an interrupted adoption,
+            # adopts a Hermes-made file, migrates our own older revisions.
+            migrations.upgrade(self.db_path)
+            # No pool cap: how many threads use one SessionDB is the application's call.
+            self._engine = create_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
+            label = self.db_path.name
+        else:
+            if self.read_only:
+                raise errors.UnsupportedDatabaseError(
+                    "read_only=True opens a SQLite file; on a server use a read-only role instead"
+                )
+            # A server: no file checks, adoption, WAL or PRAGMAs. Our own pooled
+            # engine (pre-ping, NUL mapping, typed errors), never the caller's.
+            self._engine = create_engine(self.url, max_overflow=-1)
+            migrations.upgrade(self._engine)
+            label = self.url.database or self.url.get_backend_name()
+        self._dialect = dialect = for_connection(self._engine)
+
+        # Hook: every new DB-API connection gets the dialect's session setup (WAL on SQLite).
+        @event.listens_for(self._engine, "connect")
+        def _journal(dbapi_conn: Any, _rec: Any) -> None:
+            self.journal_mode = dialect.on_connect(dbapi_conn, label=label)
+
+        with self._engine.connect() as conn:
+            dialect.ping(conn)
+        self._catch_up_search_index()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -199,11 +313,20 @@ class SessionDB(HermesSurface):
     def engine(self):  # type: ignore[no-untyped-def]
         return self._engine
 
+    def _dispose_quietly(self) -> None:
+        """Drop a half-opened engine (before a repair retries the open)."""
+        engine = getattr(self, "_engine", None)
+        self._engine = None  # type: ignore[assignment]
+        if engine is not None:
+            engine.dispose()
+
     def close(self) -> None:
+        self._close_raw()
         if getattr(self, "_engine", None) is None:
             return
         try:
-            self._checkpoint()
+            if not self.read_only:
+                self._checkpoint()
         finally:
             with self._lock:
                 idle = self._idle[False] + self._idle[True]
@@ -261,6 +384,8 @@ class SessionDB(HermesSurface):
         self, fn: Callable[[Connection], T], *, budget: float = WRITE_BUDGET_S, _maintenance: bool = False
     ) -> T:
         """Run ``fn`` in BEGIN IMMEDIATE; retry on lock with jitter within ``budget``."""
+        if self.read_only:
+            raise errors.ReadOnlyDatabaseError(f"{self._label()}: opened with read_only=True")
         start = time.monotonic()
         deadline = start + budget
         while True:
@@ -314,11 +439,3 @@ class SessionDB(HermesSurface):
             )
         except errors.DatabaseLockedError:
             return 0  # someone else is writing; the next interval will do it
-
-    def _execute_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Hermes' hook: ``fn`` gets the DB-API connection inside the write transaction."""
-        def run(conn: Connection) -> T:
-            with driver_errors():  # typed errors for a full disk etc.; "locked" still retries
-                return fn(conn.connection.driver_connection)
-
-        return self._write(run)

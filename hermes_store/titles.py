@@ -37,9 +37,11 @@ _NUMBERED_RE = re.compile(r"^(?P<base>.+) #(?P<n>[1-9][0-9]*)$", re.DOTALL)
 def sanitize_title(title: str | None) -> str | None:
     """Clean a user-supplied title; None for an empty result.
 
-    Raises InvalidTitleError when the cleaned title is longer than MAX_TITLE_LENGTH
-    (we refuse rather than silently truncate, so two long titles never collide on
-    their common prefix) or when the value is not a string.
+    Lone surrogates are scrubbed first (Hermes v23 does the same before its v11 rules):
+    a surrogate pair written as two code points becomes its character, a lone half
+    U+FFFD. Raises InvalidTitleError (a ValueError) when the cleaned title is longer
+    than MAX_TITLE_LENGTH (we refuse rather than silently truncate, so two long titles
+    never collide on their common prefix) or when the value is not a string.
     """
     if title is None:
         return None
@@ -51,10 +53,8 @@ def sanitize_title(title: str | None) -> str | None:
     if not cleaned:
         return None
     if len(cleaned) > MAX_TITLE_LENGTH:
-        raise InvalidTitleError(
-            f"title is too long ({len(cleaned)} characters after cleaning; "
-            f"the maximum is {MAX_TITLE_LENGTH})"
-        )
+        # Hermes' own wording: callers show it to users and some match on it.
+        raise InvalidTitleError(f"Title too long ({len(cleaned)} chars, max {MAX_TITLE_LENGTH})")
     return cleaned
 
 

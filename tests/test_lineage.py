@@ -1,4 +1,4 @@
-"""Lineage: one recursive statement per question, cycle-safe."""
+"""Lineage: one recursive statement per question, cycle-safe (Hermes v23 compression rules)."""
 
 from __future__ import annotations
 
@@ -6,27 +6,38 @@ import pytest
 
 import sqlite3
 
-from sqlalchemy import event
+from sqlalchemy import event, insert, update
 
 from hermes_store import SessionDB, UnitOfWork
+from hermes_store.models import Base
 
 from .conftest import set_times
+
+SESSIONS = Base.metadata.tables["sessions"]
 
 
 def _chain(db: SessionDB, n: int, reason: str = "compression") -> list[str]:
     ids = [f"c{i:04d}" for i in range(n)]
-
-    def build(conn):
-        for i, sid in enumerate(ids):
-            conn.execute(
-                "INSERT INTO sessions (id, source, started_at, ended_at, end_reason, parent_session_id) "
-                "VALUES (?, 'cli', ?, ?, ?, ?)",
-                (sid, 1000.0 + i, 1000.5 + i if i < n - 1 else None, reason if i < n - 1 else None,
-                 ids[i - 1] if i else None),
-            )
-
-    db._execute_write(build)
+    rows = [
+        {"id": sid, "source": "cli", "started_at": 1000.0 + i, "ended_at": 1000.5 + i if i < n - 1 else None,
+         "end_reason": reason if i < n - 1 else None, "parent_session_id": ids[i - 1] if i else None}
+        for i, sid in enumerate(ids)
+    ]
+    db._write(lambda c: c.execute(insert(SESSIONS), rows))
     return ids
+
+
+def _cycle(db: SessionDB, end_reason: str | None = "compression") -> None:
+    """x → z, y → x, z → y: a corrupt parent cycle (rows first, links afterwards)."""
+    def build(conn):
+        conn.execute(insert(SESSIONS), [
+            {"id": sid, "source": "cli", "started_at": 1.0, "ended_at": 1.0 if end_reason else None,
+             "end_reason": end_reason} for sid in ("x", "y", "z")
+        ])
+        for sid, parent in (("x", "z"), ("y", "x"), ("z", "y")):
+            conn.execute(update(SESSIONS).where(SESSIONS.c.id == sid).values(parent_session_id=parent))
+
+    db._write(build)
 
 
 def count_statements(engine):
@@ -40,7 +51,6 @@ def count_statements(engine):
     return statements, lambda: event.remove(engine, "before_cursor_execute", _count)
 
 
-@pytest.mark.sqlite_only
 def test_thousand_deep_lineage_in_one_statement(db: SessionDB) -> None:
     ids = _chain(db, 1000)
     statements, stop = count_statements(db.engine)
@@ -57,50 +67,55 @@ def test_thousand_deep_lineage_in_one_statement(db: SessionDB) -> None:
         statements.clear()
         assert uow.lineage.chain(ids[500]) == ids
         assert len(statements) == 1
+        statements.clear()
+        assert uow.lineage.compression_lineage(ids[500]) == ids
+        assert len(statements) == 1
+        statements.clear()
+        assert uow.lineage.resume_target(ids[0]) == ids[-1]
+        assert len(statements) == 1
+        statements.clear()
+        assert uow.lineage.conversation_root(ids[-1]) == ids[0]
+        assert len(statements) == 1
     stop()
 
 
-@pytest.mark.sqlite_only
 def test_tip_and_resume_target(db: SessionDB) -> None:
     ids = _chain(db, 4)
     assert db.get_compression_tip(ids[1]) == ids[3]
-    assert db.resolve_resume_session_id(ids[0]) == ids[0]  # nobody holds messages
+    # v23: a resume jumps to the tip first, then looks below it for messages.
+    assert db.resolve_resume_session_id(ids[0]) == ids[3]  # nobody holds messages
     db.append_message(ids[2], "user", "in the middle")
-    assert db.resolve_resume_session_id(ids[0]) == ids[2]
-    db.append_message(ids[3], "user", "at the tip")
-    assert db.resolve_resume_session_id(ids[0]) == ids[3]
+    assert db.resolve_resume_session_id(ids[0]) == ids[3]  # the middle is above the tip
+    db.create_session("below", "cli", parent_session_id=ids[3])
+    db.append_message("below", "user", "after the tip")
+    assert db.resolve_resume_session_id(ids[0]) == "below"
     assert db.resolve_resume_session_id("") == ""
     assert db.get_compression_tip("") == ""
-    assert db.get_compression_tip("unknown") is None
+    assert db.get_compression_tip("unknown") == "unknown"  # v23: unknown ids come back as given
 
 
-def test_non_compression_children_are_not_continuations(db: SessionDB) -> None:
+def test_compression_children_need_no_timestamp_but_other_children_never_continue(db: SessionDB) -> None:
     db.create_session("p", "cli")
     set_times(db, "p", started_at=1.0, ended_at=2.0, end_reason="compression")
     db.create_session("early", "cli", parent_session_id="p")
-    set_times(db, "early", started_at=1.5)  # started before the parent ended
-    assert db.get_compression_tip("p") == "p"
+    set_times(db, "early", started_at=1.5)  # started before the parent ended: still a continuation (v23)
+    assert db.get_compression_tip("p") == "early"
     db.create_session("q", "cli")
     set_times(db, "q", started_at=1.0, ended_at=2.0, end_reason="branched")
     db.create_session("b", "cli", parent_session_id="q")
     assert db.get_compression_tip("q") == "q"
 
 
-@pytest.mark.sqlite_only
 def test_cycles_terminate(db: SessionDB) -> None:
-    def build(conn):
-        conn.execute("PRAGMA defer_foreign_keys = ON")  # the cycle is complete at COMMIT
-        for sid, parent in (("x", "z"), ("y", "x"), ("z", "y")):
-            conn.execute(
-                "INSERT INTO sessions (id, source, started_at, ended_at, end_reason, parent_session_id) "
-                "VALUES (?, 'cli', 1, 1, 'compression', ?)", (sid, parent),
-            )
-
-    db._execute_write(build)
+    _cycle(db)
     with UnitOfWork(db.engine, write=False) as uow:
         assert set(uow.lineage.ancestors("x")) == {"x", "y", "z"}
         assert set(uow.lineage.descendants("x")) == {"y", "z"}
-        assert uow.lineage.compression_tip("x") in {"x", "y", "z"}
+        assert uow.lineage.compression_tip("x") == "z"  # x → y → z, then x again: stop
+        assert uow.lineage.chain("x") == ["y", "z", "x"]  # each id once
+        assert uow.lineage.conversation_root("x") == "y"
+        assert sorted(uow.lineage.compression_lineage("x")) == ["x", "y", "z"]
+        assert set(uow.lineage.compression_tips(["x", "y", "z"])) <= {"x", "y", "z"}  # terminates
 
 
 # ---------------------------------------------------------------- ancestors through SessionDB
@@ -121,7 +136,6 @@ def test_get_session_ancestors_root_first_ending_with_itself(db: SessionDB) -> N
         assert uow.lineage.ancestors("root", include_self=False) == []
 
 
-@pytest.mark.sqlite_only
 def test_get_session_ancestors_of_a_deep_chain(db: SessionDB) -> None:
     ids = _chain(db, 1000, reason="branched")  # any parent link counts, not only compression
     assert db.get_session_ancestors(ids[-1]) == ids
@@ -138,14 +152,7 @@ def test_get_session_ancestors_stops_at_a_missing_parent(db: SessionDB) -> None:
     assert db.get_session_ancestors("orphan") == ["orphan"]
 
 
-@pytest.mark.sqlite_only
 def test_get_session_ancestors_in_a_cycle_lists_each_once(db: SessionDB) -> None:
-    def build(conn):
-        conn.execute("PRAGMA defer_foreign_keys = ON")
-        for sid, parent in (("x", "z"), ("y", "x"), ("z", "y")):
-            conn.execute("INSERT INTO sessions (id, source, started_at, parent_session_id) VALUES (?, 'cli', 1, ?)",
-                         (sid, parent))
-
-    db._execute_write(build)
+    _cycle(db, end_reason=None)
     assert db.get_session_ancestors("x") == ["y", "z", "x"]  # nearest last, each id once
     assert db.get_session_ancestors("y") == ["z", "x", "y"]

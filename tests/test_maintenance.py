@@ -37,7 +37,7 @@ def test_export_session_shape(db: SessionDB) -> None:
     assert out["messages"][1]["tool_calls"][0]["function"]["name"] == "x"
     assert db.export_session("nope") is None
     everything = db.export_all()
-    assert [s["id"] for s in everything] == ["root", "kid", "solo"]
+    assert [s["id"] for s in everything] == ["solo", "kid", "root"]  # v23: most recently active first
     assert [s["id"] for s in db.export_all(source="telegram")] == ["solo"]
 
 
@@ -54,11 +54,11 @@ def test_export_import_round_trip_is_exact_and_idempotent(db: SessionDB, tmp_pat
     exported = db.export_all()
     other = SessionDB(tmp_path / "other.db")
     try:
-        assert other.import_sessions(reversed(exported)) == (3, 0)  # children before parents
+        assert other.import_records(reversed(exported)) == (3, 0)  # children before parents
         assert _snapshot(other) == _snapshot(db)
         assert other.get_session("kid")["parent_session_id"] == "root"
         assert other.search_messages("flamingo")[0]["session_id"] == "kid"
-        assert other.import_sessions(exported) == (0, 3)
+        assert other.import_records(exported) == (0, 3)
         assert _snapshot(other) == _snapshot(db)
         assert other.check_fts() == {"messages_fts": None, "messages_fts_trigram": None}
     finally:
@@ -196,14 +196,14 @@ def _record(sid: str, started: float, n: int, *, parent: str | None = None, firs
 
 
 def test_import_over_several_batches_keeps_everything(db: SessionDB) -> None:
-    """450 sessions go in three transactions of at most 200 (import_sessions' batch)."""
+    """450 sessions go in three transactions of at most 200 (import_records' batch)."""
     records = [_record("p0", 1.0, 3)]
     records += [_record(f"s{i:03d}", 10.0 + i, 2, parent="p0" if i == 300 else None) for i in range(449)]
-    assert db.import_sessions(records) == (450, 0)
+    assert db.import_records(records) == (450, 0)
     assert db.session_count() == 450 and db.message_count() == 3 + 449 * 2
     assert db.get_session("s300")["parent_session_id"] == "p0"  # parent came two batches earlier
     assert [m["content"] for m in db.get_messages("s448")] == ["s448 says 0", "s448 says 1"]
-    assert db.import_sessions(records) == (0, 450)  # idempotent across batches too
+    assert db.import_records(records) == (0, 450)  # idempotent across batches too
     assert db.message_count() == 3 + 449 * 2
     assert db.search_messages("s123")[0]["session_id"] == "s123"
     assert db.check_fts() == {"messages_fts": None, "messages_fts_trigram": None}
@@ -211,11 +211,11 @@ def test_import_over_several_batches_keeps_everything(db: SessionDB) -> None:
 
 def test_import_keeps_free_ids_and_renumbers_colliding_sessions_in_order(db: SessionDB) -> None:
     # Free ids are kept exactly (anchors and lineage survive a round trip).
-    assert db.import_sessions([_record("a", 1.0, 3, first_id=100)]) == (1, 0)
+    assert db.import_records([_record("a", 1.0, 3, first_id=100)]) == (1, 0)
     assert [m["id"] for m in db.get_messages("a")] == [100, 101, 102]
     # Another file's export with overlapping ids: all of that session's messages get new
     # ids, in their original order (keeping only the free id 103 would misorder them).
-    assert db.import_sessions([_record("b", 2.0, 4, first_id=101)]) == (1, 0)
+    assert db.import_records([_record("b", 2.0, 4, first_id=101)]) == (1, 0)
     b = db.get_messages("b")
     assert [m["content"] for m in b] == [f"b says {i}" for i in range(4)]
     assert len({m["id"] for m in b} | {100, 101, 102}) == 7
@@ -225,12 +225,12 @@ def test_import_keeps_free_ids_and_renumbers_colliding_sessions_in_order(db: Ses
     rev = _record("d", 4.0, 3)
     for m, i in zip(rev["messages"], (900, 800, 700)):
         m["id"] = i
-    assert db.import_sessions([dup, rev]) == (2, 0)
+    assert db.import_records([dup, rev]) == (2, 0)
     assert [m["content"] for m in db.get_messages("c")] == [f"c says {i}" for i in range(3)]
     assert [m["content"] for m in db.get_messages("d")] == [f"d says {i}" for i in range(3)]
     assert db.message_count() == 13
     # A staged-size session (>= 64 messages) with explicit free ids keeps them too.
-    assert db.import_sessions([_record("e", 5.0, 70, first_id=10_000)]) == (1, 0)
+    assert db.import_records([_record("e", 5.0, 70, first_id=10_000)]) == (1, 0)
     assert [m["id"] for m in db.get_messages("e")] == list(range(10_000, 10_070))
 
 
@@ -283,7 +283,7 @@ def test_append_bulk_replace_and_import_store_identical_rows(db: SessionDB) -> N
         db.append_message("appended", **v)
     db.append_messages([{"session_id": "bulk", **v} for v in variants])
     db.replace_messages("replaced", variants)
-    db.import_sessions([{"id": "imported", "source": "cli", "started_at": 1.0, "messages": variants}])
+    db.import_records([{"id": "imported", "source": "cli", "started_at": 1.0, "messages": variants}])
 
     def stored(sid: str) -> list[tuple]:
         """Every column but those derived from where the row landed (its id)."""

@@ -49,7 +49,7 @@ def test_falsy_json_stored_as_null(db: SessionDB) -> None:
     db.create_session("s", "cli")
     mid = db.append_message("s", "assistant", "x", tool_calls=[], reasoning_details={}, codex_message_items=None)
     raw = db._execute_write(
-        lambda c: c.execute("SELECT tool_calls, reasoning_details, codex_message_items FROM messages WHERE id=?", (mid,)).fetchone()
+        lambda c: tuple(c.execute("SELECT tool_calls, reasoning_details, codex_message_items FROM messages WHERE id=?", (mid,)).fetchone())
     )
     assert raw == (None, None, None)
     assert db.get_session("s")["tool_call_count"] == 0
@@ -104,11 +104,17 @@ def test_messages_around(db: SessionDB) -> None:
     ids = _transcript(db)
     out = db.get_messages_around("s", ids[5], window=2)
     assert [m["id"] for m in out["window"]] == ids[3:8]
-    assert (out["messages_before"], out["messages_after"]) == (3, 4)
+    # issue 13: the counts are the window's own rows on each side of the anchor
+    assert (out["messages_before"], out["messages_after"]) == (2, 2)
     edge = db.get_messages_around("s", ids[0], window=3)
-    assert [m["id"] for m in edge["window"]] == ids[0:4] and edge["messages_before"] == 0
+    assert [m["id"] for m in edge["window"]] == ids[0:4]
+    assert (edge["messages_before"], edge["messages_after"]) == (0, 3)
+    tail = db.get_messages_around("s", ids[-2], window=3)
+    assert [m["id"] for m in tail["window"]] == ids[-5:]
+    assert (tail["messages_before"], tail["messages_after"]) == (3, 1)
     zero = db.get_messages_around("s", ids[5], window=-4)
     assert [m["id"] for m in zero["window"]] == [ids[5]]
+    assert (zero["messages_before"], zero["messages_after"]) == (0, 0)
     db.create_session("other", "cli")
     foreign = db.append_message("other", "user", "elsewhere")
     assert db.get_messages_around("s", foreign) == {"window": [], "messages_before": 0, "messages_after": 0}
@@ -125,6 +131,7 @@ def test_anchored_view_roles_and_bookends(db: SessionDB) -> None:
     # msg4 is empty and skipped; bookends never overlap the window
     assert [m["id"] for m in view["bookend_start"]] == [ids[0], ids[1]]
     assert [m["id"] for m in view["bookend_end"]] == [ids[12], ids[13]]
+    assert (view["messages_before"], view["messages_after"]) == (1, 1)
     window_ids = {m["id"] for m in view["window"]}
     assert not window_ids & {m["id"] for m in view["bookend_start"] + view["bookend_end"]}
     assert db.get_anchored_view("s", 424242)["window"] == []
@@ -140,6 +147,8 @@ def test_conversation_shape(db: SessionDB) -> None:
     db.append_message("s", "tool", "42", tool_name="web_search", tool_call_id="c1", finish_reason="ignored")
     db.append_message("s", "assistant", "Done.", finish_reason="stop", reasoning="")
     conv = db.get_messages_as_conversation("s")
+    stamps = [m.pop("timestamp") for m in conv]  # v23: every turn carries its timestamp
+    assert stamps == [m["timestamp"] for m in db.get_messages("s")]
     assert conv[0] == {"role": "system", "content": "sys prompt"}
     assert conv[1] == {"role": "user", "content": "What is up?"}
     assert conv[2] == {
@@ -208,8 +217,9 @@ def test_large_bulk_append_goes_through_staging_with_defaults_and_order(db: Sess
             item["active"] = 0
         items.append(item)
     assert db.append_messages(items) == 300
-    msgs = db.get_messages("s")
+    msgs = db.get_messages("s", include_inactive=True)  # v23: rewound rows only on request
     assert [m["content"] for m in msgs] == [f"row{i} \x00 tail" for i in range(300)]
+    assert len(db.get_messages("s")) == 300 - len(range(0, 300, 7))
     assert [m["active"] for m in msgs] == [0 if i % 7 == 0 else 1 for i in range(300)]  # default kept
     assert all(m["compacted"] == 0 and m["observed"] == 0 for m in msgs)
     row = db.get_session("s")

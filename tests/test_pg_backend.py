@@ -274,7 +274,8 @@ def test_lineage_one_query_each(pg: SessionDB) -> None:
             (lambda: pg.get_session_ancestors("c2"), ["root", "c1", "c2"]),
             (lambda: pg.get_session_descendants("root"), ["side", "c1", "c2"]),
             (lambda: pg.get_compression_tip("root"), "c2"),
-            (lambda: pg.resolve_resume_session_id("root"), "c1"),  # newest continuation with messages
+            # v23: to the tip first, then down; c1 (with messages) is above the tip, so the tip
+            (lambda: pg.resolve_resume_session_id("root"), "c2"),
             (lambda: pg.get_session_lineage("c1"), ["root", "c1", "c2"]),
         ]
         for call, expected in checks:

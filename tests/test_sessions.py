@@ -23,6 +23,17 @@ def test_create_is_idempotent_and_fills_only_nulls(db: SessionDB) -> None:
     assert db.session_count() == 1
 
 
+def test_started_at_is_our_create_session_extra(db: SessionDB) -> None:
+    """Beyond Hermes' keyword list, create_session takes ``started_at`` (imports, demos);
+    like the start Hermes stamps itself, a later create of the same id keeps it."""
+    db.create_session("s", "cli", started_at=1234.5)
+    db.create_session("s", "cli", started_at=9999.0)
+    db.ensure_session("e", started_at=42.0)
+    assert (db.get_session("s")["started_at"], db.get_session("e")["started_at"]) == (1234.5, 42.0)
+    with pytest.raises(TypeError, match="git_branch"):
+        db.create_session("t", "cli", git_branch="main")
+
+
 def test_ensure_and_get_unknown(db: SessionDB) -> None:
     assert db.get_session("nope") is None
     db.ensure_session("e1")
@@ -85,7 +96,7 @@ def test_ledger_rows_per_model_route_and_task(db: SessionDB) -> None:
             "SELECT model, billing_provider, billing_mode, task, input_tokens FROM session_model_usage ORDER BY task"
         ).fetchall()
 
-    got = db._execute_write(rows)
+    got = [tuple(r) for r in db._execute_write(rows)]
     assert got == [
         ("main-model", "openrouter", "chat", "", 15),
         ("vision-model", "", "", "title_generation", 3),
@@ -251,13 +262,15 @@ def test_usage_by_route_and_hermes_stats_query(db: SessionDB) -> None:
 
 
 def test_head_columns_are_exposed(db: SessionDB) -> None:
-    db.create_session("s", "cli", cwd="/work", git_branch="main")
+    db.create_session("s", "cli", cwd="/work")
+    db.update_session_cwd("s", "/work", git_branch="main")  # v23: not a create_session keyword
     db.update_session("s", archived=1, display_name="Shown")
     row = db.get_session("s")
     assert (row["cwd"], row["git_branch"], row["archived"], row["display_name"]) == ("/work", "main", 1, "Shown")
     assert row["rewind_count"] == 0 and row["compression_fallback_streak"] == 0
     mid = db.append_message("s", "user", "hi", platform_message_id="tg-42", api_content="raw", active=0)
-    msg = db.get_messages("s")[0]
+    assert db.get_messages("s") == []  # v23: readers return live rows unless asked
+    msg = db.get_messages("s", include_inactive=True)[0]
     assert msg["id"] == mid
     assert (msg["platform_message_id"], msg["api_content"], msg["active"], msg["compacted"]) == ("tg-42", "raw", 0, 0)
     assert msg["observed"] == 0

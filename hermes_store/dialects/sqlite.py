@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import sys
 from typing import Any, Sequence
 
 from sqlalchemy import Connection, Engine
@@ -20,7 +21,9 @@ from ..search.fts import fts5
 # Warnings keep the facade's logger name: that is where users have filters for them.
 log = logging.getLogger("hermes_store.facade")
 
-_WAL_FALLBACK_CAUSES = ("locking protocol", "not authorized", "disk i/o error")
+#: Error texts meaning the filesystem cannot do WAL's shared-memory locking (NFS/SMB),
+#: as Hermes v23 ("disk i/o error" was dropped there: it is usually real damage).
+_WAL_FALLBACK_CAUSES = ("locking protocol", "not authorized")
 _wal_warned: set[str] = set()
 _LOCKED = ("database is locked", "database is busy", "database table is locked")
 #: Suffixes of the shadow tables FTS5 keeps next to each virtual table.
@@ -30,21 +33,40 @@ FTS_SHADOWS = ("_data", "_idx", "_content", "_docsize", "_config")
 def apply_wal_with_fallback(conn: sqlite3.Connection, *, db_label: str = "state.db") -> str:
     """Switch to WAL; on filesystems that refuse it (NFS/SMB...) use rollback journal.
 
-    Returns "wal" or "delete". Warns once per label; other errors propagate.
+    Returns "wal" or "delete", as Hermes v23: a file already in WAL is left alone
+    (no mode switch on every open); a WAL-incapable filesystem falls back to DELETE
+    with one warning per label, unless the file on disk is in WAL already (other
+    processes rely on it: the error is raised instead). Other errors propagate. On
+    macOS, checkpoints get a full fsync barrier and commits synchronous=FULL.
     """
-    try:
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() == "wal":
-            return "wal"
-        raise sqlite3.OperationalError(f"locking protocol (journal_mode stayed {mode})")
-    except sqlite3.OperationalError as exc:
-        if not any(cause in str(exc).lower() for cause in _WAL_FALLBACK_CAUSES):
-            raise
-        if db_label not in _wal_warned:
-            _wal_warned.add(db_label)
-            log.warning("%s: WAL mode unavailable (%s); using rollback journal instead", db_label, exc)
-        conn.execute("PRAGMA journal_mode=DELETE")
-        return "delete"
+    def mode_now() -> str | None:
+        try:
+            row = conn.execute("PRAGMA journal_mode").fetchone()  # reads the mode, changes nothing
+        except sqlite3.Error:
+            return None
+        return str(row[0]).lower() if row else None
+
+    if mode_now() == "wal":
+        mode = "wal"
+    else:
+        try:
+            mode = str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+            if mode != "wal":
+                raise sqlite3.OperationalError(f"locking protocol (journal_mode stayed {mode})")
+        except sqlite3.OperationalError as exc:
+            if not any(cause in str(exc).lower() for cause in _WAL_FALLBACK_CAUSES):
+                raise
+            if mode_now() == "wal":
+                raise
+            if db_label not in _wal_warned:
+                _wal_warned.add(db_label)
+                log.warning("%s: WAL mode unavailable (%s); using rollback journal instead", db_label, exc)
+            conn.execute("PRAGMA journal_mode=DELETE")
+            mode = "delete"
+    if sys.platform == "darwin":
+        conn.execute("PRAGMA checkpoint_fullfsync=1")  # F_FULLFSYNC at checkpoints: a real barrier on Apple disks
+        conn.execute("PRAGMA synchronous=FULL")  # WAL's NORMAL can lose commits on macOS power loss
+    return mode
 
 
 def _outside_transaction(engine: Engine, sql: str) -> None:
@@ -75,8 +97,9 @@ class SQLiteDialect:
     def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
         mode = apply_wal_with_fallback(dbapi_conn, db_label=label)
         # NORMAL is durable across application crashes in WAL mode and saves an fsync
-        # per commit.
-        dbapi_conn.execute("PRAGMA synchronous=NORMAL")
+        # per commit (not on macOS, where apply_wal_with_fallback asked for FULL).
+        if sys.platform != "darwin":
+            dbapi_conn.execute("PRAGMA synchronous=NORMAL")
         return mode
 
     # -------------------------------------------------------------- upserts

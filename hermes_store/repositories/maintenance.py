@@ -192,7 +192,7 @@ class MaintenanceRepository(Repository):
         if row is None:
             return None
         SessionRepository(self.conn).resolve_prompts([row])
-        row["messages"] = MessageRepository(self.conn).get_messages(session_id)
+        row["messages"] = MessageRepository(self.conn).get_messages(session_id, include_inactive=True)
         if self.has_table("session_model_usage"):
             row["model_usage"] = self._usage_rows(session_id)
         return row
@@ -223,7 +223,7 @@ class MaintenanceRepository(Repository):
             SessionRepository(self.conn).resolve_prompts(page)
             if self.conn.dialect.name != "sqlite":
                 for row in page:
-                    row["messages"] = MessageRepository(self.conn).get_messages(row["id"])
+                    row["messages"] = MessageRepository(self.conn).get_messages(row["id"], include_inactive=True)
                     if ledger:
                         row["model_usage"] = self._usage_rows(row["id"])
                     yield row
@@ -356,24 +356,16 @@ class MaintenanceRepository(Repository):
     # ------------------------------------------------------------------ delete / prune
 
     def delete_session(self, session_id: str, sessions_dir: str | Path | None = None) -> bool:
-        """Delete a session and its messages; its children stay, orphaned."""
-        if not self.session_exists(session_id):
-            return False
-        self._delete_ids([session_id])
-        if sessions_dir is not None:
-            self._remove_files([session_id], sessions_dir)
-        return True
+        """Delete a session, its messages and (recursively) its delegate children; other
+        children stay, orphaned (Hermes v23: see HousekeepingRepository.delete_sessions)."""
+        from .housekeeping import HousekeepingRepository
+
+        return HousekeepingRepository(self.conn).delete_sessions([session_id], sessions_dir) == 1
 
     def _delete_ids(self, ids: list[str]) -> None:
-        for start in range(0, len(ids), 500):
-            args = {"ids": ids[start:start + 500]}
-            self.conn.execute(_expanding("UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN :ids"), args)
-            self.conn.execute(_expanding("DELETE FROM messages WHERE session_id IN :ids"), args)
-            if self.has_table("session_model_usage"):
-                self.conn.execute(_expanding("DELETE FROM session_model_usage WHERE session_id IN :ids"), args)
-            self.conn.execute(_expanding("DELETE FROM sessions WHERE id IN :ids"), args)
-        if ids:
-            SessionRepository(self.conn).drop_unused_prompts()  # as Hermes does after deletes and prunes
+        from .housekeeping import HousekeepingRepository
+
+        HousekeepingRepository(self.conn).delete_rows(ids)
 
     def _remove_files(self, ids: Iterable[str], folder: str | Path) -> None:
         """Queue the transcript files of these (deleted) sessions, only inside ``folder``.
@@ -391,12 +383,10 @@ class MaintenanceRepository(Repository):
 
     def prune_candidates(self, older_than_days: float = 90, source: str | None = None) -> list[dict[str, Any]]:
         """What :meth:`prune_sessions` would delete: ended sessions started before the cutoff."""
-        return self._all(
-            "SELECT id, source, title, started_at, ended_at, end_reason, message_count FROM sessions"
-            " WHERE ended_at IS NOT NULL AND started_at < :cut" + ("" if source is None else " AND source = :src")
-            + " ORDER BY started_at, id",
-            {"cut": now() - float(older_than_days) * DAY, "src": source},
-        )
+        from .housekeeping import HousekeepingRepository
+
+        columns = ("id", "source", "title", "started_at", "ended_at", "end_reason", "message_count")
+        return HousekeepingRepository(self.conn).candidates(older_than_days, source, {}, columns=columns)
 
     def prune_preview(self, ids: list[str]) -> tuple[list[str], int]:
         """For sessions about to be deleted: the children they would orphan (not
@@ -415,14 +405,13 @@ class MaintenanceRepository(Repository):
         return list(orphans), int(messages or 0)
 
     def prune_sessions(
-        self, older_than_days: float = 90, source: str | None = None, sessions_dir: str | Path | None = None
+        self, older_than_days: float | None = 90, source: str | None = None, sessions_dir: str | Path | None = None,
+        **filters: Any,
     ) -> int:
-        """Delete ended sessions started before the cutoff; children are orphaned."""
-        ids = [r["id"] for r in self.prune_candidates(older_than_days, source)]
-        self._delete_ids(ids)
-        if sessions_dir is not None:
-            self._remove_files(ids, sessions_dir)
-        return len(ids)
+        """Delete ended sessions matching Hermes' prune filters; children are orphaned."""
+        from .housekeeping import HousekeepingRepository
+
+        return HousekeepingRepository(self.conn).prune(older_than_days, source, sessions_dir, filters)
 
     def prune_empty_ghost_sessions(self, sessions_dir: str | Path | None = None) -> int:
         """TUI sessions that never got a message or title, ended, older than a day."""

@@ -1,4 +1,15 @@
-"""Messages: append (single and bulk), read back, replace, windows, conversation replay."""
+"""Messages: append (single and bulk), read back, replace, compact, rewind, windows, replay.
+
+Hermes v23 semantics (the contract is the v23 SessionDB reference):
+
+* rows are *live* while ``active = 1``; a rewind sets ``active = 0``, compaction sets
+  ``active = 0, compacted = 1``. Readers return live rows unless asked for all; the
+  windows (:meth:`MessageRepository.around`, :meth:`MessageRepository.anchored_view`),
+  :meth:`MessageRepository.count` and :meth:`MessageRepository.clear` ignore ``active``;
+* a message for a session that does not exist raises :class:`UnknownSessionError`,
+  which is also ``sqlite3.IntegrityError`` (what Hermes' callers catch), on every backend;
+* ``sessions.message_count`` / ``tool_call_count`` move in the same transaction.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +18,45 @@ import operator
 import sqlite3
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
-from sqlalchemy import column, insert, table, text
+from sqlalchemy import bindparam, case, column, delete, func, insert, literal, select, table, update
 
 from .. import errors
 from ..codec import (
     check_key,
     clean_text,
+    coerce_timestamp,
     count_tool_calls,
     decode_content,
-    decode_json,
+    decode_json_or,
+    dump_json,
     encode_content,
     encode_json,
-    strip_memory_context,
+    encode_json_text,
+    message_preview,
+    parse_tool_calls,
+    repair_message_sequence,
+    sanitize_turn_text,
     text_from_bytes,
+    tool_call_increment,
 )
 from ..engine import translate_driver_error
-from .base import MESSAGES, Repository, UnknownFieldError, driver_errors, driver_insert, missing_sessions, now
-from .records import MessageRecord, MessageWindow
+from ..hermes_names import _strip_background_review_harness
+from .base import MESSAGES, SESSIONS, Repository, UnknownFieldError, driver_errors, driver_insert, missing_sessions, now
+from .lineage import LineageRepository
+from .records import MessageRecord, MessageWindow, RecentUserMessage, RewindResult
+
+
+class UnknownSessionError(errors.NotFoundError, sqlite3.IntegrityError):
+    """A message was written for a session that does not exist.
+
+    Hermes raises ``sqlite3.IntegrityError`` here (the foreign key), and its callers
+    catch that; this typed error is one too, on SQLite and PostgreSQL alike.
+    """
+
+
+class MessageNotFoundError(errors.NotFoundError, ValueError):
+    """The message named is not in that session (Hermes raises ValueError)."""
+
 
 #: JSON-ish columns: stored as JSON text (falsy → NULL), decoded on read.
 JSON_COLUMNS = ("tool_calls", "reasoning_details", "codex_reasoning_items", "codex_message_items")
@@ -54,7 +87,7 @@ def _timestamp(value: Any) -> float:
     if value is None:
         return now()
     try:
-        ts = float(value)
+        ts = float(value.timestamp() if callable(getattr(value, "timestamp", None)) else value)
     except (TypeError, ValueError) as exc:
         raise errors.InvalidInputError(f"timestamp must be a number of seconds, not {value!r}") from exc
     if not math.isfinite(ts):
@@ -154,20 +187,246 @@ def encode_message(
     return row
 
 
-#: Counter update of one append / one session of a bulk append (portable SQL).
-_BUMP = text(
-    "UPDATE sessions SET message_count = COALESCE(message_count, 0) + :n, "
-    "tool_call_count = COALESCE(tool_call_count, 0) + :calls WHERE id = :sid"
+# ------------------------------------------------------------------ Hermes v23 rows
+
+#: Keys a ``replace_messages`` / ``archive_and_compact`` message honours (Hermes v23),
+#: besides role, content, timestamp, tool_calls and platform_message_id/message_id.
+REPLACE_KEYS = ("tool_call_id", "tool_name", "effect_disposition", "token_count", "finish_reason",
+                "api_content", "observed")
+#: Honoured only on ``role == 'assistant'`` messages.
+ASSISTANT_KEYS = ("reasoning", "reasoning_content", "reasoning_details", "codex_reasoning_items",
+                  "codex_message_items")
+#: Each row the fallback clock hands out is at least this much later than the previous one.
+CLOCK_STEP = 1e-6
+
+
+def _as_text(value: Any) -> Any:
+    """A number given for a text column, as the text SQLite's TEXT affinity stores it
+    (so PostgreSQL, which refuses a number there, stores the same value)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def hermes_row(
+    session_id: Any,
+    role: Any,
+    content: Any,
+    timestamp: float,
+    *,
+    tool_calls: Any = None,
+    observed: Any = False,
+    api_content: Any = None,
+    platform_message_id: Any = None,
+    effect_disposition: Any = None,
+    reasoning_details: Any = None,
+    codex_reasoning_items: Any = None,
+    codex_message_items: Any = None,
+    known: Collection[str] | None = None,
+    index: int | None = None,
+    **fields: Any,
+) -> tuple[dict[str, Any], int]:
+    """One message as Hermes v23 writes it, and what it adds to ``tool_call_count``.
+
+    ``tool_calls`` may be JSON text (parsed first; unparsable → ``[]`` → NULL, counting
+    0); ``observed`` is stored 0/1; ``api_content`` only when it is a str; reasoning
+    and codex items as JSON (see :func:`encode_json_text`). The rest goes through
+    :func:`encode_row` (ids checked, content encoded, lone surrogates scrubbed).
+    """
+    try:
+        parsed = parse_tool_calls(tool_calls)
+        values = {
+            "tool_calls": dump_json(parsed),
+            "observed": 1 if observed else 0,
+            "api_content": api_content if isinstance(api_content, str) else None,
+            "platform_message_id": _as_text(platform_message_id),
+            "effect_disposition": _as_text(effect_disposition),
+            "reasoning_details": encode_json_text(reasoning_details),
+            "codex_reasoning_items": encode_json_text(codex_reasoning_items),
+            "codex_message_items": encode_json_text(codex_message_items),
+        }
+    except errors.InvalidInputError as exc:
+        if index is None:
+            raise
+        raise type(exc)(f"{_label(index)}: {exc}") from exc
+    values.update(fields)
+    values = {k: v for k, v in values.items() if v is not None}
+    return _encode(session_id, role, content, timestamp, values, known, index), tool_call_increment(parsed)
+
+
+def replacement_rows(
+    session_id: str, messages: Any, start: float | None = None, known: Collection[str] | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """Rows of a whole new transcript (``replace_messages``, ``archive_and_compact``,
+    and imports), with the total ``tool_call_count`` they add.
+
+    Per Hermes v23: ``role`` defaults to ``"unknown"``; ``platform_message_id`` falls
+    back to the key ``message_id`` (what conversations carry); reasoning fields are
+    kept for assistant messages only; other keys are ignored. An explicit timestamp is
+    kept; otherwise a clock starting at ``start`` (now) hands out stamps that advance
+    past both the previous stamp and the previous row's own timestamp.
+    """
+    if messages is None or isinstance(messages, (str, bytes, Mapping)):
+        raise errors.InvalidInputError(f"messages must be a list of dicts, not {type(messages).__name__}")
+    clock = now() if start is None else float(start)
+    rows: list[dict[str, Any]] = []
+    calls = 0
+    for index, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise errors.InvalidInputError(f"{_label(index)}: expected a dict, got {type(m).__name__}")
+        role = m.get("role")
+        ts = coerce_timestamp(m.get("timestamp"))
+        if ts is None:
+            ts = clock
+        pid = m.get("platform_message_id")
+        extra = {k: m.get(k) for k in REPLACE_KEYS}
+        if role == "assistant":
+            extra.update({k: m.get(k) for k in ASSISTANT_KEYS})
+        row, n = hermes_row(
+            session_id, "unknown" if role is None else role, m.get("content"), ts,
+            tool_calls=m.get("tool_calls"), platform_message_id=m.get("message_id") if pid is None else pid,
+            known=known, index=index, **extra,
+        )
+        rows.append(row)
+        calls += n
+        clock = max(clock + CLOCK_STEP, ts + CLOCK_STEP)
+    return rows, calls
+
+
+#: Counter update of one append / one session of a bulk append.
+_BUMP = (
+    update(SESSIONS)
+    .where(SESSIONS.c.id == bindparam("sid"))
+    .values(
+        message_count=func.coalesce(SESSIONS.c.message_count, 0) + bindparam("n"),
+        tool_call_count=func.coalesce(SESSIONS.c.tool_call_count, 0) + bindparam("calls"),
+    )
 )
+#: Counters set to what a replace / compaction inserted.
+_SET_COUNTS = (
+    update(SESSIONS)
+    .where(SESSIONS.c.id == bindparam("sid"))
+    .values(message_count=bindparam("n"), tool_call_count=bindparam("calls"))
+)
+M = MESSAGES.c
+#: Rows a conversation replay reads (Hermes v23 keys), in replay order per session.
+_CONVERSATION_COLUMNS = (
+    M.session_id, M.role, M.content, M.tool_call_id, M.tool_name, M.tool_calls, M.finish_reason,
+    M.reasoning, M.reasoning_content, M.reasoning_details, M.codex_reasoning_items,
+    M.codex_message_items, M.api_content, M.timestamp, M.effect_disposition,
+    M.platform_message_id, M.observed,
+)
+_ASSISTANT_JSON = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
 
 
 def decode_row(row: dict[str, Any]) -> MessageRecord:
-    """Content and tool_calls decoded, as Hermes' get_messages returns them."""
+    """Content decoded and tool_calls parsed (invalid JSON → ``[]``), as Hermes'
+    get_messages returns them; other JSON columns stay text."""
     row.pop("search_vector", None)  # PostgreSQL's generated search column is not message data
     row["content"] = decode_content(row.get("content"))
     if row.get("tool_calls") is not None:
-        row["tool_calls"] = decode_json(row["tool_calls"])
+        row["tool_calls"] = decode_json_or(row["tool_calls"], [])
     return row  # type: ignore[return-value]
+
+
+def conversation_turn(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One stored message as an OpenAI-style dict (Hermes v23 keys).
+
+    Always ``role`` and ``content`` (user/assistant text without recalled memory,
+    stripped); then, when set: ``api_content``, ``timestamp``, ``effect_disposition``,
+    ``message_id`` (the platform's id), ``observed: True``, ``tool_call_id``,
+    ``tool_name``, ``tool_calls`` (invalid JSON → ``[]``); on assistant turns also
+    ``finish_reason``, ``reasoning``, ``reasoning_content`` (even empty) and the
+    reasoning/codex items (invalid JSON → None).
+    """
+    role = row["role"]
+    content = decode_content(row["content"])
+    if role in ("user", "assistant"):
+        content = sanitize_turn_text(content)
+    msg: dict[str, Any] = {"role": role, "content": content}
+    if row["api_content"] is not None:
+        msg["api_content"] = row["api_content"]
+    if row["timestamp"] is not None:
+        msg["timestamp"] = row["timestamp"]
+    if row["effect_disposition"]:
+        msg["effect_disposition"] = row["effect_disposition"]
+    if row["platform_message_id"]:
+        msg["message_id"] = row["platform_message_id"]
+    if row["observed"]:
+        msg["observed"] = True
+    if row["tool_call_id"]:
+        msg["tool_call_id"] = row["tool_call_id"]
+    if row["tool_name"]:
+        msg["tool_name"] = row["tool_name"]
+    if row["tool_calls"]:
+        msg["tool_calls"] = decode_json_or(row["tool_calls"], [])
+    if role == "assistant":
+        if row["finish_reason"]:
+            msg["finish_reason"] = row["finish_reason"]
+        if row["reasoning"]:
+            msg["reasoning"] = row["reasoning"]
+        if row["reasoning_content"] is not None:
+            msg["reasoning_content"] = row["reasoning_content"]
+        for key in _ASSISTANT_JSON:
+            if row[key]:
+                msg[key] = decode_json_or(row[key], None)
+    return msg
+
+
+def build_conversation(rows: Iterable[Mapping[str, Any]], *, dedupe: bool, repair: bool = False) -> list[dict[str, Any]]:
+    """Stored rows (replay order) → a conversation.
+
+    ``dedupe`` (ancestor mode): a user turn whose text was already sent since the last
+    assistant reply is the copy a compression replays into the continuation, and is
+    skipped. Background-review harness turns ("Review the conversation above and …")
+    and the assistant reply right after each are always removed. ``repair`` runs
+    :func:`repair_message_sequence` on the result.
+    """
+    out: list[dict[str, Any]] = []
+    pending_users: set[str] = set()
+    for row in rows:
+        msg = conversation_turn(row)
+        if dedupe and msg["role"] == "user":
+            value = msg["content"]
+            key = value if isinstance(value, str) else repr(value)
+            if key in pending_users:
+                continue  # replayed again after a compression boundary, no reply between
+            pending_users.add(key)
+        elif msg["role"] == "assistant":
+            pending_users.clear()
+        out.append(msg)
+    out = _strip_background_review_harness(out)
+    return repair_message_sequence(out) if repair else out
+
+
+def _page(limit: Any, offset: Any) -> tuple[int | None, int]:
+    """(limit, offset) as SQLite reads them: None or negative limit = no limit, negative
+    offset = 0. Non-integers are refused (typed) rather than guessed."""
+    try:
+        lim = None if limit is None else operator.index(limit)
+        off = 0 if offset is None else operator.index(offset)
+    except TypeError as exc:
+        raise errors.InvalidInputError(f"limit and offset must be integers, not {limit!r}, {offset!r}") from exc
+    return (None if lim is not None and lim < 0 else lim), max(off, 0)
+
+
+def _message_id(value: Any) -> int | None:
+    """A message id as SQLite would match it against ``messages.id`` (an int, or the text
+    of one); None when it cannot match any row."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        value = value.strip()
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return None
 
 
 class MessageRepository(Repository):
@@ -176,13 +435,39 @@ class MessageRepository(Repository):
     def _known(self) -> frozenset[str]:
         return self.columns_of("messages")
 
-    def append(self, session_id: str, role: str, content: Any = None, **fields: Any) -> int:
-        """Insert one message and bump message_count / tool_call_count; returns its id."""
-        fields = {k: v for k, v in fields.items() if v is not None}
-        timestamp = fields.pop("timestamp", None)
-        row = _encode(session_id, role, content, timestamp, fields, self._known(), None)
+    def _require_session(self, session_id: Any) -> None:
+        if session_id is None or not self.session_exists(session_id):
+            raise UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
+
+    def _lock_session(self, session_id: Any) -> bool:
+        """Whether the session exists, its row locked until the transaction ends.
+
+        Rewrites that read, then change a transcript (replace, compact, rewind,
+        restore, the api_content check-and-set) run one at a time per session: on
+        PostgreSQL this row lock orders them (appends wait on it too, through the
+        counter update); SQLite's BEGIN IMMEDIATE already serialises every writer.
+        """
+        if session_id is None:
+            return False
+        q = select(SESSIONS.c.id).where(SESSIONS.c.id == session_id).with_for_update()
+        return self.conn.execute(q).first() is not None
+
+    # ------------------------------------------------------------------ append
+
+    def append(self, session_id: str, role: str, content: Any = None, *, timestamp: Any = None, **fields: Any) -> int:
+        """Insert one live message (Hermes v23 ``append_message``) and bump the counters.
+
+        ``fields`` are append_message's keywords (see :func:`hermes_row`) plus any other
+        ``messages`` column. An unconvertible ``timestamp`` is ignored (the clock is
+        used). Returns the new id; an unknown session raises :class:`UnknownSessionError`.
+        """
+        if session_id is None:
+            raise UnknownSessionError("no session id (messages.session_id is NOT NULL)")
+        ts = coerce_timestamp(timestamp)
+        row, calls = hermes_row(session_id, role, content, now() if ts is None else ts,
+                                known=self._known(), **fields)
         if self.conn.dialect.name != "sqlite":
-            return self._append_portable(session_id, row, count_tool_calls(fields.get("tool_calls")))
+            return self._append_portable(session_id, row, calls)
         sql, order = driver_insert(self.conn, "messages", tuple(row))
         # The hot path of every agent turn: two plain statements on the DB-API
         # connection, inside the caller's transaction.
@@ -192,11 +477,11 @@ class MessageRepository(Repository):
             raw.execute(
                 "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1, "
                 "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?",
-                (count_tool_calls(fields.get("tool_calls")), session_id),
+                (calls, session_id),
             )
         except sqlite3.IntegrityError as exc:
             if "FOREIGN KEY" in str(exc) and not self.session_exists(session_id):
-                raise errors.NotFoundError(f"unknown session {session_id!r}") from exc
+                raise UnknownSessionError(f"unknown session {session_id!r}: {exc}") from exc
             raise
         except (sqlite3.Error, OverflowError) as exc:
             typed = translate_driver_error(exc)
@@ -208,9 +493,8 @@ class MessageRepository(Repository):
     def _append_portable(self, session_id: str, row: dict[str, Any], calls: int) -> int:
         """Append through SQLAlchemy Core (servers): INSERT … RETURNING id, then the
         counters bumped in SQL, so concurrent appends to one session never lose a count."""
-        if not self.session_exists(session_id):
-            raise errors.NotFoundError(f"unknown session {session_id!r}")
-        new_id = self.conn.execute(insert(_target("messages", tuple(row))).returning(MESSAGES.c.id), row).scalar_one()
+        self._require_session(session_id)
+        new_id = self.conn.execute(insert(_target("messages", tuple(row))).returning(M.id), row).scalar_one()
         self.conn.execute(_BUMP, {"n": 1, "calls": calls, "sid": session_id})
         return int(new_id)
 
@@ -218,10 +502,11 @@ class MessageRepository(Repository):
         """Insert many messages with one executemany per column set; counters once per session.
 
         Each item is a dict with at least ``session_id`` and ``role``; other keys are
-        message columns (``content`` may be a list/dict, JSON columns may be objects).
-        Every item is encoded and checked, and every session must exist, before the
-        first row is written: a bad item (named by its index) or an unknown session
-        raises InvalidInputError / NotFoundError with nothing inserted.
+        message columns (``content`` may be a list/dict, JSON columns may be objects;
+        ``active`` is kept as given, so an import can carry rewound rows). Every item
+        is encoded and checked, and every session must exist, before the first row is
+        written: a bad item (named by its index) or an unknown session raises
+        InvalidInputError / UnknownSessionError with nothing inserted.
         """
         known = self._known()
         rows: list[dict[str, Any]] = []
@@ -235,7 +520,7 @@ class MessageRepository(Repository):
         missing = missing_sessions(self.conn, per_session)
         if missing:
             first = next(i for i, r in enumerate(rows) if r["session_id"] == missing[0])
-            raise errors.NotFoundError(
+            raise UnknownSessionError(
                 f"unknown session {missing[0]!r} (message #{first})"
                 + (f" and {len(missing) - 1} more unknown sessions" if len(missing) > 1 else "")
             )
@@ -315,65 +600,216 @@ class MessageRepository(Repository):
             values = [tuple([v[i] for i in pos]) for v in values]
         cursor.executemany(sql, values)
 
-    def get_messages(self, session_id: str) -> list[MessageRecord]:
-        return [decode_row(r) for r in self._all("SELECT * FROM messages WHERE session_id = :s ORDER BY id", {"s": session_id})]
+    # ------------------------------------------------------------------ reads
+
+    def get_messages(
+        self, session_id: str, include_inactive: bool = False, limit: Any = None, offset: Any = 0
+    ) -> list[MessageRecord]:
+        """Message rows by id (insertion order): live ones unless ``include_inactive``.
+
+        ``limit`` caps (None or negative: no cap), ``offset`` skips (alone it pages too).
+        """
+        lim, off = _page(limit, offset)
+        if session_id is None or lim == 0:
+            return []
+        q = select(MESSAGES).where(M.session_id == session_id)
+        if not include_inactive:
+            q = q.where(M.active == 1)
+        q = q.order_by(M.id)
+        if lim is not None:
+            q = q.limit(lim)
+        if off:
+            q = q.offset(off)
+        result = self.conn.execute(q)
+        keys = list(result.keys())
+        return [decode_row(dict(zip(keys, r))) for r in result.fetchall()]
 
     def count(self, session_id: str | None = None) -> int:
-        if session_id is None:
-            return int(self._scalar("SELECT count(*) FROM messages"))
-        return int(self._scalar("SELECT count(*) FROM messages WHERE session_id = :s", {"s": session_id}))
+        """Stored rows (live or not) of one session, or of all sessions."""
+        q = select(func.count()).select_from(MESSAGES)
+        if session_id is not None:
+            q = q.where(M.session_id == session_id)
+        return int(self.conn.execute(q).scalar_one())
+
+    def has_archived(self, session_id: str) -> bool:
+        """Whether the session keeps any row that is not live (rewound or compacted)."""
+        q = select(literal(1)).where(M.session_id == session_id, M.active == 0).limit(1)
+        return self.conn.execute(q).first() is not None
+
+    def has_platform_message_id(self, session_id: str, platform_message_id: Any) -> bool:
+        """Whether a row (live or not) carries this platform message id."""
+        if session_id is None or platform_message_id is None:
+            return False
+        q = (select(literal(1))
+             .where(M.session_id == session_id, M.platform_message_id == _as_text(platform_message_id))
+             .limit(1))
+        return self.conn.execute(q).first() is not None
+
+    def recent_user_messages(self, session_id: str, limit: Any = 20, include_inactive: bool = False
+                             ) -> list[RecentUserMessage]:
+        """Up to ``limit`` user rows, newest first, as ``{id, timestamp, preview}``."""
+        lim, _ = _page(limit, 0)
+        if session_id is None or lim == 0:
+            return []
+        q = select(M.id, M.timestamp, M.content).where(M.session_id == session_id, M.role == "user")
+        if not include_inactive:
+            q = q.where(M.active == 1)
+        q = q.order_by(M.id.desc())
+        if lim is not None:
+            q = q.limit(lim)
+        return [
+            {"id": int(i), "timestamp": ts, "preview": message_preview(decode_content(c))}
+            for i, ts, c in self.conn.execute(q).fetchall()
+        ]
+
+    # ------------------------------------------------------------------ whole-transcript writes
 
     def clear(self, session_id: str) -> int:
-        deleted = self._exec("DELETE FROM messages WHERE session_id = :s", {"s": session_id})
-        self._exec("UPDATE sessions SET message_count = 0, tool_call_count = 0 WHERE id = :s", {"s": session_id})
+        """Delete every row of the session (live or not); counters to zero."""
+        deleted = self.conn.execute(delete(MESSAGES).where(M.session_id == session_id)).rowcount
+        self.conn.execute(_SET_COUNTS, {"n": 0, "calls": 0, "sid": session_id})
         return deleted
 
-    def replace(self, session_id: str, messages: Sequence[Mapping[str, Any]]) -> int:
-        """Swap the whole transcript; counters are recomputed from what was written.
+    def replace(self, session_id: str, messages: Any, active_only: bool = False) -> int:
+        """Swap the transcript (Hermes v23 ``replace_messages``); returns the rows written.
 
-        Every new message is encoded and checked before the old ones are deleted, so a
-        bad item or an unknown session leaves the transcript as it was.
+        Deletes the session's rows (only the live ones with ``active_only``, so rewound
+        and compacted history stays), inserts ``messages`` as live rows (see
+        :func:`replacement_rows`) and sets the counters to what was inserted. Every new
+        message is checked before anything is deleted; an unknown session raises
+        :class:`UnknownSessionError` unless there is nothing to insert.
         """
         check_key(session_id, "session id")
-        known = self._known()
-        rows, calls = [], 0
-        for index, m in enumerate(messages):
-            if not isinstance(m, Mapping):
-                raise errors.InvalidInputError(f"message #{index}: expected a dict, got {type(m).__name__}")
-            item = {k: v for k, v in m.items() if k in known and k not in ("id", "session_id")}
-            item["session_id"] = session_id
-            item.setdefault("role", m.get("role", "user"))
-            rows.append(encode_message(item, known, index=index))
-            calls += count_tool_calls(item.get("tool_calls"))
-        if rows and not self.session_exists(session_id):  # an empty replace of nothing stays a no-op
-            raise errors.NotFoundError(f"unknown session {session_id!r}")
-        self._exec("DELETE FROM messages WHERE session_id = :s", {"s": session_id})
+        rows, calls = replacement_rows(session_id, messages, known=self._known())
+        if not self._lock_session(session_id) and rows:
+            raise UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
+        gone = delete(MESSAGES).where(M.session_id == session_id)
+        if active_only:
+            gone = gone.where(M.active == 1)
+        self.conn.execute(gone)
         self.insert_rows(rows)
-        self._exec(
-            "UPDATE sessions SET message_count = :n, tool_call_count = :c WHERE id = :s",
-            {"n": len(rows), "c": calls, "s": session_id},
-        )
+        self.conn.execute(_SET_COUNTS, {"n": len(rows), "calls": calls, "sid": session_id})
         return len(rows)
+
+    def archive_and_compact(self, session_id: str, compacted_messages: Any) -> int:
+        """Archive the live transcript and start over from ``compacted_messages``.
+
+        Every live row becomes ``active = 0, compacted = 1`` (kept, still searchable);
+        the new messages are inserted live (same rules as :meth:`replace`); the counters
+        become the inserted counts. Returns the number inserted.
+        """
+        check_key(session_id, "session id")
+        rows, calls = replacement_rows(session_id, compacted_messages, known=self._known())
+        if not self._lock_session(session_id) and rows:
+            raise UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
+        self.conn.execute(
+            update(MESSAGES).where(M.session_id == session_id, M.active == 1).values(active=0, compacted=1)
+        )
+        self.insert_rows(rows)
+        self.conn.execute(_SET_COUNTS, {"n": len(rows), "calls": calls, "sid": session_id})
+        return len(rows)
+
+    def set_latest_user_api_content(self, session_id: str, content: Any, api_content: Any) -> int:
+        """Attach ``api_content`` to the newest live user row if it still holds ``content``.
+
+        The check and the write happen in the caller's one transaction, so a turn that
+        arrived in between is never given another turn's API text. Returns 0 or 1.
+        """
+        if api_content is not None and not isinstance(api_content, str):
+            raise errors.InvalidInputError(f"api_content must be str or None, not {type(api_content).__name__}")
+        if not self._lock_session(session_id):
+            return 0
+        expected = encode_content(content)
+        row = self.conn.execute(
+            select(M.id, M.content)
+            .where(M.session_id == session_id, M.role == "user", M.active == 1)
+            .order_by(M.id.desc())
+            .limit(1)
+        ).first()
+        if row is None or row[1] != expected:
+            return 0
+        value = None if api_content is None else clean_text(api_content)
+        return self.conn.execute(update(MESSAGES).where(M.id == row[0]).values(api_content=value)).rowcount
+
+    # ------------------------------------------------------------------ rewind
+
+    def rewind(self, session_id: str, target_message_id: Any) -> RewindResult:
+        """Hide the target user message and everything after it (Hermes v23 ``rewind_to_message``).
+
+        The target is checked and the rows hidden in the caller's one transaction, so a
+        concurrent writer cannot slip between the check and the rewind. ``rewind_count``
+        grows by one even when nothing was live past the target; ``message_count`` stays.
+        """
+        mid = _message_id(target_message_id)
+        found = None
+        if mid is not None and self._lock_session(session_id):
+            result = self.conn.execute(select(MESSAGES).where(M.id == mid, M.session_id == session_id))
+            first = result.first()
+            if first is not None:
+                found = dict(zip(result.keys(), first))
+        if found is None:
+            raise MessageNotFoundError(f"message {target_message_id} not found in session {session_id}")
+        if found["role"] != "user":
+            raise errors.InvalidInputError(
+                f"rewind target must be a 'user' message (got role={found['role']!r}, id={target_message_id})"
+            )
+        rewound = self.conn.execute(
+            update(MESSAGES).where(M.session_id == session_id, M.active == 1, M.id >= mid).values(active=0)
+        ).rowcount
+        self.conn.execute(
+            update(SESSIONS).where(SESSIONS.c.id == session_id)
+            .values(rewind_count=func.coalesce(SESSIONS.c.rewind_count, 0) + 1)
+        )
+        head = self.conn.execute(
+            select(func.max(M.id)).where(M.session_id == session_id, M.active == 1)
+        ).scalar()
+        return {
+            "rewound_count": int(rewound),
+            "target_message": decode_row(found),
+            "new_head_id": None if head is None else int(head),
+        }
+
+    def restore_rewound(self, session_id: str, since_message_id: Any) -> int:
+        """Make every non-live row with ``id >= since`` live again; returns how many.
+
+        As in Hermes, compaction-archived rows in range come back too; counters and
+        ``rewind_count`` are left as they are.
+        """
+        since = _message_id(since_message_id)
+        if since is None or not self._lock_session(session_id):
+            return 0
+        return int(self.conn.execute(
+            update(MESSAGES).where(M.session_id == session_id, M.active == 0, M.id >= since).values(active=1)
+        ).rowcount)
 
     # ------------------------------------------------------------------ windows
 
     def around(self, session_id: str, anchor_id: int, window: int = 5) -> MessageWindow:
-        """Up to ``window`` messages on each side of the anchor, with counts outside."""
+        """The anchor with up to ``window`` rows on each side (live or not).
+
+        ``messages_before`` / ``messages_after`` count the returned rows on each side.
+        """
         window = max(int(window or 0), 0)
-        rows = self._all(
-            "WITH a AS (SELECT id FROM messages WHERE id = :a AND session_id = :s) "
-            "SELECT * FROM (SELECT m.* FROM messages m, a WHERE m.session_id = :s AND m.id < a.id ORDER BY m.id DESC LIMIT :w) b "
-            "UNION ALL SELECT m.* FROM messages m, a WHERE m.id = a.id "
-            "UNION ALL SELECT * FROM (SELECT m.* FROM messages m, a WHERE m.session_id = :s AND m.id > a.id ORDER BY m.id LIMIT :w) f",
-            {"a": anchor_id, "s": session_id, "w": window},
-        )
-        if not rows:
+        anchor = _message_id(anchor_id)
+        if anchor is None or session_id is None:
             return MessageWindow([], 0, 0)
+        found = self.conn.execute(
+            select(literal(1)).where(M.id == anchor, M.session_id == session_id)
+        ).first()
+        if found is None:
+            return MessageWindow([], 0, 0)
+        before = (select(MESSAGES).where(M.session_id == session_id, M.id < anchor)
+                  .order_by(M.id.desc()).limit(window))
+        after = (select(MESSAGES).where(M.session_id == session_id, M.id >= anchor)
+                 .order_by(M.id).limit(window + 1))
+        rows = []
+        for q in (before, after):
+            result = self.conn.execute(q)
+            keys = list(result.keys())
+            rows += [dict(zip(keys, r)) for r in result.fetchall()]
         rows.sort(key=lambda r: r["id"])
-        first, last = rows[0]["id"], rows[-1]["id"]
-        before = self._scalar("SELECT count(*) FROM messages WHERE session_id = :s AND id < :i", {"s": session_id, "i": first})
-        after = self._scalar("SELECT count(*) FROM messages WHERE session_id = :s AND id > :i", {"s": session_id, "i": last})
-        return MessageWindow([decode_row(r) for r in rows], int(before), int(after))
+        n_before = sum(1 for r in rows if r["id"] < anchor)
+        return MessageWindow([decode_row(r) for r in rows], n_before, len(rows) - n_before - 1)
 
     def anchored_view(
         self,
@@ -383,15 +819,24 @@ class MessageRepository(Repository):
         bookend: int = 3,
         keep_roles: Sequence[str] | None = ("user", "assistant"),
     ) -> MessageWindow:
-        """A window over the kept roles (the anchor is always kept) plus first/last bookends."""
+        """A window over the kept roles (the anchor is always kept) plus first/last bookends.
+
+        Rows live or not; ``messages_before`` / ``messages_after`` count the window's
+        rows on each side of the anchor.
+        """
         window, bookend = max(int(window or 0), 0), max(int(bookend or 0), 0)
-        rows = self._all("SELECT * FROM messages WHERE session_id = :s ORDER BY id", {"s": session_id})
-        idx = next((i for i, r in enumerate(rows) if r["id"] == anchor_id), None)
+        anchor = _message_id(anchor_id)
+        if anchor is None or session_id is None:
+            return MessageWindow([], 0, 0, [], [])
+        result = self.conn.execute(select(MESSAGES).where(M.session_id == session_id).order_by(M.id))
+        keys = list(result.keys())
+        rows = [dict(zip(keys, r)) for r in result.fetchall()]
+        idx = next((i for i, r in enumerate(rows) if r["id"] == anchor), None)
         if idx is None:
             return MessageWindow([], 0, 0, [], [])
         keep = set(keep_roles) if keep_roles else None
-        kept = [r for r in rows if keep is None or r["role"] in keep or r["id"] == anchor_id]
-        k = next(i for i, r in enumerate(kept) if r["id"] == anchor_id)
+        kept = [r for r in rows if keep is None or r["role"] in keep or r["id"] == anchor]
+        k = next(i for i, r in enumerate(kept) if r["id"] == anchor)
         lo, hi = max(k - window, 0), min(k + window + 1, len(kept))
         win = kept[lo:hi]
 
@@ -402,60 +847,63 @@ class MessageRepository(Repository):
         start = [r for r in kept[:lo] if non_empty(r)][:bookend]
         end = [r for r in kept[hi:] if non_empty(r)][-bookend:] if bookend else []
         return MessageWindow(
-            [decode_row(r) for r in win], lo, len(kept) - hi,
+            [decode_row(r) for r in win], k - lo, hi - k - 1,
             [decode_row(r) for r in start], [decode_row(r) for r in end],
         )
 
     # ------------------------------------------------------------------ replay
 
-    def conversation(self, session_ids: Sequence[str]) -> list[dict[str, Any]]:
-        """OpenAI chat-format replay of the given sessions, in order (one query)."""
-        if not session_ids:
+    def _conversation_rows(self, session_ids: Sequence[str], include_inactive: bool) -> list[Any]:
+        """Rows of the given sessions in replay order (that session order, then id); one query."""
+        ids = [s for s in dict.fromkeys(session_ids) if s is not None]
+        if not ids:
             return []
-        names = {f"s{i}": sid for i, sid in enumerate(session_ids)}
-        order = " ".join(f"WHEN :s{i} THEN {i}" for i in range(len(session_ids)))
-        rows = self.conn.execute(
-            text(
-                "SELECT role, content, tool_call_id, tool_name, tool_calls, finish_reason, reasoning, "
-                "reasoning_content, reasoning_details, codex_reasoning_items, codex_message_items "
-                f"FROM messages WHERE session_id IN ({', '.join(':' + n for n in names)}) "
-                f"ORDER BY CASE session_id {order} END, id"
-            ),
-            names,
-        ).fetchall()
-        out: list[dict[str, Any]] = []
-        pending_users: set[str] = set()
-        dedupe = len(session_ids) > 1
-        for (role, content, tool_call_id, tool_name, tool_calls, finish_reason, reasoning,
-             reasoning_content, reasoning_details, codex_reasoning_items, codex_message_items) in rows:
-            value = decode_content(content)
-            if role in ("user", "assistant") and isinstance(value, str):
-                value = strip_memory_context(value)
-            if dedupe and role == "user":
-                key = value if isinstance(value, str) else repr(value)
-                if key in pending_users:
-                    continue  # replayed again after a compression boundary, no reply between
-                pending_users.add(key)
-            elif role == "assistant":
-                pending_users.clear()
-            msg: dict[str, Any] = {"role": role, "content": value}
-            if tool_call_id:
-                msg["tool_call_id"] = tool_call_id
-            if tool_name:
-                msg["tool_name"] = tool_name
-            if tool_calls:
-                msg["tool_calls"] = decode_json(tool_calls)
-            if role == "assistant":
-                if finish_reason:
-                    msg["finish_reason"] = finish_reason
-                if reasoning:
-                    msg["reasoning"] = reasoning
-                if reasoning_content is not None:
-                    msg["reasoning_content"] = reasoning_content
-                for key, raw in (("reasoning_details", reasoning_details),
-                                 ("codex_reasoning_items", codex_reasoning_items),
-                                 ("codex_message_items", codex_message_items)):
-                    if raw:
-                        msg[key] = decode_json(raw)
-            out.append(msg)
-        return out
+        q = select(*_CONVERSATION_COLUMNS).where(M.session_id.in_(ids))
+        if not include_inactive:
+            q = q.where(M.active == 1)
+        if len(ids) > 1:
+            q = q.order_by(case({sid: i for i, sid in enumerate(ids)}, value=M.session_id), M.id)
+        else:
+            q = q.order_by(M.id)
+        return [r._mapping for r in self.conn.execute(q).fetchall()]
+
+    def conversation(
+        self, session_ids: Sequence[str], *, include_inactive: bool = False, repair: bool = False
+    ) -> list[dict[str, Any]]:
+        """OpenAI chat-format replay of the given sessions, in order (one query).
+
+        More than one session is ancestor mode (replayed user turns deduplicated).
+        """
+        rows = self._conversation_rows(session_ids, include_inactive)
+        return build_conversation(rows, dedupe=len(session_ids) > 1, repair=repair)
+
+    def lineage_conversation(
+        self, session_id: str, *, include_ancestors: bool = False, include_inactive: bool = False,
+        repair: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Hermes' ``get_messages_as_conversation``: the session, or its whole parent chain
+        root-first (every ``parent_session_id`` link, cycle-safe)."""
+        if session_id is None:
+            return []
+        ids = LineageRepository(self.conn).ancestors(session_id) if include_ancestors else []
+        return self.conversation(ids or [session_id], include_inactive=include_inactive, repair=repair)
+
+    def resume_conversations(self, session_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """``(model_history, display_history)`` from one read of the lineage's live rows:
+        the session's own turns repaired for a model, and the root-first display."""
+        if session_id is None:
+            return [], []
+        ids = LineageRepository(self.conn).ancestors(session_id) or [session_id]
+        rows = self._conversation_rows(ids, include_inactive=False)
+        own = [r for r in rows if r["session_id"] == session_id]
+        return (build_conversation(own, dedupe=False, repair=True),
+                build_conversation(rows, dedupe=len(ids) > 1))
+
+    def ancestor_display_prefix(self, session_id: str) -> list[dict[str, Any]]:
+        """The display conversation of the ancestors' live rows (not the session's own)."""
+        if session_id is None:
+            return []
+        ids = [i for i in LineageRepository(self.conn).ancestors(session_id) if i != session_id]
+        if not ids:
+            return []
+        return build_conversation(self._conversation_rows(ids, include_inactive=False), dedupe=True)

@@ -61,6 +61,35 @@ class MessageRecord(TypedDict, total=False):
     reasoning_details: Any
     codex_reasoning_items: Any
     codex_message_items: Any
+    # v12-v22: gateway ids, observed turns, rewind/compaction visibility, raw API text
+    platform_message_id: str | None
+    observed: int | None
+    active: int
+    compacted: int
+    effect_disposition: str | None
+    api_content: str | None
+    # v24-v30 (late): typed display events, summary marker, stable on-screen order
+    display_kind: str | None
+    display_metadata: str | None
+    _compressed_summary: int
+    display_identity: bytes | None
+    display_order: int | None
+
+
+class RewindResult(TypedDict):
+    """What ``rewind_to_message`` reports (Hermes v23 shape)."""
+
+    rewound_count: int
+    target_message: MessageRecord
+    new_head_id: int | None
+
+
+class RecentUserMessage(TypedDict):
+    """One entry of ``list_recent_user_messages``."""
+
+    id: int
+    timestamp: float
+    preview: str
 
 
 class SearchHit(TypedDict):
@@ -78,7 +107,9 @@ class SearchHit(TypedDict):
 
 @dataclass(frozen=True, slots=True)
 class MessageWindow:
-    """Messages around an anchor, with how many lie outside the window."""
+    """Messages around an anchor; ``messages_before`` / ``messages_after`` count the
+    window's own rows before / after the anchor (``window`` each, unless the start or
+    end of the session cuts the window short)."""
 
     window: list[MessageRecord]
     messages_before: int

@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import bindparam, func, select, text
+from sqlalchemy import bindparam, func, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from .. import errors
@@ -17,13 +17,24 @@ from .base import Repository, UnknownFieldError, MESSAGES, SESSIONS, like_prefix
 from .lineage import MAX_DEPTH
 from .records import SessionRecord
 
-LEDGER = "session_model_usage"
 _PROMPTS = text("SELECT hash, prompt FROM system_prompts WHERE hash IN :hashes").bindparams(
     bindparam("hashes", expanding=True)
 )
-CREATE_FIELDS = ("model", "model_config", "system_prompt", "user_id", "parent_session_id")
-COUNTERS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
-ROUTE = ("billing_provider", "billing_base_url", "billing_mode")
+#: What ``create_session`` / ``ensure_session`` accept (Hermes v23); anything else is a TypeError.
+CREATE_FIELDS = (
+    "model", "model_config", "system_prompt", "user_id", "session_key", "chat_id", "chat_type", "thread_id",
+    "parent_session_id", "cwd", "profile_name", "git_repo_root",
+)
+#: Set once, at creation: a later create/ensure of the same id never changes them (v23),
+#: not even from NULL (a user id filled in afterwards could hand a session to someone else).
+NEVER_REFILLED = ("source", "user_id", "started_at")
+#: Copied from the parent into a new child's NULL columns (v23)...
+INHERITED = ("cwd", "git_repo_root", "git_branch")
+#: ...and these too when the parent ended with 'compression': the continuation is the
+#: same conversation, so it keeps the gateway routing. A delegate of a live parent does not.
+INHERITED_BY_CONTINUATION = ("user_id", "session_key", "chat_id", "chat_type", "thread_id", "display_name", "origin_json")
+#: End reasons a session reset may replace (the others are explicit and kept).
+RESETTABLE_END_REASONS = ("agent_close", "ws_orphan_reap")
 PREVIEW_CHARS = 60
 #: Hermes bounds an activity description to this many characters (v24).
 ACTIVITY_DESCRIPTION_CHARS = 120
@@ -79,8 +90,16 @@ class SessionRepository(Repository):
     # ------------------------------------------------------------------ lifecycle
 
     def create(self, session_id: str, source: str, **fields: Any) -> str:
-        """Insert a session; if the id exists keep the row and fill only its NULL fields."""
+        """Insert a session; if the id exists keep the row and fill only its NULL fields.
+
+        Hermes v23's upsert: ``source``, ``user_id`` and ``started_at`` are never
+        changed on an existing row; the other given fields fill NULLs only. With a
+        ``parent_session_id`` the child then inherits the parent's cwd/git columns, and
+        its routing columns too when the parent ended with 'compression' (NULLs only).
+        Any known column may be given here (the facade restricts it to Hermes' list).
+        """
         check_key(session_id, "session id")
+        parent = fields.get("parent_session_id")
         cols = {k: _json_field(v) for k, v in fields.items() if v is not None}
         unknown = set(cols) - self.columns_of("sessions")
         if unknown:
@@ -95,16 +114,39 @@ class SessionRepository(Repository):
         names = ["id", "source", "started_at", *cols]
         values = {"id": session_id, "source": source, "started_at": started, **cols}
         fills = []
-        for c in ["source", *cols]:
+        for c in cols:
+            if c in NEVER_REFILLED:
+                continue
             if c == "system_prompt_hash" and stored is not None:
                 fills.append("system_prompt_hash = COALESCE(sessions.system_prompt_hash, "
                              "CASE WHEN sessions.system_prompt IS NULL THEN excluded.system_prompt_hash END)")
             else:
                 fills.append(f"{c} = COALESCE(sessions.{c}, excluded.{c})")
-        self._exec(self.dialect.upsert_sql("sessions", names, ["id"], ", ".join(fills)), values)
+        self._exec(self.dialect.upsert_sql("sessions", names, ["id"], ", ".join(fills) or None), values)
         if stored is not None:
             self.drop_unused_prompts([stored])  # the session already had one
+        if parent:
+            self._inherit_from_parent(session_id)
         return session_id
+
+    def _inherit_from_parent(self, session_id: str) -> None:
+        """Fill the child's NULL workspace (and, after a compression, routing) columns.
+
+        From the parent the row holds (an existing row keeps its first parent).
+        """
+        wanted = (*INHERITED, *INHERITED_BY_CONTINUATION)
+        child, p = SESSIONS.alias("child"), SESSIONS
+        row = self.conn.execute(
+            select(p.c.end_reason, *(p.c[c] for c in wanted))
+            .select_from(child.join(p, p.c.id == child.c.parent_session_id))
+            .where(child.c.id == session_id)
+        ).mappings().first()
+        if row is None:
+            return
+        names = INHERITED + (INHERITED_BY_CONTINUATION if row["end_reason"] == "compression" else ())
+        values = {c: func.coalesce(SESSIONS.c[c], row[c]) for c in names if row[c] is not None}
+        if values:
+            self.conn.execute(update(SESSIONS).where(SESSIONS.c.id == session_id).values(values))
 
     # ------------------------------------------------------------------ system prompts (v25)
 
@@ -215,6 +257,88 @@ class SessionRepository(Repository):
         """Replace the session's prompt (None clears it); stored by hash from v25."""
         return self.update_fields(session_id, system_prompt=system_prompt)
 
+    def promote_to_reset(self, session_id: str, reason: str) -> bool:
+        """End the session with ``reason`` unless it already ended for an explicit reason.
+
+        An open session, or one closed only by an agent shutdown or an orphaned
+        websocket reap, takes the reset; True iff the row changed.
+        """
+        s = SESSIONS.c
+        result = self.conn.execute(
+            update(SESSIONS)
+            .where(s.id == session_id, or_(s.ended_at.is_(None), s.end_reason.in_(RESETTABLE_END_REASONS)))
+            .values(ended_at=now(), end_reason=reason)
+        )
+        return result.rowcount > 0
+
+    def update_cwd(self, session_id: str, cwd: str, git_branch: str | None, git_repo_root: str | None) -> None:
+        """Set the working directory, and the git branch/root when given non-blank (stripped).
+
+        A blank branch or root never clears the stored one. Every such write also
+        advances ``git_metadata_generation`` (Hermes v26's compare-and-set guard), so a
+        late asynchronous git lookup by a newer Hermes cannot overwrite it.
+        """
+        s = SESSIONS.c
+        values: dict[str, Any] = {"cwd": cwd}
+        for name, value in (("git_branch", git_branch), ("git_repo_root", git_repo_root)):
+            if isinstance(value, str) and value.strip():
+                values[name] = value.strip()
+        if "git_metadata_generation" in self.columns_of("sessions"):
+            values["git_metadata_generation"] = func.coalesce(s.git_metadata_generation, 0) + 1
+        self.conn.execute(update(SESSIONS).where(s.id == session_id).values(values))
+
+    def backfill_repo_roots(self, pairs: Sequence[tuple[str, str]]) -> int:
+        """Give sessions in each exact ``cwd`` its repo root where they have none; rows changed."""
+        s = SESSIONS.c
+        changed = 0
+        for cwd, root in pairs:
+            changed += self.conn.execute(
+                update(SESSIONS)
+                .where(s.cwd == cwd, or_(s.git_repo_root.is_(None), s.git_repo_root == ""))
+                .values(git_repo_root=root)
+            ).rowcount
+        return changed
+
+    def update_meta(self, session_id: str, model_config_json: str | None, model: str | None) -> bool:
+        """Replace ``model_config`` as given; set ``model`` only when one is given."""
+        fields: dict[str, Any] = {"model_config": model_config_json}
+        if model is not None:
+            fields["model"] = model
+        return self.update_fields(session_id, **fields)
+
+    def update_billing_route(self, session_id: str, provider: str | None, base_url: str | None,
+                             billing_mode: str | None) -> bool:
+        """Switch the billing route; the system prompt is cleared so the agent rebuilds it.
+
+        The mode is kept when None. From v25 the prompt's hash is cleared too (reads
+        resolve the text through it) and a prompt nothing uses any more is collected.
+        """
+        fields: dict[str, Any] = {"billing_provider": provider, "billing_base_url": base_url, "system_prompt": None}
+        if billing_mode is not None:
+            fields["billing_mode"] = billing_mode
+        return self.update_fields(session_id, **fields)
+
+    def distinct_cwds(self, include_archived: bool = False) -> list[dict[str, Any]]:
+        """One entry per exact working directory: how many sessions, and when last active.
+
+        ``last_active`` is the latest end (or start) of those sessions; blank cwds are
+        skipped, archived sessions only counted when asked. Ordered by cwd.
+        """
+        s = SESSIONS.c
+        last = func.max(func.coalesce(s.ended_at, s.started_at, 0.0))
+        stmt = (
+            select(s.cwd, func.count().label("sessions"), last.label("last_active"))
+            .where(s.cwd.is_not(None), func.trim(s.cwd) != "")
+            .group_by(s.cwd)
+            .order_by(s.cwd)
+        )
+        if not include_archived:
+            stmt = stmt.where(func.coalesce(s.archived, 0) == 0)
+        return [
+            {"cwd": cwd, "sessions": int(n), "last_active": float(la or 0.0)}
+            for cwd, n, la in self.conn.execute(stmt)
+        ]
+
     def update_fields(self, session_id: str, **fields: Any) -> bool:
         """Set arbitrary known columns (cwd, archived, hidden, pinned, title_source...).
 
@@ -263,143 +387,95 @@ class SessionRepository(Repository):
             last_activity_provenance=provenance,
         )
 
-    # ------------------------------------------------------------------ accounting
-
-    def update_token_counts(
-        self,
-        session_id: str,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-        model: str | None = None,
-        cache_read_tokens: int = 0,
-        cache_write_tokens: int = 0,
-        reasoning_tokens: int = 0,
-        estimated_cost_usd: float | None = None,
-        actual_cost_usd: float | None = None,
-        cost_status: str | None = None,
-        cost_source: str | None = None,
-        pricing_version: str | None = None,
-        billing_provider: str | None = None,
-        billing_base_url: str | None = None,
-        billing_mode: str | None = None,
-        api_call_count: int = 0,
-        absolute: bool = False,
-        task: str = "",
-    ) -> None:
-        """Add (or, with ``absolute``, set) usage on the session and its per-model ledger."""
-        p: dict[str, Any] = {
-            "id": session_id,
-            "input_tokens": int(input_tokens or 0),
-            "output_tokens": int(output_tokens or 0),
-            "cache_read_tokens": int(cache_read_tokens or 0),
-            "cache_write_tokens": int(cache_write_tokens or 0),
-            "reasoning_tokens": int(reasoning_tokens or 0),
-            "api_call_count": int(api_call_count or 0),
-            "est": estimated_cost_usd,
-            "act": actual_cost_usd,
-            "cost_status": cost_status,
-            "cost_source": cost_source,
-            "pricing_version": pricing_version,
-            "billing_provider": billing_provider,
-            "billing_base_url": billing_base_url,
-            "billing_mode": billing_mode,
-            "model": model,
-            "t": now(),
-        }
-        self._exec(
-            self.dialect.upsert_sql("sessions", ["id", "source", "started_at"], ["id"], None),
-            {"id": session_id, "source": "unknown", "started_at": p["t"]},
-        )
-        if task == "":  # only the main loop moves the session's own counters and route
-            if absolute:
-                counters = ", ".join(f"{c} = :{c}" for c in (*COUNTERS, "api_call_count"))
-                est = "estimated_cost_usd = COALESCE(:est, estimated_cost_usd)"
-                act = "actual_cost_usd = COALESCE(:act, actual_cost_usd)"
-            else:
-                counters = ", ".join(f"{c} = COALESCE({c}, 0) + :{c}" for c in (*COUNTERS, "api_call_count"))
-                # CAST: a server must know the type of a parameter that may be NULL.
-                est = ("estimated_cost_usd = CASE WHEN CAST(:est AS DOUBLE PRECISION) IS NULL THEN estimated_cost_usd"
-                       " ELSE COALESCE(estimated_cost_usd, 0) + :est END")
-                act = ("actual_cost_usd = CASE WHEN CAST(:act AS DOUBLE PRECISION) IS NULL THEN actual_cost_usd"
-                       " ELSE COALESCE(actual_cost_usd, 0) + :act END")
-            self._exec(
-                f"UPDATE sessions SET {counters}, {est}, {act}, "
-                "cost_status = COALESCE(:cost_status, cost_status), "
-                "cost_source = COALESCE(:cost_source, cost_source), "
-                "pricing_version = COALESCE(:pricing_version, pricing_version), "
-                "billing_provider = COALESCE(billing_provider, :billing_provider), "
-                "billing_base_url = COALESCE(billing_base_url, :billing_base_url), "
-                "billing_mode = COALESCE(billing_mode, :billing_mode), "
-                "model = COALESCE(model, :model) WHERE id = :id",
-                p,
-            )
-        if self.has_table("session_model_usage"):
-            self._upsert_ledger(p, task, absolute)
-
-    def _upsert_ledger(self, p: dict[str, Any], task: str, absolute: bool) -> None:
-        moved = any(p[c] for c in (*COUNTERS, "api_call_count")) or p["est"] or p["act"]
-        if not moved and not absolute:
-            return
-        if task == "":
-            # The main loop bills on the session's route; fill gaps from the session row.
-            route = self._one(
-                "SELECT model, billing_provider, billing_base_url, billing_mode FROM sessions WHERE id = :id", p
-            ) or {}
-            key_model = p["model"] or route.get("model") or "unknown"
-            key_route = [p[c] if p[c] is not None else (route.get(c) or "") for c in ROUTE]
-        else:
-            key_model = p["model"] or "unknown"
-            key_route = [p[c] or "" for c in ROUTE]
-        cols = (*COUNTERS, "api_call_count")
-        q = {"session_id": p["id"], "model": key_model, **dict(zip(ROUTE, key_route)), "task": task,
-             **{c: p[c] for c in cols}, "estimated_cost_usd": p["est"] or 0.0, "actual_cost_usd": p["act"] or 0.0,
-             "cost_status": p["cost_status"], "cost_source": p["cost_source"], "first_seen": p["t"], "last_seen": p["t"]}
-        if absolute:
-            upd = ", ".join(f"{c} = excluded.{c}" for c in cols)
-            upd += ", estimated_cost_usd = excluded.estimated_cost_usd, actual_cost_usd = excluded.actual_cost_usd"
-        else:
-            # Target columns qualified: PostgreSQL sees the table and ``excluded`` at once.
-            upd = ", ".join(f"{c} = {LEDGER}.{c} + excluded.{c}" for c in cols)
-            upd += (f", estimated_cost_usd = {LEDGER}.estimated_cost_usd + excluded.estimated_cost_usd"
-                    f", actual_cost_usd = {LEDGER}.actual_cost_usd + excluded.actual_cost_usd")
-        upd += (f", cost_status = COALESCE(excluded.cost_status, {LEDGER}.cost_status)"
-                f", cost_source = COALESCE(excluded.cost_source, {LEDGER}.cost_source), last_seen = excluded.last_seen")
-        self._exec(self.dialect.upsert_sql("session_model_usage", list(q), ["session_id", "model", *ROUTE, "task"], upd), q)
-
     # ------------------------------------------------------------------ titles
 
-    def set_title(self, session_id: str, title: str | None, title_source: str = "user") -> bool:
-        """Set a sanitized title; a title held by another session raises TitleConflictError.
+    def set_title(self, session_id: str, title: str | None, title_source: str = "user",
+                  *, only_if_empty: bool = False) -> bool:
+        """Set a sanitized title (Hermes v23 ``set_session_title`` / ``set_auto_title_if_empty``).
+
+        A title held by another session raises TitleConflictError, unless that session
+        is a compression ancestor of this one (up through parents that ended with
+        'compression'): the title then moves here and the ancestor's is cleared.
 
         From v25 the title's provenance goes to ``title_source`` ('user' for a title
         set by a person, as Hermes records it; 'llm' / 'derived' for automatic ones).
         An automatic title never replaces a higher-ranked one (user > llm > derived),
         nor a title of unknown source: the call then returns False and changes
         nothing. Clearing the title clears its source.
+
+        ``only_if_empty``: write only while the session has no title (checked in this
+        transaction); False for a missing or titled row, True (nothing written) for a
+        title that cleans to nothing on an untitled row.
         """
         if title_source not in TITLE_SOURCES:
             raise errors.InvalidInputError(f"title_source must be one of {TITLE_SOURCES}, not {title_source!r}")
         clean = sanitize_title(title)
+        s = SESSIONS.c
+        ranked = "title_source" in self.columns_of("sessions")
+        # Which rows may take this title: any (a person's title), an untitled one
+        # (only_if_empty), or one whose title ranks no higher (an automatic title).
+        if only_if_empty:
+            may_take = s.title.is_(None)
+        elif ranked and title_source != "user":
+            lower = TITLE_SOURCES[: TITLE_SOURCES.index(title_source) + 1]
+            may_take = or_(s.title.is_(None), s.title_source.in_(lower))
+        else:
+            may_take = None
+        if only_if_empty:
+            current = self.conn.execute(select(s.title).where(s.id == session_id)).first()
+            if current is None or current[0] is not None:
+                return False
+            if clean is None:
+                return True
+        holder = None
         if clean is not None:
-            holder = self._scalar(
-                "SELECT id FROM sessions WHERE title = :t AND id != :id", {"t": clean, "id": session_id}
-            )
-            if holder is not None:
+            holder = self.conn.execute(
+                select(s.id).where(s.title == clean, s.id != session_id).limit(1)
+            ).scalar()
+            if holder is not None and not self.is_compression_ancestor(holder, session_id):
                 raise errors.TitleConflictError(f"Title '{clean}' is already in use by session {holder}")
-        sets, guard = "title = :t", ""
-        params: dict[str, Any] = {"t": clean, "id": session_id}
-        if "title_source" in self.columns_of("sessions"):
-            sets += ", title_source = :src"
-            params["src"] = None if clean is None else title_source
-            if title_source != "user":
-                # Only an untitled session, or one whose title ranks no higher, takes an
-                # automatic title; a title of unknown source (set before v25) is kept.
-                same_or_lower = ", ".join(f"'{x}'" for x in TITLE_SOURCES[: TITLE_SOURCES.index(title_source) + 1])
-                guard = f" AND (title IS NULL OR title_source IN ({same_or_lower}))"
+        target = s.id == session_id
+        if may_take is not None:
+            target = target & may_take
+        if holder is not None:
+            # Check before the ancestor gives its title up: a call that changes
+            # nothing here must not clear it there.
+            if self.conn.execute(select(s.id).where(target)).first() is None:
+                return False
+            cleared: dict[str, Any] = {"title": None}
+            if ranked:
+                cleared["title_source"] = None
+            self.conn.execute(update(SESSIONS).where(s.id == holder).values(cleared))
+        values: dict[str, Any] = {"title": clean}
+        if ranked:
+            values["title_source"] = None if clean is None else title_source
         try:
-            return self._exec(f"UPDATE sessions SET {sets} WHERE id = :id{guard}", params) > 0
+            return self.conn.execute(update(SESSIONS).where(target).values(values)).rowcount > 0
         except IntegrityError as exc:  # a concurrent writer took it between check and update
             raise errors.TitleConflictError(f"Title '{clean}' is already in use") from exc
+
+    def is_compression_ancestor(self, candidate: str, session_id: str) -> bool:
+        """Whether ``candidate`` is reached from ``session_id`` going up through parents
+        that ended with 'compression' (the session's earlier selves). Cycle-safe: the
+        walk is a UNION, so a session seen twice stops it."""
+        child, parent = SESSIONS.alias("child"), SESSIONS.alias("parent")
+        seed = (
+            select(parent.c.id)
+            .select_from(child.join(parent, parent.c.id == child.c.parent_session_id))
+            .where(child.c.id == session_id, parent.c.end_reason == "compression")
+        )
+        up = seed.cte("up", recursive=True)
+        step_child, step_parent = SESSIONS.alias("step_child"), SESSIONS.alias("step_parent")
+        up = up.union(
+            select(step_parent.c.id)
+            .select_from(
+                up.join(step_child, step_child.c.id == up.c.id)
+                .join(step_parent, step_parent.c.id == step_child.c.parent_session_id)
+            )
+            .where(step_parent.c.end_reason == "compression")
+        )
+        found = self.conn.execute(select(up.c.id).where(up.c.id == candidate).limit(1)).first()
+        return found is not None
 
     def get_title(self, session_id: str) -> str | None:
         return self._scalar("SELECT title FROM sessions WHERE id = :id", {"id": session_id})

@@ -16,6 +16,8 @@ one repository call per method; the SQL is in ``hermes_store.repositories``.
 | gateway | gateway peers, origins, routing entries, Telegram topics |
 | housekeeping | export, import, delete, prune, archive |
 | fts | search-index upkeep, VACUUM, state_meta |
+| private | `_conn`, `_execute_write`: the internals Hermes' own code uses |
+| async_wrapper | `AsyncSessionDB` (not a mixin) |
 """
 
 from .compression import CompressionMixin
@@ -25,6 +27,7 @@ from .housekeeping import HousekeepingMixin
 from .lineage import LineageMixin
 from .listing import ListingMixin
 from .messages import MessagesMixin
+from .private import PrivateSurfaceMixin
 from .sessions import SessionsMixin
 from .titles import TitlesMixin
 from .usage import UsageMixin
@@ -41,6 +44,7 @@ class HermesSurface(
     GatewayMixin,
     HousekeepingMixin,
     FtsMixin,
+    PrivateSurfaceMixin,
 ):
     """Every public Hermes method, by theme (see the table above)."""
 

@@ -2,18 +2,55 @@
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import os
+from typing import Any, Dict, List, Optional
 
+from ..errors import UnknownFieldError
 from ..repositories import SessionRepository
+from ..repositories.sessions import CREATE_FIELDS
 from ._host import Host
+
+log = logging.getLogger(__name__)
+
+
+#: Ours, beyond Hermes' list: place a session in time (imports, demos, tests). It rides
+#: in ``**kwargs`` because nothing may follow ``**kwargs`` in the signature.
+EXTRA_CREATE_FIELDS = ("started_at",)
+
+
+def _create_fields(method: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Hermes v23's keyword list for create/ensure; anything else is a TypeError.
+
+    UnknownFieldError is a TypeError (what Python raises for an unexpected keyword in
+    Hermes' own code) and an InvalidInputError; nothing is written.
+    """
+    unknown = sorted(set(kwargs) - set(CREATE_FIELDS) - set(EXTRA_CREATE_FIELDS))
+    if unknown:
+        raise UnknownFieldError(
+            f"unknown session fields: {unknown} "
+            f"({method}() got an unexpected keyword argument {unknown[0]!r}; accepted: {', '.join(CREATE_FIELDS)})"
+        )
+    return kwargs
 
 
 class SessionsMixin(Host):
     def create_session(self, session_id: str, source: str, **kwargs: Any) -> str:
-        return self._write(lambda c: SessionRepository(c).create(session_id, source, **kwargs))
+        """Create the session, or fill the NULL fields of an existing one (v23 upsert).
+
+        Keywords: model, model_config (dict, JSON-encoded), system_prompt, user_id,
+        session_key, chat_id, chat_type, thread_id, parent_session_id, cwd,
+        profile_name, git_repo_root. An existing row keeps its source, user_id and
+        start. A child inherits its parent's cwd/git columns, and its routing columns
+        when the parent ended with 'compression'. ``started_at=`` (ours) places the
+        session in time, e.g. for imports and demos; default now.
+        """
+        fields = _create_fields("create_session", kwargs)
+        return self._write(lambda c: SessionRepository(c).create(session_id, source, **fields))
 
     def ensure_session(self, session_id: str, source: str = "unknown", model: str | None = None, **kwargs: Any) -> str:
-        return self._write(lambda c: SessionRepository(c).ensure(session_id, source, model, **kwargs))
+        fields = _create_fields("ensure_session", kwargs)
+        return self._write(lambda c: SessionRepository(c).ensure(session_id, source, model, **fields))
 
     def get_session(self, session_id: str) -> dict[str, Any] | None:
         return self._read(lambda c: SessionRepository(c).get(session_id))  # type: ignore[return-value]
@@ -26,6 +63,59 @@ class SessionsMixin(Host):
 
     def update_system_prompt(self, session_id: str, system_prompt: str | None) -> None:
         self._write(lambda c: SessionRepository(c).update_system_prompt(session_id, system_prompt))
+
+    def promote_to_session_reset(self, session_id: str, reason: str = "session_reset") -> bool:
+        """End the session as reset unless it already ended for an explicit reason.
+
+        Open sessions and ones closed by 'agent_close' / 'ws_orphan_reap' take it.
+        True iff the row changed; False for a falsy or unknown id, a kept end, or any
+        failure (logged, never raised: callers run it on their way out).
+        """
+        if not session_id:
+            return False
+        try:
+            return self._write(lambda c: SessionRepository(c).promote_to_reset(session_id, reason))
+        except Exception:  # noqa: BLE001 - Hermes swallows every failure here
+            log.warning("promote_to_session_reset(%r) failed", session_id, exc_info=True)
+            return False
+
+    def update_session_cwd(
+        self, session_id: str, cwd: str, git_branch: str | None = None, git_repo_root: str | None = None
+    ) -> None:
+        """Record the working directory (and git branch/root when non-blank, stripped).
+
+        No-op for a falsy id or cwd; an unknown id is silently ignored.
+        """
+        if not session_id or not cwd:
+            return
+        path = os.fspath(cwd) if isinstance(cwd, os.PathLike) else cwd
+        self._write(lambda c: SessionRepository(c).update_cwd(session_id, path, git_branch, git_repo_root))
+
+    def backfill_repo_roots(self, cwd_to_root: Dict[str, str]) -> None:
+        """Set the repo root of sessions in each exact cwd that have none (one transaction)."""
+        pairs = [(cwd, root) for cwd, root in (cwd_to_root or {}).items() if cwd and root]
+        if not pairs:
+            return
+        self._write(lambda c: SessionRepository(c).backfill_repo_roots(pairs))
+
+    def update_session_meta(self, session_id: str, model_config_json: str, model: Optional[str] = None) -> None:
+        """Replace ``model_config`` with the given JSON text as is; set ``model`` when given."""
+        self._write(lambda c: SessionRepository(c).update_meta(session_id, model_config_json, model))
+
+    def update_session_model(self, session_id: str, model: str) -> None:
+        """Set the model unconditionally (the system prompt is left alone)."""
+        self._write(lambda c: SessionRepository(c).update_fields(session_id, model=model))
+
+    def update_session_billing_route(
+        self, session_id: str, *, provider: str, base_url: str, billing_mode: Optional[str] = None
+    ) -> None:
+        """Switch provider and base URL (mode kept when None) and clear the system
+        prompt, so the agent rebuilds it for the new route."""
+        self._write(lambda c: SessionRepository(c).update_billing_route(session_id, provider, base_url, billing_mode))
+
+    def distinct_session_cwds(self, include_archived: bool = False) -> List[Dict[str, Any]]:
+        """``[{"cwd", "sessions", "last_active"}]`` per exact cwd (children count; blank cwds skipped)."""
+        return self._read(lambda c: SessionRepository(c).distinct_cwds(include_archived))
 
     def update_session(self, session_id: str, **fields: Any) -> bool:
         """Set other known session columns (cwd, archived, git_branch, hidden, pinned,

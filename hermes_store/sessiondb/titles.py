@@ -1,4 +1,4 @@
-"""Session titles: setting (with Hermes' conflict rules), lookup and numbering."""
+"""Session titles: setting (with Hermes' conflict and transfer rules), lookup and numbering."""
 
 from __future__ import annotations
 
@@ -12,13 +12,28 @@ from ._host import Host
 class TitlesMixin(Host):
     sanitize_title = staticmethod(sanitize_title)
 
-    def set_session_title(self, session_id: str, title: str | None, *, title_source: str = "user") -> bool:
-        """Set the title (v25: recorded as set by ``title_source``, 'user' by default).
+    def set_session_title(self, session_id: str, title: str, *, title_source: str = "user") -> bool:
+        """Set (or, with a title that cleans to nothing, clear) the title; False for an unknown id.
 
-        An automatic source ('llm', 'derived') never replaces a higher-ranked title;
-        that call returns False.
+        A title held by another session raises TitleConflictError (a ValueError,
+        "Title '<t>' is already in use by session <id>"), unless the holder is a
+        compression ancestor of this session: the title then moves here (v23).
+        v25: recorded as set by ``title_source`` ('user' by default); an automatic
+        source ('llm', 'derived') never replaces a higher-ranked title (False).
         """
         return self._write(lambda c: SessionRepository(c).set_title(session_id, title, title_source))
+
+    def set_auto_title_if_empty(self, session_id: str, title: str, *, title_source: str = "llm") -> bool:
+        """Title an untitled session (check and write in one transaction).
+
+        False for a missing or already titled session; True, with nothing written, for
+        a title that cleans to nothing. Same validation, conflict and transfer rules as
+        set_session_title. Recorded as ``title_source`` ('llm' by default: the
+        automatic titles Hermes generates).
+        """
+        return self._write(
+            lambda c: SessionRepository(c).set_title(session_id, title, title_source, only_if_empty=True)
+        )
 
     def get_session_title(self, session_id: str) -> str | None:
         return self._read(lambda c: SessionRepository(c).get_title(session_id))

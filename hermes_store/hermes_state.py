@@ -1,0 +1,25 @@
+"""The stand-in for Hermes' ``hermes_state`` module: this name *is* ``hermes_store.facade``.
+
+Hermes' code and tests patch names on the module they imported
+(``hermes_state.DEFAULT_DB_PATH``, ``hermes_state.time``,
+``hermes_state.sqlite3.connect``). A copy of our names would take those patches
+without SessionDB ever seeing them, so the swap hands out the very module SessionDB
+reads from. The one-line swap, as a ``hermes_state.py`` where Hermes' code imports it::
+
+    import sys, hermes_store.hermes_state as m; sys.modules[__name__] = m
+
+or call :func:`install` before Hermes' code runs.
+"""
+
+import sys
+
+from hermes_store import facade as _facade
+
+
+def install() -> None:
+    """Make ``import hermes_state`` return our facade module (idempotent)."""
+    sys.modules["hermes_state"] = _facade
+
+
+_facade.install = install  # type: ignore[attr-defined]
+sys.modules[__name__] = _facade

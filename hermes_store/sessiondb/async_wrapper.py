@@ -1,0 +1,35 @@
+"""``AsyncSessionDB``: Hermes' gateway wrapper running each SessionDB call in a worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..facade import SessionDB
+
+
+class AsyncSessionDB:
+    """Every callable of the wrapped store becomes a coroutine (``asyncio.to_thread``).
+
+    Non-callables (``db_path``, ``read_only``...) pass through. The wrapped store
+    stays reachable as ``_db``: Hermes' gateway unwraps it in 15 places.
+    """
+
+    def __init__(self, db: "SessionDB") -> None:
+        self._db = db
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._db, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await asyncio.to_thread(attr, *args, **kwargs)
+
+        return call
+
+    def __repr__(self) -> str:
+        return f"AsyncSessionDB({self._db!r})"
