@@ -118,11 +118,26 @@ _PG_BY_SQLSTATE: dict[str, type[errors.HermesStoreError]] = {
 }
 
 
+#: SQLSTATEs (or classes) meaning "the server or database cannot be used right now":
+#: connection_exception, invalid_authorization_specification, invalid_catalog_name
+#: (no such database), admin/crash shutdown and cannot_connect_now.
+_PG_UNAVAILABLE = ("08", "28", "3D000", "57P01", "57P02", "57P03")
+
+
 def _translate_pg(exc: BaseException) -> errors.HermesStoreError | None:
     """psycopg errors (by SQLSTATE) → typed errors; None for anything else."""
-    state = getattr(exc, "sqlstate", None)
-    if not isinstance(state, str) or type(exc).__module__.split(".")[0] != "psycopg":
+    if type(exc).__module__.split(".")[0] != "psycopg":
         return None
+    state = getattr(exc, "sqlstate", None)
+    if state is None and any(k.__name__ == "OperationalError" for k in type(exc).__mro__):
+        # No SQLSTATE: the client never got an answer (server down, refused, no such
+        # database or role at connect time, connection lost). The message names host
+        # and port, never the password.
+        return errors.DatabaseUnavailableError(f"cannot use the database server: {str(exc).strip()}")
+    if not isinstance(state, str):
+        return None
+    if state.startswith(_PG_UNAVAILABLE):
+        return errors.DatabaseUnavailableError(str(exc).strip())
     if state == "42P01":  # undefined_table
         missing = re.search(r'relation "(?:\w+\.)?(\w+)"', str(exc))
         if missing and missing.group(1) in _OUR_TABLES:
@@ -138,8 +153,12 @@ def _translate_pg(exc: BaseException) -> errors.HermesStoreError | None:
 def _translate_hook(context: ExceptionContext) -> None:
     """``handle_error`` hook: raise the typed error instead of the driver's.
 
-    SQLAlchemy chains the original driver exception as ``__cause__``.
+    SQLAlchemy chains the original driver exception as ``__cause__``. Never during a
+    pool pre-ping: that failure must stay the driver's, so the pool replaces the dead
+    connection instead of handing the caller an error.
     """
+    if context.is_pre_ping:
+        return
     typed = translate_driver_error(context.original_exception)
     if typed is not None:
         raise typed

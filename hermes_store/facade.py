@@ -4,7 +4,10 @@ Code written against Hermes' own class runs unchanged: same method names, argume
 defaults and dict shapes. Underneath, every write is one transaction (``BEGIN
 IMMEDIATE`` on a SQLite file; plain READ COMMITTED with counters updated in SQL on a
 PostgreSQL server) retried with random jitter while other processes hold the lock, or
-after a serialization failure or deadlock (40001/40P01) on the server.
+after a serialization failure or deadlock (40001/40P01) on the server. On a server a
+write waits in the lock queue instead, but never past its budget (``lock_timeout``),
+and a kept connection the server dropped (restart, idle timeout) is replaced before
+the call fails. Past the budget the caller gets :class:`~hermes_store.errors.DatabaseLockedError`.
 """
 
 from __future__ import annotations
@@ -183,6 +186,10 @@ def _database_file(db_path: Any, url: str | URL | None, engine: Engine | None) -
     return found
 
 
+class _StaleConnection(Exception):
+    """A kept idle connection failed before doing anything: the server dropped it."""
+
+
 class SessionDB(HermesSurface):
     """Hermes-compatible session store on one SQLite file or one PostgreSQL database."""
 
@@ -339,17 +346,28 @@ class SessionDB(HermesSurface):
             self._engine.dispose()
             self._engine = None  # type: ignore[assignment]
 
+    def _open_engine(self) -> Engine:
+        """The engine, or a typed error once :meth:`close` has run (not AttributeError)."""
+        engine = getattr(self, "_engine", None)
+        if engine is None:
+            raise errors.DatabaseUnavailableError(f"{self._label()}: this SessionDB is closed")
+        return engine
+
     @contextmanager
-    def _borrow(self, write: bool) -> Iterator[Connection]:
-        """An idle kept connection for a read or a write (a new one when none is idle)."""
+    def _borrow(self, write: bool) -> Iterator[tuple[Connection, bool]]:
+        """An idle kept connection for a read or a write (a new one when none is idle),
+        and whether it was kept (it may have died meanwhile: see :class:`_StaleConnection`)."""
+        engine = self._open_engine()
         with self._lock:
             stack = self._idle[write]
             conn = stack.pop() if stack else None
-        if conn is None or conn.closed or conn.invalidated:
-            conn = self._engine.connect()
+        kept = not (conn is None or conn.closed or conn.invalidated)
+        if not kept:
+            # The pool pre-pings what it hands out; a kept connection skips that check.
+            conn = engine.connect()
             conn.execution_options(**self._dialect.begin_options(write))
         try:
-            yield conn
+            yield conn, kept
         except BaseException:
             # After a failure (a lock at BEGIN, a driver error) start clean next time.
             try:
@@ -374,31 +392,60 @@ class SessionDB(HermesSurface):
         self._dialect.checkpoint(self._engine)  # best effort: a busy one waits for the next interval
 
     def _read(self, fn: Callable[[Connection], T]) -> T:
-        with self._borrow(write=False) as conn:
+        while True:
             try:
-                return fn(conn)
-            finally:
-                conn.rollback()  # end the read snapshot so WAL checkpoints can progress
+                with self._borrow(write=False) as (conn, kept):
+                    try:
+                        return fn(conn)
+                    except Exception as exc:
+                        # A read is safe to repeat: on a fresh connection when the kept one
+                        # turned out dead (server restart, idle timeout).
+                        if kept and conn.invalidated:
+                            raise _StaleConnection from exc
+                        raise
+                    finally:
+                        if not conn.invalidated:
+                            conn.rollback()  # end the read snapshot so WAL checkpoints can progress
+            except _StaleConnection:
+                continue  # each stale connection is dropped, so this ends with a fresh one
 
     def _write(
-        self, fn: Callable[[Connection], T], *, budget: float = WRITE_BUDGET_S, _maintenance: bool = False
+        self, fn: Callable[[Connection], T], *, budget: float | None = None, _maintenance: bool = False
     ) -> T:
-        """Run ``fn`` in BEGIN IMMEDIATE; retry on lock with jitter within ``budget``."""
+        """Run ``fn`` in one write transaction; retry on lock with jitter within ``budget``.
+
+        ``budget`` defaults to :data:`WRITE_BUDGET_S`, read at call time so an
+        application can change it. On a server, lock waits inside the transaction are
+        bounded by what is left of the budget too (:meth:`Dialect.bound_lock_wait`).
+        """
+        if budget is None:
+            budget = WRITE_BUDGET_S
         if self.read_only:
             raise errors.ReadOnlyDatabaseError(f"{self._label()}: opened with read_only=True")
         start = time.monotonic()
         deadline = start + budget
         while True:
             try:
-                with self._borrow(write=True) as conn:
+                with self._borrow(write=True) as (conn, kept):
                     try:
                         with conn.begin():
+                            try:
+                                self._dialect.bound_lock_wait(conn, deadline - time.monotonic())
+                            except Exception as exc:
+                                # Nothing of ``fn`` ran yet, so a kept connection the server
+                                # dropped is simply replaced (a write is never repeated
+                                # once it may have reached the server).
+                                if kept and conn.invalidated:
+                                    raise _StaleConnection from exc
+                                raise
                             result = fn(conn)
                     except BaseException:
                         remove_committed_files(conn, committed=False)
                         raise
                     remove_committed_files(conn)  # transcript files go only once the rows are gone
                 break
+            except _StaleConnection:
+                continue  # each stale connection is dropped, so this ends with a fresh one
             except (DBAPIError, sqlite3.OperationalError) as exc:
                 # BEGIN IMMEDIATE reports a held lock as the driver's own error; a
                 # server reports serialization failures and deadlocks (40001/40P01).
@@ -407,7 +454,7 @@ class SessionDB(HermesSurface):
                 now = time.monotonic()
                 if now >= deadline:
                     raise errors.DatabaseLockedError(
-                        f"{self._label()}: database stayed locked for {budget:.0f}s; giving up"
+                        f"{self._label()}: database stayed locked for {budget:.3g}s; giving up"
                     ) from exc
                 low, high = EARLY_JITTER_S if now - start < EARLY_PHASE_S else LATE_JITTER_S
                 time.sleep(min(random.uniform(low, high), max(deadline - now, 0)))
@@ -428,14 +475,14 @@ class SessionDB(HermesSurface):
         covered yet are still found, by a direct scan.
         """
         try:
-            with self._engine.connect() as conn:
+            with self._open_engine().connect() as conn:
                 if not MaintenanceRepository(conn).search_index_behind():
                     return 0
-        except OperationalError:
-            return 0
+        except (OperationalError, errors.DatabaseUnavailableError):
+            return 0  # best effort: runs after a committed write, which must not look failed
         try:
             return self._write(
                 lambda c: MaintenanceRepository(c).catch_up_search_index(limit), budget=1.0, _maintenance=True
             )
-        except errors.DatabaseLockedError:
-            return 0  # someone else is writing; the next interval will do it
+        except (errors.DatabaseLockedError, errors.DatabaseUnavailableError):
+            return 0  # someone else is writing (or the disk is full); the next interval will do it

@@ -35,6 +35,10 @@ class Dialect(Protocol):
     def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
         """Per-connection setup a long-lived store wants; returns the journal mode in use."""
 
+    def bound_lock_wait(self, conn: Connection, seconds: float) -> None:
+        """In a write transaction just begun: stop waiting for other writers' locks after
+        ``seconds`` with an error :meth:`is_retryable` accepts (the caller's budget)."""
+
     # -------------------------------------------------------------- upserts
 
     def upsert_sql(self, table: str, names: Sequence[str], conflict: Sequence[str], updates: str | None) -> str:

@@ -1,20 +1,23 @@
 """PostgreSQL (psycopg 3): a server shared by many processes and hosts.
 
 What differs from SQLite: no BEGIN IMMEDIATE (row locks and MVCC; writers wait on the
-rows they touch), retries on serialization failures and deadlocks (SQLSTATE
-40001/40P01), VACUUM ANALYZE instead of VACUUM, no WAL checkpoint of ours, the
-catalogs instead of PRAGMAs, and text that cannot hold U+0000 (see
+rows they touch, for at most the caller's budget: ``lock_timeout``), retries on
+serialization failures and deadlocks (SQLSTATE 40001/40P01), VACUUM ANALYZE instead of
+VACUUM, REINDEX and GIN pending-list merges instead of FTS5's rebuild and optimize, no
+WAL checkpoint of ours, the catalogs instead of PRAGMAs, and text that cannot hold U+0000 (see
 :mod:`hermes_store.codec`, "NUL on PostgreSQL": the adapters installed by
 :func:`install_nul_adapters` make that invisible to callers).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.exc import DBAPIError
 
+from .. import errors
 from ..codec import pg_decode_nul, pg_encode_nul
 from . import on_conflict_upsert
 
@@ -77,6 +80,17 @@ class PostgreSQLDialect:
     def is_retryable(self, exc: BaseException) -> bool:
         return _sqlstate(exc) in RETRYABLE_SQLSTATES
 
+    def bound_lock_wait(self, conn: Connection, seconds: float) -> None:
+        """A writer waits in the server's (fair) lock queue, but not past the budget.
+
+        Without it a write behind a transaction left open elsewhere (an idle session
+        holding a row lock) would hang forever; with it the wait ends in
+        lock_not_available (55P03), which the facade turns into DatabaseLockedError.
+        Transaction-local, so nothing leaks to the connection's next user.
+        """
+        ms = max(1, math.ceil(seconds * 1000))
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
+
     def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
         install_nul_adapters(dbapi_conn)
         return "wal"  # the server's own write-ahead log; nothing to set per connection
@@ -88,12 +102,50 @@ class PostgreSQLDialect:
     # -------------------------------------------------------------- full-text search
 
     def fts_indexes(self, conn: Connection) -> list[str]:
-        # The tsvector column is generated and its GIN index kept by the server.
-        return []
+        """The GIN indexes search uses (word and trigram) that this database has.
+
+        The server keeps them in step with every write (the tsvector column is
+        generated), so upkeep here is about their physical state, not their content.
+        """
+        from ..alembic_support import PG_SEARCH_INDEXES
+
+        rows = conn.execute(
+            text(
+                "SELECT c.relname FROM pg_class c WHERE c.relkind = 'i' AND c.relname IN :names"
+                " AND c.relnamespace = current_schema()::regnamespace ORDER BY c.relname"
+            ).bindparams(bindparam("names", expanding=True)),
+            {"names": sorted(PG_SEARCH_INDEXES)},
+        )
+        return [r[0] for r in rows]
 
     def fts_command(self, conn: Connection, index: str, cmd: str) -> None:
-        if cmd == "rebuild" or cmd == "optimize":
+        """FTS5's upkeep commands, done the PostgreSQL way.
+
+        'rebuild' re-creates the index from the table (REINDEX: the cure for a damaged
+        or bloated index); 'optimize' merges the GIN pending list into the index proper
+        (FTS5's segment merge), cheap and without blocking writers for long;
+        'integrity-check' raises when the index is missing or left invalid or unready
+        (e.g. by an interrupted CREATE/REINDEX ... CONCURRENTLY), which REINDEX repairs.
+        """
+        if cmd == "rebuild":
             conn.exec_driver_sql(f'REINDEX INDEX "{index}"')
+        elif cmd == "optimize":
+            conn.execute(text("SELECT gin_clean_pending_list(CAST(:i AS regclass))"), {"i": f'"{index}"'})
+        elif cmd == "integrity-check":
+            row = conn.execute(
+                text(
+                    "SELECT i.indisvalid AND i.indisready AND i.indislive FROM pg_index i"
+                    " JOIN pg_class c ON c.oid = i.indexrelid"
+                    " WHERE c.relname = :i AND c.relnamespace = current_schema()::regnamespace"
+                ),
+                {"i": index},
+            ).first()
+            if row is None:
+                raise errors.HermesStoreError(f"search index {index} is missing")
+            if not row[0]:
+                raise errors.HermesStoreError(f"search index {index} is invalid (an interrupted build?); rebuild it")
+        else:
+            raise errors.InvalidInputError(f"unknown search index command {cmd!r}")
 
     def match_sql(self, index: str) -> str:
         from ..search import postgresql as pg_search

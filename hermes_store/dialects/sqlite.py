@@ -94,6 +94,9 @@ class SQLiteDialect:
         text = str(exc).lower()
         return any(marker in text for marker in _LOCKED)
 
+    def bound_lock_wait(self, conn: Connection, seconds: float) -> None:
+        return None  # BEGIN IMMEDIATE already holds the write lock; waits end at busy_timeout
+
     def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
         mode = apply_wal_with_fallback(dbapi_conn, db_label=label)
         # NORMAL is durable across application crashes in WAL mode and saves an fsync

@@ -12,7 +12,7 @@ from ._host import TRANSCRIPT_BUDGET_S, Host
 class FtsMixin(Host):
     def vacuum(self) -> None:
         with driver_errors():
-            self._dialect.vacuum(self._engine)
+            self._dialect.vacuum(self._open_engine())
 
     def get_meta(self, key: str) -> str | None:
         return self._read(lambda c: MaintenanceRepository(c).get_meta(key))

@@ -239,7 +239,7 @@ class HousekeepingMixin(Host):
         hermes_store's own, for backups (the CLI's ``export``): oldest first, parents
         before children; :meth:`import_records` takes it back unchanged.
         """
-        with self._engine.connect() as conn:
+        with self._open_engine().connect() as conn:
             try:
                 yield from MaintenanceRepository(conn).iter_export(source)
             finally:
