@@ -543,7 +543,7 @@ def bench_listing(rep: Report, env: Env, meta: dict[str, Any], size: str, quick:
     for label, limit, reps in (("page of 20", 20, 10 if quick else 40), (f"all {full_n:,}", full_n, 3 if quick else 10)):
         def repo_fn(limit: int = limit) -> Any:
             with env.uow() as u:
-                return u.sessions.list_rich(limit=limit)
+                return u.listing.list_rich(limit=limit)
 
         impls = {"facade": lambda limit=limit: env.db.list_sessions_rich(limit=limit), "repo": repo_fn,
                  "sqlite3": lambda limit=limit: env.base.list_sessions_rich(limit=limit)}

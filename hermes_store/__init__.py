@@ -12,6 +12,7 @@ from .errors import (
     InvalidInputError,
     InvalidTitleError,
     ManagedByHostError,
+    MessageNotFoundError,
     NotADatabaseError,
     NotAHermesDatabaseError,
     NotFoundError,
@@ -20,6 +21,7 @@ from .errors import (
     SchemaTooNewError,
     TitleConflictError,
     UnknownFieldError,
+    UnknownSessionError,
     UnsupportedDatabaseError,
 )
 from .facade import SessionDB, apply_wal_with_fallback, format_session_db_unavailable, get_last_init_error
@@ -36,6 +38,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidTitleError",
     "ManagedByHostError",
+    "MessageNotFoundError",
     "NotADatabaseError",
     "NotAHermesDatabaseError",
     "NotFoundError",
@@ -46,6 +49,7 @@ __all__ = [
     "TitleConflictError",
     "UnitOfWork",
     "UnknownFieldError",
+    "UnknownSessionError",
     "UnsupportedDatabaseError",
     "__version__",
     "apply_wal_with_fallback",

@@ -74,6 +74,11 @@ def foreign_names(conn: Connection) -> set[str]:
     return names
 
 
+#: Opt-in tables ``SessionDB.apply_telegram_topic_migration()`` creates at run time
+#: (never a revision, as in Hermes): autogenerate must neither drop nor add them.
+OPT_IN_TABLES = frozenset({"telegram_dm_topic_mode", "telegram_dm_topic_bindings"})
+
+
 def make_include_name(
     ignored: set[str], version_table: str
 ) -> Callable[[str | None, str, dict[str, Any]], bool]:
@@ -81,7 +86,7 @@ def make_include_name(
 
     def include_name(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
         if type_ == "table":
-            return name not in ignored and name != version_table
+            return name not in ignored and name != version_table and name not in OPT_IN_TABLES
         return not _is_pg_search(name, type_, parent_names)
 
     return include_name
@@ -174,7 +179,7 @@ def include_name(name: str | None, type_: str, parent_names: dict[str, Any]) -> 
     autogenerate compares them against :data:`hermes_store.models.metadata`.
     """
     if type_ == "table":
-        return not _is_machinery(name) and name != VERSION_TABLE
+        return not _is_machinery(name) and name != VERSION_TABLE and name not in OPT_IN_TABLES
     return not _is_pg_search(name, type_, parent_names)
 
 
@@ -189,7 +194,8 @@ def exclude_hermes_store(name: str | None, type_: str, parent_names: dict[str, A
     its own autogenerate must see none of our objects (plain tables, FTS machinery,
     views, our version table). Indexes and columns of hidden tables go with them."""
     if type_ == "table":
-        return not (_is_machinery(name) or name == VERSION_TABLE or name in _our_table_names())
+        return not (_is_machinery(name) or name == VERSION_TABLE or name in _our_table_names()
+                    or name in OPT_IN_TABLES)
     return True
 
 

@@ -80,3 +80,15 @@ class UnsupportedDatabaseError(HermesStoreError):
 class ManagedByHostError(HermesStoreError):
     """Our revisions in this database are run by a host application's Alembic (branch
     mode); migrate it there (``alembic upgrade heads``), not from hermes_store."""
+
+
+class UnknownSessionError(NotFoundError, sqlite3.IntegrityError):
+    """A message was written for a session that does not exist.
+
+    Hermes raises ``sqlite3.IntegrityError`` here (the foreign key), and its callers
+    catch that; this typed error is one too, on SQLite and PostgreSQL alike.
+    """
+
+
+class MessageNotFoundError(NotFoundError, ValueError):
+    """The message named is not in that session (Hermes raises ValueError)."""

@@ -446,10 +446,14 @@ class SessionDB(HermesSurface):
                 break
             except _StaleConnection:
                 continue  # each stale connection is dropped, so this ends with a fresh one
-            except (DBAPIError, sqlite3.OperationalError) as exc:
+            except (DBAPIError, sqlite3.DatabaseError) as exc:
                 # BEGIN IMMEDIATE reports a held lock as the driver's own error; a
                 # server reports serialization failures and deadlocks (40001/40P01).
                 if not self._dialect.is_retryable(exc):
+                    # Hermes v23: a damaged search index is rebuilt once per instance
+                    # and the write runs again (sessiondb.fts._on_write_error decides).
+                    if not _maintenance and self._on_write_error(exc):
+                        continue
                     raise
                 now = time.monotonic()
                 if now >= deadline:
@@ -462,10 +466,12 @@ class SessionDB(HermesSurface):
             return result
         with self._lock:
             self._writes += 1
-            due = self._writes % CHECKPOINT_EVERY == 0
+            writes = self._writes
+            due = writes % CHECKPOINT_EVERY == 0
         if due:
             self._checkpoint()
             self._catch_up_search_index()
+        self._after_write(writes)  # Hermes v23: best-effort FTS optimize every 1000 writes
         return result
 
     def _catch_up_search_index(self, limit: int | None = BIGRAM_CATCH_UP_ROWS) -> int:

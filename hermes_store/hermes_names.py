@@ -513,7 +513,7 @@ def ddl_strings() -> dict[str, str]:
         legacy = Path(tmp) / "v22.db"
         migrations.upgrade(legacy, "0022")
         now, old = _objects(head), _objects(legacy)
-    fts = {"messages_fts"}
+    fts = {"messages_fts", "messages_fts_src"}
     tri = {"messages_fts_trigram", "messages_fts_trigram_src"}
 
     def of(objs: list[tuple[str, str, str, str]], names: set[str]) -> list[str]:

@@ -18,11 +18,16 @@ from . import errors
 from .dialects import for_connection
 from .repositories.maintenance import remove_committed_files
 from .repositories import (
+    CompressionRepository,
+    GatewayRepository,
+    HousekeepingRepository,
     LineageRepository,
+    ListingRepository,
     MaintenanceRepository,
     MessageRepository,
     SearchRepository,
     SessionRepository,
+    UsageRepository,
 )
 
 
@@ -34,6 +39,11 @@ class UnitOfWork:
     lineage: LineageRepository
     search: SearchRepository
     maintenance: MaintenanceRepository
+    listing: ListingRepository
+    usage: UsageRepository
+    compression: CompressionRepository
+    housekeeping: HousekeepingRepository
+    gateway: GatewayRepository
 
     def __init__(self, engine: Engine, *, write: bool = True) -> None:
         self.engine = engine
@@ -56,6 +66,11 @@ class UnitOfWork:
         self.lineage = LineageRepository(conn)
         self.search = SearchRepository(conn)
         self.maintenance = MaintenanceRepository(conn)
+        self.listing = ListingRepository(conn)
+        self.usage = UsageRepository(conn)
+        self.compression = CompressionRepository(conn)
+        self.housekeeping = HousekeepingRepository(conn)
+        self.gateway = GatewayRepository(conn)
         return self
 
     def commit(self) -> None:

@@ -45,9 +45,13 @@ def test_invalid_json_in_json_columns_kept_as_text(db: SessionDB) -> None:
     db.create_session("s", "cli")
     db.append_message("s", "assistant", "x", tool_calls="{not json", reasoning_details="[1,")
     msg = db.get_messages("s")[0]
-    assert msg["tool_calls"] == "{not json"
+    # Stored as given (nothing lost: Hermes v23 would store NULL) ...
+    stored = db._execute_write(lambda c: c.execute("SELECT tool_calls FROM messages").fetchone()[0])
+    assert stored == "{not json"
+    # ... and read as Hermes reads bad JSON: an empty list, counting no calls.
+    assert msg["tool_calls"] == [] and db.get_session("s")["tool_call_count"] == 0
     conv = db.get_messages_as_conversation("s")[0]
-    assert conv["tool_calls"] == "{not json" and conv["reasoning_details"] == "[1,"
+    assert conv["tool_calls"] == [] and conv["reasoning_details"] == "[1,"
     # corrupt multimodal marker written by someone else: read back as text, no crash
     db._execute_write(lambda c: c.execute("UPDATE messages SET content = ?", ("\x00json:{broken",)))
     assert db.get_messages("s")[0]["content"] == "\x00json:{broken"

@@ -338,8 +338,8 @@ def test_meta(db: SessionDB) -> None:
 def test_search_index_upkeep(db: SessionDB, backend: str) -> None:
     _fill(db)
     db.append_message("solo", "user", "短い")  # a short CJK term: the bigram index
-    assert db.rebuild_fts() == FTS[backend] + ["messages_cjk_bigram"]
-    assert db.optimize_fts() == FTS[backend]
+    assert db.rebuild_search_indexes() == FTS[backend] + ["messages_cjk_bigram"]
+    assert db.optimize_search_indexes() == FTS[backend]
     assert db.check_fts() == healthy(backend)
     assert db.search_messages("pelicans")[0]["session_id"] == "root"
     assert db.search_messages("flamingo")[0]["session_id"] == "kid"
@@ -365,7 +365,7 @@ def test_check_fts_notices_a_damaged_index_and_rebuild_repairs_it(db: SessionDB,
     report = db.check_fts()
     assert report[damaged] is not None
     assert [name for name, problem in report.items() if problem is None] == [i for i in FTS[backend] if i != damaged]
-    assert damaged in db.rebuild_fts()
+    assert damaged in db.rebuild_search_indexes()
     assert db.check_fts() == healthy(backend)
     assert db.search_messages("pelicans")[0]["session_id"] == "root"
 

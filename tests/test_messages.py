@@ -226,3 +226,80 @@ def test_large_bulk_append_goes_through_staging_with_defaults_and_order(db: Sess
     assert (row["message_count"], row["tool_call_count"]) == (300, 200)
     assert db.check_fts() == {"messages_fts": None, "messages_fts_trigram": None}
     assert [h["id"] for h in db.search_messages("row123")] == [msgs[123]["id"]]
+
+
+# ---------------------------------------------------------------- v23 helpers (pure)
+
+from hermes_store.codec import (  # noqa: E402 - grouped with the tests that use them
+    coerce_timestamp,
+    message_preview,
+    parse_tool_calls,
+    repair_message_sequence,
+    tool_call_increment,
+)
+
+
+def test_repair_merges_same_role_turns_and_keeps_the_input() -> None:
+    msgs = [
+        {"role": "system", "content": "a"}, {"role": "system", "content": "b"},
+        {"role": "user", "content": "text"},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": "one", "finish_reason": "length", "reasoning": "r1"},
+        {"role": "assistant", "content": None, "tool_calls": CALLS[:1], "finish_reason": "tool_calls",
+         "reasoning": "r2"},
+    ]
+    snapshot = json.dumps(msgs)
+    out = repair_message_sequence(msgs)
+    assert json.dumps(msgs) == snapshot  # input untouched
+    assert out[0] == {"role": "system", "content": "a\n\nb"}
+    assert out[1] == {"role": "user", "content": [{"type": "text", "text": "text"},
+                                                  {"type": "image_url", "image_url": {"url": "x"}}]}
+    assert out[2] == {"role": "assistant", "content": "one", "finish_reason": "tool_calls", "reasoning": "r1",
+                      "tool_calls": CALLS[:1]}
+    assert len(out) == 3
+
+
+def test_repair_drops_stray_tool_results() -> None:
+    msgs = [
+        {"role": "tool", "content": "before any call", "tool_call_id": "c1"},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": CALLS},
+        {"role": "tool", "content": "r2", "tool_call_id": "c2"},
+        {"role": "tool", "content": "unknown id", "tool_call_id": "zz"},
+        {"role": "tool", "content": "r1", "tool_call_id": "c1"},
+        {"role": "tool", "content": "no id"},  # the turn made calls: kept
+        {"role": "user", "content": "next"},
+        {"role": "tool", "content": "after a user turn", "tool_call_id": "c1"},
+        "not a dict",
+        {"role": "user", "content": "merged with next"},
+    ]
+    out = repair_message_sequence(msgs)  # type: ignore[arg-type]
+    assert [(m["role"], m["content"]) for m in out] == [
+        ("user", "q"), ("assistant", None), ("tool", "r2"), ("tool", "r1"), ("tool", "no id"),
+        ("user", "next\n\nmerged with next")]
+    bare = repair_message_sequence([{"role": "assistant", "content": None, "tool_calls": [{"type": "x"}]},
+                                    {"role": "tool", "content": "has id", "tool_call_id": "a"},
+                                    {"role": "tool", "content": "no id"}])
+    assert [m["content"] for m in bare] == [None, "no id"]
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed", "increment"),
+    [(None, None, 0), ("[1, 2]", [1, 2], 2), ("{bad", [], 0), ("", [], 0), ({"a": 1}, {"a": 1}, 1),
+     ((1, 2, 3), (1, 2, 3), 3), ('"text"', "text", 1), (b"[1]", [1], 1)],
+)
+def test_tool_call_rules(value, parsed, increment) -> None:  # type: ignore[no-untyped-def]
+    assert parse_tool_calls(value) == parsed
+    assert tool_call_increment(parse_tool_calls(value)) == increment
+
+
+def test_coerce_timestamp_and_preview() -> None:
+    import datetime as dt
+
+    assert coerce_timestamp(5) == 5.0 and coerce_timestamp("7.5") == 7.5
+    assert coerce_timestamp(dt.datetime(1970, 1, 2, tzinfo=dt.timezone.utc)) == 86400.0
+    assert [coerce_timestamp(v) for v in (None, True, "x", float("nan"), float("-inf"), object())] == [None] * 6
+    assert message_preview({"type": "text", "text": " a \n b "}) == "a b"
+    assert message_preview({"type": "image_url"}) == "[multimodal content]"
+    assert message_preview(12) == "12"

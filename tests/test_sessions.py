@@ -268,7 +268,8 @@ def test_head_columns_are_exposed(db: SessionDB) -> None:
     row = db.get_session("s")
     assert (row["cwd"], row["git_branch"], row["archived"], row["display_name"]) == ("/work", "main", 1, "Shown")
     assert row["rewind_count"] == 0 and row["compression_fallback_streak"] == 0
-    mid = db.append_message("s", "user", "hi", platform_message_id="tg-42", api_content="raw", active=0)
+    mid = db.append_message("s", "user", "hi", platform_message_id="tg-42", api_content="raw")
+    db.rewind_to_message("s", mid)  # v23: the row stays stored, inactive
     assert db.get_messages("s") == []  # v23: readers return live rows unless asked
     msg = db.get_messages("s", include_inactive=True)[0]
     assert msg["id"] == mid

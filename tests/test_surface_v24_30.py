@@ -109,7 +109,7 @@ def test_chain_recency_counts_the_activity_of_every_member(db: SessionDB) -> Non
 
 def test_activity_stamp_on_reference_sessions_moves_one_to_the_top(db: SessionDB) -> None:
     """Sessions Hermes v26 wrote, imported: recency is by messages until one is stamped."""
-    assert db.import_sessions(reference_records("26")) == (5, 0)
+    assert db.import_records(reference_records("26")) == (5, 0)
     by_messages = [r["id"] for r in db.search_sessions()]
     newest = {sid: ts for sid, ts in raw_rows(HERMES_DBS / "hermes_v26.db",
                                               "SELECT session_id, max(timestamp) FROM messages GROUP BY 1")}
@@ -211,8 +211,8 @@ def test_prompts_round_trip_through_export_and_import(db: SessionDB, tmp_path: P
     db.append_message("a", "user", "hi")
     exported = db.export_all()
     with SessionDB(tmp_path / "other.db") as other:
-        assert other.import_sessions(exported) == (2, 0)
-        assert other.import_sessions(exported) == (0, 2)
+        assert other.import_records(exported) == (2, 0)
+        assert other.import_records(exported) == (0, 2)
         assert raw_rows(other.db_path, "SELECT hash, prompt FROM system_prompts") == [(sha(PROMPT_A), PROMPT_A)]
         assert raw_rows(other.db_path, "SELECT DISTINCT system_prompt FROM sessions") == [(None,)]
         again = other.export_all()
@@ -221,7 +221,7 @@ def test_prompts_round_trip_through_export_and_import(db: SessionDB, tmp_path: P
 
 
 def test_import_keeps_a_hash_only_with_its_text(db: SessionDB) -> None:
-    db.import_sessions([
+    db.import_records([
         {"id": "orphan", "source": "cli", "started_at": 1.0, "system_prompt": None, "system_prompt_hash": "f" * 64},
         {"id": "text", "source": "cli", "started_at": 2.0, "system_prompt": PROMPT_B, "system_prompt_hash": "0" * 64},
     ])

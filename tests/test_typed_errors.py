@@ -241,11 +241,11 @@ def test_lone_surrogate_in_ids_is_refused_not_altered(db: SessionDB) -> None:
 
 def test_import_with_bad_session_id_is_refused(db: SessionDB) -> None:
     with pytest.raises(errors.InvalidInputError):
-        db.import_sessions([{"id": BAD_ID, "source": "cli", "started_at": 1.0, "messages": []}])
+        db.import_records([{"id": BAD_ID, "source": "cli", "started_at": 1.0, "messages": []}])
     with pytest.raises(errors.InvalidInputError, match="no 'id'"):
-        db.import_sessions([{"source": "cli", "started_at": 1.0}])
+        db.import_records([{"source": "cli", "started_at": 1.0}])
     with pytest.raises(errors.InvalidInputError, match="must be a dict"):
-        db.import_sessions(["not a record"])
+        db.import_records(["not a record"])
     assert db.session_count() == 0
 
 

@@ -124,7 +124,7 @@ def fts_rebuild() -> None:
         started = time.monotonic()
         with st.progress("spinner") as bar:
             bar.add_task("Rebuilding search indexes", total=None)
-            done = db.rebuild_fts()
+            done = db.rebuild_search_indexes()
         messages = db.message_count()
     doc = {"rebuilt": done, "messages": messages, "seconds": round(time.monotonic() - started, 3)}
     if st.json:
@@ -158,7 +158,7 @@ def fts_optimize() -> None:
     """Merge each index's segments (faster searches after many writes)."""
     st = _state()
     with session_db(st) as db:
-        done = db.optimize_fts()
+        done = db.optimize_search_indexes()
     if st.json:
         st.emit({"optimized": done})
     else:

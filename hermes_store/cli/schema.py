@@ -384,7 +384,7 @@ def demo() -> None:
     if st.path is not None and st.path.exists() and not st.path.is_dir():
         refuse_unadopted(st.path)
     with session_db(st, create=True) as db:
-        existing = db.session_count()
+        existing = db.session_count(include_archived=True)  # archived sessions are data too
         already = existing and db.get_meta(DEMO_MARKER) is not None
         if existing and not already:
             raise CliError(f"{st.where} already holds {existing} session(s); demo only writes into a new or empty database")
@@ -393,7 +393,7 @@ def demo() -> None:
             ids = write_demo(db)
         else:  # running the README's first command twice is fine
             ids = [r["id"] for r in db.search_sessions(limit=1000)]
-        doc = {"db": st.where, "sessions": db.session_count(), "messages": db.message_count(), "session_ids": ids,
+        doc = {"db": st.where, "sessions": db.session_count(include_archived=True), "messages": db.message_count(), "session_ids": ids,
                "created": not already}
     if st.json:
         st.emit(doc)

@@ -49,7 +49,7 @@ def export(out_path: Path | None, source: str | None) -> None:
     to_stdout = out_path is None or str(out_path) == "-"
     sessions = messages = 0
     with session_db(st) as db:
-        total = db.session_count(source)
+        total = db.session_count(source, include_archived=True)  # export writes archived ones too
         if to_stdout:
             sys.stdout.flush()
             stream = binary_stream(sys.stdout)
@@ -135,7 +135,7 @@ def import_cmd(file: Path) -> None:
         try:
             with st.progress() as bar:
                 task = bar.add_task("Importing", total=total)
-                imported, skipped = db.import_sessions(read_jsonl(fh, counter, lambda: bar.advance(task)))
+                imported, skipped = db.import_records(read_jsonl(fh, counter, lambda: bar.advance(task)))
         finally:
             if not from_stdin:
                 fh.close()

@@ -166,6 +166,55 @@ class PostgreSQLDialect:
     def checkpoint(self, engine: Engine) -> None:
         return None  # the server checkpoints on its own
 
+    def checkpoint_truncate(self, engine: Engine) -> None:
+        return None  # no WAL file of ours to truncate: the server manages its own
+
+    # -------------------------------------------------------------- FTS5 storage upkeep
+    #
+    # Hermes' optimize-storage machinery is about SQLite FTS5 tables. Here search runs
+    # on GIN indexes the server keeps complete on every write: there is no FTS5 table,
+    # no rebuild window to backfill, no pre-v23 layout and no trash to tear down.
+
+    def fts_tables(self, conn: Connection) -> dict[str, str]:
+        return {}
+
+    def fts_table_exists(self, conn: Connection, name: str) -> bool:
+        return False
+
+    def fts_queryable(self, conn: Connection, name: str) -> bool:
+        return False
+
+    def fts_search_available(self, conn: Connection) -> bool:
+        return True  # the tsvector column is always there; its index only makes it fast
+
+    def fts_trigram_available(self, conn: Connection) -> bool:
+        """The pg_trgm index that serves substring and CJK search exists."""
+        from ..alembic_support import PG_SEARCH_INDEXES
+
+        trigram = sorted(i for i in PG_SEARCH_INDEXES if "trgm" in i)
+        return any(name in trigram for name in self.fts_indexes(conn))
+
+    def fts_layout_is_legacy(self, conn: Connection) -> bool:
+        return False
+
+    def fts_backfill(self, conn: Connection, index: str, lo: int, hi: int, *, sweep: bool = False) -> int:
+        return 0
+
+    def fts_rebuild_from_source(self, conn: Connection, index: str) -> None:
+        self.fts_command(conn, index, "rebuild")
+
+    def fts_trash_tables(self, conn: Connection) -> list[str]:
+        return []
+
+    def fts_trash_rows(self, conn: Connection) -> int:
+        return 0
+
+    def fts_trash_delete(self, conn: Connection, name: str, rows: int) -> int:
+        return 0
+
+    def fts_demote_legacy(self, conn: Connection) -> list[str]:
+        return []
+
     def defer_foreign_keys(self, conn: Connection) -> None:
         conn.exec_driver_sql("SET CONSTRAINTS ALL DEFERRED")
 

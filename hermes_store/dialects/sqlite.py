@@ -11,9 +11,15 @@ import sqlite3
 import sys
 from typing import Any, Sequence
 
-from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import OperationalError
+import functools
+import re
+import tempfile
+from pathlib import Path
 
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from .. import errors
 from ..engine import BEGIN_MODE
 from . import on_conflict_upsert
 from ..search.fts import fts5
@@ -28,6 +34,54 @@ _wal_warned: set[str] = set()
 _LOCKED = ("database is locked", "database is busy", "database table is locked")
 #: Suffixes of the shadow tables FTS5 keeps next to each virtual table.
 FTS_SHADOWS = ("_data", "_idx", "_content", "_docsize", "_config")
+#: Hermes' FTS5 tables (v23 ``_FTS_TABLES``): word, trigram, and the optional CJK one.
+WORD_FTS, TRIGRAM_FTS, CJK_FTS = HERMES_FTS_TABLES = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
+#: Name prefix of the plain tables a demoted pre-v23 index leaves (Hermes' ``_FTS_TRASH_PREFIX``).
+FTS_TRASH_PREFIX = "fts_v22_trash_"
+_OPTION = r"\b{}\s*=\s*(?:'([^']*)'|\"([^\"]*)\"|([^\s,)]+))"
+
+
+def _quote(name: str) -> str:
+    """A double-quoted SQLite identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _like_prefix(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _fts_option(sql: str, option: str) -> str | None:
+    """An option (``content``, ``content_rowid``...) of a stored ``CREATE VIRTUAL TABLE``."""
+    found = re.search(_OPTION.format(re.escape(option)), sql, re.I)
+    return None if found is None else next(g for g in found.groups() if g is not None)
+
+
+@functools.lru_cache(maxsize=1)
+def head_fts_objects() -> tuple[tuple[str, str, str], ...]:
+    """(type, name, CREATE) of every FTS object our head schema has, in creation order.
+
+    Read from a database our migrations build (once per process), so the layout a
+    demotion creates is exactly what a fresh file gets: views, then the virtual
+    tables, then the triggers that feed them (the CJK index is not ours).
+    """
+    from .. import migrations
+
+    with tempfile.TemporaryDirectory(prefix="hermes-store-fts-") as tmp:
+        path = Path(tmp) / "head.db"
+        migrations.upgrade(path)
+        raw = sqlite3.connect(str(path))
+        try:
+            rows = raw.execute(
+                "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL"
+                " AND name LIKE 'messages\\_fts%' ESCAPE '\\' ORDER BY rowid"
+            ).fetchall()
+        finally:
+            raw.close()
+    rows = [r for r in rows if not r[1].startswith(CJK_FTS)]
+    views = [r for r in rows if r[0] == "view"]
+    tables = [r for r in rows if r[0] == "table" and r[2].upper().startswith("CREATE VIRTUAL TABLE")]
+    triggers = [r for r in rows if r[0] == "trigger"]
+    return tuple(views + tables + triggers)
 
 
 def apply_wal_with_fallback(conn: sqlite3.Connection, *, db_label: str = "state.db") -> str:
@@ -134,8 +188,199 @@ class SQLiteDialect:
         except sqlite3.OperationalError:
             pass  # a busy checkpoint is simply retried at the next interval
 
+    def checkpoint_truncate(self, engine: Engine) -> None:
+        """Fold the whole WAL into the file and truncate it to 0 bytes (before VACUUM).
+
+        Best effort, as Hermes' ``vacuum()``: a checkpoint blocked by a reader is left
+        for the next one.
+        """
+        try:
+            _outside_transaction(engine, "PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.OperationalError:
+            pass
+
     def defer_foreign_keys(self, conn: Connection) -> None:
         conn.exec_driver_sql("PRAGMA defer_foreign_keys = ON")
+
+    # -------------------------------------------------------------- FTS5 storage upkeep
+    #
+    # Hermes v23's optimize-storage machinery (see repositories/fts_upkeep.py for the
+    # portable half): which FTS5 tables exist and answer, chunked backfill of an
+    # external-content index, the pre-v23 ("legacy", inline) layout and its demotion
+    # to plain ``fts_v22_trash_*`` tables, and the chunked teardown of those.
+
+    def fts_tables(self, conn: Connection) -> dict[str, str]:
+        """Hermes' FTS5 tables this file has (word, trigram, CJK), with their stored CREATE."""
+        rows = conn.exec_driver_sql(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name IN (?, ?, ?)", HERMES_FTS_TABLES
+        ).fetchall()
+        found = {name: sql or "" for name, sql in rows}
+        return {name: found[name] for name in HERMES_FTS_TABLES if name in found}
+
+    def fts_table_exists(self, conn: Connection, name: str) -> bool:
+        """A table (virtual, shadow or trash) of that name is in the schema."""
+        return conn.exec_driver_sql(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+        ).first() is not None
+
+    def fts_queryable(self, conn: Connection, name: str) -> bool:
+        """Whether FTS5 table ``name`` exists and can be read here (its module and
+        tokenizer are loaded: a missing one fails when a statement is prepared)."""
+        if name not in self.fts_tables(conn):
+            return False
+        try:
+            conn.exec_driver_sql(f"SELECT 1 FROM {_quote(name)} LIMIT 0").fetchall()
+        except (DBAPIError, sqlite3.Error):
+            return False
+        return True
+
+    def fts_search_available(self, conn: Connection) -> bool:
+        """Full-text search can be served: FTS5 is compiled in and the word index answers."""
+        return self.fts_queryable(conn, WORD_FTS)
+
+    def fts_trigram_available(self, conn: Connection) -> bool:
+        """The trigram (substring/CJK) index answers (SQLite 3.34+ has the tokenizer)."""
+        return self.fts_queryable(conn, TRIGRAM_FTS)
+
+    def fts_layout_is_legacy(self, conn: Connection) -> bool:
+        """The word index has Hermes' pre-v23 inline shape (one column, no ``tool_name``)."""
+        sql = self.fts_tables(conn).get(WORD_FTS)
+        return sql is not None and "tool_name" not in sql
+
+    def fts_backfill(self, conn: Connection, index: str, lo: int, hi: int, *, sweep: bool = False) -> int:
+        """Index the rows ``lo < id <= hi`` of ``index``'s own content source.
+
+        Rows the index already holds (its ``_docsize`` shadow table lists every indexed
+        rowid) are skipped: FTS5 would silently index a rowid twice, which breaks the
+        index. Without that table nothing can be told apart, so a ``sweep`` (repair of
+        rows that should be there) does nothing, and a backfill inserts every row.
+        Returns how many rows were inserted; an index without external content (no
+        source to read back) gets none.
+        """
+        sql = self.fts_tables(conn).get(index)
+        source = _fts_option(sql or "", "content")
+        if not source:
+            return 0
+        key = _fts_option(sql or "", "content_rowid") or "rowid"
+        columns = [r[1] for r in conn.exec_driver_sql(f"PRAGMA table_info({_quote(index)})")]
+        docsize = f"{index}_docsize"
+        known = self.fts_table_exists(conn, docsize)
+        if sweep and not known:
+            return 0
+        skip = (
+            f" AND {_quote(key)} NOT IN (SELECT id FROM {_quote(docsize)} WHERE id > :lo AND id <= :hi)"
+            if known else ""
+        )
+        cols = ", ".join(_quote(c) for c in columns)
+        return conn.execute(
+            text(
+                f"INSERT INTO {_quote(index)}(rowid, {cols}) SELECT {_quote(key)}, {cols} FROM {_quote(source)}"
+                f" WHERE {_quote(key)} > :lo AND {_quote(key)} <= :hi{skip} ORDER BY {_quote(key)}"
+            ),
+            {"lo": int(lo), "hi": int(hi)},
+        ).rowcount
+
+    def fts_rebuild_from_source(self, conn: Connection, index: str) -> None:
+        """FTS5 ``'rebuild'``: the index is dropped and made again from its content."""
+        fts5.command(conn, index, "rebuild")
+
+    def fts_trash_tables(self, conn: Connection) -> list[str]:
+        """Plain tables left by a demotion (``fts_v22_trash_*``), by name."""
+        return [
+            r[0]
+            for r in conn.exec_driver_sql(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE ? ESCAPE '\\' ORDER BY name",
+                (_like_prefix(FTS_TRASH_PREFIX),),
+            )
+        ]
+
+    def fts_trash_rows(self, conn: Connection) -> int:
+        """Rows still held by the trash tables (progress of a teardown)."""
+        return sum(
+            int(conn.exec_driver_sql(f"SELECT count(*) FROM {_quote(name)}").scalar() or 0)
+            for name in self.fts_trash_tables(conn)
+        )
+
+    def fts_trash_delete(self, conn: Connection, name: str, rows: int) -> int:
+        """Delete up to ``rows`` rows of trash table ``name``; drop it once empty.
+
+        Returns the rows deleted (0 when the table was empty and is now gone). Only
+        ``fts_v22_trash_*`` tables are ever touched.
+        """
+        if not name.startswith(FTS_TRASH_PREFIX):
+            raise errors.InvalidInputError(f"{name!r} is not an FTS trash table")
+        sql = conn.exec_driver_sql(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+        ).scalar()
+        if sql is None:
+            return 0
+        if "WITHOUT ROWID" in sql.upper():
+            info = conn.exec_driver_sql(f"PRAGMA table_info({_quote(name)})").fetchall()
+            key = ", ".join(_quote(r[1]) for r in sorted((r for r in info if r[5]), key=lambda r: r[5]))
+        else:
+            key = "rowid"
+        deleted = conn.execute(
+            text(f"DELETE FROM {_quote(name)} WHERE ({key}) IN (SELECT {key} FROM {_quote(name)} LIMIT :n)"),
+            {"n": max(1, int(rows))},
+        ).rowcount
+        if not deleted:
+            conn.exec_driver_sql(f"DROP TABLE {_quote(name)}")
+        return deleted
+
+    def fts_demote_legacy(self, conn: Connection) -> list[str]:
+        """Replace Hermes' pre-v23 inline FTS tables with our head layout, cheaply.
+
+        As Hermes' ``_demote_legacy_fts_to_trash``: the old indexes' triggers go, their
+        shadow tables are renamed to plain ``fts_v22_trash_*`` tables (emptied later in
+        small chunks, so a big index never holds the write lock for long), the virtual
+        table definitions are removed from the schema, and the head FTS objects (views,
+        tables, gated triggers) are created empty. The caller sets the rebuild window
+        markers in the same transaction; the backfill then fills the new indexes.
+        Where the schema cannot be edited (a defensive-mode connection), the old table
+        is dropped outright instead. Returns the demoted tables ([] when not legacy).
+        """
+        if not self.fts_layout_is_legacy(conn):
+            return []
+        tables = self.fts_tables(conn)
+        demoted = [name for name in (WORD_FTS, TRIGRAM_FTS) if name in tables]
+        for name, kind in conn.exec_driver_sql(
+            "SELECT name, type FROM sqlite_master WHERE type IN ('trigger', 'view')"
+            " AND name LIKE 'messages\\_fts%' ESCAPE '\\' AND name NOT LIKE 'messages\\_fts\\_cjk%' ESCAPE '\\'"
+        ).fetchall():
+            conn.exec_driver_sql(f"DROP {kind.upper()} IF EXISTS {_quote(name)}")
+        for name in demoted:
+            try:
+                with conn.begin_nested():
+                    self._move_shadows_to_trash(conn, name)
+            except (DBAPIError, sqlite3.Error) as exc:
+                log.warning("%s: could not keep the old index's pages for a chunked teardown (%s); dropping it", name, exc)
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {_quote(name)}")
+        for _kind, _name, sql in head_fts_objects():
+            conn.exec_driver_sql(sql)
+        return demoted
+
+    def _move_shadows_to_trash(self, conn: Connection, name: str) -> None:
+        """Rename ``name``'s shadow tables to trash names and forget the virtual table."""
+        existing = {r[0] for r in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for suffix in FTS_SHADOWS:
+            shadow = name + suffix
+            if shadow not in existing:
+                continue
+            target = FTS_TRASH_PREFIX + shadow
+            n = 2
+            while target in existing:
+                target = f"{FTS_TRASH_PREFIX}{shadow}_{n}"
+                n += 1
+            conn.exec_driver_sql(f"ALTER TABLE {_quote(shadow)} RENAME TO {_quote(target)}")
+            existing.add(target)
+        # The module would drop the (now renamed) shadow tables with the table, and
+        # cannot even be constructed without them: remove the definition itself, as
+        # SQLite documents for a virtual table that can no longer be dropped.
+        conn.exec_driver_sql("PRAGMA writable_schema = ON")
+        try:
+            conn.exec_driver_sql("DELETE FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+        finally:
+            conn.exec_driver_sql("PRAGMA writable_schema = RESET")  # off, and the schema is read again
 
     def ping(self, conn: Connection) -> None:
         conn.exec_driver_sql("SELECT 1")

@@ -1,14 +1,26 @@
 """Repositories: plain classes over the caller's Session/Connection. They never commit."""
 
+from .compression import CompressionRepository
+from .fts_upkeep import FtsUpkeepRepository
+from .gateway import GatewayRepository
+from .housekeeping import HousekeepingRepository
 from .lineage import LineageRepository
+from .listing import ListingRepository
 from .maintenance import MaintenanceRepository
 from .messages import MessageRepository
 from .records import MessageRecord, MessageWindow, SearchHit, SessionRecord, UsageRow
 from .search import SearchRepository
 from .sessions import SessionRepository
+from .telegram import TelegramTopicRepository
+from .usage import UsageRepository
 
 __all__ = [
+    "CompressionRepository",
+    "FtsUpkeepRepository",
+    "GatewayRepository",
+    "HousekeepingRepository",
     "LineageRepository",
+    "ListingRepository",
     "MaintenanceRepository",
     "MessageRecord",
     "MessageRepository",
@@ -17,5 +29,7 @@ __all__ = [
     "SearchRepository",
     "SessionRecord",
     "SessionRepository",
+    "TelegramTopicRepository",
+    "UsageRepository",
     "UsageRow",
 ]

@@ -441,18 +441,16 @@ class MaintenanceRepository(Repository):
 
     # ------------------------------------------------------------------ FTS
 
-    def _on_each_index(self, cmd: str) -> list[str]:
-        indexes = self.dialect.fts_indexes(self.conn)
-        for index in indexes:
-            self.dialect.fts_command(self.conn, index, cmd)
-        return indexes
-
     def defer_foreign_keys(self) -> None:
         """References are checked at commit (an import may bring children first)."""
         self.dialect.defer_foreign_keys(self.conn)
 
     def rebuild_search(self) -> list[str]:
-        """Rebuild every full-text index and the short-CJK index; returns what was rebuilt."""
+        """Rebuild every full-text index and the short-CJK index; returns what was rebuilt.
+
+        An index whose rebuild fails is logged and left out of the list (see
+        :meth:`FtsUpkeepRepository.rebuild_each`).
+        """
         done = self.fts_rebuild()
         if self._bigram():
             bigram.rebuild(self.conn)
@@ -472,12 +470,16 @@ class MaintenanceRepository(Repository):
         return bigram.installed(self.conn)
 
     def fts_rebuild(self) -> list[str]:
-        """Re-read every message into both FTS indexes; returns the indexes touched."""
-        return self._on_each_index("rebuild")
+        """Re-read every message into each full-text index; returns the indexes rebuilt."""
+        from .fts_upkeep import FtsUpkeepRepository
+
+        return FtsUpkeepRepository(self.conn).rebuild_each()
 
     def fts_optimize(self) -> list[str]:
-        """Merge each FTS index's segments into one; returns the indexes touched."""
-        return self._on_each_index("optimize")
+        """Merge each full-text index's segments into one; returns the indexes optimized."""
+        from .fts_upkeep import FtsUpkeepRepository
+
+        return FtsUpkeepRepository(self.conn).optimize_each()
 
     def fts_integrity_check(self) -> dict[str, str | None]:
         """Per index: None when healthy, else the error text."""

@@ -21,6 +21,7 @@ from typing import Any, Collection, Iterable, Mapping, Sequence
 from sqlalchemy import bindparam, case, column, delete, func, insert, literal, select, table, update
 
 from .. import errors
+from ..errors import MessageNotFoundError, UnknownSessionError  # noqa: F401 - raised here, importable here
 from ..codec import (
     check_key,
     clean_text,
@@ -46,28 +47,10 @@ from .lineage import LineageRepository
 from .records import MessageRecord, MessageWindow, RecentUserMessage, RewindResult
 
 
-class UnknownSessionError(errors.NotFoundError, sqlite3.IntegrityError):
-    """A message was written for a session that does not exist.
-
-    Hermes raises ``sqlite3.IntegrityError`` here (the foreign key), and its callers
-    catch that; this typed error is one too, on SQLite and PostgreSQL alike.
-    """
-
-
-class MessageNotFoundError(errors.NotFoundError, ValueError):
-    """The message named is not in that session (Hermes raises ValueError)."""
-
-
 #: JSON-ish columns: stored as JSON text (falsy → NULL), decoded on read.
 JSON_COLUMNS = ("tool_calls", "reasoning_details", "codex_reasoning_items", "codex_message_items")
 #: Binary columns: bytes are stored as they are (v30's display identity digest).
 BLOB_COLUMNS = frozenset({"display_identity"})
-MESSAGE_FIELDS = (
-    "tool_name", "tool_calls", "tool_call_id", "token_count", "finish_reason", "reasoning",
-    "reasoning_content", "reasoning_details", "codex_reasoning_items", "codex_message_items",
-)
-ASSISTANT_EXTRAS = ("finish_reason",)
-DECODED_EXTRAS = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
 #: Batches at least this large go through a staging table (see _insert_staged).
 BULK_STAGE_MIN = 64
 STAGE = "hermes_store_bulk_stage"
@@ -88,7 +71,7 @@ def _timestamp(value: Any) -> float:
         return now()
     try:
         ts = float(value.timestamp() if callable(getattr(value, "timestamp", None)) else value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError, OSError) as exc:
         raise errors.InvalidInputError(f"timestamp must be a number of seconds, not {value!r}") from exc
     if not math.isfinite(ts):
         raise errors.InvalidInputError(f"timestamp must be finite, not {value!r}")
@@ -228,15 +211,21 @@ def hermes_row(
 ) -> tuple[dict[str, Any], int]:
     """One message as Hermes v23 writes it, and what it adds to ``tool_call_count``.
 
-    ``tool_calls`` may be JSON text (parsed first; unparsable → ``[]`` → NULL, counting
-    0); ``observed`` is stored 0/1; ``api_content`` only when it is a str; reasoning
+    ``tool_calls`` may be JSON text (parsed first; unparsable text is kept as given and
+    counts 0 — Hermes stores NULL there, a deliberate difference); ``observed`` is stored 0/1; ``api_content`` only when it is a str; reasoning
     and codex items as JSON (see :func:`encode_json_text`). The rest goes through
     :func:`encode_row` (ids checked, content encoded, lone surrogates scrubbed).
     """
     try:
         parsed = parse_tool_calls(tool_calls)
+        stored_calls = dump_json(parsed)
+        if isinstance(tool_calls, str) and tool_calls.strip() and parsed == [] and stored_calls is None \
+                and tool_calls.strip() != "[]":
+            # Unparsable JSON text: Hermes v23 stores NULL and loses it; we keep the text
+            # as given (counting 0 calls, as Hermes), so nothing the caller sent is lost.
+            stored_calls = tool_calls
         values = {
-            "tool_calls": dump_json(parsed),
+            "tool_calls": stored_calls,
             "observed": 1 if observed else 0,
             "api_content": api_content if isinstance(api_content, str) else None,
             "platform_message_id": _as_text(platform_message_id),

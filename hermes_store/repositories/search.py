@@ -27,6 +27,7 @@ from sqlalchemy.exc import OperationalError
 
 from .. import errors
 from ..codec import clean_text, decode_content
+from ..hermes_names import MAX_FTS5_QUERY_CHARS
 from ..search import bigram
 from ..search import postgresql as pg_search
 from ..search.fts import (
@@ -132,16 +133,22 @@ class SearchRepository(Repository):
         limit: int = 20,
         offset: int = 0,
         sort: str | None = None,
+        *,
+        include_inactive: bool = False,
     ) -> list[SearchHit]:
         """Search; never raises on user input (bad syntax, odd characters → [] or hits).
 
         Database failures are not user input: a lock, an I/O error or a damaged index
         propagates (the driver's error, or a typed one from the engine's error hook)
         instead of looking like "no results".
+
+        Hermes v23: the query is cut to MAX_FTS5_QUERY_CHARS before sanitizing, and
+        unless ``include_inactive`` every route keeps only visible rows (``active = 1
+        OR compacted = 1``: rewound rows hidden, rows archived by compaction found).
         """
         if not isinstance(query, str):
             return []
-        plan = plan_search(clean_text(query))
+        plan = plan_search(clean_text(query[:MAX_FTS5_QUERY_CHARS]))
         if plan.kind == "empty":
             return []
         if sort not in SORTS:
@@ -166,6 +173,9 @@ class SearchRepository(Repository):
         else:
             indexed = trigram_sessions(self.object_sql(TRIGRAM_SOURCE_VIEW))
             cjk_filter = f" AND {indexed}" if indexed else ""
+        # Every route below applies cjk_filter to the rows it returns: the visibility rule too.
+        visible = "" if include_inactive or "compacted" not in self.columns_of("messages") else VISIBLE
+        cjk_filter += visible
         if pg and plan.kind == "trigram":
             # PostgreSQL answers every CJK query by substring (ILIKE over the pg_trgm
             # index), with the query's own AND/OR/NOT meaning, on every row.
@@ -203,7 +213,37 @@ class SearchRepository(Repository):
             ordering = order.get(sort or "", order["newest"])
             sql = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
             rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
+        if len(rows) < params["limit"]:
+            rows += self._rebuild_gap(plan.terms, filters + visible, params, rows)
         return self._finish(rows, plan.terms)
+
+    def _rebuild_gap(self, terms: Sequence[str], filters: str, params: dict[str, Any],
+                     found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Rows an interrupted FTS backfill has not indexed yet (Hermes v23's supplement).
+
+        While ``fts_rebuild_high_water`` is set (> 0), messages with ids in
+        ``(fts_rebuild_progress, high_water]`` are in no index (the triggers skip them
+        until the backfill reaches them). A short page is topped up from them by
+        substring, every term required, newest first, without repeating a hit.
+        """
+        marks = dict(self.conn.execute(_GAP_SQL).fetchall())
+        try:
+            high = int(marks.get(GAP_HIGH_WATER) or 0)
+            low = int(marks.get(GAP_PROGRESS) or 0)
+        except (TypeError, ValueError):
+            return []
+        if high <= 0 or low >= high:
+            return []
+        gap: dict[str, Any] = {**params, "gap_lo": low, "gap_hi": high, "gap_n": params["limit"] - len(found)}
+        like = self._like_clause([(list(terms), [])], gap, "ILIKE" if self.dialect.name == "postgresql" else "LIKE")
+        rows = self._all(
+            f"SELECT {HIT_COLUMNS.format(snippet='NULL', rank='0.0')} FROM messages m "
+            f"JOIN sessions s ON s.id = m.session_id WHERE m.id > :gap_lo AND m.id <= :gap_hi AND ({like}){filters} "
+            f"ORDER BY m.timestamp DESC, m.id DESC LIMIT :gap_n",
+            gap,
+        )
+        seen = {r["id"] for r in found}
+        return [r for r in rows if r["id"] not in seen]
 
     def _pg_indexed_sessions(self, params: dict[str, Any]) -> str:
         """v30's trigram-index sessions on PostgreSQL (head schema): not cron, not sub-agents."""
@@ -386,6 +426,14 @@ class SearchRepository(Repository):
         rows = self.conn.execute(_TEXTS_SQL, {"ids": ids}).fetchall()
         return {r[0]: tuple(r[1:]) for r in rows}
 
+
+#: Hermes v23's search visibility (conditions on ``m``): live rows and compaction archives.
+VISIBLE = " AND (m.active = 1 OR m.compacted = 1)"
+#: state_meta markers of an interrupted FTS backfill (Hermes v23 ``optimize_fts_storage``).
+GAP_HIGH_WATER, GAP_PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
+_GAP_SQL = text("SELECT key, value FROM state_meta WHERE key IN (:hw, :pr)").bindparams(
+    hw=GAP_HIGH_WATER, pr=GAP_PROGRESS
+)
 
 #: Portable statements (named, expanding binds) for the page's context and texts.
 _CONTEXT_SQL = text(

@@ -1,10 +1,9 @@
-"""Sessions: creation, ending, token accounting, titles, listing."""
+"""Sessions: creation, ending, updates and titles (listing lives in listing.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any, Iterable, Sequence
 
 from sqlalchemy import bindparam, func, or_, select, text, update
@@ -13,8 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from .. import errors
 from ..codec import check_key, clean_text, text_from_bytes
 from ..titles import sanitize_title, split_title_number
-from .base import Repository, UnknownFieldError, MESSAGES, SESSIONS, like_prefix, now, source_filter
-from .lineage import MAX_DEPTH
+from .base import Repository, UnknownFieldError, MESSAGES, SESSIONS, like_prefix, now
 from .records import SessionRecord
 
 _PROMPTS = text("SELECT hash, prompt FROM system_prompts WHERE hash IN :hashes").bindparams(
@@ -35,16 +33,10 @@ INHERITED = ("cwd", "git_repo_root", "git_branch")
 INHERITED_BY_CONTINUATION = ("user_id", "session_key", "chat_id", "chat_type", "thread_id", "display_name", "origin_json")
 #: End reasons a session reset may replace (the others are explicit and kept).
 RESETTABLE_END_REASONS = ("agent_close", "ws_orphan_reap")
-PREVIEW_CHARS = 60
 #: Hermes bounds an activity description to this many characters (v24).
 ACTIVITY_DESCRIPTION_CHARS = 120
 #: Title provenance, lowest rank first: an automatic title never replaces a user one (v25).
 TITLE_SOURCES = ("derived", "llm", "user")
-#: The newest session of each chain: deepest first, then latest start.
-_TIP = (
-    "tip AS (SELECT root_id, id AS tip_id FROM (SELECT root_id, id, row_number() OVER ("
-    " PARTITION BY root_id ORDER BY depth DESC, started DESC, id DESC) AS rn FROM chain) ranked WHERE rn = 1)"
-)
 
 
 def _json_field(value: Any) -> Any:
@@ -65,23 +57,6 @@ def _prompt_text(value: Any) -> str:
     if not isinstance(value, str):
         raise errors.InvalidInputError(f"system_prompt must be str, not {type(value).__name__}")
     return clean_text(value)
-
-
-def last_active_sql(alias: str, has_activity: bool = True) -> str:
-    """Hermes' recency of a session (``_sql_session_last_active``, v24).
-
-    The later of ``last_activity_at`` and the newest message, else the start. Appends
-    do not stamp ``last_activity_at`` (Hermes v24-v26 files show it NULL after a
-    conversation); Hermes' activity watchdog does, so a session busy in a long tool
-    call still counts as active.
-    """
-    newest = f"(SELECT max(m.timestamp) FROM messages m WHERE m.session_id = {alias}.id)"
-    if not has_activity:
-        return f"COALESCE({newest}, {alias}.started_at)"
-    return (
-        f"COALESCE((SELECT max(v) FROM (SELECT {alias}.last_activity_at AS v UNION ALL SELECT {newest}) la), "
-        f"{alias}.started_at)"
-    )
 
 
 class SessionRepository(Repository):
@@ -525,131 +500,5 @@ class SessionRepository(Repository):
         rows = self.ids_with_prefix(id_or_prefix, 2)
         return rows[0] if len(rows) == 1 else None
 
-    def count(self, source: str | None = None) -> int:
-        if source is None:
-            return int(self._scalar("SELECT count(*) FROM sessions"))
-        return int(self._scalar("SELECT count(*) FROM sessions WHERE source = :s", {"s": source}))
-
     # ------------------------------------------------------------------ listing
 
-    def list_rich(
-        self,
-        source: str | Iterable[str] | None = None,
-        exclude_sources: Iterable[str] | None = None,
-        limit: int = 20,
-        offset: int = 0,
-        include_children: bool = False,
-        project_compression_tips: bool = True,
-        order_by_last_active: bool = False,
-    ) -> list[SessionRecord]:
-        """Sessions with preview and last_active, lineage-aware (see SPEC §4 listing)."""
-        params: dict[str, Any] = {}
-        where = source_filter("s", _listed(source), _listed(exclude_sources), params)
-        params.update(limit=max(int(limit), 0), offset=max(int(offset), 0))
-        activity = "last_activity_at" in self.columns_of("sessions")
-        if not include_children:
-            where.append(
-                "(s.parent_session_id IS NULL OR p.id IS NULL OR "
-                "(p.end_reason = 'branched' AND p.ended_at IS NOT NULL AND s.started_at >= p.ended_at))"
-            )
-        cond = " AND ".join(where) or "1 = 1"
-        project = project_compression_tips and not include_children
-        visible = (
-            "SELECT s.id AS root_id, s.started_at AS root_started, s.end_reason AS root_end_reason,"
-            f" s.ended_at AS root_ended_at, {'s.last_activity_at' if activity else 'NULL'} AS root_activity"
-            f" FROM sessions s LEFT JOIN sessions p ON p.id = s.parent_session_id WHERE {cond}"
-        )
-
-        def chain_from(src: str) -> str:
-            """Compression chain of each root in ``src`` (depth-bounded), and its tip.
-
-            Chain rows carry what the next step tests (end reason, end time), so only
-            sessions that ended with 'compression' probe for children.
-            """
-            seed = f"SELECT root_id, root_id, 0, root_started, root_end_reason, root_ended_at, root_activity FROM {src}"
-            step = (
-                " UNION ALL SELECT chain.root_id, c.id, chain.depth + 1, c.started_at, c.end_reason, c.ended_at,"
-                f" {'c.last_activity_at' if activity else 'NULL'}"
-                " FROM chain JOIN sessions c ON c.parent_session_id = chain.id"
-                " WHERE chain.end_reason = 'compression' AND chain.ended_at IS NOT NULL"
-                f" AND c.started_at >= chain.ended_at AND chain.depth < {MAX_DEPTH}"
-            )
-            return (
-                f"chain(root_id, id, depth, started, end_reason, ended_at, activity) AS "
-                f"({seed}{step if project else ''}), " + _TIP
-            )
-
-        if order_by_last_active:
-            # Chain-wide activity needs every root's chain before the page is known.
-            # Each member counts by Hermes' recency (activity stamp or newest message,
-            # else its start): see last_active_sql.
-            ctes = [
-                f"roots AS ({visible})",
-                chain_from("roots"),
-                "page AS (SELECT roots.root_id, roots.root_started, (SELECT max(COALESCE((SELECT max(v) FROM ("
-                "SELECT chain.activity AS v UNION ALL "
-                "SELECT (SELECT max(m.timestamp) FROM messages m WHERE m.session_id = chain.id)) la), chain.started))"
-                " FROM chain WHERE chain.root_id = roots.root_id) AS chain_last"
-                " FROM roots ORDER BY chain_last DESC, root_started DESC, root_id DESC LIMIT :limit OFFSET :offset)",
-            ]
-            order = "page.chain_last DESC, page.root_started DESC, page.root_id DESC"
-        else:
-            # Page first (an index walk that stops early), so chains are walked for
-            # the listed roots only.
-            ctes = [
-                f"page AS ({visible} ORDER BY s.started_at DESC, s.id DESC LIMIT :limit OFFSET :offset)",
-                chain_from("page"),
-            ]
-            order = "page.root_started DESC, page.root_id DESC"
-        sql = (
-            f"WITH RECURSIVE {', '.join(ctes)} "
-            "SELECT t.*, page.root_id AS _root_id, "
-            " (SELECT m.content FROM messages m WHERE m.session_id = t.id AND m.role = 'user'"
-            "  ORDER BY m.timestamp, m.id LIMIT 1) AS _preview, "
-            f" {last_active_sql('t', activity)} AS last_active "
-            f"FROM page JOIN tip ON tip.root_id = page.root_id JOIN sessions t ON t.id = tip.tip_id ORDER BY {order}"
-        )
-        out: list[SessionRecord] = []
-        for row in self._all(sql, params):
-            root_id = row.pop("_root_id")
-            row["preview"] = make_preview(row.pop("_preview"))
-            if project and root_id != row["id"]:
-                row["_lineage_root_id"] = root_id
-            out.append(row)  # type: ignore[arg-type]
-        self.resolve_prompts(out)  # type: ignore[arg-type]
-        return out
-
-    def search(self, source: str | None = None, limit: int = 20, offset: int = 0) -> list[SessionRecord]:
-        """Sessions ordered by latest activity (Hermes' recency: see last_active_sql)."""
-        params: dict[str, Any] = {}
-        where = source_filter("s", _listed(source), [], params)
-        params.update(limit=max(int(limit), 0), offset=max(int(offset), 0))
-        rows = self._all(
-            f"SELECT s.*, {last_active_sql('s', 'last_activity_at' in self.columns_of('sessions'))}"
-            f" AS last_active FROM sessions s WHERE {' AND '.join(where) or '1 = 1'}"
-            " ORDER BY last_active DESC, s.id DESC LIMIT :limit OFFSET :offset",
-            params,
-        )
-        self.resolve_prompts(rows)
-        return rows  # type: ignore[return-value]
-
-
-def _listed(values: str | Iterable[str] | None) -> list[str]:
-    """A filter argument as a list: one name, several, or none."""
-    if not values:
-        return []
-    return [values] if isinstance(values, str) else list(values)
-
-
-def make_preview(content: Any) -> str:
-    """First user message, newlines folded, cut to 60 characters plus '...'."""
-    from ..codec import decode_content
-
-    value = decode_content(content) if isinstance(content, str) else content
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        parts = [p.get("text", "") for p in value if isinstance(p, dict)] if isinstance(value, list) else []
-        value = " ".join(x for x in parts if isinstance(x, str))
-    text = re.sub(r"[\r\n]+", " ", value).strip()
-    return text[:PREVIEW_CHARS] + "..." if len(text) > PREVIEW_CHARS else text

@@ -1,35 +1,433 @@
-"""Search-index upkeep and database maintenance: FTS optimize/rebuild, VACUUM, meta."""
+"""Search-index upkeep and database maintenance: Hermes v23 §1.G, and ``set_meta`` (§1.J).
+
+Hermes' counts and shapes: ``optimize_fts()`` / ``rebuild_fts()`` return how many
+indexes they did (our lists of names stay available as :meth:`optimize_search_indexes`
+and :meth:`rebuild_search_indexes`, which the CLI prints), ``vacuum()`` returns the
+optimize count, and the optimize-storage surface (rebuild windows, pre-v23 layout
+demotion, trash teardown) works on every file our store opens. On PostgreSQL the
+indexes are GIN indexes kept complete by the server: optimize merges their pending
+lists, rebuild is REINDEX, and there is never a window, legacy layout or trash.
+
+The write path's two extras of Hermes v23 live here as hooks the facade's ``_write``
+calls: :meth:`_after_write` (best-effort optimize every ``_OPTIMIZE_EVERY_N_WRITES``
+writes) and :meth:`_on_write_error` (an FTS-corruption error: rebuild once per
+instance, then the write is retried).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import sqlite3
+import sys
+import time as _time
+from typing import Any, Callable, Dict, Optional
 
+from sqlalchemy.exc import DBAPIError
+
+from .. import errors
+from ..dialects.sqlite import FTS_TRASH_PREFIX, HERMES_FTS_TABLES
 from ..repositories import MaintenanceRepository
 from ..repositories.base import driver_errors
+from ..repositories.fts_upkeep import FtsUpkeepRepository, set_meta_on_cursor
 from ._host import TRANSCRIPT_BUDGET_S, Host
+
+log = logging.getLogger(__name__)
+
+
+def _clock() -> Any:
+    """The ``time`` module the facade names now (``hermes_state.time`` after the swap):
+    code that patches it to skip waits skips optimize-storage's pauses too."""
+    facade = sys.modules.get("hermes_store.facade")
+    return getattr(facade, "time", _time)
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc``, the driver error SQLAlchemy wrapped, and what it was raised from."""
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        todo += [getattr(e, "orig", None), e.__cause__, e.__context__]
+    return seen
+
+
+def _sqlite_error(exc: BaseException) -> sqlite3.Error | None:
+    return next((e for e in _causes(exc) if isinstance(e, sqlite3.Error)), None)
 
 
 class FtsMixin(Host):
-    def vacuum(self) -> None:
-        with driver_errors():
-            self._dialect.vacuum(self._open_engine())
+    #: Message ids a backfill step indexes (Hermes v23's chunk).
+    _FTS_REBUILD_CHUNK_ROWS = 500
+    #: optimize-storage sleeps this many times a chunk's own duration between chunks...
+    _FTS_REBUILD_DUTY_FACTOR = 4.0
+    #: ... and never less than this (seconds), so other writers get the lock in between.
+    _FTS_REBUILD_MIN_PAUSE = 0.2
+    #: A best-effort optimize after this many writes (see :meth:`_after_write`).
+    _OPTIMIZE_EVERY_N_WRITES = 1000
+    _FTS_TABLES = HERMES_FTS_TABLES
+    _FTS_TRASH_PREFIX = FTS_TRASH_PREFIX
+    #: How long one backfill step or teardown chunk waits for the write lock before it
+    #: reports "try again" (a step must not stall behind a long writer).
+    _FTS_STEP_BUDGET_S = 5.0
 
-    def get_meta(self, key: str) -> str | None:
-        return self._read(lambda c: MaintenanceRepository(c).get_meta(key))
+    # ------------------------------------------------------------------ Hermes' private flags
 
-    def set_meta(self, key: str, value: Any) -> None:
-        self._write(lambda c: MaintenanceRepository(c).set_meta(key, value))
+    def _fts_probe(self, fn: Callable[[FtsUpkeepRepository], Any]) -> bool:
+        """A yes/no question about the search indexes (no on a closed or unreadable store)."""
+        try:
+            return bool(self._read(lambda c: fn(FtsUpkeepRepository(c))))
+        except (errors.DatabaseUnavailableError, DBAPIError, sqlite3.Error) as exc:
+            log.debug("search index probe failed: %s", exc)
+            return False
 
-    def rebuild_fts(self) -> list[str]:
-        """Rebuild both FTS5 indexes and the short-CJK index from the messages table."""
-        return self._write(lambda c: MaintenanceRepository(c).rebuild_search(), budget=TRANSCRIPT_BUDGET_S)
+    @property
+    def _fts_enabled(self) -> bool:
+        """Hermes' flag: full-text search may be used here.
+
+        False on a read-only instance (as Hermes: its search then returns []) or when
+        the word index cannot be read (no FTS5 in this SQLite). True on PostgreSQL.
+        Probed on first use; code (and Hermes' tests) may assign it.
+        """
+        found = self.__dict__.get("_fts_enabled_value")
+        if found is None:
+            found = not self.read_only and self._fts_probe(lambda r: r.search_available())
+            self.__dict__["_fts_enabled_value"] = found
+        return found
+
+    @_fts_enabled.setter
+    def _fts_enabled(self, value: bool) -> None:
+        self.__dict__["_fts_enabled_value"] = bool(value)
+
+    @property
+    def _trigram_available(self) -> bool:
+        """Hermes' flag: the trigram index (substring and CJK search) answers here.
+
+        On PostgreSQL: the pg_trgm index exists. Probed on first use, again after a
+        demotion replaced the indexes; assignable.
+        """
+        found = self.__dict__.get("_trigram_available_value")
+        if found is None:
+            found = self._fts_enabled and self._fts_probe(lambda r: r.trigram_available())
+            self.__dict__["_trigram_available_value"] = found
+        return found
+
+    @_trigram_available.setter
+    def _trigram_available(self, value: bool) -> None:
+        self.__dict__["_trigram_available_value"] = bool(value)
+
+    def _fts_table_exists(self, name: str) -> bool:
+        """Whether the SQLite schema has a table ``name`` (an FTS5 table, shadow or trash
+        table). Always False on PostgreSQL, which has no FTS5 table."""
+        return self._read(lambda c: FtsUpkeepRepository(c).fts_table_exists(name))
+
+    @staticmethod
+    def _is_fts5_unavailable_error(exc: BaseException) -> bool:
+        """This SQLite has no FTS5 module ("no such module: fts5")."""
+        found = _sqlite_error(exc)
+        text = str(found if found is not None else exc).lower()
+        return isinstance(found, sqlite3.OperationalError) and "fts5" in text and (
+            "no such module" in text or "not available" in text or "unavailable" in text
+        )
+
+    @staticmethod
+    def _is_trigram_unavailable_error(exc: BaseException) -> bool:
+        """This SQLite's FTS5 has no trigram tokenizer (before 3.34: "no such tokenizer: trigram")."""
+        found = _sqlite_error(exc)
+        text = str(found if found is not None else exc).lower()
+        return isinstance(found, sqlite3.OperationalError) and "trigram" in text and "tokenizer" in text
+
+    @staticmethod
+    def _is_fts_corruption_error(exc: BaseException) -> bool:
+        """A SQLite DatabaseError of the kind an FTS rebuild can cure: "database disk image
+        is malformed" (what FTS5 reports for a damaged index) or an FTS5 "corrupt" error."""
+        found = _sqlite_error(exc)
+        if not isinstance(found, sqlite3.DatabaseError) or isinstance(found, sqlite3.IntegrityError):
+            return False
+        text = str(found).lower()
+        return "malformed" in text or ("fts5" in text and "corrupt" in text)
+
+    # ------------------------------------------------------------------ optimize / rebuild / vacuum
+
+    def optimize_fts(self) -> int:
+        """FTS5 ``'optimize'`` on each index that answers here; returns how many succeeded.
+
+        A missing index is skipped; one that fails with an OperationalError is logged
+        and skipped. 0 on a read-only instance (nothing may be written).
+        """
+        if self.read_only:
+            return 0
+        return len(self.optimize_search_indexes())
+
+    def optimize_search_indexes(self) -> list[str]:
+        """:meth:`optimize_fts`, naming the indexes done (the CLI reports them)."""
+        return self._write(
+            lambda c: FtsUpkeepRepository(c).optimize_each(), budget=TRANSCRIPT_BUDGET_S, _maintenance=True
+        )
+
+    def rebuild_fts(self) -> int:
+        """Re-make each index from the messages (FTS5 ``'rebuild'``; REINDEX on a server).
+
+        Returns how many were rebuilt; one that fails is rolled back and logged. An
+        open rebuild window over indexes that were all rebuilt is closed. 0 on a
+        read-only instance.
+        """
+        if self.read_only:
+            return 0
+        return len(
+            self._write(lambda c: FtsUpkeepRepository(c).rebuild_each(), budget=TRANSCRIPT_BUDGET_S, _maintenance=True)
+        )
+
+    def rebuild_search_indexes(self) -> list[str]:
+        """:meth:`rebuild_fts` plus our short-CJK index, naming what was rebuilt."""
+        return self._write(
+            lambda c: MaintenanceRepository(c).rebuild_search(), budget=TRANSCRIPT_BUDGET_S, _maintenance=True
+        )
 
     def index_search(self) -> int:
         """Bring the short-CJK index fully up to date now; returns rows indexed."""
         return self._write(lambda c: MaintenanceRepository(c).catch_up_search_index(), budget=TRANSCRIPT_BUDGET_S)
 
-    def optimize_fts(self) -> list[str]:
-        return self._write(lambda c: MaintenanceRepository(c).fts_optimize(), budget=TRANSCRIPT_BUDGET_S)
-
     def check_fts(self) -> dict[str, str | None]:
         return self._read(lambda c: MaintenanceRepository(c).fts_integrity_check())
+
+    def vacuum(self) -> int:
+        """Optimize the indexes, then give free pages back to the filesystem.
+
+        As Hermes v23: :meth:`optimize_fts` first (a failure is logged and counts as 0),
+        then a TRUNCATE checkpoint of the WAL and ``VACUUM`` (``VACUUM ANALYZE`` on a
+        server), whose errors propagate. Returns the optimize count.
+        """
+        try:
+            optimized = self.optimize_fts()
+        except Exception as exc:  # noqa: BLE001 - Hermes: logged, counts as 0
+            log.warning("optimize before vacuum failed: %s", exc)
+            optimized = 0
+        engine = self._open_engine()
+        if self.read_only:
+            raise errors.ReadOnlyDatabaseError(f"{self._label()}: opened with read_only=True")  # type: ignore[attr-defined]
+        with driver_errors():
+            self._dialect.checkpoint_truncate(engine)  # type: ignore[attr-defined]
+            self._dialect.vacuum(engine)
+        return optimized
+
+    # ------------------------------------------------------------------ state_meta
+
+    def get_meta(self, key: str) -> str | None:
+        return self._read(lambda c: MaintenanceRepository(c).get_meta(key))
+
+    def set_meta(self, key: str, value: str, *, cursor: Optional[sqlite3.Cursor] = None) -> None:
+        """Upsert ``state_meta[key]`` (stored as text; None stays NULL).
+
+        With ``cursor`` (a DB-API cursor or connection on this database, as Hermes
+        passes inside its schema setup) the statement runs right there, in whatever
+        transaction the caller has: no transaction, retry or commit of ours.
+        """
+        if cursor is not None:
+            with driver_errors():
+                set_meta_on_cursor(cursor, key, value)
+            return
+        self._write(lambda c: MaintenanceRepository(c).set_meta(key, value))
+
+    # ------------------------------------------------------------------ rebuild windows
+
+    def fts_rebuild_status(self) -> Optional[Dict[str, Any]]:
+        """``{"pending", "total", "indexed", "percent"}`` while a rebuild window is open, else None."""
+        return self._read(lambda c: FtsUpkeepRepository(c).rebuild_status("main"))
+
+    def fts_cjk_rebuild_status(self) -> Optional[Dict[str, Any]]:
+        """:meth:`fts_rebuild_status` of the CJK index's window."""
+        return self._read(lambda c: FtsUpkeepRepository(c).rebuild_status("cjk"))
+
+    def fts_rebuild_step(self) -> bool:
+        """Backfill the next ``_FTS_REBUILD_CHUNK_ROWS`` ids of the rebuild window.
+
+        True while work remains, or when the lock was busy (try again); False when FTS
+        is disabled, no window is open, or this step closed it.
+        """
+        if not self._fts_enabled:
+            return False
+        return self._fts_step("main")
+
+    def fts_cjk_rebuild_step(self) -> bool:
+        """:meth:`fts_rebuild_step` for the CJK index; False unless its tokenizer is
+        loaded here (we do not ship Hermes' ``cjk_unicode61``: CJK is served by the
+        trigram and short-CJK indexes)."""
+        if not self._fts_enabled or not self._fts_probe(lambda r: r.cjk_index_available()):
+            return False
+        return self._fts_step("cjk")
+
+    def _fts_step(self, kind: str) -> bool:
+        chunk = self._FTS_REBUILD_CHUNK_ROWS
+        try:
+            return self._write(
+                lambda c: FtsUpkeepRepository(c).backfill_step(kind, chunk),
+                budget=self._FTS_STEP_BUDGET_S, _maintenance=True,
+            )
+        except errors.DatabaseLockedError as exc:
+            log.debug("rebuild step deferred: %s", exc)
+            return True  # transient: the next step tries again
+
+    # ------------------------------------------------------------------ optimize-storage
+
+    def fts_optimize_available(self) -> bool:
+        """Whether :meth:`optimize_fts_storage` has work to do here.
+
+        False when FTS is disabled or read-only. True for a pre-v23 word index, an open
+        rebuild window (an interrupted optimize), CJK work while its tokenizer is loaded,
+        or trash tables of a demotion still to tear down.
+        """
+        if self.read_only or not self._fts_enabled:
+            return False
+        return self._read(lambda c: FtsUpkeepRepository(c).optimize_available())
+
+    def _demote_legacy_fts_to_trash(self) -> bool:
+        """Swap pre-v23 inline indexes for the head layout, in one short transaction.
+
+        The old shadow tables become plain ``fts_v22_trash_*`` tables (torn down later
+        in chunks), the new indexes start empty with a rebuild window over every
+        message, and the backfill fills them. Does nothing (False) on a current layout,
+        while a window is open, read-only or without FTS. Returns whether it demoted.
+        """
+        if self.read_only or not self._fts_enabled:
+            return False
+        demoted = self._write(
+            lambda c: FtsUpkeepRepository(c).demote_legacy(), budget=TRANSCRIPT_BUDGET_S, _maintenance=True
+        )
+        if demoted:
+            self.__dict__.pop("_trigram_available_value", None)
+            log.info("demoted pre-v23 search indexes %s; backfilling the new ones", ", ".join(demoted))
+        return bool(demoted)
+
+    def _fts_pause(self, started: float) -> None:
+        """Sleep between chunks: ``max(min pause, duty factor × the chunk's own time)``."""
+        clock = _clock()
+        spent = max(clock.monotonic() - started, 0.0)
+        clock.sleep(max(self._FTS_REBUILD_MIN_PAUSE, self._FTS_REBUILD_DUTY_FACTOR * spent))
+
+    def optimize_fts_storage(
+        self,
+        *,
+        progress_cb: Optional[Callable[[Dict[str, Any]], None]] = None,
+        vacuum: bool = True,
+    ) -> Dict[str, Any]:
+        """Hermes' ``hermes sessions optimize-storage``: move the indexes to the current
+        layout without holding the write lock for long. Resumable after interruption.
+
+        In order: demote a pre-v23 layout (unless a window is already open); the CJK
+        index steps (nothing without its tokenizer); backfill the window chunk by chunk,
+        then tear the trash down chunk by chunk, pausing between chunks; optional
+        VACUUM (a failure is reported, not raised); stamp ``fts_storage_version`` (our
+        layout, 3, never lowered), drop ``fts_optimize_available``, raise
+        ``schema_version`` to 23 if lower. ``progress_cb`` gets ``{"phase": "backfill" |
+        "teardown" | "vacuum" | "done", "percent", "indexed", "total"}``.
+
+        Returns ``{"ok": True, "vacuumed": True | False | None}`` (None: not asked), or
+        ``{"ok": False, "reason": "read_only" | "fts5_unavailable"}``.
+        """
+        if self.read_only:
+            return {"ok": False, "reason": "read_only"}
+        if not self._fts_enabled:
+            return {"ok": False, "reason": "fts5_unavailable"}
+        clock = _clock()
+        last = {"indexed": 0, "total": 0}
+
+        def report(phase: str, percent: int, indexed: int, total: int) -> None:
+            if progress_cb is not None:
+                progress_cb({"phase": phase, "percent": percent, "indexed": indexed, "total": total})
+
+        self._demote_legacy_fts_to_trash()
+        status = self.fts_rebuild_status()
+        while status is not None:
+            started = clock.monotonic()
+            more = self.fts_rebuild_step()
+            last = {"indexed": status["indexed"], "total": status["total"]}
+            status = self.fts_rebuild_status()
+            if status is None:
+                last["indexed"] = last["total"]
+                report("backfill", 100, last["total"], last["total"])
+                break
+            report("backfill", status["percent"], status["indexed"], status["total"])
+            if not more:
+                break  # the window cannot be filled here (its index does not answer)
+            self._fts_pause(started)
+        while self.fts_cjk_rebuild_step():
+            self._fts_pause(clock.monotonic())
+        self._fts_teardown(report)
+        vacuumed: Optional[bool] = None
+        if vacuum:
+            report("vacuum", 100, last["indexed"], last["total"])
+            try:
+                engine = self._open_engine()
+                with driver_errors():
+                    self._dialect.checkpoint_truncate(engine)  # type: ignore[attr-defined]
+                    self._dialect.vacuum(engine)
+                vacuumed = True
+            except Exception as exc:  # noqa: BLE001 - Hermes: a failed VACUUM is not fatal
+                log.warning("vacuum after optimize-storage failed: %s", exc)
+                vacuumed = False
+        self._write(lambda c: FtsUpkeepRepository(c).finish_storage_optimize(), _maintenance=True)
+        report("done", 100, last["indexed"], last["total"])
+        return {"ok": True, "vacuumed": vacuumed}
+
+    def _fts_teardown(self, report: Callable[[str, int, int, int], None]) -> None:
+        """Empty and drop the trash tables, ``_FTS_REBUILD_CHUNK_ROWS`` rows a transaction."""
+        total = self._read(lambda c: FtsUpkeepRepository(c).trash_rows())
+        removed = 0
+        clock = _clock()
+        while True:
+            started = clock.monotonic()
+            chunk = self._FTS_REBUILD_CHUNK_ROWS
+            try:
+                deleted, more = self._write(
+                    lambda c: FtsUpkeepRepository(c).teardown_chunk(chunk),
+                    budget=self._FTS_STEP_BUDGET_S, _maintenance=True,
+                )
+            except errors.DatabaseLockedError:
+                self._fts_pause(started)
+                continue
+            removed += deleted
+            if deleted or more or total:
+                percent = 100 if not more else min(99, int(100 * removed / total)) if total else 0
+                report("teardown", percent, removed, total)
+            if not more:
+                return
+            self._fts_pause(started)
+
+    # ------------------------------------------------------------------ write-path hooks
+
+    def _after_write(self, writes: int) -> None:
+        """Facade hook after each committed write (``writes`` = this instance's count):
+        every ``_OPTIMIZE_EVERY_N_WRITES`` writes, a best-effort :meth:`optimize_fts`."""
+        every = self._OPTIMIZE_EVERY_N_WRITES
+        if not every or writes <= 0 or writes % every:
+            return
+        try:
+            self.optimize_fts()
+        except Exception as exc:  # noqa: BLE001 - best effort: the write itself succeeded
+            log.debug("periodic search index optimize failed: %s", exc)
+
+    def _on_write_error(self, exc: BaseException) -> bool:
+        """Facade hook when a write failed with an error it does not retry by itself.
+
+        An FTS-corruption error (see :meth:`_is_fts_corruption_error`) triggers one
+        :meth:`rebuild_fts` per instance; True means "rebuilt: run the write again".
+        A second corruption, any other error, or a rebuild that did nothing: False
+        (the caller raises the original error).
+        """
+        if not self._is_fts_corruption_error(exc):
+            return False
+        with self._lock:  # type: ignore[attr-defined]
+            if self.__dict__.get("_fts_corruption_rebuilt"):
+                return False
+            self.__dict__["_fts_corruption_rebuilt"] = True
+        log.warning("%s: damaged search index (%s); rebuilding it and retrying the write once",
+                    self._label(), exc)  # type: ignore[attr-defined]
+        try:
+            rebuilt = self.rebuild_fts()
+        except Exception as again:  # noqa: BLE001 - the original error is what the caller sees
+            log.warning("search index rebuild failed: %s", again)
+            return False
+        return rebuilt > 0

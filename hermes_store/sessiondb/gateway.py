@@ -1,9 +1,316 @@
-"""Gateway state: peers and origins of sessions, routing entries, Telegram topic bindings."""
+"""Gateway state: peers and origins of sessions, routing entries, Telegram topic bindings.
+
+Hermes v23 §1.E. Ids that Hermes binds as they come (Telegram chat and thread ids are
+integers) are passed as text, ``str(value)``: the peer columns are TEXT, SQLite's
+column affinity stores and compares an integer there as its decimal text, and
+PostgreSQL compares text with text only. Values that are neither text nor integers
+are refused with InvalidInputError (nothing written).
+
+Telegram topic bindings are an opt-in schema step (Hermes keeps them so): nothing
+creates their tables except :meth:`apply_telegram_topic_migration`. Before it, every
+topic method returns 0 / None / False / [] and creates nothing. Hermes documents only
+``delete_telegram_topic_binding``; the other nine names are ours (see the report in
+COMPATIBILITY.md).
+"""
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
+from typing import Any, Dict, List, Optional
+
+from .. import errors
+from ..codec import check_key, clean_text
+from ..repositories.gateway import GatewayRepository
+from ..repositories.telegram import TelegramTopicRepository
 from ._host import Host
 
 
+def _key(value: Any, what: str) -> Optional[str]:
+    """An id or key as stored text: str as given, an integer as ``str()``, None as None."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str):
+        return check_key(value, what)
+    raise errors.InvalidInputError(f"{what} must be str or int, not {type(value).__name__} {value!r}")
+
+
+def _text(value: Any, what: str) -> Optional[str]:
+    """Free text (display name, origin JSON, entry JSON, topic title): lone surrogates
+    become U+FFFD so the row is kept; non-text is refused."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise errors.InvalidInputError(f"{what} must be str, not {type(value).__name__}")
+    return clean_text(value)
+
+
+def _scope(scope: Any) -> str:
+    if not isinstance(scope, str):
+        raise errors.InvalidInputError(f"scope must be str, not {type(scope).__name__} {scope!r}")
+    return check_key(scope, "scope")
+
+
 class GatewayMixin(Host):
-    pass
+    # ------------------------------------------------------------------ peers
+
+    def record_gateway_session_peer(
+        self,
+        session_id: str,
+        *,
+        source: str,
+        user_id: str = None,
+        session_key: str = None,
+        chat_id: str = None,
+        chat_type: str = None,
+        thread_id: str = None,
+        display_name: str = None,
+        origin_json: str = None,
+    ) -> None:
+        """Record who the session talks to. No-op unless ``session_id`` and
+        ``session_key`` are both truthy; unknown id: nothing happens.
+
+        ``session_key``, ``source``, ``user_id``, ``chat_id``, ``chat_type`` and
+        ``thread_id`` are always set (None clears); ``display_name`` and
+        ``origin_json`` only when given.
+        """
+        if not session_id or not session_key:
+            return
+        if not isinstance(source, str):
+            raise errors.InvalidInputError(f"source must be str, not {type(source).__name__}")
+        peer = {
+            "session_key": _key(session_key, "session_key"),
+            "source": check_key(source, "source"),
+            "user_id": _key(user_id, "user_id"),
+            "chat_id": _key(chat_id, "chat_id"),
+            "chat_type": _key(chat_type, "chat_type"),
+            "thread_id": _key(thread_id, "thread_id"),
+        }
+        extras = {}
+        if display_name is not None:
+            extras["display_name"] = _text(display_name, "display_name")
+        if origin_json is not None:
+            extras["origin_json"] = _text(origin_json, "origin_json")
+        sid = _key(session_id, "session id")
+        self._write(lambda c: GatewayRepository(c).record_peer(sid, peer, extras))
+
+    def set_expiry_finalized(self, session_id: str, finalized: bool = True) -> None:
+        """Mark (or unmark) the session's expiry as handled; falsy id: no-op."""
+        if not session_id:
+            return
+        sid = _key(session_id, "session id")
+        self._write(lambda c: GatewayRepository(c).set_expiry_finalized(sid, bool(finalized)))
+
+    # ------------------------------------------------------------------ routing entries
+
+    def save_gateway_routing_entry(self, session_key: str, entry_json: str, *, scope: str = "") -> None:
+        """Upsert one routing entry of ``scope``; no-op when key or entry is falsy."""
+        if not session_key or not entry_json:
+            return
+        key = _key(session_key, "session_key")
+        entry = _text(entry_json, "entry_json")
+        where = _scope(scope)
+        self._write(lambda c: GatewayRepository(c).save_routing_entry(where, key, entry))  # type: ignore[arg-type]
+
+    def replace_gateway_routing_entries(self, entries: Dict[str, str], *, scope: str = "") -> None:
+        """Make ``entries`` the whole of ``scope`` in one transaction (falsy keys or
+        values skipped; an empty dict clears the scope; other scopes untouched)."""
+        if not isinstance(entries, Mapping):
+            raise errors.InvalidInputError(f"entries must be a dict, not {type(entries).__name__}")
+        where = _scope(scope)
+        pairs: dict[str, str] = {}
+        for k, v in entries.items():
+            if k and v:
+                pairs[_key(k, "session_key")] = _text(v, "entry_json")  # type: ignore[index,assignment]
+        items = list(pairs.items())
+        self._write(lambda c: GatewayRepository(c).replace_routing_entries(where, items))
+
+    def load_gateway_routing_entries(self, *, scope: str = "") -> Dict[str, str]:
+        """``{session_key: entry_json}`` of ``scope`` (in key order)."""
+        where = _scope(scope)
+        return self._read(lambda c: GatewayRepository(c).load_routing_entries(where))
+
+    def delete_gateway_routing_entries(self, session_keys: List[str], *, scope: str = "") -> None:
+        """Delete these keys of ``scope``; an empty list is a no-op."""
+        if isinstance(session_keys, (str, bytes)):
+            raise errors.InvalidInputError("session_keys must be a list of keys, not a single string")
+        keys = list(dict.fromkeys(k for k in (_key(k, "session_key") for k in session_keys or ()) if k))
+        where = _scope(scope)
+        if not keys:
+            return
+        self._write(lambda c: GatewayRepository(c).delete_routing_entries(where, keys))
+
+    # ------------------------------------------------------------------ lookups
+
+    def list_gateway_sessions(
+        self, *, platform: Optional[str] = None, active_only: bool = True
+    ) -> List[Dict[str, Any]]:
+        """The newest session of each session key (rows with ``last_active``), most
+        recently active first; optionally one platform (any case) and only live ones."""
+        if platform is not None and not isinstance(platform, str):
+            raise errors.InvalidInputError(f"platform must be str, not {type(platform).__name__}")
+        return self._read(lambda c: GatewayRepository(c).list_gateway_sessions(platform, bool(active_only)))
+
+    def find_session_by_origin(
+        self,
+        *,
+        platform: str,
+        chat_id: str,
+        thread_id: Optional[str] = None,
+        user_id: Optional[str] = None,
+    ) -> Optional[str]:
+        """The live gateway session of this chat (and thread), or None.
+
+        Without ``user_id``: the newest candidate, unless the candidates belong to more
+        than one (non-empty) user. With ``user_id``: the newest session of that user,
+        else None. (Hermes also returns a lone candidate of *another* user here; we do
+        not hand one user's session to another.)
+        """
+        if not platform or chat_id is None or chat_id == "":
+            return None
+        if not isinstance(platform, str):
+            raise errors.InvalidInputError(f"platform must be str, not {type(platform).__name__}")
+        chat = str(_key(chat_id, "chat_id"))
+        thread = _key(thread_id, "thread_id")
+        user = _key(user_id, "user_id")
+        candidates = self._read(lambda c: GatewayRepository(c).origin_candidates(platform, chat, thread))
+        if not candidates:
+            return None
+        if user:
+            for sid, owner in candidates:
+                if owner == user:
+                    return str(sid)
+            return None
+        owners = {owner for _sid, owner in candidates if owner}
+        if len(owners) > 1:
+            return None
+        return str(candidates[0][0])
+
+    def find_latest_gateway_session_for_peer(
+        self,
+        *,
+        source: str,
+        user_id: Optional[str] = None,
+        session_key: Optional[str] = None,
+        chat_id: Optional[str] = None,
+        chat_type: Optional[str] = None,
+        thread_id: Optional[str] = None,
+    ) -> Optional[Dict[str, Any]]:
+        """The newest resumable session (live or ended by agent_close / ws_orphan_reap,
+        with messages) of this peer: by ``session_key`` + ``source`` first, then, when
+        ``chat_id`` and ``chat_type`` are given, by source and peer columns (NULL = '').
+        None when ``session_key`` is falsy. Read-only."""
+        if not session_key:
+            return None
+        if not isinstance(source, str):
+            raise errors.InvalidInputError(f"source must be str, not {type(source).__name__}")
+        key = str(_key(session_key, "session_key"))
+        peer = None
+        if chat_id is not None and chat_type is not None:
+            peer = {
+                "user_id": _key(user_id, "user_id"),
+                "chat_id": _key(chat_id, "chat_id"),
+                "chat_type": _key(chat_type, "chat_type"),
+                "thread_id": _key(thread_id, "thread_id"),
+            }
+        return self._read(lambda c: GatewayRepository(c).latest_for_peer(source=source, session_key=key, peer=peer))
+
+    # ------------------------------------------------------------------ Telegram DM topics
+
+    def apply_telegram_topic_migration(self) -> bool:
+        """Create the Telegram DM topic tables (opt-in; never done on open) and stamp
+        ``telegram_dm_topic_schema_version``. One transaction, idempotent; True when
+        this call created a table."""
+        return self._write(lambda c: TelegramTopicRepository(c).apply_migration())
+
+    def has_telegram_topic_schema(self) -> bool:
+        """Whether the topic tables exist (the opt-in step ran). Ours."""
+        return self._read(lambda c: TelegramTopicRepository(c).present())
+
+    def _no_topic_tables_to_write(self) -> bool:
+        """A read-only store without the topic tables: a topic write is a no-op (0),
+        not a ReadOnlyDatabaseError, as it would be on a writable store."""
+        return self.read_only and not self.has_telegram_topic_schema()
+
+    def get_telegram_dm_topic_mode(self, *, chat_id: str) -> bool:
+        """Whether the chat uses one topic per session (False when unknown or no tables). Ours."""
+        chat = _key(chat_id, "chat_id")
+        if chat is None:
+            return False
+        return self._read(lambda c: TelegramTopicRepository(c).topic_mode(chat))
+
+    def set_telegram_dm_topic_mode(self, *, chat_id: str, enabled: bool = True) -> int:
+        """Turn the chat's topic mode on or off (bindings are kept); 1, or 0 without the
+        tables. Ours."""
+        chat = _required(chat_id, "chat_id")
+        if self._no_topic_tables_to_write():
+            return 0
+        return self._write(lambda c: TelegramTopicRepository(c).set_topic_mode(chat, bool(enabled)))
+
+    def bind_telegram_topic(
+        self, *, chat_id: str, thread_id: str, session_id: str, title: Optional[str] = None
+    ) -> int:
+        """Point the topic ``(chat_id, thread_id)`` at ``session_id`` (rebinding moves it;
+        a None title keeps the old one) and turn the chat's topic mode on. 1, or 0 when
+        the tables or the session do not exist. Ours."""
+        chat = _required(chat_id, "chat_id")
+        thread = _required(thread_id, "thread_id")
+        sid = _required(session_id, "session id")
+        name = _text(title, "title")
+        if self._no_topic_tables_to_write():
+            return 0
+        return self._write(lambda c: TelegramTopicRepository(c).bind(chat, thread, sid, name))
+
+    def get_telegram_topic_binding(self, *, chat_id: str, thread_id: str) -> Optional[Dict[str, Any]]:
+        """The binding row of a topic (chat_id, thread_id, session_id, title, created_at,
+        updated_at), or None. Ours."""
+        chat, thread = _key(chat_id, "chat_id"), _key(thread_id, "thread_id")
+        if chat is None or thread is None:
+            return None
+        return self._read(lambda c: TelegramTopicRepository(c).binding(chat, thread))
+
+    def get_telegram_topic_bindings_for_session(self, *, session_id: str) -> List[Dict[str, Any]]:
+        """Every topic bound to the session (oldest binding first). Ours."""
+        sid = _key(session_id, "session id")
+        if not sid:
+            return []
+        return self._read(lambda c: TelegramTopicRepository(c).bindings_of_session(sid))
+
+    def list_telegram_topic_bindings(self, *, chat_id: str) -> List[Dict[str, Any]]:
+        """Every bound topic of the chat (oldest binding first). Ours."""
+        chat = _key(chat_id, "chat_id")
+        if chat is None:
+            return []
+        return self._read(lambda c: TelegramTopicRepository(c).bindings_of_chat(chat))
+
+    def touch_telegram_topic_binding(self, *, chat_id: str, thread_id: str, title: Optional[str] = None) -> int:
+        """Stamp the binding's ``updated_at`` (and rename it when ``title`` is given);
+        rows changed (0 when unbound or no tables). Ours."""
+        chat, thread = _key(chat_id, "chat_id"), _key(thread_id, "thread_id")
+        if chat is None or thread is None:
+            return 0
+        name = _text(title, "title")
+        if self._no_topic_tables_to_write():
+            return 0
+        return self._write(lambda c: TelegramTopicRepository(c).touch(chat, thread, name))
+
+    def delete_telegram_topic_binding(self, *, chat_id: str, thread_id: str) -> int:
+        """Delete the ``(str(chat_id), str(thread_id))`` binding; when it was the chat's
+        last, turn the chat's topic mode off in the same transaction. Rows deleted; 0
+        (never an error) when the tables do not exist. Never runs the migration."""
+        chat, thread = _key(chat_id, "chat_id"), _key(thread_id, "thread_id")
+        if chat is None or thread is None:
+            return 0
+        if self._no_topic_tables_to_write():
+            return 0
+        return self._write(lambda c: TelegramTopicRepository(c).delete(chat, thread))
+
+
+def _required(value: Any, what: str) -> str:
+    """A key a write stores: None or '' would bind a topic to nothing."""
+    key = _key(value, what)
+    if not key:
+        raise errors.InvalidInputError(f"{what} is required")
+    return key

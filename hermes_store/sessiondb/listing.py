@@ -1,10 +1,15 @@
-"""Listing, counting and searching sessions and messages."""
+"""Listing, counting and searching sessions and messages (Hermes v23 §1.J).
+
+The queries are in :mod:`hermes_store.repositories.listing` (sessions) and
+:mod:`hermes_store.repositories.search` (messages).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Dict, Iterable, List, Optional
 
-from ..repositories import SearchRepository, SessionRepository
+from ..repositories import SearchRepository
+from ..repositories.listing import ListingRepository
 from ..search.query import contains_cjk, sanitize_fts5_query
 from ._host import Host
 
@@ -15,38 +20,94 @@ class ListingMixin(Host):
 
     def list_sessions_rich(
         self,
-        source: str | Iterable[str] | None = None,
-        exclude_sources: Iterable[str] | None = None,
+        source: Optional[str | Iterable[str]] = None,
+        exclude_sources: Optional[List[str]] = None,
+        cwd_prefix: Optional[str] = None,
         limit: int = 20,
         offset: int = 0,
         include_children: bool = False,
+        min_message_count: int = 0,
         project_compression_tips: bool = True,
         order_by_last_active: bool = False,
-    ) -> list[dict[str, Any]]:
+        include_archived: bool = False,
+        archived_only: bool = False,
+        id_query: Optional[str] = None,
+        search_query: Optional[str] = None,
+        compact_rows: bool = False,
+    ) -> List[Dict[str, Any]]:
+        """Sessions with ``preview`` and ``last_active``, lineage-aware (Hermes v23).
+
+        Children are hidden unless ``include_children`` (branches stay listed, delegates
+        never); archived sessions are hidden unless ``include_archived`` or
+        ``archived_only``. A compression chain is listed once, as its tip, marked with
+        ``_lineage_root_id``. ``id_query`` / ``search_query`` apply only with
+        ``order_by_last_active=True``. ``source`` may also be a list of sources (ours).
+        """
         return self._read(  # type: ignore[return-value]
-            lambda c: SessionRepository(c).list_rich(
-                source, exclude_sources, limit, offset, include_children, project_compression_tips, order_by_last_active
+            lambda c: ListingRepository(c).list_rich(
+                source, exclude_sources, cwd_prefix, limit, offset, include_children, min_message_count,
+                project_compression_tips, order_by_last_active, include_archived, archived_only,
+                id_query, search_query, compact_rows,
             )
         )
 
-    def search_sessions(self, source: str | None = None, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
-        return self._read(lambda c: SessionRepository(c).search(source, limit, offset))  # type: ignore[return-value]
+    def session_count(
+        self,
+        source: Optional[str | Iterable[str]] = None,
+        cwd_prefix: Optional[str] = None,
+        min_message_count: int = 0,
+        include_archived: bool = False,
+        archived_only: bool = False,
+        exclude_children: bool = False,
+        exclude_sources: Optional[List[str]] = None,
+    ) -> int:
+        """How many sessions match the listing's filters (archived ones left out by default)."""
+        return self._read(
+            lambda c: ListingRepository(c).count(
+                source, cwd_prefix, min_message_count, include_archived, archived_only, exclude_children,
+                exclude_sources,
+            )
+        )
 
-    def session_count(self, source: str | None = None) -> int:
-        return self._read(lambda c: SessionRepository(c).count(source))
+    def list_cron_job_runs(self, job_id: str, limit: int = 20, offset: int = 0) -> List[Dict[str, Any]]:
+        """The runs of one cron job (sessions ``cron_<job_id>_…``), newest first."""
+        return self._read(  # type: ignore[return-value]
+            lambda c: ListingRepository(c).cron_job_runs(job_id, limit, offset)
+        )
+
+    def search_sessions_by_id(
+        self, query: str, limit: int = 20, include_archived: bool = True
+    ) -> List[Dict[str, Any]]:
+        """Sessions (chains) whose ids contain ``query``: exact, then prefix, then substring matches."""
+        return self._read(  # type: ignore[return-value]
+            lambda c: ListingRepository(c).search_by_id(query, limit, include_archived)
+        )
+
+    def search_sessions(self, source: Optional[str] = None, limit: int = 20, offset: int = 0) -> List[Dict[str, Any]]:
+        """Every session (children and archived included), most recent activity first."""
+        return self._read(lambda c: ListingRepository(c).search(source, limit, offset))  # type: ignore[return-value]
+
+    def _get_session_rich_row(self, session_id: str) -> Optional[Dict[str, Any]]:
+        """One session row plus ``preview`` and ``last_active`` (what a listing shows); None if unknown."""
+        return self._read(lambda c: ListingRepository(c).rich_row(session_id))  # type: ignore[return-value]
 
     def search_messages(
         self,
         query: str,
-        source_filter: Iterable[str] | None = None,
-        exclude_sources: Iterable[str] | None = None,
-        role_filter: Iterable[str] | None = None,
+        source_filter: Optional[List[str]] = None,
+        exclude_sources: Optional[List[str]] = None,
+        role_filter: Optional[List[str]] = None,
         limit: int = 20,
         offset: int = 0,
-        sort: str | None = None,
-    ) -> list[dict[str, Any]]:
+        sort: Optional[str] = None,
+        include_inactive: bool = False,
+    ) -> List[Dict[str, Any]]:
+        """Full-text search. Rewound messages are left out unless ``include_inactive``;
+        messages archived by compaction are found. A read-only store searches too
+        (Hermes returns [] there)."""
         return self._read(  # type: ignore[return-value]
             lambda c: SearchRepository(c).search_messages(
-                query, source_filter, exclude_sources, role_filter, limit, offset, sort
+                query, source_filter, exclude_sources, role_filter, limit, offset, sort,
+                include_inactive=include_inactive,
             )
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from ..codec import encode_json
 from ..repositories import MessageRepository
 from ._host import TRANSCRIPT_BUDGET_S, Host
 
@@ -35,13 +36,15 @@ class MessagesMixin(Host):
         effect_disposition: str | None = None,
         timestamp: Any = None,
         api_content: str | None = None,
-        **extra: Any,
+        *,
+        display_kind: str | None = None,
+        display_metadata: Any = None,
     ) -> int:
         """Insert one live message; returns its id.
 
-        ``extra`` (ours, keyword-only) sets other ``messages`` columns, e.g. Hermes'
-        later ``display_kind``; an unknown name raises UnknownFieldError (a TypeError).
-        An unknown session raises UnknownSessionError, also ``sqlite3.IntegrityError``.
+        ``display_kind`` / ``display_metadata`` (ours, keyword-only) fill Hermes' v24
+        typed-display columns (metadata: text as given, other values as JSON). An
+        unknown session raises UnknownSessionError, also ``sqlite3.IntegrityError``.
         """
         fields = {
             "tool_name": tool_name, "tool_calls": tool_calls, "tool_call_id": tool_call_id,
@@ -50,7 +53,7 @@ class MessagesMixin(Host):
             "codex_reasoning_items": codex_reasoning_items, "codex_message_items": codex_message_items,
             "platform_message_id": platform_message_id, "observed": observed,
             "effect_disposition": effect_disposition, "api_content": api_content,
-            **extra,
+            "display_kind": display_kind, "display_metadata": encode_json(display_metadata),
         }
         return self._write(
             lambda c: MessageRepository(c).append(session_id, role, content, timestamp=timestamp, **fields),

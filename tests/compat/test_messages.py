@@ -50,8 +50,12 @@ def clock(hermes_state: Any, monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 
 def params(fn: Any) -> list[tuple[str, Any]]:
-    return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()
-            if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    """Hermes' parameters (name, default); ours may only follow as keyword-only ones."""
+    found = list(inspect.signature(fn).parameters.values())
+    hermes = [p for p in found if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not _EMPTY
+               for p in found[len(hermes):]), fn
+    return [(p.name, p.default) for p in hermes]
 
 
 def stored(db: Any, sid: str = "s") -> list[dict[str, Any]]:
@@ -210,13 +214,22 @@ def test_append_to_unknown_session_is_an_integrity_error(db: Any) -> None:
     assert db.message_count() == 0
 
 
-def test_extra_keywords_are_trailing_and_checked(db: Any) -> None:
+def test_our_extras_are_trailing_keyword_only(hermes_state: Any, db: Any) -> None:
+    extras = list(inspect.signature(hermes_state.SessionDB.append_message).parameters.values())[19:]
+    assert [(p.name, p.kind, p.default) for p in extras] == [
+        ("display_kind", inspect.Parameter.KEYWORD_ONLY, None),
+        ("display_metadata", inspect.Parameter.KEYWORD_ONLY, None)]
     db.create_session("s", "cli")
-    db.append_message("s", "assistant", "shown", display_kind="status")
-    assert stored(db)[0]["display_kind"] == "status"
+    db.append_message("s", "assistant", "shown", display_kind="status", display_metadata={"step": 2})
+    db.append_message("s", "assistant", "plain", display_metadata='{"raw": true}')
+    a, b = stored(db)
+    assert (a["display_kind"], json.loads(a["display_metadata"])) == ("status", {"step": 2})
+    assert (b["display_kind"], b["display_metadata"]) == (None, '{"raw": true}')
+    with pytest.raises(TypeError):
+        db.append_message("s", "user", "x", active=0)  # there is no active parameter
     with pytest.raises(TypeError):
         db.append_message("s", "user", "x", no_such_column=1)
-    assert db.message_count("s") == 1
+    assert db.message_count("s") == 2
 
 
 # ----------------------------------------------------------------- get_messages

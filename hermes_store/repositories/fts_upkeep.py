@@ -1,0 +1,291 @@
+"""Search-index upkeep of Hermes v23: optimize/rebuild, the rebuild window, optimize-storage.
+
+Hermes v23 moved its full-text indexes to external content and lets a big history be
+re-indexed in the background: ``state_meta`` holds a *rebuild window*
+(``fts_rebuild_high_water`` = the last id to backfill, ``fts_rebuild_progress`` = the
+last id done). The index triggers leave rows inside the window alone, and
+:meth:`FtsUpkeepRepository.backfill_step` indexes it a chunk at a time. Our own
+files never open such a window (our migrations index everything in their
+transaction), but a Hermes-written file can carry one, and so can a file whose pre-v23
+indexes :meth:`FtsUpkeepRepository.demote_legacy` replaces.
+
+This module is the portable half: markers are read and moved with Core statements
+on the ``state_meta`` model table, so the same code runs on PostgreSQL, where the
+dialect reports no FTS5 table (search runs on GIN indexes the server keeps complete)
+and any window left in ``state_meta`` simply closes. What an FTS5 table needs is
+behind the dialect (:mod:`hermes_store.dialects.sqlite`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from typing import Any
+
+from sqlalchemy import Connection, delete, func, select, update
+from sqlalchemy.exc import OperationalError
+
+from ..hermes_names import FTS_CJK_STALE_KEY
+from ..models import Base
+from .base import MESSAGES, Repository
+from .maintenance import MaintenanceRepository
+
+log = logging.getLogger(__name__)
+
+STATE_META = Base.metadata.tables["state_meta"]
+SCHEMA_VERSION = Base.metadata.tables["schema_version"]
+
+REBUILD_HIGH_WATER = "fts_rebuild_high_water"
+REBUILD_PROGRESS = "fts_rebuild_progress"
+CJK_REBUILD_HIGH_WATER = "fts_cjk_rebuild_high_water"
+CJK_REBUILD_PROGRESS = "fts_cjk_rebuild_progress"
+#: Written by Hermes on open for files that have something for optimize-storage to do.
+OPTIMIZE_AVAILABLE_KEY = "fts_optimize_available"
+STORAGE_VERSION_KEY = "fts_storage_version"
+#: The v28 truncation mark: obsolete once the head layout (which needs none) is in place.
+TOOL_HIGH_WATER_KEY = "fts_tool_full_content_high_water"
+#: Hermes' FTS storage layout our head schema has (v30's layout 3: the word index reads
+#: ``messages_fts_src``, the trigram index has no tool_calls). Stamped, never lowered.
+HEAD_FTS_LAYOUT = 3
+#: ``schema_version`` Hermes v23's optimize-storage raises a file to (ours are newer).
+MIN_SCHEMA_VERSION = 23
+#: Ids on each side of the high-water mark checked again when a window closes.
+BOUNDARY_SWEEP_IDS = 1000
+
+#: The two rebuild windows: markers and the FTS5 tables each one fills.
+WINDOWS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "main": (REBUILD_HIGH_WATER, REBUILD_PROGRESS, ("messages_fts", "messages_fts_trigram")),
+    "cjk": (CJK_REBUILD_HIGH_WATER, CJK_REBUILD_PROGRESS, ("messages_fts_cjk",)),
+}
+
+
+def parse_marker(value: Any) -> int | None:
+    """A marker's integer value, or None when it is absent or not an integer."""
+    if value is None:
+        return None
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
+
+
+def set_meta_on_cursor(cursor: Any, key: str, value: Any) -> None:
+    """Upsert one ``state_meta`` row through a caller's DB-API cursor (or connection).
+
+    Hermes' ``set_meta(..., cursor=cur)`` runs inside its own schema setup: the
+    statement goes out on that cursor as it is, in whatever transaction it has; we
+    neither begin nor commit. A SQLAlchemy Connection is accepted too.
+    """
+    stored = None if value is None else str(value)
+    if isinstance(cursor, Connection):
+        MaintenanceRepository(cursor).set_meta(key, stored)
+        return
+    owner = getattr(cursor, "connection", cursor)
+    mark = "?" if isinstance(cursor, (sqlite3.Cursor, sqlite3.Connection)) or isinstance(owner, sqlite3.Connection) \
+        else "%s"
+    cursor.execute(
+        f"INSERT INTO state_meta (key, value) VALUES ({mark}, {mark}) "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (key, stored),
+    )
+
+
+class FtsUpkeepRepository(Repository):
+    """The rebuild windows, index-wide FTS commands and optimize-storage, on one connection."""
+
+    # ------------------------------------------------------------------ state_meta
+
+    def meta(self, key: str) -> str | None:
+        return self.conn.execute(select(STATE_META.c.value).where(STATE_META.c.key == key)).scalar()
+
+    def _set(self, key: str, value: str) -> None:
+        MaintenanceRepository(self.conn).set_meta(key, value)
+
+    def _forget(self, *keys: str) -> None:
+        self.conn.execute(delete(STATE_META).where(STATE_META.c.key.in_(keys)))
+
+    def _claim(self, key: str, seen: str | None, new: str) -> bool:
+        """Compare-and-set: move ``key`` from ``seen`` to ``new``; False if it changed meanwhile."""
+        if seen is None:
+            sql = self.dialect.upsert_sql("state_meta", ["key", "value"], ["key"], None)
+            return self._exec(sql, {"key": key, "value": new}) == 1
+        found = self.conn.execute(
+            update(STATE_META).where(STATE_META.c.key == key, STATE_META.c.value == seen).values(value=new)
+        )
+        return found.rowcount == 1
+
+    # ------------------------------------------------------------------ index-wide commands
+
+    def maintained_indexes(self) -> list[str]:
+        """The search indexes upkeep commands act on: Hermes' FTS5 tables that answer
+        here (a missing tokenizer makes one unreadable), or the server's GIN indexes."""
+        tables = self.dialect.fts_tables(self.conn)
+        names = [n for n in tables if self.dialect.fts_queryable(self.conn, n)]
+        names += [n for n in self.dialect.fts_indexes(self.conn) if n not in tables]
+        return names
+
+    def optimize_each(self) -> list[str]:
+        """FTS5 ``'optimize'`` (GIN pending-list merge) per index; an index that fails with
+        an OperationalError is logged and skipped, as Hermes does. Returns those done."""
+        done = []
+        for name in self.maintained_indexes():
+            try:
+                with self.conn.begin_nested():
+                    self.dialect.fts_command(self.conn, name, "optimize")
+            except OperationalError as exc:
+                log.warning("search index %s: optimize failed (%s); skipped", name, exc)
+                continue
+            done.append(name)
+        return done
+
+    def rebuild_each(self) -> list[str]:
+        """Re-make every index from its content (FTS5 ``'rebuild'``, REINDEX on a server).
+
+        Each index in its own savepoint: one that fails is rolled back, logged and left
+        as it was. A rebuilt index holds every row, so a rebuild window over indexes
+        that were all rebuilt is closed (a later backfill would index rows twice).
+        """
+        done = []
+        for name in self.maintained_indexes():
+            try:
+                with self.conn.begin_nested():
+                    self.dialect.fts_rebuild_from_source(self.conn, name)
+            except Exception as exc:  # noqa: BLE001 - Hermes: logged, rolled back, next index
+                log.warning("search index %s: rebuild failed (%s); left as it was", name, exc)
+                continue
+            done.append(name)
+        present = self.dialect.fts_tables(self.conn)
+        for hw_key, progress_key, names in WINDOWS.values():
+            covered = [n for n in names if n in present]
+            if covered and all(n in done for n in covered):
+                self._forget(hw_key, progress_key)
+        return done
+
+    # ------------------------------------------------------------------ rebuild windows
+
+    def rebuild_status(self, kind: str = "main") -> dict[str, Any] | None:
+        """Hermes' ``fts_rebuild_status`` shape, or None when no window is open."""
+        hw_key, progress_key, _names = WINDOWS[kind]
+        total = parse_marker(self.meta(hw_key))
+        if total is None or total <= 0:
+            return None
+        indexed = max(parse_marker(self.meta(progress_key)) or 0, 0)
+        return {"pending": True, "total": total, "indexed": indexed, "percent": min(100, int(100 * indexed / total))}
+
+    def backfill_step(self, kind: str, chunk: int) -> bool:
+        """Index the next ``chunk`` ids of the window; True while more remains.
+
+        The progress marker is moved compare-and-set, so two processes stepping at once
+        never index the same ids twice (and the dialect skips rows already indexed). The
+        last step checks ``BOUNDARY_SWEEP_IDS`` ids on each side of the high-water mark
+        for rows neither the triggers nor the backfill indexed, then closes the window.
+        A high-water mark that is not a number cannot say which rows are missing: every
+        index is rebuilt whole instead. Where no index of the window exists (PostgreSQL)
+        the window is simply closed.
+        """
+        hw_key, progress_key, names = WINDOWS[kind]
+        raw_hw = self.meta(hw_key)
+        if raw_hw is None:
+            return False
+        present = self.dialect.fts_tables(self.conn)
+        targets = [n for n in names if self.dialect.fts_queryable(self.conn, n)]
+        if not targets:
+            if not any(n in present for n in names):
+                self._forget(hw_key, progress_key)  # nothing the window could be about
+            return False  # present but unreadable here (no tokenizer): left for a capable host
+        hw = parse_marker(raw_hw)
+        if hw is None:
+            log.warning("%s=%r is not an id; rebuilding %s whole", hw_key, raw_hw, ", ".join(targets))
+            for name in targets:
+                self.dialect.fts_rebuild_from_source(self.conn, name)
+            self._forget(hw_key, progress_key)
+            return False
+        if hw <= 0:
+            self._forget(hw_key, progress_key)
+            return False
+        raw_progress = self.meta(progress_key)
+        progress = max(parse_marker(raw_progress) or 0, 0)
+        if progress < hw:
+            upper = min(progress + max(1, int(chunk)), hw)
+            if not self._claim(progress_key, raw_progress, str(upper)):
+                return True  # another process took this chunk: look again
+            for name in targets:
+                self.dialect.fts_backfill(self.conn, name, progress, upper)
+            if upper < hw:
+                return True
+        for name in targets:
+            self.dialect.fts_backfill(
+                self.conn, name, max(hw - BOUNDARY_SWEEP_IDS, 0), hw + BOUNDARY_SWEEP_IDS, sweep=True
+            )
+        self._forget(hw_key, progress_key)
+        return False
+
+    # ------------------------------------------------------------------ optimize-storage
+
+    def cjk_index_available(self) -> bool:
+        """Hermes' CJK index answers here (its tokenizer is loaded on our connections)."""
+        return self.dialect.fts_queryable(self.conn, WINDOWS["cjk"][2][0])
+
+    def optimize_available(self) -> bool:
+        """Whether optimize-storage has work: a pre-v23 layout, an open window, CJK work a
+        loaded tokenizer could do, or trash tables of a demotion still to tear down."""
+        if self.dialect.fts_layout_is_legacy(self.conn) or self.meta(REBUILD_HIGH_WATER) is not None:
+            return True
+        cjk_keys = (CJK_REBUILD_HIGH_WATER, CJK_REBUILD_PROGRESS, FTS_CJK_STALE_KEY)
+        if self.cjk_index_available() and any(self.meta(k) is not None for k in cjk_keys):
+            return True
+        return bool(self.dialect.fts_trash_tables(self.conn))
+
+    def demote_legacy(self) -> list[str]:
+        """Replace pre-v23 inline indexes by the head layout and open a window over every
+        message (see :meth:`SQLiteDialect.fts_demote_legacy`). Nothing happens while a
+        window is open (an interrupted optimize resumes instead) or when the layout is
+        current. Returns the demoted tables."""
+        if self.meta(REBUILD_HIGH_WATER) is not None:
+            return []
+        demoted = self.dialect.fts_demote_legacy(self.conn)
+        if not demoted:
+            return []
+        top = int(self.conn.execute(select(func.max(MESSAGES.c.id))).scalar() or 0)
+        self._forget(TOOL_HIGH_WATER_KEY, REBUILD_HIGH_WATER, REBUILD_PROGRESS)
+        if top > 0:
+            self._set(REBUILD_PROGRESS, "0")
+            self._set(REBUILD_HIGH_WATER, str(top))
+        return demoted
+
+    def trash_rows(self) -> int:
+        return self.dialect.fts_trash_rows(self.conn)
+
+    def teardown_chunk(self, rows: int) -> tuple[int, bool]:
+        """Delete up to ``rows`` rows of the first trash table (dropping it once empty).
+
+        Returns (rows deleted, whether trash remains)."""
+        tables = self.dialect.fts_trash_tables(self.conn)
+        if not tables:
+            return 0, False
+        deleted = self.dialect.fts_trash_delete(self.conn, tables[0], rows)
+        return deleted, bool(deleted) or len(tables) > 1
+
+    def finish_storage_optimize(self, layout: int = HEAD_FTS_LAYOUT) -> None:
+        """Hermes' last optimize-storage step: stamp the layout (never lowering a newer
+        stamp), drop the "optimize available" hint, raise ``schema_version`` to 23."""
+        stamped = parse_marker(self.meta(STORAGE_VERSION_KEY))
+        if stamped is None or stamped < layout:
+            self._set(STORAGE_VERSION_KEY, str(layout))
+        self._forget(OPTIMIZE_AVAILABLE_KEY)
+        self.conn.execute(
+            update(SCHEMA_VERSION).where(SCHEMA_VERSION.c.version < MIN_SCHEMA_VERSION).values(version=MIN_SCHEMA_VERSION)
+        )
+
+    # ------------------------------------------------------------------ probes
+
+    def search_available(self) -> bool:
+        return self.dialect.fts_search_available(self.conn)
+
+    def trigram_available(self) -> bool:
+        return self.dialect.fts_trigram_available(self.conn)
+
+    def fts_table_exists(self, name: str) -> bool:
+        """Hermes' ``_fts_table_exists``: a table of that name is in the SQLite schema
+        (its FTS5 tables, their shadows, trash). A server has no FTS5 table at all."""
+        return self.dialect.fts_table_exists(self.conn, name)
