@@ -74,6 +74,18 @@ def foreign_names(conn: Connection) -> set[str]:
     return names
 
 
+def other_version_tables(conn: Connection, version_table: str) -> set[str]:
+    """Alembic version tables of other applications sharing the database (one column,
+    ``version_num``). Our autogenerate must never propose dropping a host's."""
+    from sqlalchemy import inspect as sa_inspect
+
+    insp = sa_inspect(conn)
+    return {
+        t for t in insp.get_table_names()
+        if t != version_table and [c["name"] for c in insp.get_columns(t)] == ["version_num"]
+    }
+
+
 def make_include_name(
     ignored: set[str], version_table: str
 ) -> Callable[[str | None, str, dict[str, Any]], bool]:
