@@ -16,11 +16,6 @@ from hermes_store import migrations
 from .test_cli import Target, file_target, one_line_error, server_target, snapshot
 
 
-def without_display_order(snap: dict) -> dict:
-    return {sid: {**rec, "messages": [{k: v for k, v in m.items() if k != "display_order"} for m in rec["messages"]]}
-            for sid, rec in snap.items()}
-
-
 def hits(t: Target, query: str) -> list[tuple[str, int, str, bool]]:
     """What a search found, backend-neutral: each engine ranks and cuts snippets its own
     way, so hits come newest first and a snippet only has to mark the match."""
@@ -36,10 +31,9 @@ def test_a_history_moves_from_a_server_to_a_file(pg_database: str, tmp_path: Pat
     local = file_target(tmp_path / "state.db")
     doc = local.ok("--json", "import", dump).json()
     assert (doc["imported"], doc["messages_read"]) == (6, 26)
-    # Every column of every session and message, but display_order: Hermes' v30 triggers
-    # fill it in on SQLite, and PostgreSQL's baseline has no such triggers yet, so the
-    # server's rows carry NULL where the file derives it from the ids.
-    assert without_display_order(snapshot(local)) == without_display_order(snapshot(server))
+    # Every column of every session and message, display_order included (hs0004 keeps
+    # it on the server as Hermes' v30 triggers keep it in the file).
+    assert snapshot(local) == snapshot(server)
     for query in ("kubernetes", "一致性", "rollout"):
         found = [hits(t, query) for t in (local, server)]
         assert found[0] == found[1] and found[0], query
