@@ -76,7 +76,7 @@ def run_on(connection) -> None:  # type: ignore[no-untyped-def]
     was_in_transaction = connection.in_transaction()
     ignored = foreign_names(connection) if sqlite else set()
     # A host's own Alembic version table is not ours to compare (or drop).
-    ignored |= other_version_tables(connection, version_table)
+    ignored |= other_version_tables(connection, version_table, skip=ignored)
     if connection.in_transaction() and not was_in_transaction:
         connection.commit()  # end only the read we just started, never a host's transaction
     context.configure(
