@@ -23,6 +23,7 @@ from hermes_store.alembic_support import (
     foreign_names,
     keep_triggers_across_batch,
     make_include_name,
+    other_version_tables,
     name_own_revision,
     revision_directives,
 )
@@ -74,6 +75,8 @@ def run_on(connection) -> None:  # type: ignore[no-untyped-def]
         keep_triggers_across_batch(connection)
     was_in_transaction = connection.in_transaction()
     ignored = foreign_names(connection) if sqlite else set()
+    # A host's own Alembic version table is not ours to compare (or drop).
+    ignored |= other_version_tables(connection, version_table, skip=ignored)
     if connection.in_transaction() and not was_in_transaction:
         connection.commit()  # end only the read we just started, never a host's transaction
     context.configure(

@@ -1,15 +1,18 @@
-"""hermes_store benchmarks: SessionDB vs repositories vs plain sqlite3, against SPEC §8.
+"""hermes_store benchmarks: SessionDB vs repositories vs the plain driver, against SPEC §8.
 
     .venv/bin/python bench/run.py --quick              # < 1 minute: 10k messages, few reps
     .venv/bin/python bench/run.py                      # 200k core benchmarks + 1M export
     .venv/bin/python bench/run.py --sizes 200k         # core benchmarks only at 200k
     .venv/bin/python bench/run.py --profile            # also cProfile the facade per operation
+    .venv/bin/python bench/run.py --backend postgresql --quick   # the same on a PostgreSQL server
+    .venv/bin/python bench/run.py --only writers       # 1, 4, 8 concurrent writer processes
 
 Every operation runs through three implementations in the same process and run:
 ``facade`` (``SessionDB``), ``repo`` (``UnitOfWork`` + repositories, the layer under the
-facade) and ``sqlite3`` (bench/baseline.py, the floor). Repetitions are interleaved
-(round-robin, rotating order) after a warm-up so drift — a growing file, a warming
-cache — hits all three alike. See bench/README.md for what each figure means.
+facade) and the floor: ``sqlite3`` (bench/baseline.py) on SQLite, ``psycopg``
+(bench/pg_baseline.py) on PostgreSQL. Repetitions are interleaved (round-robin,
+rotating order) after a warm-up so drift — a growing file, a warming cache — hits all
+three alike. See bench/README.md for what each figure means.
 """
 
 from __future__ import annotations
@@ -39,10 +42,12 @@ for p in (str(ROOT), str(HERE)):
         sys.path.insert(0, p)
 
 import generate  # noqa: E402
+import pg_load  # noqa: E402
+import writers as writers_mod  # noqa: E402
 from baseline import Baseline  # noqa: E402
 
 OUT = generate.OUT
-IMPLS = ("facade", "repo", "sqlite3")
+GROUPS = ("writes", "search", "lineage", "listing", "replay", "writers", "export")
 
 # Search workload: what people type. Word queries span rare to very common terms.
 WORD_QUERIES = [
@@ -66,7 +71,7 @@ CJK3_QUERIES = ["数据库", "テスト", "테스트", "データベース"]  # 
 
 # --------------------------------------------------------------------------- machine
 
-def machine_info() -> dict[str, Any]:
+def machine_info(pg_url: str | None = None) -> dict[str, Any]:
     import sqlalchemy
 
     import hermes_store
@@ -92,6 +97,12 @@ def machine_info() -> dict[str, Any]:
     load = None
     with contextlib.suppress(OSError):
         load = os.getloadavg()[0]
+    pg: dict[str, Any] = {}
+    if pg_url:
+        import psycopg
+
+        pg = {"postgresql": pg_load.server_version(pg_url), "psycopg": psycopg.__version__,
+              "postgresql_settings": pg_load.server_settings(pg_url)}
     return {
         "loadavg_1m": load,
         "cpu": cpu,
@@ -103,6 +114,7 @@ def machine_info() -> dict[str, Any]:
         "sqlalchemy": sqlalchemy.__version__,
         "hermes_store": getattr(hermes_store, "__version__", "?"),
         "commit": commit,
+        **pg,
     }
 
 
@@ -181,28 +193,37 @@ def profile_call(fn: Callable[[], Any], reps: int, path: Path, top: int = 30) ->
 # --------------------------------------------------------------------------- report
 
 class Report:
-    def __init__(self) -> None:
+    """Figures, SPEC §8 verdicts and correctness checks of one run.
+
+    ``base`` names the floor every ratio is taken against (``sqlite3`` or
+    ``psycopg``). SPEC §8's targets are SQLite targets: with ``judged=False``
+    (PostgreSQL) they are recorded as ``info``, never PASS/MISS.
+    """
+
+    def __init__(self, base: str = "sqlite3", judged: bool = True) -> None:
+        self.base = base
+        self.judged = judged
         self.rows: list[dict[str, Any]] = []
         self.targets: list[dict[str, Any]] = []
         self.checks: list[str] = []
+        self.failures: list[str] = []
         self.notes: list[str] = []
 
     def add(self, op: str, size: str, samples: dict[str, list[int]], *, items: int = 1, unit: str = "ms",
             extra: dict[str, Any] | None = None) -> dict[str, Stats]:
         stats = {name: Stats.of(s, items) for name, s in samples.items()}
-        base = stats.get("sqlite3")
+        base = stats.get(self.base)
         for name, st in stats.items():
             row = {"op": op, "size": size, "impl": name, **st, "unit": unit, **(extra or {})}
-            if base and name != "sqlite3":
+            if base and name != self.base:
                 row["ratio_p50"] = st["p50_ms"] / base["p50_ms"] if base["p50_ms"] else None
                 row["ratio_mean"] = st["mean_ms"] / base["mean_ms"] if base["mean_ms"] else None
             self.rows.append(row)
         self._print(op, size, stats, unit, extra)
         return stats
 
-    @staticmethod
-    def _print(op: str, size: str, stats: dict[str, Stats], unit: str, extra: dict[str, Any] | None) -> None:
-        base = stats.get("sqlite3")
+    def _print(self, op: str, size: str, stats: dict[str, Stats], unit: str, extra: dict[str, Any] | None) -> None:
+        base = stats.get(self.base)
         head = f"{op} [{size}]" + (f"  ({', '.join(f'{k}={v}' for k, v in extra.items())})" if extra else "")
         print(f"  {head}")
         for name, st in stats.items():
@@ -214,7 +235,7 @@ class Report:
             else:
                 fig = f"p50 {st['p50_ms']:9.2f} ms  p95 {st['p95_ms']:9.2f} ms  n={st['n']}"
             ratio = ""
-            if base and name != "sqlite3" and base["p50_ms"]:
+            if base and name != self.base and base["p50_ms"]:
                 r_mean = st["mean_ms"] / base["mean_ms"]
                 r_p50 = st["p50_ms"] / base["p50_ms"]
                 ratio = f"   x{r_mean:5.2f} (mean)" if unit in ("ops/s", "items/s") else f"   x{r_p50:5.2f}"
@@ -223,9 +244,11 @@ class Report:
     def target(self, name: str, spec: str, value: float | None, passed: bool | None, detail: str = "",
                *, size: str = "", judged_at: tuple[str, ...] | None = None) -> None:
         """Record a SPEC §8 verdict. Measured at another size than SPEC names, it is only
-        indicative and shown in lower case with a star."""
+        indicative and shown in lower case with a star; on PostgreSQL it is ``info``."""
         verdict = "n/a" if passed is None else ("PASS" if passed else "MISS")
-        if passed is not None and size and judged_at is not None and size not in judged_at:
+        if not self.judged:
+            verdict = "info"
+        elif passed is not None and size and judged_at is not None and size not in judged_at:
             verdict = verdict.lower() + "*"
         self.targets.append({"target": name, "spec": spec, "value": value, "verdict": verdict, "detail": detail,
                              "size": size})
@@ -236,20 +259,120 @@ class Report:
             self.checks.append(msg)
             print(f"    !! {msg}")
 
+    def fail(self, what: str, ok: bool, detail: str = "") -> None:
+        """A correctness check that must hold (lost rows, wrong counters): the run exits 1."""
+        if not ok:
+            msg = f"FAILED {what}: {detail}"
+            self.failures.append(msg)
+            print(f"    !! {msg}")
+
 
 # --------------------------------------------------------------------------- benchmarks
+
+class Backend:
+    """Where the data lives and what the floor is: a SQLite file or a PostgreSQL database.
+
+    A *target* is what ``SessionDB`` opens: a file path (str) on SQLite, a
+    ``postgresql+psycopg://`` URL on PostgreSQL. Private copies for write benchmarks
+    are file copies or ``CREATE DATABASE … TEMPLATE`` clones; every database this run
+    creates on the server is dropped at the end (unless ``keep``).
+    """
+
+    def __init__(self, name: str, server_url: str | None = None, keep: bool = False) -> None:
+        self.name = name
+        self.floor = "sqlite3" if name == "sqlite" else "psycopg"
+        self.impls = ("facade", "repo", self.floor)
+        self.server_url = server_url
+        self.keep = keep
+        self.created: list[str] = []
+        self.ph = "?" if name == "sqlite" else "%s"
+
+    @property
+    def pg(self) -> bool:
+        return self.name == "postgresql"
+
+    def prepare(self, path: Path, label: str) -> str:
+        """The target holding the generated corpus ``path`` (loaded into a new database on PG)."""
+        if not self.pg:
+            return str(path)
+        assert self.server_url
+        name = pg_load.new_name(label)
+        url = pg_load.create_database(self.server_url, name)
+        self.created.append(name)
+        print(f"loading {path.name} into PostgreSQL database {name} ...")
+        stats = pg_load.load(path, url, progress=print)
+        print(f"  postgresql: {name} ready in {stats['seconds']:.1f}s, {stats['bytes'] / 2**20:,.0f} MiB")
+        return url
+
+    def copy(self, target: str, kind: str) -> str:
+        """A private copy of ``target`` for writers (never shared between implementations)."""
+        if not self.pg:
+            work = OUT / f"work-{kind}-{Path(target).stem}.db"
+            self._remove_file(work)
+            shutil.copyfile(target, work)
+            return str(work)
+        assert self.server_url
+        from sqlalchemy.engine import make_url
+
+        source = make_url(target).database
+        name = pg_load.new_name(str(source).split("_")[1], kind)
+        self.created.append(name)
+        return pg_load.clone(self.server_url, str(source), name)
+
+    def discard(self, target: str) -> None:
+        if not self.pg:
+            self._remove_file(Path(target))
+            return
+        from sqlalchemy.engine import make_url
+
+        name = str(make_url(target).database)
+        pg_load.drop_database(str(self.server_url), name)  # a private copy: never kept
+        with contextlib.suppress(ValueError):
+            self.created.remove(name)
+
+    def drop_all(self) -> None:
+        if self.pg and self.created and not self.keep:
+            for name in list(self.created):
+                with contextlib.suppress(Exception):
+                    pg_load.drop_database(str(self.server_url), name)
+            self.created.clear()
+        elif self.created:
+            print(f"kept PostgreSQL databases: {', '.join(self.created)} (drop: bench/pg_load.py --drop NAME...)")
+
+    def floor_for(self, target: str) -> Any:
+        if not self.pg:
+            return Baseline(target)
+        from pg_baseline import PgBaseline
+
+        return PgBaseline(pg_load.conninfo(target))
+
+    def admin(self, target: str) -> Any:
+        """An autocommit DB-API connection for setup statements (never timed)."""
+        if not self.pg:
+            return sqlite3.connect(target, isolation_level=None)
+        import psycopg
+
+        return psycopg.connect(pg_load.conninfo(target), autocommit=True)
+
+    @staticmethod
+    def _remove_file(path: Path) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(str(path) + suffix)
+
 
 class Env:
     """One database opened three ways."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, bk: Backend, target: str) -> None:
         from hermes_store import SessionDB, UnitOfWork
 
-        self.path = path
-        self.db = SessionDB(path)
+        self.bk = bk
+        self.target = target
+        self.db = SessionDB(target)
         self.engine = self.db.engine
         self.UnitOfWork = UnitOfWork
-        self.base = Baseline(path)
+        self.base = bk.floor_for(target)
 
     def uow(self, write: bool = False):  # type: ignore[no-untyped-def]
         return self.UnitOfWork(self.engine, write=write)
@@ -264,35 +387,32 @@ class WriteEnv:
 
     Writers must not share a file: SQLite's checkpoints and FTS5's segment merges are
     paid by whichever connection happens to commit, so on a shared file one
-    implementation would pay for another's writes.
+    implementation would pay for another's writes. On PostgreSQL each gets its own
+    database for the same reason (autovacuum, index page splits, GIN pending lists).
     """
 
-    def __init__(self, src: Path) -> None:
+    def __init__(self, bk: Backend, src: str) -> None:
         from hermes_store import SessionDB, UnitOfWork
 
-        self.paths = {}
-        for name in IMPLS:
-            work = OUT / f"work-{name}-{src.stem}.db"
-            self._remove(work)
-            shutil.copyfile(src, work)
-            self.paths[name] = work
-        self.db = SessionDB(self.paths["facade"])
-        self.repo_db = SessionDB(self.paths["repo"])  # its engine, PRAGMAs and pool; only UnitOfWork is timed
+        self.bk = bk
+        self.targets = {name: bk.copy(src, name) for name in bk.impls}
+        self.db = SessionDB(self.targets["facade"])
+        self.repo_db = SessionDB(self.targets["repo"])  # its engine, PRAGMAs and pool; only UnitOfWork is timed
         self.UnitOfWork = UnitOfWork
-        self.base = Baseline(self.paths["sqlite3"])
-        self.admin = {n: sqlite3.connect(p, isolation_level=None) for n, p in self.paths.items()}
+        self.base = bk.floor_for(self.targets[bk.floor])
+        self.admin = {n: bk.admin(t) for n, t in self.targets.items()}
 
     def uow(self):  # type: ignore[no-untyped-def]
         return self.UnitOfWork(self.repo_db.engine, write=True)
 
     def new_session(self, name: str, sid: str) -> None:
-        self.admin[name].execute("INSERT INTO sessions (id, source, started_at) VALUES (?, 'cli', ?)", (sid, time.time()))
+        ph = self.bk.ph
+        self.admin[name].execute(f"INSERT INTO sessions (id, source, started_at) VALUES ({ph}, 'cli', {ph})",
+                                 (sid, time.time()))
 
-    @staticmethod
-    def _remove(path: Path) -> None:
-        for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(str(path) + suffix)
+    def message_count(self, name: str, sid: str) -> int:
+        return self.admin[name].execute(f"SELECT message_count FROM sessions WHERE id = {self.bk.ph}",
+                                        (sid,)).fetchone()[0]
 
     def close(self) -> None:
         for c in self.admin.values():
@@ -300,12 +420,14 @@ class WriteEnv:
         self.db.close()
         self.repo_db.close()
         self.base.close()
-        for p in self.paths.values():
-            self._remove(p)
+        for t in self.targets.values():
+            self.bk.discard(t)
 
 
-def bench_writes(rep: Report, src: Path, size: str, quick: bool, profile: bool) -> None:
-    env = WriteEnv(src)
+def bench_writes(rep: Report, bk: Backend, src: str, size: str, quick: bool, profile: bool) -> None:
+    env = WriteEnv(bk, src)
+    floor = bk.floor
+    impls_order = bk.impls
     try:
         rounds, per_round = (3, 100) if quick else (6, 300)
         convs = generate.sample_messages(rounds * per_round, seed=4242)[0]
@@ -313,11 +435,11 @@ def bench_writes(rep: Report, src: Path, size: str, quick: bool, profile: bool) 
             if "tool_calls" in m:
                 m["tool_calls"] = json.loads(m["tool_calls"])
         sid = "bench-append"
-        for name in IMPLS:
+        for name in impls_order:
             env.new_session(name, sid)
 
         # ---- single appends: one transaction each, same message sequence for all
-        pos = {n: 0 for n in IMPLS}
+        pos = {n: 0 for n in impls_order}
 
         def next_msg(name: str) -> dict[str, Any]:
             m = convs[pos[name] % len(convs)]
@@ -333,28 +455,31 @@ def bench_writes(rep: Report, src: Path, size: str, quick: bool, profile: bool) 
                 u.messages.append(sid, **m)
 
         def f_base() -> None:
-            env.base.append_message(sid, **next_msg("sqlite3"))
+            env.base.append_message(sid, **next_msg(floor))
 
-        impls = {"facade": f_facade, "repo": f_repo, "sqlite3": f_base}
-        samples: dict[str, list[int]] = {n: [] for n in IMPLS}
+        impls = {"facade": f_facade, "repo": f_repo, floor: f_base}
+        samples: dict[str, list[int]] = {n: [] for n in impls_order}
         for _ in range(rounds):
             part = bench(impls, reps=per_round, warmup=3)
-            for n in IMPLS:
+            for n in impls_order:
                 samples[n] += part[n]
         st = rep.add("single append (1 message / transaction)", size, samples, unit="ops/s")
-        ratio = st["facade"]["mean_ms"] / st["sqlite3"]["mean_ms"]
-        ratio50 = st["facade"]["p50_ms"] / st["sqlite3"]["p50_ms"]
-        rep.target("single append", "facade within 1.3x of sqlite3", round(ratio, 2), ratio <= 1.3,
+        ratio = st["facade"]["mean_ms"] / st[floor]["mean_ms"]
+        ratio50 = st["facade"]["p50_ms"] / st[floor]["p50_ms"]
+        rep.target("single append", f"facade within 1.3x of {floor}", round(ratio, 2), ratio <= 1.3,
                    f"mean x{ratio:.2f}, p50 x{ratio50:.2f}; facade {st['facade']['per_s']:.0f}/s vs "
-                   f"sqlite3 {st['sqlite3']['per_s']:.0f}/s [{size}]", size=size)
+                   f"{floor} {st[floor]['per_s']:.0f}/s [{size}]", size=size)
         if profile:
-            profile_call(f_facade, 300, OUT / "profile-single-append.txt")
-        n_rows = {n: env.admin[n].execute("SELECT message_count FROM sessions WHERE id = ?", (sid,)).fetchone()[0]
-                  for n in IMPLS}
+            profile_call(f_facade, 300, OUT / f"profile-{bk.name}-single-append.txt")
+        n_rows = {n: env.message_count(n, sid) for n in impls_order}
         rep.check("append counters", len(set(n_rows.values())) == 1, str(n_rows))
+        if bk.pg:
+            rep.notes.append(_single_floor_pg(env.base, convs, size))
 
         # ---- bulk append: one transaction of many messages over several sessions
-        batch_sessions, per_session = (4, 500) if quick else (10, 500)
+        # A quick PostgreSQL run uses a smaller batch: every row there pays the server's
+        # tsvector and GIN upkeep (hundreds of rows/s on a shared 2-core machine).
+        batch_sessions, per_session = ((2, 250) if bk.pg else (4, 500)) if quick else (10, 500)
         bulk_rounds = 2 if quick else 3
         payload_src = generate.sample_messages(per_session, seed=777, sessions=batch_sessions)
         counter = {"n": 0}
@@ -373,9 +498,9 @@ def bench_writes(rep: Report, src: Path, size: str, quick: bool, profile: bool) 
             return items
 
         batch_len = batch_sessions * per_session
-        samples = {n: [] for n in IMPLS}
+        samples = {n: [] for n in impls_order}
         for r in range(bulk_rounds + 1):  # first round is the warm-up
-            order = list(IMPLS[r % 3:] + IMPLS[:r % 3])
+            order = list(impls_order[r % 3:] + impls_order[:r % 3])
             for name in order:
                 items = make_batch(name)
                 gc.collect()
@@ -390,17 +515,21 @@ def bench_writes(rep: Report, src: Path, size: str, quick: bool, profile: bool) 
                 dt = time.perf_counter_ns() - t
                 if r:
                     samples[name].append(dt)
-        st = rep.add(f"bulk append ({batch_len:,} messages / transaction, FTS maintained)", size, samples,
+        maintained = "search indexes" if bk.pg else "FTS"
+        st = rep.add(f"bulk append ({batch_len:,} messages / transaction, {maintained} maintained)", size, samples,
                      items=batch_len, unit="items/s")
         rate = st["facade"]["per_s"]
         rep.target("bulk append", ">= 20,000 messages/s, all indexes maintained", round(rate), rate >= 20_000,
-                   f"facade {rate:,.0f}/s, repo {st['repo']['per_s']:,.0f}/s, sqlite3 floor "
-                   f"{st['sqlite3']['per_s']:,.0f}/s [{size}]", size=size)
+                   f"facade {rate:,.0f}/s, repo {st['repo']['per_s']:,.0f}/s, {floor} floor "
+                   f"{st[floor]['per_s']:,.0f}/s [{size}]", size=size)
         if profile:
             items = make_batch("facade")
-            profile_call(lambda: env.db.append_messages(items), 1, OUT / "profile-bulk-append.txt")
-        # What the floor costs without the FTS triggers (explains the bulk figure).
-        rep.notes.append(_bulk_floor_by_index(env.base, payload_src, size))
+            profile_call(lambda: env.db.append_messages(items), 1, OUT / f"profile-{bk.name}-bulk-append.txt")
+        # What the floor costs without its search indexes (explains the bulk figure).
+        if bk.pg:
+            rep.notes.append(_bulk_floor_pg(env.base, payload_src, size))
+        else:
+            rep.notes.append(_bulk_floor_by_index(env.base, payload_src, size))
     finally:
         env.close()
 
@@ -441,6 +570,85 @@ def _bulk_floor_by_index(base: Baseline, payload_src: list[list[dict[str, Any]]]
     return msg
 
 
+def _bulk_floor_pg(base: Any, payload_src: list[list[dict[str, Any]]], size: str) -> str:
+    """psycopg bulk insert of the same batch without the search indexes, and with short texts.
+
+    PostgreSQL's DDL is transactional: each variant drops what it leaves out inside a
+    savepoint, inserts, and rolls back, so the database is left as it was.
+    """
+    import psycopg
+
+    from pg_baseline import _INSERT
+
+    c = base.conn
+    items = [dict(m, session_id=f"floor-{j}") for j, conv in enumerate(payload_src) for m in conv]
+    short = [dict(m, content=(m.get("content") or "")[:100] or None) for m in items]
+    variants = (
+        ("no search indexes (GIN word + trigram dropped)", items,
+         ["DROP INDEX idx_messages_search_vector", "DROP INDEX idx_messages_trgm"]),
+        ("no search at all (tsvector column dropped too)", items,
+         ["DROP INDEX idx_messages_trgm", "ALTER TABLE messages DROP COLUMN search_vector"]),
+        ("word index only", items, ["DROP INDEX idx_messages_trgm"]),
+        ("all indexes, content cut to 100 chars", short, []),
+    )
+    times = {}
+    with c.transaction():
+        for j in range(len(payload_src)):
+            c.execute("INSERT INTO sessions (id, source, started_at) VALUES (%s, 'cli', 0)", (f"floor-{j}",))
+        for label, batch, ddl in variants:
+            with c.transaction():
+                for stmt in ddl:
+                    c.execute(stmt)
+                rows = [base._row(m["session_id"], m, 1.0) for m in batch]
+                with c.cursor() as cur:
+                    t = time.perf_counter()
+                    cur.executemany(_INSERT, rows)
+                    times[label] = len(batch) / (time.perf_counter() - t)
+                raise psycopg.Rollback()
+        raise psycopg.Rollback()
+    msg = (f"bulk append floor (psycopg executemany of the same batch, before commit) [{size}]: "
+           + ", ".join(f"{k}: {v:,.0f} msg/s" for k, v in times.items()))
+    print(f"    {msg}")
+    return msg
+
+
+def _single_floor_pg(base: Any, convs: list[dict[str, Any]], size: str, n: int = 200) -> str:
+    """What round trips cost a single append on PostgreSQL (floor variants, interleaved).
+
+    ``transaction``: BEGIN, INSERT … RETURNING, UPDATE, COMMIT (the floor above, 4 round
+    trips). ``one statement``: the INSERT and the counter UPDATE in one data-modifying
+    CTE in autocommit (1 round trip, still one transaction).
+    """
+    from pg_baseline import _INSERT, _n_calls
+
+    c = base.conn
+    sid = "floor-single"
+    c.execute("INSERT INTO sessions (id, source, started_at) VALUES (%s, 'cli', 0)", (sid,))
+    one = ("WITH ins AS (" + _INSERT + " RETURNING id), up AS (UPDATE sessions SET message_count ="
+           " COALESCE(message_count, 0) + 1, tool_call_count = COALESCE(tool_call_count, 0) + %s WHERE id = %s)"
+           " SELECT id FROM ins")
+    pos = {"k": 0}
+
+    def msg() -> dict[str, Any]:
+        pos["k"] += 1
+        return convs[pos["k"] % len(convs)]
+
+    def f_tx() -> None:
+        base.append_message(sid, **msg())
+
+    def f_one() -> None:
+        m = msg()
+        row = base._row(sid, m, time.time())
+        c.execute(one, (*row, _n_calls(m.get("tool_calls")), sid)).fetchone()
+
+    samples = bench({"transaction": f_tx, "one statement": f_one}, reps=n, warmup=5)
+    st = {k: Stats.of(v) for k, v in samples.items()}
+    msg_ = (f"single append floor variants (psycopg) [{size}]: "
+            + ", ".join(f"{k}: p50 {v['p50_ms']:.3f} ms, {v['per_s']:,.0f}/s" for k, v in st.items()))
+    print(f"    {msg_}")
+    return msg_
+
+
 def bench_search(rep: Report, env: Env, size: str, quick: bool, profile: bool) -> None:
     from hermes_store.search.query import plan_search
 
@@ -450,16 +658,21 @@ def bench_search(rep: Report, env: Env, size: str, quick: bool, profile: bool) -
         "CJK 2-char search (substring scan)": [(q, "substring") for q in CJK2_QUERIES],
         "CJK 3+-char search (trigram index)": [(q, "trigram") for q in CJK3_QUERIES],
     }
+    bk = env.bk
+    floor_name = bk.floor
+    impl_names = bk.impls
+    if bk.pg:  # PostgreSQL answers every CJK query by substring (pg_trgm serves 3+ characters)
+        groups["CJK 3+-char search (pg_trgm substring)"] = groups.pop("CJK 3+-char search (trigram index)")
     group_samples: dict[str, dict[str, list[int]]] = {}
     for group, queries in groups.items():
-        print(f"  -- {group} [{size}] (each query: facade / repo / sqlite3)")
-        agg: dict[str, list[int]] = {n: [] for n in IMPLS}
+        print(f"  -- {group} [{size}] (each query: {' / '.join(impl_names)})")
+        agg: dict[str, list[int]] = {n: [] for n in impl_names}
         for q, kind in queries:
             plan = plan_search(q)
             if plan.kind != kind:
                 rep.notes.append(f"query {q!r} routed to {plan.kind}, expected {kind}")
-            if kind == "substring":
-                terms = list(plan.terms)
+            if kind == "substring" or (kind == "trigram" and bk.pg):
+                terms = list(plan.terms) if kind == "substring" else [q]
                 base_fn = lambda terms=terms: env.base.search_substring(terms)  # noqa: E731
                 hits = env.base.count_substring(terms)
             else:
@@ -472,25 +685,26 @@ def bench_search(rep: Report, env: Env, size: str, quick: bool, profile: bool) -
                 with env.uow() as u:
                     return u.search.search_messages(q)
 
-            impls = {"facade": lambda q=q: env.db.search_messages(q), "repo": repo_fn, "sqlite3": base_fn}
+            impls = {"facade": lambda q=q: env.db.search_messages(q), "repo": repo_fn, floor_name: base_fn}
             first: dict[str, Any] = {}
             samples = bench(impls, reps=reps, warmup=1, budget_s=budget, min_reps=5 if quick else 7, results=first)
-            ours, floor = first["facade"], first["sqlite3"]
+            ours, floor = first["facade"], first[floor_name]
             same = [h["id"] for h in ours] == [h["id"] for h in floor]
             if not same and kind != "substring":
                 same = {h["id"] for h in ours} == {h["id"] for h in floor} or len(ours) == len(floor) == 20
-            rep.check(f"search {q!r}", same, f"facade ids {[h['id'] for h in ours][:5]}... vs sqlite3 "
+            rep.check(f"search {q!r}", same, f"facade ids {[h['id'] for h in ours][:5]}... vs {floor_name} "
                                                 f"{[h['id'] for h in floor][:5]}... ({len(ours)} vs {len(floor)} hits)")
             st = {n: Stats.of(s) for n, s in samples.items()}
-            line = "   ".join(f"{n} {st[n]['p50_ms']:7.2f}/{st[n]['p95_ms']:7.2f}" for n in IMPLS)
-            print(f"    {q!r:<26} {hits:>7,} rows  p50/p95 ms: {line}   x{st['facade']['p50_ms'] / st['sqlite3']['p50_ms']:.2f}")
-            for n in IMPLS:
+            line = "   ".join(f"{n} {st[n]['p50_ms']:7.2f}/{st[n]['p95_ms']:7.2f}" for n in impl_names)
+            print(f"    {q!r:<26} {hits:>7,} rows  p50/p95 ms: {line}   "
+                  f"x{st['facade']['p50_ms'] / st[floor_name]['p50_ms']:.2f}")
+            for n in impl_names:
                 agg[n] += samples[n]
                 rep.rows.append({"op": f"{group}: {q}", "size": size, "impl": n, "matching_rows": hits, **st[n],
                                  "unit": "ms"})
             if profile:
                 slug = "".join(ch if ch.isalnum() else "_" for ch in q.encode("ascii", "backslashreplace").decode())
-                profile_call(impls["facade"], 5, OUT / f"profile-search-{kind}-{slug}.txt")
+                profile_call(impls["facade"], 5, OUT / f"profile-{bk.name}-search-{kind}-{slug}.txt")
         group_samples[group] = agg
         rep.add(f"{group}, all queries", size, agg)
     word = Stats.of(group_samples["word search"]["facade"])
@@ -511,24 +725,25 @@ def bench_lineage(rep: Report, env: Env, meta: dict[str, Any], size: str, quick:
         with env.uow() as u:
             return u.lineage.ancestors(tip)
 
+    fl = env.bk.floor
     impls = {"facade": lambda: env.db.get_session_lineage(tip), "repo": repo_anc,
-             "sqlite3": lambda: env.base.ancestors(tip)}
-    ours, floor = impls["facade"](), impls["sqlite3"]()
+             fl: lambda: env.base.ancestors(tip)}
+    ours, floor = impls["facade"](), impls[fl]()
     rep.check("lineage chain", ours == floor and len(floor) == meta["deep_chain_length"],
-              f"facade {len(ours)} ids, sqlite3 {len(floor)} ids")
+              f"facade {len(ours)} ids, {fl} {len(floor)} ids")
     st = rep.add(f"lineage: tip -> root of a {meta['deep_chain_length']}-deep chain", size,
                  bench(impls, reps=reps, warmup=2))
     if profile:
-        profile_call(impls["facade"], 20, OUT / "profile-lineage.txt")
+        profile_call(impls["facade"], 20, OUT / f"profile-{env.bk.name}-lineage.txt")
 
     def repo_tip() -> str | None:
         with env.uow() as u:
             return u.lineage.compression_tip(root)
 
     impls2 = {"facade": lambda: env.db.get_compression_tip(root), "repo": repo_tip,
-              "sqlite3": lambda: env.base.compression_tip(root)}
-    rep.check("compression tip", impls2["facade"]() == impls2["sqlite3"]() == tip,
-              f"{impls2['facade']()} vs {impls2['sqlite3']()} (expected {tip})")
+              fl: lambda: env.base.compression_tip(root)}
+    rep.check("compression tip", impls2["facade"]() == impls2[fl]() == tip,
+              f"{impls2['facade']()} vs {impls2[fl]()} (expected {tip})")
     st2 = rep.add(f"compression tip: root -> tip of a {meta['deep_chain_length']}-deep chain", size,
                   bench(impls2, reps=reps, warmup=2))
     worst = max(st["facade"]["p50_ms"], st2["facade"]["p50_ms"])
@@ -537,6 +752,7 @@ def bench_lineage(rep: Report, env: Env, meta: dict[str, Any], size: str, quick:
 
 
 def bench_listing(rep: Report, env: Env, meta: dict[str, Any], size: str, quick: bool, profile: bool) -> None:
+    fl = env.bk.floor
     listed = meta.get("listed_sessions", 0)
     full_n = min(10_000, listed)
     results = {}
@@ -546,27 +762,27 @@ def bench_listing(rep: Report, env: Env, meta: dict[str, Any], size: str, quick:
                 return u.listing.list_rich(limit=limit)
 
         impls = {"facade": lambda limit=limit: env.db.list_sessions_rich(limit=limit), "repo": repo_fn,
-                 "sqlite3": lambda limit=limit: env.base.list_sessions_rich(limit=limit)}
+                 fl: lambda limit=limit: env.base.list_sessions_rich(limit=limit)}
         first: dict[str, Any] = {}
         samples = bench(impls, reps=reps, warmup=1, budget_s=20.0, min_reps=3, results=first)
-        ours, floor = first["facade"], first["sqlite3"]
+        ours, floor = first["facade"], first[fl]
         ok = [(r["id"], r.get("_lineage_root_id"), r["preview"], r["last_active"]) for r in ours] == \
              [(r["id"], r.get("_lineage_root_id"), r["preview"], r["last_active"]) for r in floor]
         rep.check(f"listing {label}", ok, f"{len(ours)} vs {len(floor)} rows")
         results[label] = rep.add(f"list_sessions_rich: {label} (of {listed:,} visible, "
                                  f"{meta['sessions']:,} sessions)", size, samples)
         if profile:
-            profile_call(impls["facade"], 3, OUT / f"profile-listing-{limit}.txt")
+            profile_call(impls["facade"], 3, OUT / f"profile-{env.bk.name}-listing-{limit}.txt")
     page = results["page of 20"]["facade"]["p50_ms"]
     full = results[f"all {full_n:,}"]["facade"]["p50_ms"]
     big = full_n >= 10_000
     note = "" if big else " (fewer than 10,000 visible sessions at this size)"
     rep.target("listing: page of 20", "of 10,000 sessions, with previews < 100 ms", round(page, 2),
                page < 100 if big else None,
-               f"p50 {page:.2f} ms vs sqlite3 {results['page of 20']['sqlite3']['p50_ms']:.2f} ms [{size}]{note}", size=size)
+               f"p50 {page:.2f} ms vs {fl} {results['page of 20'][fl]['p50_ms']:.2f} ms [{size}]{note}", size=size)
     rep.target(f"listing: all {full_n:,}", "10,000 sessions with previews < 100 ms", round(full, 2),
                full < 100 if big else None,
-               f"p50 {full:.2f} ms vs sqlite3 {results[f'all {full_n:,}']['sqlite3']['p50_ms']:.2f} ms [{size}]{note}", size=size)
+               f"p50 {full:.2f} ms vs {fl} {results[f'all {full_n:,}'][fl]['p50_ms']:.2f} ms [{size}]{note}", size=size)
 
 
 def bench_replay(rep: Report, env: Env, meta: dict[str, Any], size: str, quick: bool, profile: bool) -> None:
@@ -576,13 +792,54 @@ def bench_replay(rep: Report, env: Env, meta: dict[str, Any], size: str, quick: 
         with env.uow() as u:
             return u.messages.conversation([sid])
 
+    fl = env.bk.floor
     impls = {"facade": lambda: env.db.get_messages_as_conversation(sid), "repo": repo_fn,
-             "sqlite3": lambda: env.base.conversation(sid)}
-    ours, floor = impls["facade"](), impls["sqlite3"]()
+             fl: lambda: env.base.conversation(sid)}
+    ours, floor = impls["facade"](), impls[fl]()
     rep.check("replay", ours == floor, f"{len(ours)} vs {len(floor)} messages")
     rep.add(f"conversation replay ({meta['replay_messages']} messages)", size, bench(impls, reps=10 if quick else 40, warmup=2))
     if profile:
-        profile_call(impls["facade"], 10, OUT / "profile-replay.txt")
+        profile_call(impls["facade"], 10, OUT / f"profile-{env.bk.name}-replay.txt")
+
+
+# --------------------------------------------------------------------------- concurrent writers
+
+def bench_writers(rep: Report, bk: Backend, src: str, size: str, quick: bool) -> None:
+    """Aggregate append throughput and latency of 1, 4 and 8 writer processes (bench/writers.py)."""
+    per_writer = 150 if quick else 1000
+    pool = generate.sample_messages(1000, seed=5151)[0]
+    for m in pool:
+        if "tool_calls" in m:
+            m["tool_calls"] = json.loads(m["tool_calls"])
+    impls = ("facade", bk.floor)
+    where = "one WAL file" if not bk.pg else "one database"
+    print(f"  -- concurrent writers [{size}] ({bk.name}, {where} per implementation; each writer a process with "
+          f"{writers_mod.SESSIONS_PER_WRITER} sessions of its own, {per_writer} appends, 1 per transaction)")
+    print(f"    {'writers':>7}  {'impl':<8} {'msg/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu ms':>7}  "
+          f"{'rows lost':>9}  counters   ratio (floor/facade msg/s)")
+    copies = {impl: bk.copy(src, f"c{impl}") for impl in impls}
+    try:
+        for r, k in enumerate(writers_mod.WRITER_COUNTS):
+            res = {}
+            for impl in (impls if r % 2 == 0 else impls[::-1]):
+                res[impl] = writers_mod.run(impl, bk.name, copies[impl], f"k{k}", k, per_writer, pool)
+            for impl in impls:
+                x = res[impl]
+                ratio = (f"x{res[bk.floor]['per_s'] / x['per_s']:.2f}" if impl == "facade" and x["per_s"]
+                         else "")
+                print(f"    {k:>7}  {impl:<8} {x['per_s']:>9,.0f} {x['p50_ms']:>8.2f} {x['p99_ms']:>8.2f} "
+                      f"{x['max_ms']:>8.1f} {x['client_cpu_ms']:>7.2f}  {x['lost_rows']:>9}  "
+                      f"{'exact' if x['counters_exact'] else 'WRONG':<9}  {ratio}")
+                rep.rows.append({"op": f"concurrent writers x{k}", "size": size, "backend": bk.name,
+                                 **{key: v for key, v in x.items() if key != "counter_mismatches"},
+                                 "unit": "msg/s"})
+                rep.fail(f"writers x{k} {impl}: rows lost", x["lost_rows"] == 0 and not x["errors"],
+                          f"{x['lost_rows']} lost of {x['expected']}; errors: {x['errors'][:3]}")
+                rep.fail(f"writers x{k} {impl}: counters", x["counters_exact"],
+                          json.dumps(dict(list(x["counter_mismatches"].items())[:3])))
+    finally:
+        for t in copies.values():
+            bk.discard(t)
 
 
 # --------------------------------------------------------------------------- export (child processes)
@@ -616,6 +873,12 @@ def export_worker(impl: str, path: str, checkpoint: int, trace: bool) -> dict[st
         env_db = SessionDB(path)
         ctx = UnitOfWork(env_db.engine, write=False)
         rows = None
+    elif impl == "psycopg":
+        from pg_baseline import PgBaseline
+
+        base = PgBaseline(pg_load.conninfo(path))
+        rows = base.iter_export()
+        ctx = contextlib.nullcontext()
     else:
         base = Baseline(path)
         rows = base.iter_export()
@@ -654,13 +917,14 @@ def export_worker(impl: str, path: str, checkpoint: int, trace: bool) -> dict[st
     return out
 
 
-def bench_export(rep: Report, path: Path, meta: dict[str, Any], size: str, quick: bool) -> None:
+def bench_export(rep: Report, bk: Backend, path: str, meta: dict[str, Any], size: str, quick: bool) -> None:
+    fl = bk.floor
     total = meta["messages"]
     checkpoint = max(total // 10, 1)
     print(f"  -- export of {total:,} messages as JSON Lines (each run in a fresh process; memory checkpoint at "
           f"{checkpoint:,} messages)")
     results = {}
-    runs = [(impl, False) for impl in IMPLS] + [("facade", True)]
+    runs = [(impl, False) for impl in bk.impls] + [("facade", True)]
     for impl, trace in runs:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--_export-worker", impl, str(path), str(checkpoint)]
         if trace:
@@ -680,10 +944,10 @@ def bench_export(rep: Report, path: Path, meta: dict[str, Any], size: str, quick
               f"{cp.get('messages', 0):,} msgs -> {res['rss_growth_mib']:6.1f} MiB at {res['messages']:,}{traced}")
         rep.rows.append({"op": "export JSONL", "size": size, "impl": key, **res, "unit": "s",
                          "per_s": res["messages"] / res["seconds"]})
-    f, b = results["facade"], results["sqlite3"]
-    print(f"    facade/sqlite3 time ratio x{f['seconds'] / b['seconds']:.2f}")
+    f, b = results["facade"], results[fl]
+    print(f"    facade/{fl} time ratio x{f['seconds'] / b['seconds']:.2f}")
     rep.check("export", (f["sessions"], f["messages"], f["bytes"]) == (b["sessions"], b["messages"], b["bytes"]),
-              f"facade {f['sessions']:,} sessions / {f['messages']:,} messages / {f['bytes']:,} bytes vs sqlite3 "
+              f"facade {f['sessions']:,} sessions / {f['messages']:,} messages / {f['bytes']:,} bytes vs {fl} "
               f"{b['sessions']:,} / {b['messages']:,} / {b['bytes']:,}")
     growth_cp = f["checkpoint"].get("rss_growth_mib", 0.0)
     growth_end = f["rss_growth_mib"]
@@ -695,20 +959,27 @@ def bench_export(rep: Report, path: Path, meta: dict[str, Any], size: str, quick
                flat,
                f"RSS growth {growth_cp:.1f} MiB at {f['checkpoint'].get('messages', 0):,} msgs vs {growth_end:.1f} MiB at "
                f"{f['messages']:,}; Python heap peak {traced_cp:.1f} vs {traced_end:.1f} MiB; "
-               f"{f['messages'] / f['seconds']:,.0f} msg/s (sqlite3 {b['messages'] / b['seconds']:,.0f}/s) [{size}]", size=size, judged_at=("1M",))
+               f"{f['messages'] / f['seconds']:,.0f} msg/s ({fl} {b['messages'] / b['seconds']:,.0f}/s) [{size}]", size=size,
+               judged_at=("1M",))
 
 
 # --------------------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="10k messages, few repetitions, no 1M (< 1 minute)")
+    ap.add_argument("--quick", action="store_true", help="10k messages, few repetitions, no 1M (1-2 minutes)")
     ap.add_argument("--sizes", nargs="+", help="database sizes, e.g. 10k 200k 1M (default: 200k 1M; quick: 10k)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--only", nargs="+", choices=("writes", "search", "lineage", "listing", "replay", "export"),
-                    help="run only these groups")
+    ap.add_argument("--only", nargs="+", choices=GROUPS, help="run only these groups")
+    ap.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite",
+                    help="sqlite (a file; floor: sqlite3) or postgresql (a server; floor: psycopg)")
+    ap.add_argument("--url", default=pg_load.default_url(),
+                    help="PostgreSQL server, postgresql+psycopg://... (default $HERMES_STORE_TEST_PG_URL); "
+                         "each run creates its own databases there and drops them at the end")
+    ap.add_argument("--pg-keep", action="store_true", help="keep the loaded PostgreSQL databases (names printed)")
     ap.add_argument("--profile", action="store_true", help="write cProfile reports of the facade to bench/out/")
-    ap.add_argument("--json", default=None, help="results file (default bench/out/results[-quick].json)")
+    ap.add_argument("--json", default=None,
+                    help="results file (default bench/out/results[-quick][-postgresql].json)")
     ap.add_argument("--_export-worker", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--_trace", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -718,56 +989,82 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(export_worker(impl, path, int(checkpoint), args._trace)))
         return 0
 
+    pg = args.backend == "postgresql"
+    if pg and not args.url:
+        ap.error("--backend postgresql needs a server: --url postgresql+psycopg://... or HERMES_STORE_TEST_PG_URL")
+    bk = Backend(args.backend, args.url if pg else None, keep=args.pg_keep)
     t_start = time.perf_counter()
     sizes = [generate.parse_size(s) for s in (args.sizes or (["10k"] if args.quick else ["200k", "1M"]))]
     sizes = sorted(set(sizes))
-    groups = set(args.only or ("writes", "search", "lineage", "listing", "replay", "export"))
-    info = machine_info()
-    print("hermes_store benchmark" + (" (quick)" if args.quick else ""))
+    groups = set(args.only or GROUPS)
+    info = machine_info(args.url if pg else None)
+    info["backend"] = bk.name
+    print("hermes_store benchmark" + (" (quick)" if args.quick else "") + f" -- backend {bk.name}, floor {bk.floor}")
     print(f"  CPU       {info['cpu']} x {info['cores']} logical cores, {info['memory_gib']} GiB RAM")
     print(f"  platform  {info['platform']}   load average (1 min) at start: {info['loadavg_1m']}")
     print(f"  versions  Python {info['python']}, SQLite {info['sqlite']}, SQLAlchemy {info['sqlalchemy']}, "
           f"hermes_store {info['hermes_store']} @ {info['commit']}")
+    if pg:
+        settings = ", ".join(f"{k}={v}" for k, v in sorted(info["postgresql_settings"].items()))
+        from sqlalchemy.engine import make_url
+
+        server = make_url(args.url)
+        print(f"  server    PostgreSQL {info['postgresql']} (psycopg {info['psycopg']}) at "
+              f"{server.host}:{server.port}; {settings}")
     print()
 
     dbs = {}
-    for n in sizes:
-        path, meta = generate.ensure_db(n, args.seed, progress=print)
-        dbs[n] = (path, meta)
-        print(f"db {generate.label(n)}: {path.name}  {meta['messages']:,} messages, {meta['sessions']:,} sessions "
-              f"({meta['listed_sessions']:,} visible in listings), {meta['bytes'] / 2**20:,.0f} MiB")
-    print()
+    targets: dict[int, str] = {}
+    rep = Report(base=bk.floor, judged=not pg)
+    try:
+        for n in sizes:
+            path, meta = generate.ensure_db(n, args.seed, progress=print)
+            dbs[n] = (path, meta)
+            print(f"db {generate.label(n)}: {path.name}  {meta['messages']:,} messages, {meta['sessions']:,} sessions "
+                  f"({meta['listed_sessions']:,} visible in listings), {meta['bytes'] / 2**20:,.0f} MiB")
+        core_sizes = [n for n in sizes if n <= 200_000] or [min(sizes)]
+        export_size = max(sizes)
+        for n in sizes:
+            if n in core_sizes or ("export" in groups and n == export_size):
+                targets[n] = bk.prepare(dbs[n][0], generate.label(n))
+        print()
 
-    rep = Report()
-    core_sizes = [n for n in sizes if n <= 200_000] or [min(sizes)]
-    for n in core_sizes:
-        path, meta = dbs[n]
-        size = generate.label(n)
-        print(f"== core operations on {size} messages ==")
-        if "writes" in groups:
-            bench_writes(rep, path, size, args.quick, args.profile)
-        env = Env(path)
-        try:
-            if "search" in groups:
-                bench_search(rep, env, size, args.quick, args.profile)
-            if "lineage" in groups:
-                bench_lineage(rep, env, meta, size, args.quick, args.profile)
-            if "listing" in groups:
-                bench_listing(rep, env, meta, size, args.quick, args.profile)
-            if "replay" in groups:
-                bench_replay(rep, env, meta, size, args.quick, args.profile)
-        finally:
-            env.close()
-        print()
-    if "export" in groups:
-        n = max(sizes)
-        path, meta = dbs[n]
-        print(f"== export on {generate.label(n)} messages ==")
-        bench_export(rep, path, meta, generate.label(n), args.quick)
-        print()
+        for n in core_sizes:
+            meta = dbs[n][1]
+            target = targets[n]
+            size = generate.label(n)
+            print(f"== core operations on {size} messages ({bk.name}) ==")
+            if "writes" in groups:
+                bench_writes(rep, bk, target, size, args.quick, args.profile)
+            if groups & {"search", "lineage", "listing", "replay"}:
+                env = Env(bk, target)
+                try:
+                    if "search" in groups:
+                        bench_search(rep, env, size, args.quick, args.profile)
+                    if "lineage" in groups:
+                        bench_lineage(rep, env, meta, size, args.quick, args.profile)
+                    if "listing" in groups:
+                        bench_listing(rep, env, meta, size, args.quick, args.profile)
+                    if "replay" in groups:
+                        bench_replay(rep, env, meta, size, args.quick, args.profile)
+                finally:
+                    env.close()
+            if "writers" in groups:
+                bench_writers(rep, bk, target, size, args.quick)
+            print()
+        if "export" in groups:
+            meta = dbs[export_size][1]
+            print(f"== export on {generate.label(export_size)} messages ({bk.name}) ==")
+            bench_export(rep, bk, targets[export_size], meta, generate.label(export_size), args.quick)
+            print()
+    finally:
+        bk.drop_all()
 
     # A target is judged where SPEC §8 defines it (200k); at other sizes it is shown for information.
-    print("== SPEC §8 targets ==")
+    if pg:
+        print("== SPEC §8 targets (SQLite targets: on PostgreSQL shown for information, never judged) ==")
+    else:
+        print("== SPEC §8 targets ==")
     for t in rep.targets:
         print(f"  {t['verdict']:<5} {t['target']:<22} {t['spec']:<46} {t['detail']}")
     if any(t["verdict"].endswith("*") for t in rep.targets):
@@ -776,8 +1073,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\nnotes:")
         for note in rep.notes:
             print(f"  - {note}")
+    if rep.failures:
+        print("\nFAILED checks (rows lost or counters wrong under concurrent writers):")
+        for c in rep.failures:
+            print(f"  - {c}")
     if rep.checks:
-        print("\nresult mismatches between facade and sqlite3 (the figures above may not compare like with like):")
+        print(f"\nresult mismatches between facade and {bk.floor} (the figures above may not compare like with like):")
         for c in rep.checks:
             print(f"  - {c}")
     elapsed = time.perf_counter() - t_start
@@ -786,15 +1087,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average (1 min) at end: {info['loadavg_1m_end']:.2f} on {info['cores']} cores"
               + ("  -- other work was running: expect noisy figures" if info["loadavg_1m_end"] > 1.5 else ""))
     print(f"\ntotal time {elapsed:.1f} s")
-    out = Path(args.json) if args.json else OUT / ("results-quick.json" if args.quick else "results.json")
+    default_name = "results" + ("-quick" if args.quick else "") + ("-postgresql" if pg else "") + ".json"
+    out = Path(args.json) if args.json else OUT / default_name
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": info, "quick": args.quick, "seed": args.seed,
+    out.write_text(json.dumps({"machine": info, "backend": bk.name, "quick": args.quick, "seed": args.seed,
                                "databases": {generate.label(n): m for n, (_p, m) in dbs.items()},
                                "results": rep.rows, "targets": rep.targets, "notes": rep.notes,
-                               "mismatches": rep.checks, "seconds": elapsed}, indent=1, ensure_ascii=False,
-                              default=str))
+                               "failures": rep.failures, "mismatches": rep.checks, "seconds": elapsed},
+                              indent=1, ensure_ascii=False, default=str))
     print(f"results written to {out}")
-    return 0
+    return 1 if rep.failures else 0
 
 
 if __name__ == "__main__":

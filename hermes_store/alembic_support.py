@@ -79,6 +79,29 @@ def foreign_names(conn: Connection) -> set[str]:
 OPT_IN_TABLES = frozenset({"telegram_dm_topic_mode", "telegram_dm_topic_bindings"})
 
 
+def other_version_tables(conn: Connection, version_table: str, skip: set[str] | frozenset[str] = frozenset()) -> set[str]:
+    """Alembic version tables of other applications sharing the database (one column,
+    ``version_num``). Our autogenerate must never propose dropping a host's.
+
+    ``skip`` names tables not to look into (FTS machinery: a damaged FTS5 table must
+    not stop a migration that could repair it); a table that cannot be read is skipped.
+    """
+    from sqlalchemy import inspect as sa_inspect
+
+    insp = sa_inspect(conn)
+    found: set[str] = set()
+    for table in insp.get_table_names():
+        if table == version_table or table in skip:
+            continue
+        try:
+            columns = [c["name"] for c in insp.get_columns(table)]
+        except Exception:  # noqa: BLE001 - unreadable: certainly not a version table we must keep
+            continue
+        if columns == ["version_num"]:
+            found.add(table)
+    return found
+
+
 def make_include_name(
     ignored: set[str], version_table: str
 ) -> Callable[[str | None, str, dict[str, Any]], bool]:

@@ -20,7 +20,7 @@ from typing import Iterator
 
 from alembic import command
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, Engine, inspect
+from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.engine import URL
 
 from . import adopt, errors, paths
@@ -78,7 +78,7 @@ def _connection(target: Target) -> Iterator[Connection]:
         return
     if isinstance(target, Engine):
         _supported(target.dialect.name)
-        with target.connect() as conn:
+        with paths.connect(target) as conn:
             yield conn
         return
     url = to_url(target)
@@ -259,7 +259,10 @@ def _restamp_legacy(target: Target, version_table: str) -> str | None:
         if new is not None:
             if hosted:
                 paths.join_driver_transaction(conn)
-            conn.exec_driver_sql(f'UPDATE "{version_table}" SET version_num = ? WHERE version_num = ?', (new, rev))
+            conn.execute(  # bound by SQLAlchemy: the driver's paramstyle differs per dialect
+                text(f'UPDATE "{version_table}" SET version_num = :new WHERE version_num = :old'),
+                {"new": new, "old": rev},
+            )
         if not hosted:
             conn.commit()
         return new

@@ -5,7 +5,8 @@ runs our Alembic revisions on its private copy. What both need lives here, so th
 dependency runs one way only (``migrations`` → ``adopt`` → ``paths``):
 
 * where our revisions are and which one is newest (:func:`make_config`, :func:`head`)
-  and how to run an Alembic command on one file (:func:`run_alembic`);
+  and how to run an Alembic command on one database (:func:`run_alembic`), on a
+  connection whose failure to open is a typed error (:func:`connect`);
 * what kind of path a caller handed us, checked before anything is written
   (:func:`check_target`: symlinks, folders, read-only files and folders);
 * whether an existing file can be a SQLite database at all (:func:`check_file`);
@@ -29,7 +30,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, inspect
+from sqlalchemy import Connection, Engine, inspect
+from sqlalchemy.exc import DBAPIError
 
 from . import errors
 from .engine import create_engine, to_url
@@ -172,10 +174,23 @@ def migration_connection(target: Any) -> Iterator[Connection]:
     dangling references and table rebuilds must not cascade."""
     engine = create_engine(target, foreign_keys=False)
     try:
-        with engine.connect() as conn:
+        with connect(engine) as conn:
             yield conn
     finally:
         engine.dispose()
+
+
+def connect(engine: Engine) -> Connection:
+    """``engine.connect()``, with a server that cannot be reached (down, no such
+    database, login refused) reported as a typed error instead of the driver's."""
+    try:
+        return engine.connect()
+    except DBAPIError as exc:
+        if engine.dialect.name == "sqlite":
+            raise  # a file: the path checks before us and the error hooks type it
+        reason = " ".join(str(exc.orig if exc.orig is not None else exc).split())
+        where = engine.url.render_as_string(hide_password=True)
+        raise errors.DatabaseUnavailableError(f"cannot connect to {where}: {reason}") from exc
 
 
 # ------------------------------------------------------------------ path kinds

@@ -8,6 +8,11 @@ nothing written when the answer is an error.
 Most runs go through :func:`hermes_store.cli.main` in click's CliRunner isolation (what
 a shell sees); the cases that depend on the real process (argv bytes, a closed pipe,
 SIGINT) run the installed ``hermes-store`` script.
+
+What reaches a database (hostile text that parses, the prune summary, the stats number
+format, the compression marker) runs on both backends through test_cli.py's
+``target`` fixture; argument parsing, odd paths and process behaviour are the same
+whatever the backend and run once, on a SQLite file.
 """
 
 from __future__ import annotations
@@ -30,7 +35,21 @@ from sqlalchemy.exc import OperationalError
 from hermes_store import SessionDB, errors
 from hermes_store.cli import main, schema
 
-from .test_cli import Run
+from .test_cli import Run, Target, empty_target, snapshot
+
+pytestmark = pytest.mark.both_backends
+
+
+@pytest.fixture
+def target(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Target:
+    """An empty database of the test's backend (as in test_cli.py)."""
+    return empty_target(backend, tmp_path, request)
+
+
+@pytest.fixture
+def demo(target: Target) -> Target:
+    target.ok("demo")
+    return target
 
 EXE = Path(sys.executable).with_name("hermes-store")
 DAY = 86_400.0
@@ -123,12 +142,6 @@ HOSTILE: list[tuple[list[str], int, str]] = [
     (["--db", "{lab}/" + SURROGATES + ".db", "sessions"], 2, "not a UTF-8 file name"),
     (["--url", "sqlite:///" + SURROGATES, "sessions"], 2, "'--url'"),
     (["sessions", "--limit", SURROGATES], 2, "not a whole number"),
-    # weird but valid unicode: a normal answer
-    (["show", WEIRD], 1, "no session matches"),
-    (["lineage", "ＡＢＣ"], 1, "no session matches"),
-    (["search", WEIRD], 0, ""),
-    (["search", "\u0301\u0301\u0301"], 0, ""),
-    (["sessions", "--source", WEIRD], 0, ""),
     # unknown options and commands, missing arguments
     (["sessions", "--bogus"], 2, "No such option"),
     (["--bogus", "sessions"], 2, "No such option"),
@@ -160,7 +173,7 @@ HOSTILE: list[tuple[list[str], int, str]] = [
     (["--url", "sqlite://", "sessions"], 2, "must name a database file"),
     (["--url", "sqlite:///:memory:", "sessions"], 2, "must name a database file"),
     (["--url", "mysql://host/db", "sessions"], 2, "only sqlite"),
-    (["--url", "postgresql+psycopg://u@127.0.0.1:1/db", "sessions"], 1, "database error"),
+    (["--url", "postgresql+psycopg://u@127.0.0.1:1/db", "sessions"], 1, "Connection refused"),
     (["--url", "mysql+pymysql://u:p@h/db", "sessions"], 2, "only sqlite"),
     (["--url", "sqlite:///{lab}/demo.db", "--db", "{lab}/demo.db", "sessions"], 2, "either --db or --url"),
 ]
@@ -185,6 +198,66 @@ def test_hostile_arguments_get_one_line_and_the_documented_code(lab: Path, argv:
         assert result.stdout == ""
     # Nothing written, whatever the answer: every file byte-for-byte, no new file or folder.
     assert files_in(lab) == before
+
+
+#: Text that parses and reaches the database: a normal answer (0) or "no such session" (1),
+#: and nothing written either way.
+REACHING: list[tuple[list[str], int, str]] = [
+    # weird but valid unicode
+    (["show", WEIRD], 1, "no session matches"),
+    (["lineage", "ＡＢＣ"], 1, "no session matches"),
+    (["search", WEIRD], 0, ""),
+    (["search", "\u0301\u0301\u0301"], 0, ""),
+    (["sessions", "--source", WEIRD], 0, ""),
+    (["stats", "--source", WEIRD], 0, ""),
+    (["export", "--source", WEIRD], 0, ""),
+    # NUL characters (PostgreSQL text cannot hold U+0000 as such)
+    (["show", "a\x00b"], 1, "no session matches"),
+    (["lineage", "\x00"], 1, "no session matches"),
+    (["search", "po\x00d"], 0, ""),
+    (["sessions", "--source", "cli\x00"], 0, ""),
+    (["prune", "--older-than-days", "0", "--source", "\x00", "--dry-run"], 0, ""),
+    # the largest numbers the arguments accept (both engines' 64-bit integers)
+    (["sessions", "--offset", str(2**62), "--limit", "1000000"], 0, ""),
+    (["search", "pod", "--offset", str(2**62), "--limit", "1000000"], 0, ""),
+    (["prune", "--older-than-days", "100000", "--dry-run"], 0, ""),
+    # long text
+    (["search", "一" * 5000], 0, ""),
+    (["search", "a" * 100_000], 0, ""),
+]
+
+
+def fingerprint(t: Target, folder: Path) -> Any:
+    """What must not change: a file byte for byte (and no new file beside it), or
+    everything a server database holds, as export sees it, and its revision."""
+    from hermes_store import migrations
+
+    if t.backend == "sqlite":
+        return files_in(folder)
+    return snapshot(t), migrations.current(t.location)
+
+
+@pytest.fixture
+def settled(demo: Target) -> Target:
+    """The demo database with its CJK search index caught up (the first open after
+    writing is a library write), so a run that only reads leaves it as it is."""
+    assert demo.run("sessions").code == 0
+    return demo
+
+
+@pytest.mark.parametrize("argv, code, fragment", REACHING, ids=[" ".join(a)[:60].encode("ascii", "backslashreplace").decode()
+                                                                for a, _c, _f in REACHING])
+def test_hostile_text_reaching_the_database_writes_nothing(settled: Target, tmp_path: Path, argv: list[str], code: int,
+                                                           fragment: str) -> None:
+    before = fingerprint(settled, tmp_path)
+    result = run(*settled.args, *argv)
+    if code == 0:
+        assert result.code == 0 and result.stderr == "", result.stderr
+    else:
+        line = error_line(result, code)
+        assert fragment in line, line
+        assert result.stdout == ""
+    assert fingerprint(settled, tmp_path) == before
 
 
 def test_undecodable_bytes_from_a_real_shell_are_one_line(tmp_path: Path) -> None:
@@ -344,12 +417,11 @@ def ids(path: Path) -> list[str]:
 
 
 @pytest.fixture
-def old_db(tmp_path: Path) -> tuple[Path, list[str], int]:
+def old_db(target: Target) -> tuple[Target, list[str], int]:
     """25 ended sessions from 200+ days ago (1 to 3 messages each) and one recent one."""
-    path = tmp_path / "old.db"
     now = time.time()
     made, messages = [], 0
-    with SessionDB(path) as db:
+    with target.open() as db:
         for i in range(25):
             sid = f"old_{i:02d}"
             start = now - (230 - i) * DAY
@@ -361,13 +433,14 @@ def old_db(tmp_path: Path) -> tuple[Path, list[str], int]:
             made.append(sid)
         db.create_session("recent", "cli", started_at=now - DAY)
         db.update_session("recent", ended_at=now - DAY + 60, end_reason="user_exit")
-    return path, made, messages
+    target.ok("sessions")  # settle the search index (see ``settled``)
+    return target, made, messages
 
 
-def test_prune_dry_run_summarizes_and_lists_the_first_20(old_db: tuple[Path, list[str], int]) -> None:
-    path, made, messages = old_db
-    before = path.read_bytes()
-    human = run("--db", path, "prune", "--older-than-days", "90", "--dry-run")
+def test_prune_dry_run_summarizes_and_lists_the_first_20(old_db: tuple[Target, list[str], int], tmp_path: Path) -> None:
+    t, made, messages = old_db
+    before = fingerprint(t, tmp_path)
+    human = t.run("prune", "--older-than-days", "90", "--dry-run")
     assert human.code == 0, human.stderr
     text = human.stdout
     assert f"Would delete 25 session(s) with {messages} message(s),\nstarted " in text
@@ -377,23 +450,25 @@ def test_prune_dry_run_summarizes_and_lists_the_first_20(old_db: tuple[Path, lis
     assert "… and 5 more (--all lists every one)." in text and "nothing was changed" in text
     assert all(cell_len(line) <= 80 for line in text.splitlines()), text
 
-    everything = run("--db", path, "prune", "--older-than-days", "90", "--dry-run", "--all").stdout
+    everything = t.run("prune", "--older-than-days", "90", "--dry-run", "--all").stdout
     assert [sid for sid in made if sid in everything] == made and "more (--all" not in everything
 
-    doc = run("--db", path, "--json", "prune", "--older-than-days", "90", "--dry-run").json()
+    doc = t.run("--json", "prune", "--older-than-days", "90", "--dry-run").json()
     assert doc["would_delete"] == 25 and doc["would_delete_messages"] == messages
     assert [s["id"] for s in doc["sessions"]] == made
     assert doc["oldest_started_at"] == doc["sessions"][0]["started_at"]
     assert doc["newest_started_at"] == doc["sessions"][-1]["started_at"]
-    assert path.read_bytes() == before
-    with SessionDB(path) as db:
+    assert fingerprint(t, tmp_path) == before
+    with t.open() as db:
         assert db.session_count() == 26 and db.message_count() == messages
 
 
-def test_prune_all_without_dry_run_deletes_nothing(old_db: tuple[Path, list[str], int]) -> None:
-    path, _made, messages = old_db
-    error_line(run("--db", path, "prune", "--older-than-days", "90", "--all"), 2)
-    with SessionDB(path) as db:
+def test_prune_all_without_dry_run_deletes_nothing(old_db: tuple[Target, list[str], int], tmp_path: Path) -> None:
+    t, _made, messages = old_db
+    before = fingerprint(t, tmp_path)
+    error_line(t.run("prune", "--older-than-days", "90", "--all"), 2)
+    assert fingerprint(t, tmp_path) == before
+    with t.open() as db:
         assert db.session_count() == 26 and db.message_count() == messages
 
 
@@ -403,44 +478,42 @@ def test_prune_all_without_dry_run_deletes_nothing(old_db: tuple[Path, list[str]
 COMPACT = re.compile(r"\b\d+(\.\d+)?[kMB]\b")
 
 
-def test_stats_table_uses_thousands_separators_throughout(demo_db: Path) -> None:
-    out = run("--db", demo_db, "stats").stdout
+def test_stats_table_uses_thousands_separators_throughout(demo: Target) -> None:
+    out = demo.ok("stats").stdout
     # The issue's example: 58.9k next to 4,477 in the same table.
     assert "58,900" in out and "4,477" in out and "128,000" in out
     assert not COMPACT.search(out), out
     assert all(cell_len(line) <= 80 for line in out.splitlines()), out
-    doc = run("--db", demo_db, "--json", "stats").json()
+    doc = demo.ok("--json", "stats").json()
     assert doc["totals"]["input_tokens"] == 128_000  # raw numbers for scripts
 
 
-def test_stats_too_wide_for_exact_counts_is_compact_throughout(tmp_path: Path) -> None:
-    path = tmp_path / "big.db"
-    with SessionDB(path) as db:
+def test_stats_too_wide_for_exact_counts_is_compact_throughout(target: Target) -> None:
+    with target.open() as db:
         db.create_session("s1", "cli")
         db.update_token_counts("s1", input_tokens=12_345_678_901, output_tokens=1_234_567_890,
                                cache_read_tokens=9_876_543_210, model="anthropic/claude-sonnet-4",
                                estimated_cost_usd=1.5, api_call_count=1_234_567)
         db.create_session("s2", "cli")
         db.update_token_counts("s2", input_tokens=58_900, output_tokens=4_477, model="m", api_call_count=3)
-    out = run("--db", path, "stats").stdout
+    out = target.ok("stats").stdout
     numbers = [line for line in out.splitlines() if line.startswith(("anthropic", "m ", "Total"))]
     assert len(numbers) == 3, out
     assert "12.3B" in out and "58.9k" in out and "4.5k" in out and "1.2M" in out
     assert not re.search(r"\d,\d{3}", "\n".join(numbers)), out  # no exact count left in the table
     assert "…" not in "\n".join(numbers[1:]), out  # counts are never cut
     assert all(cell_len(line) <= 80 for line in out.splitlines()), out
-    assert run("--db", path, "--json", "stats").json()["totals"]["input_tokens"] == 12_345_678_901 + 58_900
+    assert target.ok("--json", "stats").json()["totals"]["input_tokens"] == 12_345_678_901 + 58_900
 
 
 # ------------------------------------------------------------------ the ↺ marker
 
 
 @pytest.fixture
-def chain_db(tmp_path: Path) -> Path:
+def chain_db(target: Target) -> Target:
     """root → mid → tip by compression, a delegate of the tip, a branch, and a plain session."""
-    path = tmp_path / "chain.db"
     t = time.time() - 3 * DAY
-    with SessionDB(path) as db:
+    with target.open() as db:
         db.create_session("root", "cli", started_at=t)
         db.append_message("root", "user", "first part")
         db.update_session("root", ended_at=t + 100, end_reason="compression")
@@ -455,36 +528,36 @@ def chain_db(tmp_path: Path) -> Path:
         db.update_session("lonely", ended_at=t + 310, end_reason="compression")
         db.create_session("plain", "telegram", started_at=t + 400)
         db.append_message("plain", "user", "hello")
-    return path
+    return target
 
 
 def marked(out: str) -> set[str]:
     return {m.group(1) for m in re.finditer(r"^(\S+) ↺", out, flags=re.M)}
 
 
-def test_marker_shows_compression_tips_in_both_lists(chain_db: Path) -> None:
-    every = run("--db", chain_db, "sessions", "--all").stdout
+def test_marker_shows_compression_tips_in_both_lists(chain_db: Target) -> None:
+    every = chain_db.ok("sessions", "--all").stdout
     listed = {line.split()[0] for line in every.splitlines()[2:-1] if line.strip()}
     assert listed == {"root", "mid", "tip", "helper", "lonely", "plain"}
     assert marked(every) == {"tip"}
     assert "↺ = newest step of a compression chain" in every
 
-    collapsed = run("--db", chain_db, "sessions").stdout
+    collapsed = chain_db.ok("sessions").stdout
     assert marked(collapsed) == {"tip"} and "↺ = newest step" in collapsed
     assert "root" not in collapsed and "mid" not in collapsed
 
-    docs = {d["id"]: d for d in run("--db", chain_db, "--json", "sessions", "--all").json()["sessions"]}
+    docs = {d["id"]: d for d in chain_db.ok("--json", "sessions", "--all").json()["sessions"]}
     assert {k: d["lineage_root_id"] for k, d in docs.items()} == {
         "root": None, "mid": None, "tip": "root", "helper": None, "lonely": None, "plain": None,
     }
     # The legend only comes with a marker.
-    alone = run("--db", chain_db, "sessions", "--source", "telegram").stdout
+    alone = chain_db.ok("sessions", "--source", "telegram").stdout
     assert "plain" in alone and "↺" not in alone
 
 
-def test_marker_follows_a_chain_across_pages(chain_db: Path) -> None:
+def test_marker_follows_a_chain_across_pages(chain_db: Target) -> None:
     """The tip is found on its own page, away from the rest of its chain."""
-    order = [d["id"] for d in run("--db", chain_db, "--json", "sessions", "--all").json()["sessions"]]
+    order = [d["id"] for d in chain_db.ok("--json", "sessions", "--all").json()["sessions"]]
     at = order.index("tip")
-    page = run("--db", chain_db, "--json", "sessions", "--all", "--limit", "1", "--offset", str(at)).json()
+    page = chain_db.ok("--json", "sessions", "--all", "--limit", "1", "--offset", str(at)).json()
     assert [(d["id"], d["lineage_root_id"]) for d in page["sessions"]] == [("tip", "root")]

@@ -1,4 +1,10 @@
-"""Search through SessionDB: routing, snippets, context, filters, and fuzzing."""
+"""Search through SessionDB: routing, snippets, context, filters, and fuzzing.
+
+Every test that goes through the public API runs on both backends (``db`` is a SQLite
+file or a PostgreSQL database); the ones that reach into SQLite itself (journal modes,
+FTS5 shadow tables, FTS5's own parser) say so and have a PostgreSQL twin where the
+behaviour matters there too.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,16 @@ import re
 import shutil
 import sqlite3
 import unicodedata
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from hermes_store import SessionDB
@@ -21,9 +32,59 @@ from hermes_store.search import plan_search
 
 from .conftest import set_times
 
+pytestmark = pytest.mark.both_backends
+#: Hypothesis examples per test and backend: a PostgreSQL round trip costs more.
+EXAMPLES = {"sqlite": 1.0, "postgresql": 0.3}
+
+
+def fuzz_settings(backend: str, examples: int) -> settings:
+    return settings(max_examples=max(1, int(examples * EXAMPLES[backend])), deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@contextmanager
+def server_database(pg_url: str, options: str = "") -> Iterator[str]:
+    """A database of its own on the test server (its URL), for fixtures wider than one
+    test (``pg_database`` is per test); ``options`` go to CREATE DATABASE. Dropped after."""
+    name = f"hs_mod_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"{options}')
+        try:
+            yield make_url(pg_url).set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def corpus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionDB]:
+    """The corpus, built once per backend for the tests that only read it."""
+    if request.param == "sqlite":
+        store = SessionDB(tmp_path_factory.mktemp("corpus") / "state.db")
+        try:
+            yield build_corpus(store)
+        finally:
+            store.close()
+        return
+    with server_database(request.getfixturevalue("pg_url")) as url:
+        store = SessionDB(url)
+        try:
+            yield build_corpus(store)
+        finally:
+            store.close()
+
 
 @pytest.fixture
-def corpus(db: SessionDB) -> SessionDB:
+def fresh_corpus(db: SessionDB) -> SessionDB:
+    """The corpus in this test's own database (for tests that lock, damage or close it)."""
+    return build_corpus(db)
+
+
+def build_corpus(db: SessionDB) -> SessionDB:
     db.create_session("cli1", "cli", model="m-cli")
     db.create_session("tg1", "telegram", model="m-tg")
     set_times(db, "cli1", started_at=1000.0)
@@ -132,12 +193,9 @@ def ascii_lower(text: str) -> str:
 
 
 def message_texts(store: SessionDB) -> dict[int, list[str]]:
-    """Each message's searchable columns, read with plain sqlite3 (not through search)."""
-    conn = sqlite3.connect(store.db_path)
-    try:
-        rows = conn.execute("SELECT id, content, tool_name, tool_calls FROM messages").fetchall()
-    finally:
-        conn.close()
+    """Each message's searchable columns, read with plain SQL (not through search)."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, content, tool_name, tool_calls FROM messages")).fetchall()
     return {mid: [t for t in texts if isinstance(t, str)] for mid, *texts in rows}
 
 
@@ -172,24 +230,63 @@ def check_hits_against_corpus(texts: dict[int, list[str]], query: str, hits: lis
             assert len(got) == limit and set(got) <= expected
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.text(alphabet=st.sampled_from(list('abc 数据库迁移"*:^+-(){}._%\\\'ANDORTNEAR\x00🙂한글かな\ud800')) | st.characters(), max_size=40))
-def test_search_never_raises_and_hits_really_match(corpus: SessionDB, query: str) -> None:
-    result = corpus.search_messages(query, sort="newest", limit=50)
-    check_hits_against_corpus(message_texts(corpus), query, result, 50)
-    assert ids(result) == sorted(ids(result), reverse=True)  # the corpus' timestamps grow with the id
+ANY_QUERY = st.text(alphabet=st.sampled_from(list('abc 数据库迁移"*:^+-(){}._%\\\'ANDORTNEAR\x00🙂한글かな\ud800é@'))
+                    | st.characters(), max_size=40)
+CORPUS_QUERY = st.lists(st.sampled_from(["deploy", "Deploy", "数据", "数据库迁移", "terminal", "kubectl", "service",
+                                         "P2.2", "chat-send", "完成", "later", "sp_new", "nothing", "OR", "NOT", "AND",
+                                         "deplo*", "\"chat-send service\"", "(", ")", ":", "*", "config", "ts",
+                                         "new", "app"]),
+                        min_size=1, max_size=5).map(" ".join)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.sampled_from(["deploy", "Deploy", "数据", "数据库迁移", "terminal", "kubectl", "service",
-                                 "P2.2", "chat-send", "完成", "later", "sp_new", "nothing", "OR", "NOT", "AND",
-                                 "deplo*", "\"chat-send service\"", "(", ")", ":", "*"]),
-                min_size=1, max_size=5).map(" ".join))
-def test_corpus_words_in_any_combination_hit_only_matching_rows(corpus: SessionDB, query: str) -> None:
+def test_search_never_raises_and_hits_really_match(corpus: SessionDB) -> None:
+    texts = message_texts(corpus)
+
+    @fuzz_settings(corpus.engine.dialect.name, 300)
+    @given(ANY_QUERY)
+    def run(query: str) -> None:
+        result = corpus.search_messages(query, sort="newest", limit=50)
+        check_hits_against_corpus(texts, query, result, 50)
+        assert ids(result) == sorted(ids(result), reverse=True)  # the corpus' timestamps grow with the id
+
+    run()
+
+
+def test_corpus_words_in_any_combination_hit_only_matching_rows(corpus: SessionDB) -> None:
     """Queries made of words the corpus holds (so hits are common): each must really match."""
     texts = message_texts(corpus)
-    result = corpus.search_messages(query, limit=50)
-    check_hits_against_corpus(texts, query, result, 50)
+
+    @fuzz_settings(corpus.engine.dialect.name, 150)
+    @given(CORPUS_QUERY)
+    def run(query: str) -> None:
+        check_hits_against_corpus(texts, query, corpus.search_messages(query, limit=50), 50)
+
+    run()
+
+
+def test_words_inside_compounds_and_accented_words(db: SessionDB) -> None:
+    """Words are cut and folded as FTS5's unicode61 does, on both backends: a word
+    inside an address, host, file name or version is a word; one diacritic folds."""
+    db.create_session("s", "cli")
+    mail = db.append_message("s", "user", "write to user@example.com about v1.2.3")
+    host = db.append_message("s", "assistant", "deployed foo.example.com/main.py")
+    cafe = db.append_message("s", "user", "un Café crème, naïve résumé")
+    viet = db.append_message("s", "user", "tiếng Việt")
+    db._execute_write(lambda c: c.execute("UPDATE messages SET timestamp = 100 + id"))
+
+    def found(query: str) -> list[int]:
+        return ids(db.search_messages(query, sort="oldest"))
+
+    assert found("example") == [mail, host]
+    assert found("com OR py") == [mail, host]
+    assert found('"example com"') == [mail, host] and found('"com about"') == [mail]
+    assert found("main") == [host] and found("2.3") == [mail] and found("v1") == [mail]
+    assert found("1.2") == []  # "1" is no word of "v1.2.3", on either backend
+    assert found("cafe") == found("CAFÉ") == found("café") == [cafe]
+    assert found("naive resume") == [cafe] and found("creme*") == [cafe]
+    assert found("viet") == [] and found("việt") == found("VIỆT") == [viet]  # two diacritics: kept, as in FTS5
+    hit = db.search_messages("cafe")[0]
+    assert ">>>Café<<<" in hit["snippet"]
 
 
 def test_snippet_comes_from_the_matching_column(corpus: SessionDB) -> None:
@@ -199,7 +296,7 @@ def test_snippet_comes_from_the_matching_column(corpus: SessionDB) -> None:
     assert tool["tool_name"] == "terminal" and ">>>terminal<<<" in tool["snippet"]
 
 
-def test_trigram_hits_and_tool_rows_merge_in_order_and_pages(db: SessionDB) -> None:
+def test_trigram_hits_and_tool_rows_merge_in_order_and_pages(db: SessionDB, backend: str) -> None:
     db.create_session("s", "cli")
     ids = []
     for i in range(8):
@@ -211,7 +308,10 @@ def test_trigram_hits_and_tool_rows_merge_in_order_and_pages(db: SessionDB) -> N
     pages = [h["id"] for o in range(0, 8, 3) for h in db.search_messages("数据库迁移", sort="oldest", limit=3, offset=o)]
     assert pages == sorted(ids)
     ranked = [h["id"] for h in db.search_messages("数据库迁移", limit=100)]
-    assert set(ranked) == set(ids) and set(ranked[:4]) == set(ids[0::2])  # ranked index hits first
+    if backend == "sqlite":
+        assert set(ranked) == set(ids) and set(ranked[:4]) == set(ids[0::2])  # ranked index hits first
+    else:
+        assert ranked == newest  # PostgreSQL answers CJK by substring: no rank, newest first
     assert [h["id"] for h in db.search_messages("数据库迁移", limit=2, offset=3)] == ranked[3:5]
 
 
@@ -275,6 +375,9 @@ def test_tool_rows_follow_the_query_operators(db: SessionDB) -> None:
     assert found("数据库迁移 OR 测试数据") == [plan_only, tool_other, tool_both, user_both, tool_null]
     assert found("测试数据 NOT 数据库迁移 OR 数据库迁移 NOT 测试数据") == [plan_only, tool_other, tool_null]
     assert found("数据库迁移 AND alone") == [tool_null]
+    # A term under three characters has no trigram: FTS5 leaves it out, so must LIKE.
+    assert found("数据库迁移 ab") == found("数据库迁移") and found("数据库迁移 NOT ab") == found("数据库迁移")
+    assert found("ab OR 测试数据") == found("测试数据") and found("ab NOT 数据库迁移") == []
 
 
 @pytest.mark.parametrize(
@@ -319,11 +422,12 @@ def _rollback_journal_copy(corpus: SessionDB, tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.sqlite_only
 @pytest.mark.parametrize(("query", "filters"), ROUTES)
 def test_locked_database_raises_instead_of_returning_nothing(
-    corpus: SessionDB, tmp_path: Path, query: str, filters: dict
+    fresh_corpus: SessionDB, tmp_path: Path, query: str, filters: dict
 ) -> None:
-    path = _rollback_journal_copy(corpus, tmp_path)
+    path = _rollback_journal_copy(fresh_corpus, tmp_path)
     engine = create_engine(path, busy_timeout_ms=0)
     blocker = sqlite3.connect(path, isolation_level=None)
     try:
@@ -352,10 +456,12 @@ DAMAGE = [
 ]
 
 
+@pytest.mark.sqlite_only
 @pytest.mark.parametrize(("index", "query", "damage"), DAMAGE)
 def test_damaged_index_raises_instead_of_returning_nothing(
-    corpus: SessionDB, tmp_path: Path, index: str, query: str, damage: str
+    fresh_corpus: SessionDB, tmp_path: Path, index: str, query: str, damage: str
 ) -> None:
+    corpus = fresh_corpus
     assert corpus.search_messages(query)
     corpus.close()
     conn = sqlite3.connect(corpus.db_path)
@@ -375,6 +481,56 @@ def test_damaged_index_raises_instead_of_returning_nothing(
             reopened.search_messages(query)
     finally:
         reopened.close()
+
+
+@pytest.fixture
+def pg_corpus(pg_database: str):
+    """The corpus on PostgreSQL, for the twins of the SQLite-only failure tests."""
+    store = SessionDB(pg_database)
+    try:
+        build_corpus(store)
+        store.append_message("tg1", "user", "un café, s'il vous plaît")  # a word query the server folds
+        yield store
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(("query", "filters"), ROUTES + [("café", {})])
+def test_locked_table_raises_instead_of_returning_nothing_on_postgresql(
+    pg_corpus: SessionDB, query: str, filters: dict
+) -> None:
+    """PostgreSQL twin: a reader meets a lock only under ACCESS EXCLUSIVE (a DDL or
+    LOCK TABLE elsewhere); with a lock timeout the search fails, it does not say []."""
+    engine = pg_corpus.engine
+    with engine.connect() as conn:
+        repo = SearchRepository(conn)
+        found = ids(repo.search_messages(query, **filters))
+        assert found
+        conn.rollback()
+        with engine.connect() as blocker:
+            blocker.execute(text("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE"))
+            conn.execute(text("SET lock_timeout = '50ms'"))
+            with pytest.raises((DBAPIError, HermesStoreError), match="lock"):
+                repo.search_messages(query, **filters)
+            conn.rollback()
+            blocker.rollback()
+        assert ids(repo.search_messages(query, **filters)) == found  # and nothing was lost
+
+
+@pytest.mark.parametrize(("query", "damage"), [
+    ("café", "ALTER FUNCTION hermes_store_search_words(text) RENAME TO hermes_store_search_words_gone"),
+    ("数据", "DROP TABLE messages_cjk_bigram_dirty"),
+    ("deploy", "ALTER TABLE messages DROP COLUMN search_vector"),
+])
+def test_damaged_search_objects_raise_instead_of_returning_nothing_on_postgresql(
+    pg_corpus: SessionDB, query: str, damage: str
+) -> None:
+    """PostgreSQL twin: a search object gone (by hand) is an error, never an empty answer."""
+    assert pg_corpus.search_messages(query)
+    with pg_corpus.engine.begin() as conn:
+        conn.execute(text(damage))
+    with pytest.raises((DBAPIError, HermesStoreError)):
+        pg_corpus.search_messages(query)
 
 
 @pytest.mark.parametrize("raw", ["C++", '"unterminated', "hello AND", "***", "a:b", "NEAR(a b, x)", "(" * 300 + "a"])

@@ -32,7 +32,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from .. import adopt as adopt_mod, errors, migrations
+from .. import adopt as adopt_mod, errors, migrations, paths
 from ..engine import to_url
 from ..facade import SessionDB
 from ..dialects import for_dialect
@@ -491,6 +491,23 @@ def schema_tables(path: Path) -> tuple[list[tuple[str, int]], list[str]]:
     """
     with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
         return for_dialect("sqlite").table_counts(conn)
+
+
+def server_tables(url: str) -> tuple[list[tuple[str, int]], list[str]]:
+    """:func:`schema_tables` on a server: its tables with row counts, and the indexes
+    its search runs on (PostgreSQL has no FTS5 tables: GIN indexes on ``messages``)."""
+    from ..engine import create_engine
+
+    engine = create_engine(url)
+    try:
+        with paths.connect(engine) as conn:
+            try:
+                dialect = for_dialect(conn.dialect.name)
+                return dialect.table_counts(conn)[0], dialect.fts_indexes(conn)
+            finally:
+                conn.rollback()
+    finally:
+        engine.dispose()
 
 
 def create_private_file(path: Path) -> None:

@@ -146,6 +146,8 @@ def fts_check() -> None:
         st.emit(doc)
     else:
         out = stdout_console()
+        if not result:
+            out.print(Text("No search index to check in this database"))  # never a silent success
         for name, problem in result.items():
             out.print(Text(f"{name}: ") + (Text("ok", style="green") if problem is None else Text(problem, style="red")))
     if damaged:

@@ -26,6 +26,7 @@ from ._common import (
     refuse_unadopted,
     require_file,
     schema_tables,
+    server_tables,
     session_db,
     stdout_console,
     _state,
@@ -45,30 +46,35 @@ def upgrade(revision: str) -> None:
     st = _state()
     if revision != "head" and revision not in known_revisions():
         raise click.BadParameter(f"unknown revision {revision!r} (known: 0001 … {migrations.head()}, head)", param_hint="'--revision'")
-    if st.url is not None:
-        _upgrade_server(st, revision)
-        return
-    path = st.path
-    check_path_kind(path)
-    existed = path.exists()
-    if existed:
-        adopt_mod.check_file(path, recovery_ok=True)  # a text file is refused by name, not by a driver error
     adopted: adopt_mod.AdoptionReport | None = None
-    if existed and adopt_mod.needs_adoption(path):
-        previous = None
-        with st.progress("percent") as bar:
-            adopted = adopt_mod.adopt(path, revision=revision, progress=adopt_progress(bar))
-        new = adopted.revision
+    if st.url is not None:
+        # A server: no file to create or adopt; "created" means our tables were not there.
+        previous = migrations.current(st.url)
+        new = migrations.upgrade(st.url, revision)
+        created = previous is None
+        tables, indexes = server_tables(st.url)
     else:
-        previous = migrations.current(path) if existed else None
-        # Going back is refused by migrations.upgrade itself (by place in the chain).
-        if not existed:
-            create_private_file(path)
-        new = migrations.upgrade(path, revision)
-    tables, indexes = schema_tables(path)
+        path = st.path
+        check_path_kind(path)
+        existed = path.exists()
+        if existed:
+            adopt_mod.check_file(path, recovery_ok=True)  # a text file is refused by name, not by a driver error
+        if existed and adopt_mod.needs_adoption(path):
+            previous = None
+            with st.progress("percent") as bar:
+                adopted = adopt_mod.adopt(path, revision=revision, progress=adopt_progress(bar))
+            new = adopted.revision
+        else:
+            previous = migrations.current(path) if existed else None
+            # Going back is refused by migrations.upgrade itself (by place in the chain).
+            if not existed:
+                create_private_file(path)
+            new = migrations.upgrade(path, revision)
+        created = not existed
+        tables, indexes = schema_tables(path)
     doc = {
-        "db": str(path),
-        "created": not existed,
+        "db": st.where,
+        "created": created,
         "previous": previous,
         "revision": new,
         "head": migrations.head(),
@@ -84,12 +90,12 @@ def upgrade(revision: str) -> None:
     out = stdout_console()
     if adopted:
         line = Text(f"Adopted Hermes schema_version {adopted.schema_version} → revision {new}")
-    elif not existed:
-        line = Text(f"Created {path} at revision {new}")
+    elif created and st.url is None:
+        line = Text(f"Created {st.where} at revision {new}")
     elif previous == new:
-        line = Text(f"{path} is already at revision {new}")
+        line = Text(f"{st.where} is already at revision {new}")
     else:
-        line = Text(f"Upgraded {path}: {previous or 'empty'} → {new}")
+        line = Text(f"Upgraded {st.where}: {previous or 'empty'} → {new}")
     out.print(line)
     if doc["backup"]:
         out.print(Text(f"Original kept as {doc['backup']}"))
@@ -98,52 +104,35 @@ def upgrade(revision: str) -> None:
         out.print(Text("Search indexes: " + ", ".join(indexes)))
 
 
-def _upgrade_server(st: Any, revision: str) -> None:
-    """``upgrade`` on a PostgreSQL server: no file, nothing to adopt."""
-    previous = migrations.current(st.url)
-    new = migrations.upgrade(st.url, revision)
-    doc = {"db": st.where, "created": previous is None, "previous": previous, "revision": new,
-           "head": migrations.head(), "adopted": False}
-    if st.json:
-        st.emit(doc)
-        return
-    stdout_console().print(Text(f"{st.where}: {previous or 'empty'} → {new}" if previous != new
-                                else f"{st.where} is already at revision {new}"))
-
-
 @click.command()
 @json_option
 def current() -> None:
     """Show the database's revision and whether it is at head."""
     st = _state()
     head = migrations.head()
-    if st.url is not None:
-        rev = migrations.current(st.url)
-        if st.json:
-            st.emit({"db": st.where, "revision": rev, "head": head, "up_to_date": rev == head,
-                     "needs_adoption": False, "hermes_schema_version": None})
-        else:
-            stdout_console().print(Text(f"{rev} (head)" if rev == head else f"{rev} (head is {head}; run '{PROG} upgrade')"))
-        return
-    require_file(st.path)
-    adopt_mod.check_file(st.path, recovery_ok=True)
-    doc: dict[str, Any] = {"db": str(st.path), "revision": None, "head": head, "up_to_date": False,
+    doc: dict[str, Any] = {"db": st.where, "revision": None, "head": head, "up_to_date": False,
                            "needs_adoption": False, "hermes_schema_version": None}
-    if adopt_mod.needs_adoption(st.path):
-        det = adopt_mod.detect(st.path, deep=False)
-        doc.update(needs_adoption=True, hermes_schema_version=det.schema_version)
-    else:
-        rev = migrations.current(st.path)
+    if st.url is not None:
+        rev = migrations.current(st.url)  # a server: nothing to adopt
         doc.update(revision=rev, up_to_date=rev == head)
+    else:
+        require_file(st.path)
+        adopt_mod.check_file(st.path, recovery_ok=True)
+        if adopt_mod.needs_adoption(st.path):
+            det = adopt_mod.detect(st.path, deep=False)
+            doc.update(needs_adoption=True, hermes_schema_version=det.schema_version)
+        else:
+            rev = migrations.current(st.path)
+            doc.update(revision=rev, up_to_date=rev == head)
     if st.json:
         st.emit(doc)
         return
     out = stdout_console()
     if doc["needs_adoption"]:
-        out.print(Text(f"{st.path}: Hermes schema_version {doc['hermes_schema_version']}, not adopted "
+        out.print(Text(f"{st.where}: Hermes schema_version {doc['hermes_schema_version']}, not adopted "
                        f"(run '{PROG} adopt'; head is {head})"))
     elif doc["revision"] is None:
-        out.print(Text(f"{st.path}: no hermes_store revision yet (run '{PROG} upgrade'; head is {head})"))
+        out.print(Text(f"{st.where}: no hermes_store revision yet (run '{PROG} upgrade'; head is {head})"))
     else:
         status = "head" if doc["up_to_date"] else f"head is {head}; run '{PROG} upgrade'"
         out.print(Text(f"{doc['revision']} ({status})"))

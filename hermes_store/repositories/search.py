@@ -13,6 +13,11 @@ What each route covers follows Hermes' indexes (v30):
   bigram index): only sessions the trigram index keeps (not cron, not sub-agents), on
   every route; tool rows and rows with tool calls, which that index does not hold,
   are matched by substring over all their text.
+
+PostgreSQL gives the same answers (tests/test_pg_search_parity.py): words are cut and
+folded as unicode61 does (revision hs0003, :mod:`hermes_store.search.postgresql`),
+snippets of word hits are cut in Python, and every CJK query goes by substring (ILIKE
+on the pg_trgm index, or the bigram blocks), tool rows included.
 """
 
 from __future__ import annotations
@@ -117,6 +122,27 @@ def boolean_groups(match: str) -> Groups:
     return groups
 
 
+#: Characters a term needs to be a trigram term: FTS5's trigram tokenizer gives a
+#: shorter one no token at all.
+MIN_TRIGRAM_CHARS = 3
+
+
+def trigram_groups(match: str) -> Groups:
+    """:func:`boolean_groups` as FTS5's trigram index reads them, for LIKE to mirror it.
+
+    A term of fewer than three characters has no trigram, and FTS5 then leaves it out:
+    next to other terms it asks nothing (``C++ 数据库`` is ``数据库``), a group of only
+    such terms matches nothing, and NOT-ing only such terms excludes nothing.
+    """
+    groups: Groups = []
+    for positives, negatives in boolean_groups(match):
+        kept = [t for t in positives if len(t) >= MIN_TRIGRAM_CHARS]
+        if kept:
+            units = ([t for t in unit if len(t) >= MIN_TRIGRAM_CHARS] for unit in negatives)
+            groups.append((kept, [u for u in units if u]))
+    return groups
+
+
 def _term_text(item: str) -> str:
     """A rendered term without its prefix star and phrase quotes."""
     item = item[:-1] if item.endswith("*") else item
@@ -154,6 +180,7 @@ class SearchRepository(Repository):
         if sort not in SORTS:
             sort = None
         params: dict[str, Any] = {"limit": _count(limit, "limit"), "offset": _count(offset, "offset")}
+        words: pg_search.WordQuery | None = None
         where = source_clauses("s", _as_list(source_filter), _as_list(exclude_sources), params,
                               prefixes=("src", "xsrc"))
         roles = _as_list(role_filter)
@@ -179,7 +206,7 @@ class SearchRepository(Repository):
         if pg and plan.kind == "trigram":
             # PostgreSQL answers every CJK query by substring (ILIKE over the pg_trgm
             # index), with the query's own AND/OR/NOT meaning, on every row.
-            sql, flat = self._substring_select(boolean_groups(plan.match), filters + cjk_filter, params,
+            sql, flat = self._substring_select(trigram_groups(plan.match), filters + cjk_filter, params,
                                                window, flat=True)
             ordering = order.get(sort or "", order["newest"])
             sql = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
@@ -189,7 +216,13 @@ class SearchRepository(Repository):
             # From v30 the trigram index holds no tool_calls: a row with tool calls is
             # matched by substring over all its columns instead (see _with_tool_rows).
             calls_by_like = plan.kind == "trigram" and "tool_calls" not in self.object_sql(TRIGRAM_INDEX)
-            params["q"] = pg_search.tsquery_text(plan.match) if pg else plan.match
+            if pg:
+                # Terms are folded by the function that built the index (one round trip
+                # at most), so both sides cut and fold words alike.
+                words = pg_search.word_query(self.conn, plan.match)
+                params["q"] = words.tsquery
+            else:
+                params["q"] = plan.match
             params["window"] = window
             try:
                 ranked = self._index_hits(
@@ -209,13 +242,15 @@ class SearchRepository(Repository):
                 rows = self._with_tool_rows(ranked, plan, filters + cjk_filter, params, window, sort, calls_by_like)
         else:
             any_term: Groups = [([t], []) for t in plan.terms]  # the substring route ORs its terms
-            sql, flat = self._substring_select(any_term, filters + cjk_filter, params, window, flat=True)
+            # SQLite's LIKE folds ASCII letters only; so does this route on PostgreSQL.
+            sql, flat = self._substring_select(any_term, filters + cjk_filter, params, window, flat=True,
+                                               ascii_case=True)
             ordering = order.get(sort or "", order["newest"])
             sql = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
             rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
         if len(rows) < params["limit"]:
             rows += self._rebuild_gap(plan.terms, filters + visible, params, rows)
-        return self._finish(rows, plan.terms)
+        return self._finish(rows, plan.terms, words)
 
     def _rebuild_gap(self, terms: Sequence[str], filters: str, params: dict[str, Any],
                      found: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -246,11 +281,16 @@ class SearchRepository(Repository):
         return [r for r in rows if r["id"] not in seen]
 
     def _pg_indexed_sessions(self, params: dict[str, Any]) -> str:
-        """v30's trigram-index sessions on PostgreSQL (head schema): not cron, not sub-agents."""
+        """v30's trigram-index sessions on PostgreSQL (head schema): not cron, not sub-agents.
+
+        The delegated sessions are read once per search and bound as one array, however
+        many statements (candidate blocks, unindexed tail, tool rows) repeat the clause.
+        """
         clause = " AND s.source NOT IN ('cron', 'subagent')"
         delegated = pg_search.delegated_sessions(self.conn)
         if delegated:
-            clause += " AND " + in_filter("s.id", delegated, "dlg", params, negate=True)
+            params["dlg"] = delegated
+            clause += " AND s.id <> ALL(CAST(:dlg AS text[]))"
         return clause
 
     def _index_hits(
@@ -315,7 +355,7 @@ class SearchRepository(Repository):
         if sort is None and len(ranked) >= window:
             return ranked[params["offset"]:window]
         rows_kind = " AND (m.role = 'tool' OR m.tool_calls IS NOT NULL)" if calls_by_like else " AND m.role = 'tool'"
-        tool_sql, flat = self._substring_select(boolean_groups(plan.match), rows_kind + filters,
+        tool_sql, flat = self._substring_select(trigram_groups(plan.match), rows_kind + filters,
                                                 params, window, flat=True)
         direction = "ASC" if sort == "oldest" else "DESC"
         ordering = f"m.timestamp {direction}, m.id {direction}"
@@ -328,10 +368,12 @@ class SearchRepository(Repository):
         return merged[params["offset"]:window]
 
     @staticmethod
-    def _like_clause(groups: Groups, params: dict[str, Any], like: str = "LIKE") -> str:
+    def _like_clause(groups: Groups, params: dict[str, Any], like: str = "LIKE", ascii_case: bool = False) -> str:
         """Terms matched as literal substrings of content, tool name or tool calls.
 
         ``like`` is ILIKE on PostgreSQL, whose LIKE is case-sensitive (SQLite's folds ASCII).
+        ILIKE folds every letter the locale knows; ``ascii_case`` narrows it to SQLite's
+        LIKE, which folds ASCII letters only (ILIKE stays first, for the pg_trgm index).
         """
         names: dict[str, str] = {}
 
@@ -339,7 +381,20 @@ class SearchRepository(Repository):
             if term not in names:
                 names[term] = f"lk{len(names)}"
                 params[names[term]] = f"%{escape_like(term)}%"
+                if ascii_case:
+                    params[names[term] + "a"] = params[names[term]].translate(_ASCII_LOWER)
             n = names[term]
+            if ascii_case and not any(ch.lower() != ch or ch.upper() != ch for ch in term):
+                # No cased letter (CJK, digits): case folding cannot matter, and plain LIKE
+                # keeps the newest-first index walk (lower() would force a full scan).
+                return (f"(m.content LIKE :{n} ESCAPE '\\' OR m.tool_name LIKE :{n} ESCAPE '\\' "
+                        f"OR m.tool_calls LIKE :{n} ESCAPE '\\')")
+            if ascii_case:
+                each = " OR ".join(
+                    f"({col} {like} :{n} ESCAPE '\\' AND lower({col} COLLATE \"C\") LIKE :{n}a ESCAPE '\\')"
+                    for col in ("m.content", "m.tool_name", "m.tool_calls")
+                )
+                return f"({each})"
             return (f"(m.content {like} :{n} ESCAPE '\\' OR m.tool_name {like} :{n} ESCAPE '\\' "
                     f"OR m.tool_calls {like} :{n} ESCAPE '\\')")
 
@@ -353,7 +408,8 @@ class SearchRepository(Repository):
         return " OR ".join(parts) or "1=0"
 
     def _substring_select(
-        self, groups: Groups, filters: str, params: dict[str, Any], window: int, *, flat: bool
+        self, groups: Groups, filters: str, params: dict[str, Any], window: int, *, flat: bool,
+        ascii_case: bool = False,
     ) -> tuple[str, bool]:
         """A SELECT of substring hits; uses the CJK bigram index when it beats a scan.
 
@@ -362,7 +418,7 @@ class SearchRepository(Repository):
         candidate blocks plus the rows the index does not cover yet (good for rare ones).
         """
         pg = self.dialect.name == "postgresql"
-        like = self._like_clause(groups, params, "ILIKE" if pg else "LIKE")
+        like = self._like_clause(groups, params, "ILIKE" if pg else "LIKE", ascii_case=pg and ascii_case)
         # NOT INDEXED keeps SQLite on the rowid range (see below); PostgreSQL plans it itself.
         not_indexed = "" if pg else " NOT INDEXED"
         columns = HIT_COLUMNS.format(snippet="NULL", rank="0.0")
@@ -374,15 +430,15 @@ class SearchRepository(Repository):
         grams = [sorted({g for t in positives for g in bigram.term_bigrams(t)}) for positives, _neg in groups]
         if not all(grams) or not self.has_table(bigram.TABLE):
             return scan, flat
+        # The newest id and the high-water mark, in one round trip, read once per search.
+        row = self.conn.execute(_MARKS_SQL, {"k": bigram.HIGH_WATER_KEY}).one()
+        total, params["bg_hw"] = row[0] or 0, bigram.parse_high_water(row[1])
         if flat:
             # Choose: candidates E rows vs. a newest-first walk of about window*N/E rows.
             # The rows above the high-water mark are scanned either way: count them in.
-            total = self._scalar("SELECT max(id) FROM messages") or 0
-            params["bg_hw"] = bigram.high_water(self.conn)
             estimate = bigram.estimate_blocks(self.conn, grams) * bigram.BLOCK + max(total - params["bg_hw"], 0)
             if estimate * estimate > max(window, 1) * total:
                 return scan, True
-        params["bg_hw"] = bigram.high_water(self.conn)
         params["bg_block"] = bigram.BLOCK
         cand = bigram.candidate_blocks_sql(grams, params)
         indexed = (
@@ -398,7 +454,11 @@ class SearchRepository(Repository):
         )
         return f"{indexed} UNION ALL {tail}", False
 
-    def _finish(self, rows: list[dict[str, Any]], terms: Sequence[str]) -> list[SearchHit]:
+    def _finish(
+        self, rows: list[dict[str, Any]], terms: Sequence[str], words: pg_search.WordQuery | None = None
+    ) -> list[SearchHit]:
+        """Snippets the index did not give (substring hits; PostgreSQL word hits, marked
+        by their folded ``words``) and each hit's context."""
         if not rows:
             return []
         context = self._context([r["id"] for r in rows])
@@ -407,7 +467,8 @@ class SearchRepository(Repository):
         for r in rows:
             r.pop("rank", None)
             if r["snippet"] is None:
-                r["snippet"] = _substring_snippet(texts.get(r["id"], ()), terms)
+                found = texts.get(r["id"], ())
+                r["snippet"] = pg_search.snippet(found, words) if words else _substring_snippet(found, terms)
             r["context"] = context.get(r["id"], [])
             hits.append(r)  # type: ignore[arg-type]
         return hits
@@ -434,22 +495,29 @@ GAP_HIGH_WATER, GAP_PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
 _GAP_SQL = text("SELECT key, value FROM state_meta WHERE key IN (:hw, :pr)").bindparams(
     hw=GAP_HIGH_WATER, pr=GAP_PROGRESS
 )
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 #: Portable statements (named, expanding binds) for the page's context and texts.
+#: The neighbour conditions repeat ``timestamp <=`` / ``>=`` on their own so both
+#: planners walk the (session_id, timestamp) index from the hit: the OR alone made
+#: PostgreSQL walk the timestamp index from the newest row of every session.
 _CONTEXT_SQL = text(
             "WITH hit AS (SELECT id, session_id, timestamp FROM messages WHERE id IN :ids) "
             "SELECT hit.id, x.pos, x.role, x.content FROM hit "
             "JOIN (SELECT hit.id AS hid, -1 AS pos, p.role, p.content FROM hit JOIN messages p ON p.id = ("
-            "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND "
-            "   (q.timestamp < hit.timestamp OR (q.timestamp = hit.timestamp AND q.id < hit.id))"
+            "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND q.timestamp <= hit.timestamp"
+            "   AND (q.timestamp < hit.timestamp OR q.id < hit.id)"
             "   ORDER BY q.timestamp DESC, q.id DESC LIMIT 1)"
             " UNION ALL SELECT hit.id, 0, m.role, m.content FROM hit JOIN messages m ON m.id = hit.id"
             " UNION ALL SELECT hit.id, 1, n.role, n.content FROM hit JOIN messages n ON n.id = ("
-            "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND "
-            "   (q.timestamp > hit.timestamp OR (q.timestamp = hit.timestamp AND q.id > hit.id))"
+            "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND q.timestamp >= hit.timestamp"
+            "   AND (q.timestamp > hit.timestamp OR q.id > hit.id)"
             "   ORDER BY q.timestamp, q.id LIMIT 1)"
             ") x ON x.hid = hit.id ORDER BY hit.id, x.pos"
 ).bindparams(bindparam("ids", expanding=True))
+_MARKS_SQL = text(
+    "SELECT (SELECT max(id) FROM messages), (SELECT value FROM state_meta WHERE key = :k)"
+)
 _TEXTS_SQL = text(
     "SELECT id, content, tool_name, tool_calls FROM messages WHERE id IN :ids"
 ).bindparams(bindparam("ids", expanding=True))

@@ -17,6 +17,7 @@ write transaction.
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Any, Iterable, Sequence
 
 from sqlalchemy import inspect, text
@@ -30,6 +31,12 @@ DIRTY_TABLE = "messages_cjk_bigram_dirty"
 CHUNK = 5000
 
 _RUN = re.compile(f"[{CJK_CLASS}]{{2,}}")
+#: A high-water value that reads as a number (the PostgreSQL trigger of hs0003 reads
+#: the same ones); anything else means -1, nothing indexed.
+_MARK = re.compile(r"[ \t\n\r]*[-+]?[0-9]{1,18}[ \t\n\r]*")
+#: Per engine: the high-water mark the cached pair counts were read at, and the counts.
+_COUNTS: "weakref.WeakKeyDictionary[Any, tuple[int, dict[str, int]]]" = weakref.WeakKeyDictionary()
+_MAX_CACHED = 4096
 
 
 def bigrams(text: str | None) -> set[str]:
@@ -47,12 +54,17 @@ def term_bigrams(term: str) -> list[str]:
     return sorted(bigrams(term))
 
 
+def parse_high_water(value: Any) -> int:
+    """A stored high-water value as a message id; -1 (nothing indexed, everything is
+    scanned) when there is none or it does not read as a number."""
+    if isinstance(value, str) and _MARK.fullmatch(value):
+        return int(value)
+    return -1
+
+
 def high_water(conn: Any) -> int:
     row = conn.execute(text("SELECT value FROM state_meta WHERE key = :k"), {"k": HIGH_WATER_KEY}).first()
-    try:
-        return int(row[0]) if row else -1
-    except (TypeError, ValueError):
-        return -1  # unreadable: treat as nothing indexed (everything is scanned)
+    return parse_high_water(row[0] if row else None)
 
 
 def installed(conn: Any) -> bool:
@@ -155,11 +167,26 @@ def candidate_blocks_sql(term_grams: Sequence[Sequence[str]], params: dict[str, 
 
 
 def estimate_blocks(conn: Any, term_grams: Sequence[Sequence[str]]) -> int:
-    """Upper bound of candidate blocks: per term, the rarest pair's block count."""
-    total = 0
-    for grams in term_grams:
-        counts = [
-            conn.execute(text(f"SELECT count(*) FROM {TABLE} WHERE gram = :g"), {"g": g}).scalar() for g in grams
-        ]
-        total += min(counts) if counts else 0
-    return total
+    """Upper bound of candidate blocks: per term, the rarest pair's block count.
+
+    Pair counts only change when the index catches up, which moves the high-water mark,
+    so they are kept per engine for the mark they were read at: a search reads only the
+    pairs it has not seen yet, all in one query. A count that went stale otherwise (a
+    dirty block re-indexed) only steers the choice between two correct plans.
+    """
+    mark = high_water(conn)
+    engine = getattr(conn, "engine", None)
+    cached = _COUNTS.get(engine) if engine is not None else None
+    counts = cached[1] if cached is not None and cached[0] == mark else {}
+    missing = sorted({g for grams in term_grams for g in grams} - counts.keys())
+    if missing:
+        if len(counts) + len(missing) > _MAX_CACHED:
+            counts = {}
+        names = {f"g{i}": g for i, g in enumerate(missing)}
+        found = dict(conn.execute(text(
+            f"SELECT gram, count(*) FROM {TABLE} WHERE gram IN ({', '.join(':' + n for n in names)}) GROUP BY gram"
+        ), names).all())
+        counts.update({g: int(found.get(g, 0)) for g in missing})
+    if engine is not None:
+        _COUNTS[engine] = (mark, counts)
+    return sum(min(counts[g] for g in grams) for grams in term_grams if grams)

@@ -1,86 +1,130 @@
 """Full-text statements for PostgreSQL: the sanitized FTS5 syntax read as a tsquery.
 
-The word index is ``messages.search_vector`` (revision hs0002): one ``simple``
-tsvector per column, so like FTS5's unicode61 tokenizer nothing is stemmed and a
-phrase never spans two columns. The repository binds ``:q`` to
-:func:`tsquery_text` of the sanitized MATCH string (``to_tsquery('simple', :q)``
-then normalizes each lexeme exactly as the vector was built).
+The word index is ``messages.search_vector`` (revision hs0003): the words of content,
+tool name and tool calls as FTS5's ``unicode61`` tokenizer cuts and folds them
+(``user@example.com`` is ``user``, ``example``, ``com``; ``Café`` is ``cafe``), made by
+the database function ``hermes_store_search_words``, with their positions; no phrase
+spans two columns. A query's terms are folded by the same function
+(:func:`fold_terms`), so both sides agree whatever the server's locale; the tsquery
+text built here from those words is cast, not parsed again. Nothing is stemmed.
 
-FTS5 precedence is kept: space-joined terms bind tightest, then NOT, AND, OR. A term
-becomes the phrase of its unicode61 tokens (``chat-send`` → ``chat <-> send``), ORed
-with the term as PostgreSQL's own parser reads it, so a compound token the parser
-keeps whole (an e-mail address, a host name, ``3.14``) is still found when the text
-holds the same compound. Known differences from FTS5, by design of the parser: a
-word *inside* such a compound (``example`` in ``user@example.com``) is not found,
-and diacritics are not folded.
+FTS5 precedence is kept: space-joined terms bind tightest, then NOT, AND, OR. A term is
+the phrase of its words (``chat-send`` → ``chat <-> send``); a term without words is
+ignored, as FTS5 ignores it.
 
 CJK queries never come here: they are answered by substring (ILIKE, served by the
-``pg_trgm`` index) and the bigram block index, as the repository arranges.
+``pg_trgm`` index) and the bigram block index, as the repository arranges. Snippets of
+word hits are cut here, in Python (:func:`snippet`), from the hit's own text.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+import unicodedata
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
-from .fts import SNIPPET_CLOSE, SNIPPET_OPEN, WORD_INDEX
+from sqlalchemy import text
+
+from .fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN, SNIPPET_TOKENS, WORD_INDEX
 from .query import split_on
 
-__all__ = ["NO_MATCH", "delegated_sessions", "match_sql", "top_sql", "tsquery_text"]
+__all__ = [
+    "NO_MATCH",
+    "WordQuery",
+    "delegated_sessions",
+    "fold_terms",
+    "match_sql",
+    "snippet",
+    "top_sql",
+    "tsquery_text",
+    "word_query",
+]
 
 #: A tsquery no document satisfies (a lexeme and its negation).
 NO_MATCH = "'x' & !'x'"
-#: PostgreSQL refuses lexemes of 2 KiB or more; such a word is never in a vector.
-_MAX_LEXEME_BYTES = 2046
+#: The longest word a tsvector holds (bytes); a longer one is never in the index.
+MAX_WORD_BYTES = 2046
 _ITEM = re.compile(r'"[^"]*"\*?|\S+')
-_TOKEN = re.compile(r"[^\W_]+")
-_HEADLINE = (
-    f"'StartSel=\"{SNIPPET_OPEN}\", StopSel=\"{SNIPPET_CLOSE}\", MaxWords=15, MinWords=5, ShortWord=0, "
-    "MaxFragments=1, FragmentDelimiter=\"...\"'"
+#: Words of ASCII text: there every character but a letter or digit separates words.
+_ASCII_WORD = re.compile(r"[a-z0-9]+")
+_FOLD_SQL = text(
+    "SELECT t.term, hermes_store_search_words(t.term) FROM unnest(CAST(:terms AS text[])) AS t(term)"
+)
+_DELEGATED_SQL = text(
+    "SELECT id, model_config FROM sessions WHERE model_config LIKE '%\\_delegate\\_from%' ESCAPE '\\'"
 )
 
 
-def _lexeme(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
-def _term(item: str) -> str | None:
-    """One FTS5 term as tsquery text; '' when it has no token (FTS5 ignores it); None
-    when it can never match (a word too long for a PostgreSQL lexeme)."""
+def _body(item: str) -> tuple[str, bool]:
+    """A rendered term's text without phrase quotes and prefix star, and whether it had the star."""
     prefix = item.endswith("*")
     body = item[:-1] if prefix else item
     if len(body) >= 2 and body[0] == body[-1] == '"':
         body = body[1:-1]
-    tokens = [t.lower() for t in _TOKEN.findall(body)]
-    if not tokens:
+    return body, prefix
+
+
+def term_texts(match: str) -> list[str]:
+    """The distinct term texts of a sanitized MATCH string (operators left out)."""
+    out = dict.fromkeys(_body(i)[0] for i in _ITEM.findall(match) if i not in ("AND", "OR", "NOT"))
+    return list(out)
+
+
+def fold_terms(conn: Any, terms: Sequence[str]) -> dict[str, list[str]]:
+    """Each term's words, as the word index holds them.
+
+    ASCII terms are cut here (a letter or digit run, lower case: exactly what the
+    database function gives for ASCII); the others ask ``hermes_store_search_words``
+    itself, in one round trip, so the query folds as the index did.
+    """
+    words: dict[str, list[str]] = {}
+    ask = []
+    for term in terms:
+        if term.isascii():
+            words[term] = _ASCII_WORD.findall(term.lower())
+        else:
+            ask.append(term)
+    if ask:
+        for term, folded in conn.execute(_FOLD_SQL, {"terms": ask}):
+            words[term] = folded.split() if folded else []
+    return words
+
+
+def _lexeme(word: str) -> str:
+    return "'" + word.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _term(item: str, words: Mapping[str, Sequence[str]]) -> str | None:
+    """One FTS5 term as tsquery text; '' when it has no word (FTS5 ignores it); None
+    when it can never match (a word too long for the index)."""
+    body, prefix = _body(item)
+    found = list(words.get(body, ()))
+    if not found:
         return ""
-    if any(len(t.encode("utf-8")) > _MAX_LEXEME_BYTES for t in tokens):
+    if any(len(w.encode("utf-8")) > MAX_WORD_BYTES for w in found):
         return None
-    words = [_lexeme(t) for t in tokens]
+    lexemes = [_lexeme(w) for w in found]
     if prefix:
-        words[-1] += ":*"
-    phrase = " <-> ".join(words)
-    raw = body.lower()
-    if not prefix and raw != tokens[0] and not any(c.isspace() for c in raw) \
-            and len(raw.encode("utf-8")) <= _MAX_LEXEME_BYTES:
-        return f"({phrase} | {_lexeme(raw)})"
-    return f"({phrase})" if len(words) > 1 else phrase
+        lexemes[-1] += ":*"
+    return f"({' <-> '.join(lexemes)})" if len(lexemes) > 1 else lexemes[0]
 
 
-def _all_of(items: list[str]) -> str | None:
-    terms = [_term(i) for i in items]
+def _all_of(items: list[str], words: Mapping[str, Sequence[str]]) -> str | None:
+    terms = [_term(i, words) for i in items]
     if any(t is None for t in terms):
         return None
     kept = [t for t in terms if t]
     return " & ".join(kept) if kept else None  # type: ignore[arg-type]
 
 
-def tsquery_text(match: str) -> str:
-    """``to_tsquery('simple', …)`` input with the meaning FTS5 gives ``match``.
+def tsquery_text(match: str, words: Mapping[str, Sequence[str]]) -> str:
+    """tsquery text (for a cast) with the meaning FTS5 gives ``match``.
 
     ``match`` is a sanitized MATCH string (:func:`~hermes_store.search.query.
-    sanitize_fts5_query`). Returns :data:`NO_MATCH` when nothing can match.
+    sanitize_fts5_query`); ``words`` maps each of its term texts to its folded words
+    (:func:`fold_terms`). Returns :data:`NO_MATCH` when nothing can match.
     """
     groups = []
     for group in split_on(_ITEM.findall(match), "OR"):
@@ -88,13 +132,13 @@ def tsquery_text(match: str) -> str:
         possible = True
         for factor in split_on(group, "AND"):
             first, *negated = split_on(factor, "NOT")
-            positive = _all_of(first)
+            positive = _all_of(first, words)
             if positive is None:
                 possible = False
                 break
             conds.append(f"({positive})")
             for unit in negated:
-                excluded = _all_of(unit)
+                excluded = _all_of(unit, words)
                 if excluded is not None:  # a unit that never matches excludes nothing
                     conds.append(f"!({excluded})")
         if possible and conds:
@@ -102,44 +146,115 @@ def tsquery_text(match: str) -> str:
     return " | ".join(groups) if groups else NO_MATCH
 
 
+@dataclass(frozen=True, slots=True)
+class WordQuery:
+    """A word search ready to run: the tsquery text and the words a snippet marks."""
+
+    tsquery: str
+    #: Folded words of the query's positive terms (a hit holds some of them).
+    words: frozenset[str]
+    #: Words that end a prefix term (``deplo*``): a hit's word starting with one counts.
+    prefixes: frozenset[str]
+
+
+def word_query(conn: Any, match: str) -> WordQuery:
+    """Fold ``match``'s terms (:func:`fold_terms`) and build its tsquery."""
+    words = fold_terms(conn, term_texts(match))
+    plain: set[str] = set()
+    prefixes: set[str] = set()
+    for group in split_on(_ITEM.findall(match), "OR"):
+        for factor in split_on(group, "AND"):
+            for item in split_on(factor, "NOT")[0]:
+                body, prefix = _body(item)
+                found = words.get(body, [])
+                plain.update(found[:-1] if prefix else found)
+                if prefix and found:
+                    prefixes.add(found[-1])
+    return WordQuery(tsquery_text(match, words), frozenset(plain), frozenset(prefixes))
+
+
 def _check(index: str) -> None:
     if index != WORD_INDEX:
         raise ValueError(f"PostgreSQL has no full-text index {index!r}: CJK search goes by substring")
 
 
-_QUERY = "to_tsquery('simple', :q)"
-
-
-def _snippet(alias: str) -> str:
-    """ts_headline of the first column that matches (FTS5's snippet picks a best column)."""
-    parts = []
-    for col, cut in (("content", 65536), ("tool_name", 4096), ("tool_calls", 32768)):
-        value = f"left(COALESCE({alias}.{col}, ''), {cut})"
-        parts.append(
-            f"WHEN to_tsvector('simple', {value}) @@ {_QUERY} "
-            f"THEN ts_headline('simple', {value}, {_QUERY}, {_HEADLINE})"
-        )
-    return f"(CASE {' '.join(parts)} ELSE left(COALESCE({alias}.content, ''), 80) END)"
+_QUERY = "CAST(:q AS tsquery)"
 
 
 def match_sql(index: str) -> str:
-    """Hits of ``:q`` (tsquery text) with a snippet and a rank (lower is better, as bm25)."""
+    """Hits of ``:q`` (tsquery text) with a rank (lower is better, as bm25); the
+    snippet is NULL: :func:`snippet` cuts it from the rows that are returned."""
     _check(index)
     return (
-        f"SELECT mx.id AS id, {_snippet('mx')} AS snippet, -ts_rank_cd(mx.search_vector, {_QUERY}) AS rank "
+        f"SELECT mx.id AS id, CAST(NULL AS text) AS snippet, -ts_rank_cd(mx.search_vector, {_QUERY}) AS rank "
         f"FROM messages mx WHERE mx.search_vector @@ {_QUERY}"
     )
 
 
 def top_sql(index: str) -> str:
-    """The ``:window`` best-ranked hits of ``:q`` as (id, rank, snippet); snippets for those only."""
+    """The ``:window`` best-ranked hits of ``:q`` as (id, rank, snippet); snippet NULL as above."""
     _check(index)
     return (
-        f"SELECT t.id, t.rank, {_snippet('mx')} FROM ("
-        f"SELECT id, -ts_rank_cd(search_vector, {_QUERY}) AS rank, timestamp FROM messages "
+        f"SELECT id, -ts_rank_cd(search_vector, {_QUERY}) AS rank, CAST(NULL AS text) FROM messages "
         f"WHERE search_vector @@ {_QUERY} ORDER BY rank, timestamp DESC, id DESC LIMIT :window"
-        f") t JOIN messages mx ON mx.id = t.id ORDER BY t.rank, t.timestamp DESC, t.id DESC"
     )
+
+
+# ------------------------------------------------------------------ snippets
+
+#: A word of the text, as near to unicode61's as Python's character classes get (marks
+#: stay inside the word and are folded away below).
+_WORD = re.compile(r"(?:[^\W_]|[\u0300-\u036f])+")
+_FOLD = str.maketrans("µſςϐϑϕϖϰϱϵẛι", "μsσβθφπκρεsι")
+_MARKS = re.compile(r"[\u0300-\u036f]")
+_ONE_MARK = re.compile(r"([a-z])[\u0300-\u036f](?![\u0300-\u036f])")
+
+
+def _fold(word: str) -> str:
+    """A word folded about as ``hermes_store_search_words`` folds it (for marking only)."""
+    low = word.lower().translate(_FOLD)
+    if low.isascii():
+        return low
+    bare = _ONE_MARK.sub(r"\1", unicodedata.normalize("NFD", low))  # é -> e, ế stays
+    return _MARKS.sub("", unicodedata.normalize("NFC", bare))
+
+
+def _marked(value: str, query: WordQuery) -> str | None:
+    """FTS5-style snippet of one column: about ten words around the first match."""
+    spans = [m.span() for m in _WORD.finditer(value)]
+    hits = []
+    for start, end in spans:
+        word = _fold(value[start:end])
+        hits.append(word in query.words or any(word.startswith(p) for p in query.prefixes))
+    if not any(hits):
+        return None
+    first = hits.index(True)
+    lo = max(0, min(first - 2, len(spans) - SNIPPET_TOKENS))
+    hi = min(len(spans), lo + SNIPPET_TOKENS)
+    out = [SNIPPET_ELLIPSIS if lo else "", value[:spans[lo][0]] if not lo else ""]
+    for i in range(lo, hi):
+        start, end = spans[i]
+        word = value[start:end]
+        out.append(f"{SNIPPET_OPEN}{word}{SNIPPET_CLOSE}" if hits[i] else word)
+        if i + 1 < hi:
+            out.append(value[end:spans[i + 1][0]])
+    out.append(value[spans[hi - 1][1]:] if hi == len(spans) else SNIPPET_ELLIPSIS)
+    return "".join(out)
+
+
+def snippet(texts: Sequence[Any], query: WordQuery) -> str:
+    """The snippet of a word hit from its (content, tool name, tool calls): the first
+    column holding a query word, its match marked as FTS5 marks it."""
+    for value in texts:
+        if isinstance(value, str) and value:
+            found = _marked(value, query)
+            if found is not None:
+                return found
+    first = texts[0] if texts and isinstance(texts[0], str) else ""
+    return first[:80]
+
+
+# ------------------------------------------------------------------ sessions left out of CJK routes
 
 
 def delegated_sessions(conn: Any) -> list[str]:
@@ -147,15 +262,10 @@ def delegated_sessions(conn: Any) -> list[str]:
 
     SQLite decides this with ``json_extract`` over valid JSON only; PostgreSQL 15 has
     no safe JSON cast for text that may be malformed, so the few candidate rows (the
-    marker as a substring) are parsed here with the same rule.
+    marker as a substring) are parsed here with the same rule. Read once per search.
     """
-    from sqlalchemy import text
-
-    rows = conn.execute(text(
-        "SELECT id, model_config FROM sessions WHERE model_config LIKE '%\\_delegate\\_from%' ESCAPE '\\'"
-    )).fetchall()
     out = []
-    for sid, config in rows:
+    for sid, config in conn.execute(_DELEGATED_SQL):
         try:
             value = json.loads(config)
         except (TypeError, ValueError):
@@ -163,3 +273,4 @@ def delegated_sessions(conn: Any) -> list[str]:
         if isinstance(value, dict) and value.get("_delegate_from") is not None:
             out.append(sid)
     return out
+
