@@ -86,9 +86,9 @@ def test_bad_session_fields_are_rejected_before_writing(db: SessionDB) -> None:
     assert isinstance(info.value, InvalidInputError)
     assert db.get_session("s") is None
     db.create_session("s", "cli")
-    with pytest.raises(TypeError, match="unknown message fields") as info:
+    # append_message has Hermes v23's exact signature: Python itself refuses the keyword.
+    with pytest.raises(TypeError, match="bogus"):
         db.append_message("s", "user", "x", bogus=1)
-    assert isinstance(info.value, InvalidInputError)
     assert db.message_count() == 0
 
 

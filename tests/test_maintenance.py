@@ -7,6 +7,8 @@ its PostgreSQL twin damages a server index instead.
 
 from __future__ import annotations
 
+import json
+
 import time
 import uuid
 from contextlib import contextmanager
@@ -152,7 +154,7 @@ def test_export_import_round_trip_is_exact_and_idempotent(db: SessionDB, empty_s
     msgs = other.get_messages("exact")
     assert msgs[0]["content"] == "nul\x00inside \ue000 \ue001" and msgs[0]["tool_name"] == "t\x00n"
     assert msgs[0]["tool_calls"] == [{"x": 1.0000000000000002}]
-    assert msgs[0]["reasoning_details"] == "not json {\x00"
+    assert msgs[0]["reasoning_details"] == json.dumps("not json {\x00")  # v23 JSON-encodes text
     assert other.get_session("kid")["parent_session_id"] == "root"
     assert other.search_messages("flamingo")[0]["session_id"] == "kid"
     assert other.import_records(exported) == (0, 4)

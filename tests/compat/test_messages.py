@@ -551,7 +551,7 @@ def test_replace_messages_swaps_everything_and_sets_counters(db: Any) -> None:
     assert result is None
     msgs = db.get_messages("s")
     assert [m["content"] for m in msgs] == ["fresh start", None, "odd", "bad"]
-    assert msgs[1]["tool_calls"] == CALLS and msgs[3]["tool_calls"] is None
+    assert msgs[1]["tool_calls"] == CALLS and msgs[3]["tool_calls"] == []  # "{nope" kept as text, read as []
     row = db.get_session("s")
     assert (row["message_count"], row["tool_call_count"]) == (4, 3)
     assert len(stored(db)) == 4  # the old rows are gone
