@@ -15,6 +15,8 @@ from typing import Iterator
 
 import pytest
 
+from .helpers import FakeTime
+
 
 @pytest.fixture
 def hermes_state():
@@ -44,3 +46,11 @@ def db(hermes_state, tmp_path: Path, backend: str, request: pytest.FixtureReques
         store = hermes_state.SessionDB(tmp_path / "state.db")
     yield store
     store.close()
+
+
+@pytest.fixture
+def clock(hermes_state, monkeypatch: pytest.MonkeyPatch) -> FakeTime:
+    """``hermes_state.time`` replaced by a settable clock (modules may define their own)."""
+    fake = FakeTime(1_700_000_000.0)
+    monkeypatch.setattr(hermes_state, "time", fake)
+    return fake

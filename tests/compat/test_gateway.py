@@ -7,10 +7,11 @@ origin lookups and the resume lookup of a peer.
 from __future__ import annotations
 
 import threading
-import time as real_time
 from typing import Any
 
 import pytest
+
+from .helpers import other_store
 from sqlalchemy import text
 
 pytestmark = pytest.mark.both_backends
@@ -18,29 +19,7 @@ pytestmark = pytest.mark.both_backends
 PEER = ("session_key", "source", "user_id", "chat_id", "chat_type", "thread_id", "display_name", "origin_json")
 
 
-class FakeTime:
-    """Stands in for ``hermes_state.time``: a settable ``time()``, the rest real."""
 
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(real_time, name)
-
-
-@pytest.fixture
-def clock(hermes_state, monkeypatch: pytest.MonkeyPatch) -> FakeTime:
-    fake = FakeTime(1_700_000_000.0)
-    monkeypatch.setattr(hermes_state, "time", fake)
-    return fake
-
-
-def other_store(hermes_state, db):
-    """A second SessionDB on the same database (another process, as far as locking goes)."""
-    return hermes_state.SessionDB(db.db_path if db.db_path is not None else db.url)
 
 
 def peer_of(db, sid: str) -> dict[str, Any]:

@@ -8,39 +8,18 @@ from __future__ import annotations
 
 import json
 import threading
-import time as real_time
 from typing import Any
 
 import pytest
+
+from .helpers import other_store
 
 pytestmark = pytest.mark.both_backends
 
 ROUTING = ("user_id", "session_key", "chat_id", "chat_type", "thread_id", "display_name", "origin_json")
 
 
-class FakeTime:
-    """Stands in for ``hermes_state.time``: a settable ``time()``, the rest real."""
 
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(real_time, name)
-
-
-@pytest.fixture
-def clock(hermes_state, monkeypatch: pytest.MonkeyPatch) -> FakeTime:
-    fake = FakeTime(1_700_000_000.0)
-    monkeypatch.setattr(hermes_state, "time", fake)
-    return fake
-
-
-def other_store(hermes_state, db):
-    """A second SessionDB on the same database (another process, as far as locking goes)."""
-    return hermes_state.SessionDB(db.db_path if db.db_path is not None else db.url)
 
 
 def row(db, sid: str) -> dict[str, Any]:

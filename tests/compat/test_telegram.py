@@ -9,10 +9,11 @@ documents ``delete_telegram_topic_binding`` (reference §1.E); the other names a
 from __future__ import annotations
 
 import threading
-import time as real_time
 from typing import Any
 
 import pytest
+
+from .helpers import other_store
 from sqlalchemy import text
 
 pytestmark = pytest.mark.both_backends
@@ -21,22 +22,6 @@ TABLES = ("telegram_dm_topic_mode", "telegram_dm_topic_bindings")
 SCHEMA_KEY = "telegram_dm_topic_schema_version"
 
 
-class FakeTime:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(real_time, name)
-
-
-@pytest.fixture
-def clock(hermes_state, monkeypatch: pytest.MonkeyPatch) -> FakeTime:
-    fake = FakeTime(1_700_000_000.0)
-    monkeypatch.setattr(hermes_state, "time", fake)
-    return fake
 
 
 @pytest.fixture
@@ -46,10 +31,6 @@ def topics(db):
     db.create_session("s1", "telegram")
     db.create_session("s2", "telegram")
     return db
-
-
-def other_store(hermes_state, db):
-    return hermes_state.SessionDB(db.db_path if db.db_path is not None else db.url)
 
 
 def tables_present(db) -> set[str]:

@@ -7,7 +7,6 @@ and record_auxiliary_usage.
 from __future__ import annotations
 
 import threading
-import time as real_time
 from typing import Any
 
 import pytest
@@ -18,24 +17,6 @@ pytestmark = pytest.mark.both_backends
 ROUTE = ("model", "billing_provider", "billing_base_url", "billing_mode")
 
 
-class FakeTime:
-    """Stands in for ``hermes_state.time``: a settable ``time()``, the rest real."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(real_time, name)
-
-
-@pytest.fixture
-def clock(hermes_state, monkeypatch: pytest.MonkeyPatch) -> FakeTime:
-    fake = FakeTime(1_700_000_000.0)
-    monkeypatch.setattr(hermes_state, "time", fake)
-    return fake
 
 
 def row(db, sid: str) -> dict[str, Any]:
