@@ -8,6 +8,15 @@ revisions and are not part of our metadata.
 On PostgreSQL DDL is transactional natively: the SQLite hooks (our BEGIN, the batch
 trigger keeper) are not installed, batch mode is off, and the search objects of the
 baseline revision (hs0002) are hidden from autogenerate like FTS5 tables are on SQLite.
+
+Per-tenant schemas (PostgreSQL): ``-x schema=NAME``, ``?schema=NAME`` in the URL, or
+``hermes_store.migrations.*(…, schema=NAME)`` run the revisions inside that schema.
+The revisions are plain SQL with unqualified names, so the connection's
+``search_path`` is pointed at the tenant (then at the schema of the shared
+``pg_trgm``) for the run and put back afterwards; the version table lives in the
+tenant too. Other schemas are never read or written. On PostgreSQL, migrations of
+one schema (a tenant's or the default one) are serialized across processes by an
+advisory lock.
 """
 
 from __future__ import annotations
@@ -27,9 +36,10 @@ from hermes_store.alembic_support import (
     name_own_revision,
     revision_directives,
 )
-from hermes_store.engine import create_engine, default_db_path, install_begin_hook, to_url
+from hermes_store.engine import create_engine, default_db_path, install_begin_hook, tenant_of, to_url
 from hermes_store.migrations import VERSION_TABLE
 from hermes_store.models import metadata
+from hermes_store.paths import CREATE_SCHEMA_ATTRIBUTE, SCHEMA_ATTRIBUTE
 
 config = context.config
 x_args = context.get_x_argument(as_dictionary=True)
@@ -49,12 +59,31 @@ def resolve_url() -> str:
 version_table = x_args.get("version_table") or config.get_main_option("version_table") or VERSION_TABLE
 
 
+def wanted_schema() -> str | None:
+    """The tenant asked for by the caller (migrations.*) or on the command line (-x schema=)."""
+    return config.attributes.get(SCHEMA_ATTRIBUTE) or x_args.get("schema")
+
+
+def may_create_schema() -> bool:
+    """Upgrade and stamp may create the tenant's schema; current, downgrade, check never do.
+
+    hermes_store.migrations says which it runs; for ``alembic upgrade`` (the command line
+    or ``alembic.command``), the command's per-revision callback tells.
+    """
+    if CREATE_SCHEMA_ATTRIBUTE in config.attributes:
+        return bool(config.attributes[CREATE_SCHEMA_ATTRIBUTE])
+    opts = getattr(getattr(context, "_proxy", None), "context_opts", None) or {}
+    return getattr(opts.get("fn"), "__name__", "") in ("upgrade", "do_stamp")
+
+
 def run_migrations_offline() -> None:
     url = resolve_url()
+    schema = tenant_of(url, wanted_schema())
     context.configure(
         url=url,
         target_metadata=metadata,
         version_table=version_table,
+        version_table_schema=schema,
         literal_binds=True,
         render_as_batch=to_url(url).get_backend_name() == "sqlite",
         process_revision_directives=name_own_revision,
@@ -62,10 +91,73 @@ def run_migrations_offline() -> None:
         transaction_per_migration=True,
     )
     with context.begin_transaction():
+        if schema is not None:
+            from hermes_store.dialects.postgresql import offline_tenant_prelude
+
+            for statement in offline_tenant_prelude(schema):
+                context.execute(statement)
         context.run_migrations()
 
 
 def run_on(connection) -> None:  # type: ignore[no-untyped-def]
+    schema = tenant_of(connection, wanted_schema())
+    if connection.dialect.name != "postgresql":
+        run_in_schema(connection, None)
+        return
+    from hermes_store.dialects import postgresql as pg
+
+    hosted = connection.in_transaction()
+    # Processes opening one new store (a tenant, or the default schema) at once would
+    # all run the same revisions; the others wait here, then find it at head. In a
+    # caller's transaction the lock lasts until that transaction ends (so a failed run
+    # cannot leave it held); on our own connection it lasts for the run.
+    key = schema if schema is not None else pg.current_schema_name(connection)
+    pg.migration_lock(connection, key, held=True, transaction=hosted)
+    try:
+        if schema is None:
+            if not hosted:
+                connection.commit()  # Alembic begins a transaction per revision itself
+            run_in_schema(connection, None)
+            return
+        dialect = connection.dialect
+        default_schema = dialect.default_schema_name
+        previous = pg.enter_schema_for_migration(connection, schema, create=may_create_schema())
+        if not hosted:
+            connection.commit()  # the schema, the shared extension and the path
+        # Reflection (autogenerate, the FK targets it reports) reads the tenant as "the default".
+        dialect.default_schema_name = schema
+        try:
+            run_in_schema(connection, schema)
+        finally:
+            dialect.default_schema_name = default_schema
+            _put_back(connection, hosted, lambda: pg.set_search_path(connection, previous))
+    finally:
+        if not hosted:
+            _put_back(connection, hosted, lambda: pg.migration_lock(connection, key, held=False))
+            if connection.in_transaction():
+                connection.commit()
+
+
+def _put_back(connection, hosted: bool, undo) -> None:  # type: ignore[no-untyped-def]
+    """Undo a setting of ours on the connection, after a failure too.
+
+    In a caller's failed transaction, its rollback undoes what we set in it. Our own
+    connection is rolled back and tried again; if even that fails it is invalidated,
+    so it never goes back to a pool still pointing at the tenant.
+    """
+    try:
+        undo()
+    except Exception:
+        if hosted:
+            return
+        try:
+            connection.rollback()
+            undo()
+        except Exception:
+            connection.invalidate()
+
+
+def run_in_schema(connection, schema: str | None) -> None:  # type: ignore[no-untyped-def]
     sqlite = connection.dialect.name == "sqlite"
     if sqlite:
         # SQLite DDL is transactional once a real BEGIN is sent; pysqlite never sends it
@@ -77,12 +169,20 @@ def run_on(connection) -> None:  # type: ignore[no-untyped-def]
     ignored = foreign_names(connection) if sqlite else set()
     # A host's own Alembic version table is not ours to compare (or drop).
     ignored |= other_version_tables(connection, version_table, skip=ignored)
+    if schema is not None:
+        # Along the search path autogenerate also sees tables of the shared
+        # extensions' schema (public): none of them is this tenant's to compare.
+        from hermes_store.dialects.postgresql import tenant_table_names
+        from sqlalchemy import inspect as sa_inspect
+
+        ignored |= set(sa_inspect(connection).get_table_names()) - tenant_table_names(connection, schema)
     if connection.in_transaction() and not was_in_transaction:
         connection.commit()  # end only the read we just started, never a host's transaction
     context.configure(
         connection=connection,
         target_metadata=metadata,
         version_table=version_table,
+        version_table_schema=schema,
         # Alembic assumes SQLite DDL is not transactional; with our BEGIN it is, and
         # each revision commits or rolls back as one unit.
         transactional_ddl=True,
@@ -124,7 +224,7 @@ def run_migrations_online() -> None:
     if connection is not None:
         run_on(connection)
         return
-    engine = create_engine(resolve_url(), foreign_keys=False)
+    engine = create_engine(resolve_url(), foreign_keys=False, schema=x_args.get("schema"))
     try:
         with engine.connect() as conn:
             run_on(conn)

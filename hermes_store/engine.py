@@ -5,6 +5,10 @@ DDL and SELECTs run in autocommit and ``BEGIN IMMEDIATE`` is never issued. We ta
 transaction control away from the driver (``isolation_level = None``) and emit our own
 ``BEGIN`` from SQLAlchemy's ``begin`` event. That makes migrations atomic, lets writers
 take the write lock up front, and makes SAVEPOINT-based test fixtures roll back cleanly.
+
+On PostgreSQL one database can hold several stores, one per tenant schema
+(``create_engine(url, schema="team_a")`` or ``…?schema=team_a``): see :func:`bind_schema`.
+Schema names are checked here (:func:`check_schema`), before anything connects.
 """
 
 from __future__ import annotations
@@ -28,6 +32,117 @@ BEGIN_MODE = "hermes_store_begin"
 DEFAULT_BUSY_TIMEOUT_MS = 1000
 
 
+#: URL query parameter naming one tenant's PostgreSQL schema (``…/db?schema=team_a``).
+#: It stays in ``engine.url`` (so an Engine handed on keeps its tenant) and is taken out
+#: of the connection parameters before the driver sees them.
+SCHEMA_PARAM = "schema"
+#: Execution option a Connection carries when it works inside one tenant's schema.
+SCHEMA_OPTION = "hermes_store_schema"
+#: A plain identifier: never quoted differently, never folded, never a system schema.
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_SYSTEM_SCHEMAS = frozenset({"information_schema"})
+
+
+def _blank_schema(url: str) -> bool:
+    """Whether a URL string has a ``schema`` query parameter with an empty value."""
+    from urllib.parse import parse_qsl
+
+    query = url.split("?", 1)[1] if "?" in url else ""
+    return any(k == SCHEMA_PARAM and not v for k, v in parse_qsl(query, keep_blank_values=True))
+
+
+def check_schema(name: object) -> str:
+    """``name`` when it is a plain schema identifier; InvalidInputError otherwise.
+
+    Checked before any connection is made. Plain means lower-case ASCII letters,
+    digits and ``_``, not starting with a digit, at most 63 characters (PostgreSQL's
+    limit: a longer name would be cut silently), and not a system schema (``pg_*``,
+    ``information_schema``). Such a name needs no quoting rules to be right.
+    """
+    if (
+        not isinstance(name, str)
+        or not _SCHEMA_NAME.fullmatch(name)
+        or name.startswith("pg_")
+        or name in _SYSTEM_SCHEMAS
+    ):
+        shown = repr(name[:80] if isinstance(name, str) else name)
+        shown = shown if len(shown) <= 90 else shown[:87] + "…"
+        raise errors.InvalidInputError(
+            f"schema name {shown} is not a plain identifier: use 1 to 63 of a-z, 0-9 and _, "
+            "not starting with a digit or pg_ (and not information_schema)"
+        )
+    return name
+
+
+def schema_in_url(url: URL) -> str | None:
+    """The tenant schema a URL names (``?schema=``), checked; None when it names none."""
+    raw = url.query.get(SCHEMA_PARAM)
+    if raw is None:
+        return None
+    if url.get_backend_name() != "postgresql":
+        raise errors.InvalidInputError(
+            f"?{SCHEMA_PARAM}= names a PostgreSQL schema; a {url.get_backend_name()} database has none"
+        )
+    if isinstance(raw, tuple):
+        raise errors.InvalidInputError(f"the URL names {len(raw)} schemas; give one ?{SCHEMA_PARAM}=")
+    return check_schema(raw)
+
+
+def with_schema(target: str | os.PathLike[str] | URL, schema: str | None) -> URL:
+    """``target`` as a URL that keeps one tenant in PostgreSQL schema ``schema``.
+
+    ``None`` leaves the URL as it is (a ``?schema=`` it holds is still checked). A
+    SQLite target, a bad name, or a URL already naming another schema is refused with
+    :class:`~hermes_store.errors.InvalidInputError`, before anything connects.
+    """
+    url = to_url(target)
+    bound = schema_in_url(url)
+    if schema is None:
+        return url
+    check_schema(schema)
+    if url.get_backend_name() != "postgresql":
+        raise errors.InvalidInputError(
+            f"schema={schema!r}: per-tenant schemas exist on PostgreSQL only; "
+            f"a {url.get_backend_name()} database has no schemas"
+        )
+    if bound is not None and bound != schema:
+        raise errors.InvalidInputError(f"the URL names schema {bound!r} and schema={schema!r} was given; pick one")
+    return url.update_query_dict({SCHEMA_PARAM: schema})
+
+
+def schema_of(target: Engine | Connection | URL | str | os.PathLike[str]) -> str | None:
+    """The tenant schema an Engine, Connection or URL is bound to (None: the default schema)."""
+    if isinstance(target, Connection):
+        found = target.get_execution_options().get(SCHEMA_OPTION)
+        return found if found is not None else schema_of(target.engine)
+    if isinstance(target, Engine):
+        return schema_in_url(target.url)
+    return schema_in_url(to_url(target))
+
+
+def tenant_of(target: Engine | Connection | URL | str | os.PathLike[str], schema: str | None) -> str | None:
+    """The schema to work in: ``schema`` or the one ``target`` is bound to.
+
+    Both given and different, a SQLite target with a schema, or a bad name:
+    InvalidInputError, before any connection.
+    """
+    if schema is not None:
+        check_schema(schema)
+    if isinstance(target, (Engine, Connection)):
+        bound = schema_of(target)
+        if schema is not None and target.dialect.name != "postgresql":
+            raise errors.InvalidInputError(
+                f"schema={schema!r}: per-tenant schemas exist on PostgreSQL only; "
+                f"a {target.dialect.name} database has no schemas"
+            )
+        if schema is not None and bound is not None and bound != schema:
+            raise errors.InvalidInputError(
+                f"this engine works in schema {bound!r} and schema={schema!r} was given; pick one"
+            )
+        return schema if schema is not None else bound
+    return schema_in_url(with_schema(target, schema))
+
+
 def default_db_path() -> Path:
     """``$HERMES_HOME/state.db``, else ``~/.hermes/state.db`` (Hermes' own default)."""
     home = os.environ.get("HERMES_HOME")
@@ -41,7 +156,12 @@ def to_url(target: str | os.PathLike[str] | URL) -> URL:
         return target
     s = os.fspath(target)
     if "://" in s:
-        return make_url(s)
+        url = make_url(s)
+        if SCHEMA_PARAM not in url.query and _blank_schema(s):
+            # The URL parser drops "?schema=" with no value; that would silently mean
+            # the default schema, which is not what was written.
+            check_schema("")
+        return url
     return make_url("sqlite://").set(database=str(Path(s).expanduser()))
 
 
@@ -207,6 +327,7 @@ def install_begin_hook(target: Engine | Connection) -> None:
 def create_engine(
     target: str | os.PathLike[str] | URL,
     *,
+    schema: str | None = None,
     foreign_keys: bool = True,
     busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
     **kwargs: Any,
@@ -217,15 +338,27 @@ def create_engine(
     connection the server dropped (restart, idle timeout) is replaced before use
     instead of failing a caller; its DDL is transactional without our BEGIN hook, and
     ``foreign_keys``/``busy_timeout_ms`` are SQLite settings it ignores.
+
+    ``schema`` (or ``?schema=`` in the URL) keeps one tenant in its own PostgreSQL
+    schema: see :func:`bind_schema`. A bad name or a SQLite target is refused here.
     """
-    url = to_url(target)
+    url = with_schema(target, schema)
     if url.get_backend_name() == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
+        tenant = schema_in_url(url)
+        if tenant is not None:
+            kwargs["execution_options"] = {
+                **kwargs.get("execution_options", {}),
+                "schema_translate_map": {None: tenant},
+                SCHEMA_OPTION: tenant,
+            }
         engine = _sa_create_engine(url, **kwargs)
         from .dialects.postgresql import install_nul_adapters
 
         # Text cannot hold U+0000 there: the reversible mapping of hermes_store.codec.
         event.listen(engine, "connect", lambda dbapi_conn, _rec: install_nul_adapters(dbapi_conn))
+        if tenant is not None:
+            bind_schema(engine, tenant)
         install_error_translation(engine)
         return engine
     if url.get_backend_name() != "sqlite":
@@ -250,3 +383,28 @@ def create_engine(
     install_begin_hook(engine)
     install_error_translation(engine)
     return engine
+
+
+def bind_schema(engine: Engine, schema: str) -> None:
+    """Make every connection of a PostgreSQL ``engine`` work inside tenant ``schema``.
+
+    Two layers, so nothing of ours can reach another tenant: Core and ORM statements
+    name the schema outright (``schema_translate_map``, set by :func:`create_engine`),
+    and each new connection's ``search_path`` is the tenant schema alone, for the raw
+    SQL of the repositories, the revisions, the search functions and the triggers.
+    ``public`` is left out on purpose: a tenant not migrated yet gets NotMigratedError,
+    never the rows of a store kept in ``public``. Shared extensions (``pg_trgm``) need
+    no place on the path at run time (operator classes are bound when an index is built).
+    """
+    from .dialects.postgresql import set_session_search_path
+
+    def _drop_param(_dialect: Any, _rec: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        cparams.pop(SCHEMA_PARAM, None)  # ours, not a libpq option
+
+    def _enter(dbapi_conn: Any, _rec: Any) -> None:
+        set_session_search_path(dbapi_conn, [schema])
+        # Reflection (autogenerate, has_table) then reads the tenant as "the default".
+        engine.dialect.default_schema_name = schema
+
+    event.listen(engine, "do_connect", _drop_param)
+    event.listen(engine, "connect", _enter)

@@ -31,7 +31,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from . import errors, migrations, paths
 from .dialects import for_connection
 from .dialects.sqlite import _wal_warned, apply_wal_with_fallback  # noqa: F401 - public here since v1
-from .engine import create_engine, default_db_path, to_url
+from .engine import create_engine, default_db_path, schema_in_url, to_url, with_schema
 from .paths import create_private_database  # noqa: F401 - kept importable from here (CLI)
 from .repositories import MaintenanceRepository
 from .repositories.base import driver_errors
@@ -172,6 +172,8 @@ def _database_target(db_path: Any, url: str | URL | None, engine: Engine | None)
                 f"{backend} databases are not supported by SessionDB; "
                 "use a SQLite file (a path or a sqlite:///… URL) or a postgresql+psycopg://… URL"
             )
+        if schema_in_url(parsed) is not None:
+            raise errors.InvalidInputError("?schema= names a PostgreSQL tenant schema; a SQLite file has none")
         if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
             raise errors.InvalidInputError(f"SessionDB needs a database file, not {parsed.render_as_string()}")
         return Path(parsed.database).expanduser()
@@ -200,6 +202,7 @@ class SessionDB(HermesSurface):
         *,
         url: str | URL | None = None,
         engine: Engine | None = None,
+        schema: str | None = None,
     ) -> None:
         """Open (creating 0600, adopting or migrating as needed) the store at ``db_path``.
 
@@ -227,9 +230,11 @@ class SessionDB(HermesSurface):
 
         A file whose schema SQLite reports malformed is repaired once per process
         (:func:`repair_state_db_schema`, after a raw backup) and opened again.
+
+        ``schema="team_a"`` (PostgreSQL only) keeps this store in that tenant's schema.
         """
         try:
-            self._open(db_path, read_only, url, engine)
+            self._open(db_path, read_only, url, engine, schema)
         except Exception as exc:
             path = getattr(self, "db_path", None)
             if path is not None and not read_only and is_malformed_db_error(exc) \
@@ -239,16 +244,18 @@ class SessionDB(HermesSurface):
                 outcome = repair_state_db_schema(path)
                 if outcome.get("repaired"):
                     try:
-                        self._open(db_path, read_only, url, engine)
+                        self._open(db_path, read_only, url, engine, schema)
                         return
                     except Exception as again:
                         exc = again
             _set_last_init_error(f"{type(exc).__name__}: {exc}")
             raise exc
 
-    def _open(self, db_path: Any, read_only: bool, url: Any, engine: Any) -> None:
+    def _open(self, db_path: Any, read_only: bool, url: Any, engine: Any, schema: str | None = None) -> None:
         target = _database_target(db_path, url, engine)
         self.read_only = bool(read_only)
+        if schema is not None:  # as ?schema= in the URL: hermes_store.engine.with_schema
+            target = with_schema(target, schema)
         #: The SQLite file (None on a server); ``url`` is set either way.
         self.db_path: Path | None = target if isinstance(target, Path) else None
         self.url: URL = to_url(target)

@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.engine import URL
 
 from . import adopt, errors, paths
-from .engine import to_url
+from .engine import tenant_of, to_url, with_schema
 from .paths import VERSION_TABLE, head, make_config, script_location
 
 __all__ = [
@@ -87,9 +87,24 @@ def _connection(target: Target) -> Iterator[Connection]:
         yield conn
 
 
-def _run(target: Target, fn, *args, version_table: str = VERSION_TABLE):  # type: ignore[no-untyped-def]
+def _run(  # type: ignore[no-untyped-def]
+    target: Target, fn, *args, version_table: str = VERSION_TABLE, schema: str | None = None, create: bool = False
+):
     with _connection(target) as conn:
-        return paths.run_alembic(conn, fn, *args, version_table=version_table)
+        return paths.run_alembic(conn, fn, *args, version_table=version_table, schema=schema, create_schema=create)
+
+
+def _tenant(target: Target, schema: str | None) -> tuple[Target, str | None]:
+    """``(target, tenant schema)``: the schema given or the one ``target`` is bound to.
+
+    A path or URL target is given the schema (``?schema=``), so the connection we open
+    for it works there. Refused before anything connects or is created (InvalidInputError):
+    a name that is not a plain identifier, a schema on SQLite, two different schemas.
+    """
+    tenant = tenant_of(target, schema)
+    if tenant is not None and not isinstance(target, (Engine, Connection)):
+        target = with_schema(target, tenant)
+    return target, tenant
 
 
 def _prepare_file(target: Target) -> tuple[Path | None, Path | None]:
@@ -124,28 +139,38 @@ def _drop_if_untouched(created: Path | None, before: os.stat_result | None) -> N
                 leftover.unlink()
 
 
-def current(target: Target, *, version_table: str = VERSION_TABLE) -> str | None:
+def current(target: Target, *, version_table: str = VERSION_TABLE, schema: str | None = None) -> str | None:
     """The revision the database is at (None when un-stamped, missing or empty).
 
     Our version table first; failing that, a host application's version table holding
     a revision of our chain (our revisions run as a branch of the host's Alembic).
     Never creates the file: asking is not a reason to leave an empty database behind.
+    With ``schema`` (PostgreSQL), the revision of that tenant; a schema that does not
+    exist yet is None, and is not created.
     """
+    target, schema = _tenant(target, schema)
     path = _file_path(target)
     if path is not None:
         if not path.exists() or path.stat().st_size == 0:
             return None
         paths.check_target(path, write=False)
     with _reading(target) as conn:
-        return _revision_of(conn, version_table)[1]
+        return _revision_of(conn, version_table, schema)[1]
 
 
-def _revision_of(conn: Connection, version_table: str) -> tuple[str | None, str | None]:
-    """``(version table, revision)``: ours, else a host's holding one of our ids."""
-    if inspect(conn).has_table(version_table):
-        ctx = MigrationContext.configure(conn, opts={"version_table": version_table})
+def _revision_of(
+    conn: Connection, version_table: str, schema: str | None = None
+) -> tuple[str | None, str | None]:
+    """``(version table, revision)``: ours, else a host's holding one of our ids.
+
+    A tenant's tables are looked up in its schema by name, never along the search
+    path, where a store kept in ``public`` could stand in for a tenant that has none.
+    """
+    if inspect(conn).has_table(version_table, schema=schema):
+        opts = {"version_table": version_table, "version_table_schema": schema}
+        ctx = MigrationContext.configure(conn, opts=opts)
         return version_table, ctx.get_current_revision()
-    found = paths.host_revision(conn, version_table)
+    found = paths.host_revision(conn, version_table, schema=schema)
     return found if found else (None, None)
 
 
@@ -161,7 +186,9 @@ def _reading(target: Target) -> Iterator[Connection]:
                 conn.rollback()
 
 
-def upgrade(target: Target, revision: str = "head", *, version_table: str = VERSION_TABLE) -> str | None:
+def upgrade(
+    target: Target, revision: str = "head", *, version_table: str = VERSION_TABLE, schema: str | None = None
+) -> str | None:
     """Upgrade to ``revision``; each revision is its own atomic transaction.
 
     Before anything is written: the path kind and permissions are checked (a dangling
@@ -173,7 +200,15 @@ def upgrade(target: Target, revision: str = "head", *, version_table: str = VERS
     adopted first (:func:`hermes_store.adopt.adopt`: all-or-nothing, the original kept
     as ``<name>.pre-adopt.bak``). When another process adopts it first, this waits for
     it and carries on with an ordinary upgrade of the adopted file.
+
+    ``schema`` (PostgreSQL only) migrates one tenant: its tables, functions, triggers,
+    search objects and version table go in that schema, created when missing; other
+    schemas are not touched. An Engine or URL bound to a schema (``?schema=``) means
+    the same.
     """
+    target, schema = _tenant(target, schema)
+    if schema is not None:
+        return _upgrade_tenant(target, revision, version_table, schema)
     _refuse_going_back(target, revision, version_table)
     path, created = _prepare_file(target)
     if path is not None and created is None and adopt.needs_adoption(path, version_table):
@@ -199,7 +234,15 @@ def upgrade(target: Target, revision: str = "head", *, version_table: str = VERS
     return current(target, version_table=version_table)
 
 
-def _refuse_going_back(target: Target, revision: str, version_table: str) -> None:
+def _upgrade_tenant(target: Target, revision: str, version_table: str, schema: str) -> str | None:
+    """:func:`upgrade` of one PostgreSQL tenant: no file, no adoption, no legacy ids."""
+    _refuse_going_back(target, revision, version_table, schema)
+    if not _check_known(target, version_table, revision, schema):
+        _run(target, command.upgrade, revision, version_table=version_table, schema=schema, create=True)
+    return current(target, version_table=version_table, schema=schema)
+
+
+def _refuse_going_back(target: Target, revision: str, version_table: str, schema: str | None = None) -> None:
     """An upgrade to a revision below the current one is a mistake, not a no-op.
 
     Alembic would silently do nothing; the caller asked for a schema it will not get.
@@ -208,7 +251,7 @@ def _refuse_going_back(target: Target, revision: str, version_table: str) -> Non
     order = paths.revision_order()
     if revision not in order:
         return  # "head", relative steps and unknown ids are handled further on
-    cur = current(target, version_table=version_table)
+    cur = current(target, version_table=version_table, schema=schema)
     if cur in LEGACY_IDS:
         return  # an old id of ours, restamped before anything runs (see _restamp_legacy)
     if cur in order and order.index(revision) < order.index(cur):
@@ -218,20 +261,31 @@ def _refuse_going_back(target: Target, revision: str, version_table: str) -> Non
         )
 
 
-def downgrade(target: Target, revision: str, *, version_table: str = VERSION_TABLE) -> str | None:
-    """Downgrade to ``revision`` (``"base"`` removes everything)."""
+def downgrade(
+    target: Target, revision: str, *, version_table: str = VERSION_TABLE, schema: str | None = None
+) -> str | None:
+    """Downgrade to ``revision`` (``"base"`` removes everything).
+
+    With ``schema``, only that tenant's objects; its schema and (empty) version table
+    stay, like the version table of a database taken to base. A missing schema is not created.
+    """
+    target, schema = _tenant(target, schema)
     _prepare_file(target)
-    _restamp_legacy(target, version_table)
-    if _check_known(target, version_table, revision):
-        return current(target, version_table=version_table)
-    _run(target, command.downgrade, revision, version_table=version_table)
-    return current(target, version_table=version_table)
+    if schema is None:
+        _restamp_legacy(target, version_table)
+    if _check_known(target, version_table, revision, schema):
+        return current(target, version_table=version_table, schema=schema)
+    if schema is not None and current(target, version_table=version_table, schema=schema) is None:
+        return None  # nothing of this tenant to take down (and no schema to create for it)
+    _run(target, command.downgrade, revision, version_table=version_table, schema=schema)
+    return current(target, version_table=version_table, schema=schema)
 
 
-def stamp(target: Target, revision: str, *, version_table: str = VERSION_TABLE) -> None:
-    """Record ``revision`` without running it."""
+def stamp(target: Target, revision: str, *, version_table: str = VERSION_TABLE, schema: str | None = None) -> None:
+    """Record ``revision`` without running it (in tenant ``schema``'s version table, creating the schema)."""
+    target, schema = _tenant(target, schema)
     _prepare_file(target)
-    _run(target, command.stamp, revision, version_table=version_table)
+    _run(target, command.stamp, revision, version_table=version_table, schema=schema, create=schema is not None)
 
 
 #: Our CJK bigram revision was once called "0024", the id Hermes schema v24 needs.
@@ -268,7 +322,7 @@ def _restamp_legacy(target: Target, version_table: str) -> str | None:
         return new
 
 
-def _check_known(target: Target, version_table: str, revision: str | None = None) -> bool:
+def _check_known(target: Target, version_table: str, revision: str | None = None, schema: str | None = None) -> bool:
     """Refuse, untouched, what our revisions must not run on; True when there is nothing to do.
 
     * a Hermes file not adopted yet (reached with an Engine/Connection; a path is
@@ -281,10 +335,10 @@ def _check_known(target: Target, version_table: str, revision: str | None = None
     """
     with _reading(target) as conn:
         try:
-            tables = set(inspect(conn).get_table_names())
+            tables = set(inspect(conn).get_table_names(schema=schema))
         except Exception as exc:  # sqlite3.DatabaseError: file is not a database
             raise errors.NotADatabaseError(f"not a SQLite database: {exc}") from exc
-        table, rev = _revision_of(conn, version_table)
+        table, rev = _revision_of(conn, version_table, schema)
     if table is not None and table != version_table:
         wanted = head() if revision in (None, "head", "heads") else revision
         if rev == wanted:

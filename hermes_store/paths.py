@@ -34,7 +34,7 @@ from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.exc import DBAPIError
 
 from . import errors
-from .engine import create_engine, to_url
+from .engine import check_schema, create_engine, to_url
 
 #: Name of our Alembic version table; a host's ``alembic_version`` is never touched.
 VERSION_TABLE = "hermes_store_version"
@@ -57,13 +57,26 @@ def script_location() -> Path:
     raise errors.HermesStoreError("hermes_store migrations are missing from this installation")
 
 
-def make_config(url: str | None = None, *, version_table: str = VERSION_TABLE) -> Config:
-    """An Alembic Config pointing at our scripts, independent of any alembic.ini."""
+#: ``Config.attributes`` keys env.py reads: the tenant schema to migrate, and whether
+#: the command may create it (upgrade, stamp) or only work in it (downgrade, current).
+SCHEMA_ATTRIBUTE = "hermes_store.schema"
+CREATE_SCHEMA_ATTRIBUTE = "hermes_store.create_schema"
+
+
+def make_config(
+    url: str | None = None, *, version_table: str = VERSION_TABLE, schema: str | None = None
+) -> Config:
+    """An Alembic Config pointing at our scripts, independent of any alembic.ini.
+
+    ``schema``: the PostgreSQL schema of one tenant (see :func:`hermes_store.engine.check_schema`).
+    """
     cfg = Config()
     cfg.set_main_option("script_location", str(script_location()))
     cfg.set_main_option("version_table", version_table)
     if url is not None:
         cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    if schema is not None:
+        cfg.attributes[SCHEMA_ATTRIBUTE] = check_schema(schema)
     return cfg
 
 
@@ -95,15 +108,21 @@ def _pick_host_revision(
     return None
 
 
-def host_revision(conn: Connection, version_table: str = VERSION_TABLE) -> tuple[str, str] | None:
+def host_revision(
+    conn: Connection, version_table: str = VERSION_TABLE, *, schema: str | None = None
+) -> tuple[str, str] | None:
     """``(table, revision)`` when a host application's Alembic ran our revisions as a
     branch of its own (README, "Way 2"), so our revision sits in *its* version table
-    and ours does not exist. None otherwise (callers check our own table first)."""
+    and ours does not exist. None otherwise (callers check our own table first).
+
+    ``schema``: look in that PostgreSQL schema only (a tenant), not along the search path.
+    """
     insp = inspect(conn)
+    prefix = f'"{schema}".' if schema is not None else ""
     return _pick_host_revision(
-        insp.get_table_names(),
-        lambda t: [c["name"] for c in insp.get_columns(t)],
-        lambda t: [r[0] for r in conn.exec_driver_sql(f'SELECT version_num FROM "{t}"')],
+        insp.get_table_names(schema=schema),
+        lambda t: [c["name"] for c in insp.get_columns(t, schema=schema)],
+        lambda t: [r[0] for r in conn.exec_driver_sql(f'SELECT version_num FROM {prefix}"{t}"')],
         version_table,
     )
 
@@ -119,17 +138,29 @@ def host_revision_raw(conn: sqlite3.Connection, version_table: str = VERSION_TAB
     )
 
 
-def run_alembic(conn: Connection, fn: Callable[..., Any], *args: Any, version_table: str = VERSION_TABLE) -> Any:
+def run_alembic(
+    conn: Connection,
+    fn: Callable[..., Any],
+    *args: Any,
+    version_table: str = VERSION_TABLE,
+    schema: str | None = None,
+    create_schema: bool = False,
+) -> Any:
     """Run an Alembic command (``command.upgrade``…) on ``conn``.
 
     A transaction the caller had open stays the caller's to commit or roll back, and
     the revisions run inside it; one the command left open on an idle connection is
     committed. Safe to call from inside another Alembic run (a host's env.py).
+
+    ``schema`` runs the command in one tenant's PostgreSQL schema (env.py points the
+    connection there and puts it back afterwards); ``create_schema`` lets it create
+    the schema first.
     """
     hosted = conn.in_transaction()
     if hosted:
         join_driver_transaction(conn)
-    cfg = make_config(version_table=version_table)
+    cfg = make_config(version_table=version_table, schema=schema)
+    cfg.attributes[CREATE_SCHEMA_ATTRIBUTE] = create_schema
     cfg.attributes["connection"] = conn
     with _outer_alembic_kept():
         result = fn(cfg, *args)
@@ -169,10 +200,11 @@ def _outer_alembic_kept() -> Iterator[None]:
 
 
 @contextmanager
-def migration_connection(target: Any) -> Iterator[Connection]:
+def migration_connection(target: Any, *, schema: str | None = None) -> Iterator[Connection]:
     """A connection for migrations: foreign keys off, since legacy files may hold
-    dangling references and table rebuilds must not cascade."""
-    engine = create_engine(target, foreign_keys=False)
+    dangling references and table rebuilds must not cascade. ``schema``: a tenant's
+    PostgreSQL schema (or the one the URL names)."""
+    engine = create_engine(target, foreign_keys=False, schema=schema)
     try:
         with connect(engine) as conn:
             yield conn

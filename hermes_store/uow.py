@@ -6,6 +6,9 @@
         uow.commit()          # optional: persist what came before, keep working
         ...
     # committed here; an exception inside the block rolls back what followed the last commit()
+
+On PostgreSQL, ``UnitOfWork(engine, schema="team_a")`` works inside one tenant's schema
+(an engine made with ``create_engine(url, schema=…)`` already does).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from sqlalchemy import Connection, Engine
 
 from . import errors
 from .dialects import for_connection
+from .engine import SCHEMA_OPTION, schema_of, tenant_of
 from .repositories.maintenance import remove_committed_files
 from .repositories import (
     CompressionRepository,
@@ -29,6 +33,16 @@ from .repositories import (
     SessionRepository,
     UsageRepository,
 )
+
+
+def _in_schema(engine: Engine, schema: str | None) -> Engine:
+    """``engine`` working in tenant ``schema``: the same pool, Core statements naming the
+    schema (``schema_translate_map``). One per engine and schema, kept on the engine, so
+    what repositories cache per engine (table columns) is never shared between tenants."""
+    kept: dict[str, Engine] = engine.__dict__.setdefault("_hermes_store_tenants", {})
+    if schema not in kept:
+        kept[schema] = engine.execution_options(schema_translate_map={None: schema}, **{SCHEMA_OPTION: schema})
+    return kept[schema]
 
 
 class UnitOfWork:
@@ -45,18 +59,34 @@ class UnitOfWork:
     housekeeping: HousekeepingRepository
     gateway: GatewayRepository
 
-    def __init__(self, engine: Engine, *, write: bool = True) -> None:
+    def __init__(self, engine: Engine, *, write: bool = True, schema: str | None = None) -> None:
+        """``schema``: the PostgreSQL schema of one tenant (a bad name, a SQLite engine, or
+        an engine bound to another schema is an InvalidInputError, raised here)."""
+        #: The tenant schema, or None for the engine's own (default) schema.
+        self.schema = tenant_of(engine, schema)
+        # An engine bound to the tenant points every connection there already; any
+        # other engine's connection is pointed there for each transaction only.
+        self._per_transaction = self.schema is not None and schema_of(engine) is None
         self.engine = engine
+        self._source = _in_schema(engine, self.schema) if self._per_transaction else engine
         self.write = write
         self.conn: Connection | None = None
 
+    def _begin(self, conn: Connection) -> None:
+        conn.begin()
+        if self._per_transaction:
+            from .dialects.postgresql import enter_schema_for_transaction
+
+            assert self.schema is not None
+            enter_schema_for_transaction(conn, self.schema)
+
     def __enter__(self) -> "UnitOfWork":
-        conn = self.engine.connect()
+        conn = self._source.connect()
         try:
             # Writers take the write lock at BEGIN (SQLite), so a transaction never
             # fails half-way through on a lock upgrade.
             conn.execution_options(**for_connection(conn).begin_options(self.write))
-            conn.begin()
+            self._begin(conn)
         except BaseException:
             conn.close()  # a failed BEGIN (locked, read-only) must not leak the connection
             raise
@@ -79,7 +109,7 @@ class UnitOfWork:
             raise errors.HermesStoreError("UnitOfWork.commit() called outside its 'with' block")
         self.conn.commit()
         remove_committed_files(self.conn)
-        self.conn.begin()
+        self._begin(self.conn)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

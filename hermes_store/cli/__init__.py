@@ -57,15 +57,24 @@ __all__ = [
 @click.option("--db", "db_path", type=DbPath(), metavar="PATH",
               help="Database file [default: $HERMES_HOME/state.db, else ~/.hermes/state.db].")
 @click.option("--url", metavar="URL", type=TEXT, help="Database URL instead of --db: sqlite:///path or postgresql+psycopg://user@host/db.")
+@click.option("--schema", metavar="NAME", type=TEXT,
+              help="With a PostgreSQL --url: the schema of one tenant (created by upgrade); "
+                   "same as ?schema=NAME in the URL.")
 @click.option("--json", "as_json", is_flag=True, help="Machine output: one JSON document on stdout (JSON Lines for export).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars or side-notes.")
 @click.version_option(__version__, prog_name=PROG)
 @click.pass_context
-def cli(ctx: click.Context, db_path: Path | None, url: str | None, as_json: bool, quiet: bool) -> None:
+def cli(ctx: click.Context, db_path: Path | None, url: str | None, schema: str | None, as_json: bool,
+        quiet: bool) -> None:
     """Inspect and maintain a Hermes Agent session store (state.db)."""
     if db_path is not None and url is not None:
         raise click.UsageError("use either --db or --url, not both")
-    path, server = parse_target(url) if url is not None else (db_path.expanduser() if db_path else default_db_path(), None)
+    if schema is not None and url is None:
+        raise click.UsageError("--schema needs a PostgreSQL --url (a SQLite file has no schemas)")
+    if url is not None:
+        path, server = parse_target(url, schema=schema)
+    else:
+        path, server = db_path.expanduser() if db_path else default_db_path(), None
     ctx.obj = State(path=path, json=as_json, quiet=quiet, url=server)
 
 

@@ -33,7 +33,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import adopt as adopt_mod, errors, migrations, paths
-from ..engine import to_url
+from ..engine import schema_in_url, to_url, with_schema
 from ..facade import SessionDB
 from ..dialects import for_dialect
 from ..repositories.maintenance import DAY
@@ -373,15 +373,27 @@ def relation(child: dict[str, Any], parent: dict[str, Any] | None) -> str:
 # ---------------------------------------------------------------------------- database access
 
 
-def parse_target(url: str) -> tuple[Path | None, str | None]:
-    """``--url``: the file behind a ``sqlite:///`` URL, or a PostgreSQL server URL."""
+def parse_target(url: str, *, schema: str | None = None) -> tuple[Path | None, str | None]:
+    """``--url``: the file behind a ``sqlite:///`` URL, or a PostgreSQL server URL.
+
+    ``schema`` (``--schema``) is folded into the server URL as ``?schema=``, so every
+    command, and everything it calls with that URL, works inside that tenant; a bad
+    name, a ``?schema=`` naming another one, or a schema on SQLite are bad arguments.
+    """
     try:
         parsed = to_url(url if "://" in url else f"sqlite:///{url}")
     except Exception as exc:  # sqlalchemy.exc.ArgumentError and friends
         raise click.BadParameter(f"not a database URL: {exc}", param_hint="'--url'") from exc
     backend = parsed.get_backend_name()
+    if backend != "postgresql" and schema is not None:
+        raise click.BadParameter("--schema needs a PostgreSQL URL (a SQLite file has no schemas)",
+                                 param_hint="'--schema'")
+    try:
+        bound = with_schema(parsed, schema) if backend == "postgresql" else schema_in_url(parsed)
+    except errors.InvalidInputError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--schema'" if schema is not None else "'--url'") from exc
     if backend == "postgresql":
-        return None, url
+        return None, url if schema is None else bound.render_as_string(hide_password=False)
     if backend != "sqlite":
         raise click.BadParameter(f"only sqlite:/// and postgresql:// URLs are supported, got {backend!r}",
                                  param_hint="'--url'")
