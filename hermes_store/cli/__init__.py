@@ -16,7 +16,7 @@ been adopted yet is refused with a pointer to ``hermes-store adopt``, which keep
 backup and reports what it did.
 
 One module per command group: ``schema`` (upgrade, current, adopt, demo), ``browse``
-(sessions, show, lineage, search, stats), ``transfer`` (export, import), ``maintain``
+(sessions, show, lineage, search, stats), ``transfer`` (export, import, copy), ``maintain``
 (prune, fts); ``_common`` holds what they share.
 """
 

@@ -1,4 +1,5 @@
-"""Moving sessions in and out: export (JSON Lines, streamed) and import (idempotent)."""
+"""Moving sessions in and out: export (JSON Lines, streamed), import (idempotent), and
+copy (a whole history from one database to another, resumable and verified)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,20 @@ from typing import Any, Callable, Iterator
 import click
 from rich.text import Text
 
-from ._common import TEXT, CliError, _state, fmt_num, json_option, printable, session_db, stdout_console
+from ..copy import DEFAULT_BATCH, MAX_BATCH, CopyReport, CopyVerificationError, copy_history
+from ..errors import HermesStoreError
+from ._common import (
+    TEXT,
+    CliError,
+    Whole,
+    _state,
+    fitted_table,
+    fmt_num,
+    json_option,
+    printable,
+    session_db,
+    stdout_console,
+)
 
 # ---------------------------------------------------------------------------- export / import
 
@@ -148,4 +162,137 @@ def import_cmd(file: Path) -> None:
                                     f"({fmt_num(counter['messages'])} message(s) read from {printable(file)})"))
 
 
-COMMANDS = (export, import_cmd)
+# ---------------------------------------------------------------------------- copy
+
+#: Progress bar labels per copy stage (the library reports stage names).
+COPY_STAGES = {
+    "snapshot": "Snapshotting the source",
+    "sessions": "Copying sessions",
+    "index": "Indexing search",
+    "verify": "Verifying",
+}
+
+
+def copy_progress(bar: Any) -> Callable[[str, int, int | None], None]:
+    """One bar per stage of :func:`hermes_store.copy.copy_history`."""
+    tasks: dict[str, Any] = {}
+
+    def cb(stage: str, done: int, total: int | None) -> None:
+        if stage not in tasks:
+            if stage.startswith("adopt:"):
+                label = f"Adopting a copy of the source ({stage[6:]})"
+            else:
+                label = COPY_STAGES.get(stage, f"Copying {stage}")
+            tasks[stage] = bar.add_task(label, total=total)
+        bar.update(tasks[stage], completed=done, total=total)
+
+    return cb
+
+
+@click.command("copy")
+@click.option("--from", "source", type=TEXT, metavar="SRC",
+              help="Copy from this path or URL [default: the --db/--url database].")
+@click.option("--to", "destination", type=TEXT, metavar="DST", required=True,
+              help="Copy to this path or URL: created, or migrated to the newest revision.")
+@click.option("--merge", is_flag=True,
+              help="Add to a destination that already holds data (sessions already there are kept, as import does).")
+@click.option("--batch", type=Whole(1, MAX_BATCH), default=DEFAULT_BATCH, show_default=True, metavar="N",
+              help="Messages (and rows) per transaction.")
+@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Where an unadopted source file is adopted in a temporary copy [default: next to a file "
+                   "destination, else the temporary folder].")
+@json_option
+def copy_cmd(source: str | None, destination: str, merge: bool, batch: int, work_dir: Path | None) -> None:
+    """Copy a whole history between SQLite files and PostgreSQL databases.
+
+    SRC and DST are each a file path or a URL (sqlite:///… or postgresql+psycopg://…).
+    The source is only read (an unadopted Hermes file is adopted in a temporary copy).
+    Sessions, messages (with their ids), titles, lineage, the usage ledger and the rest
+    of the history are copied in batches; a killed copy resumes where it stopped when
+    run again, and a finished one changes nothing. At the end row counts and a
+    checksum per session are compared on both sides; a mismatch exits with code 1 and
+    names the sessions. A destination that already holds data is refused unless
+    --merge is given.
+    """
+    st = _state()
+    src: Any = source if source is not None else (st.url if st.url is not None else st.path)
+    failure: HermesStoreError | None = None
+    with st.progress() as bar:
+        try:
+            report = copy_history(src, destination, merge=merge, batch=batch, work_dir=work_dir,
+                                  progress=copy_progress(bar))
+        except CopyVerificationError as exc:
+            report, failure = exc.report, exc
+    if st.json:
+        st.emit(report.as_dict())
+    else:
+        print_copy_report(report)
+    if failure is not None:
+        raise CliError(str(failure))
+
+
+def print_copy_report(report: CopyReport) -> None:
+    """The human summary: what moved, per-table counts on both sides, the checks."""
+    out = stdout_console()
+    where = f"from {printable(report.source)} to {printable(report.destination)}"
+    if report.already_complete and not report.sessions_copied:
+        out.print(Text(f"Nothing to copy {where}: the destination already holds this copy."))
+    else:
+        verb = "Resumed and finished the copy" if report.resumed else "Copied"
+        out.print(Text(f"{verb} {where}: {fmt_num(report.sessions_copied)} session(s), "
+                       f"{fmt_num(report.messages_copied)} message(s) in this run."))
+    if report.sessions_present:
+        why = ("copied by an earlier run, or there before and kept as they are" if report.merge
+               else "copied by an earlier run")
+        out.print(Text(f"{fmt_num(report.sessions_present)} session(s) were in the destination already ({why})."))
+    rows = [[name, fmt_num(c["source"]), fmt_num(c["destination"])] for name, c in report.tables.items()]
+    if rows:
+        out.print(fitted_table(out, ["table", "source", "destination"], rows, flex=0, right=(1, 2)))
+    notes: list[str] = []
+    if report.not_copyable:
+        notes.append("not copyable (a NULL key, or rows of a session that does not exist): "
+                     + ", ".join(f"{t} {fmt_num(n)}" for t, n in sorted(report.not_copyable.items())))
+    if report.renumbered_sessions:
+        notes.append(f"{fmt_num(len(report.renumbered_sessions))} session(s) got new message ids (theirs were taken): "
+                     + _listed(report.renumbered_sessions))
+    if report.renamed_titles:
+        notes.append(f"{fmt_num(len(report.renamed_titles))} title(s) were taken and renamed: "
+                     + ", ".join(f"{old!r} → {new!r}" for _sid, old, new in report.renamed_titles[:5])
+                     + (" …" if len(report.renamed_titles) > 5 else ""))
+    if report.dropped_links:
+        notes.append(f"{fmt_num(len(report.dropped_links))} parent link(s) to sessions that exist nowhere were dropped: "
+                     + _listed([child for child, _parent in report.dropped_links]))
+    if report.dropped_prompts:
+        notes.append(f"{fmt_num(len(report.dropped_prompts))} system prompt reference(s) without their prompt were dropped")
+    if report.skipped_tables:
+        notes.append("not copied: " + ", ".join(f"{t} ({why})" for t, why in sorted(report.skipped_tables.items())))
+    if report.skipped_columns:
+        notes.append("columns hermes_store does not know, not copied: "
+                     + ", ".join(f"{t}.{c}" for t, cols in sorted(report.skipped_columns.items()) for c in cols))
+    if report.indexed_rows or report.rebuilt_indexes:
+        notes.append(f"search: {fmt_num(report.indexed_rows)} row(s) indexed"
+                     + (f", rebuilt {', '.join(report.rebuilt_indexes)}" if report.rebuilt_indexes else ""))
+    for note in notes:
+        out.print(Text("  " + printable(note), style="dim"))
+    checks = f"{fmt_num(report.sessions_checked)} session checksum(s)"
+    if report.ok:
+        out.print(Text(f"Verified: row counts and {checks} match "
+                       f"(source {report.source_checksum[:16]}, destination {report.destination_checksum[:16]})."))
+        if report.kept_sessions:
+            out.print(Text(f"  {fmt_num(len(report.kept_sessions))} session(s) the destination already had differ from "
+                           f"the source and were kept as they are: {_listed(report.kept_sessions)}", style="dim"))
+    else:
+        out.print(Text(f"Verification FAILED ({checks}; source {report.source_checksum[:16]}, "
+                       f"destination {report.destination_checksum[:16]})."))
+        if report.mismatched_sessions:
+            out.print(Text(f"  sessions that differ: {_listed(report.mismatched_sessions, 20)}"))
+        for table, n in sorted(report.mismatched_rows.items()):
+            out.print(Text(f"  {table}: {fmt_num(n)} row(s) missing or different"))
+
+
+def _listed(ids: list[Any], limit: int = 5) -> str:
+    shown_ids = ", ".join(printable(repr(i)) for i in ids[:limit])
+    return shown_ids + (f" and {fmt_num(len(ids) - limit)} more" if len(ids) > limit else "")
+
+
+COMMANDS = (export, import_cmd, copy_cmd)
