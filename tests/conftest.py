@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 import sqlite3
 from pathlib import Path
 from typing import Callable, Iterator
@@ -210,16 +211,24 @@ def pg_database(pg_url: str) -> Iterator[str]:
     A database per test (not a schema) so extensions, functions and the version table
     of one test can never be seen by another running in parallel.
     """
+    with server_database(pg_url) as url:
+        yield url
+
+
+@contextmanager
+def server_database(pg_url: str, options: str = "", prefix: str = "hs_test_") -> Iterator[str]:
+    """A fresh database of its own on the test server (its URL), dropped afterwards;
+    ``options`` go to CREATE DATABASE. Every test database is made here."""
     import uuid
 
     from sqlalchemy import create_engine as sa_create_engine
     from sqlalchemy.engine import make_url
 
-    name = f"hs_test_{uuid.uuid4().hex[:16]}"
+    name = f"{prefix}{uuid.uuid4().hex[:16]}"
     admin = sa_create_engine(pg_url, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"{options}')
         try:
             yield make_url(pg_url).set(database=name).render_as_string(hide_password=False)
         finally:

@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 
 import time
-import uuid
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from sqlalchemy import create_engine as sa_create_engine
+
+from .conftest import server_database
 from sqlalchemy import select, text
-from sqlalchemy.engine import make_url
 
 from hermes_store import SessionDB, UnitOfWork
 from hermes_store.errors import HermesStoreError, InvalidInputError
@@ -38,21 +36,9 @@ MESSAGES = Base.metadata.tables["messages"]
 # ---------------------------------------------------------------------- helpers
 
 
-@contextmanager
-def extra_pg_database(pg_url: str) -> Iterator[str]:
+def extra_pg_database(pg_url: str):
     """One more fresh database on the test server (the conftest fixture gives one per test)."""
-    name = f"hs_test_{uuid.uuid4().hex[:16]}"
-    admin = sa_create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        try:
-            yield make_url(pg_url).set(database=name).render_as_string(hide_password=False)
-        finally:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        admin.dispose()
+    return server_database(pg_url)
 
 
 @pytest.fixture

@@ -12,16 +12,15 @@ import re
 import shutil
 import sqlite3
 import unicodedata
-import uuid
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from .conftest import server_database as _server_database
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from hermes_store import SessionDB
@@ -42,22 +41,9 @@ def fuzz_settings(backend: str, examples: int) -> settings:
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@contextmanager
-def server_database(pg_url: str, options: str = "") -> Iterator[str]:
-    """A database of its own on the test server (its URL), for fixtures wider than one
-    test (``pg_database`` is per test); ``options`` go to CREATE DATABASE. Dropped after."""
-    name = f"hs_mod_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"{options}')
-        try:
-            yield make_url(pg_url).set(database=name).render_as_string(hide_password=False)
-        finally:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        admin.dispose()
+def server_database(pg_url: str, options: str = ""):
+    """A database of its own for fixtures wider than one test (``pg_database`` is per test)."""
+    return _server_database(pg_url, options, prefix="hs_mod_")
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
