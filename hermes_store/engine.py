@@ -285,8 +285,16 @@ def _translate_hook(context: ExceptionContext) -> None:
 
 
 def install_error_translation(engine: Engine) -> None:
-    """Turn driver errors callers can meet (full disk, read-only, bad text) into typed errors."""
-    if engine.dialect.name in ("sqlite", "postgresql") and not event.contains(engine, "handle_error", _translate_hook):
+    """Turn driver errors callers can meet (full disk, read-only, bad text) into typed errors.
+
+    Idempotent by looking at the dialect's own listener list, not ``event.contains``:
+    SQLAlchemy's registry keys listeners by ``id()`` of the dialect, so a new engine
+    whose dialect reuses a dead one's address could be judged "already hooked" and
+    pass a raw driver error to a caller (seen once in CI, under SQLAlchemy 2.1).
+    """
+    if engine.dialect.name not in ("sqlite", "postgresql"):
+        return
+    if not any(fn is _translate_hook for fn in engine.dialect.dispatch.handle_error):
         event.listen(engine, "handle_error", _translate_hook)
 
 
@@ -320,7 +328,9 @@ def install_begin_hook(target: Engine | Connection) -> None:
     """
     if target.dialect.name != "sqlite":
         return
-    if not event.contains(target, "begin", _emit_begin):
+    # The listener list itself, not event.contains (keyed by id(), see above); on a
+    # Connection it includes the engine's listeners, so a hooked engine is not hooked twice.
+    if not any(fn is _emit_begin for fn in target.dispatch.begin):
         event.listen(target, "begin", _emit_begin)
 
 

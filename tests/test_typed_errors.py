@@ -327,3 +327,29 @@ def test_errors_from_sqlalchemy_paths_are_typed(engine) -> None:
         # An ordinary SQL error is not ours to rename.
         with pytest.raises(OperationalError):
             conn.execute(text("SELECT no_such_column FROM sessions"))
+
+
+def test_hooks_do_not_trust_the_id_keyed_event_registry(head_db: Path, monkeypatch) -> None:
+    """A new engine is hooked even if SQLAlchemy's registry claims it already is.
+
+    The registry keys listeners by ``id()`` of the dialect or connection, so a new one
+    at a dead one's address can look hooked (CI once passed a raw UnicodeEncodeError to
+    a caller). Simulate that stale entry: every ``event.contains`` answers yes.
+    """
+    monkeypatch.setattr(event, "contains", lambda *a, **k: True)
+    eng = create_engine(head_db)
+    try:
+        with eng.connect() as conn:
+            with pytest.raises(errors.InvalidInputError):
+                conn.execute(text("SELECT * FROM sessions WHERE id = :i"), {"i": BAD_ID})
+            conn.rollback()
+            # The BEGIN hook too: a write inside begin() must be a real transaction
+            # the driver can roll back.
+            with pytest.raises(RuntimeError):
+                with conn.begin():
+                    conn.execute(text("INSERT INTO state_meta (key, value) VALUES ('probe', '1')"))
+                    assert conn.connection.driver_connection.in_transaction
+                    raise RuntimeError("abort")
+            assert conn.execute(text("SELECT count(*) FROM state_meta WHERE key = 'probe'")).scalar() == 0
+    finally:
+        eng.dispose()
