@@ -418,6 +418,46 @@ def test_triggers_and_search_functions_resolve_in_their_own_tenant(pg_database: 
         b.close()
 
 
+def test_a_foreign_connection_writing_into_a_tenant_fires_that_tenants_triggers(
+    pg_database: str, plain: Engine
+) -> None:
+    """hs0005: a writer with the default search_path (psql, a host's engine) writing into
+    ``team_a.messages`` runs team_a's triggers against team_a's tables, never public's."""
+    public = SessionDB(pg_database)
+    a = SessionDB(pg_database, schema="team_a")
+    insert = ("INSERT INTO {schema}.messages (session_id, role, content, timestamp, display_identity)"
+              " VALUES ('s1', 'user', {content!r}, 1.0, '\\x01'::bytea) RETURNING id")
+    try:
+        public.create_session("s1", "cli")
+        a.create_session("s1", "cli")
+        a.append_message("s1", "user", "filler")
+        a.append_message("s1", "user", "filler")
+        a.set_meta("hermes_store.cjk_bigram_high_water", "1000")
+        with plain.begin() as conn:
+            assert conn.exec_driver_sql("SHOW search_path").scalar() == '"$user", public'
+            # public: a visible row with identity 01 and order 1, the wrong peer to find.
+            public_id = conn.exec_driver_sql(insert.format(schema="public", content="p")).scalar()
+            peer = conn.exec_driver_sql(insert.format(schema="team_a", content="peer")).scalar()
+            new_id = conn.exec_driver_sql(insert.format(schema="team_a", content="中文 peer")).scalar()
+            # Hidden, then visible again: the visibility trigger updates its peers.
+            conn.exec_driver_sql(f"UPDATE team_a.messages SET active = 0 WHERE id = {new_id}")
+            conn.exec_driver_sql(f"UPDATE team_a.messages SET active = 1 WHERE id = {new_id}")
+        with plain.connect() as conn:
+            orders = dict(conn.exec_driver_sql("SELECT id, display_order FROM team_a.messages").all())
+            assert (peer, orders[peer]) == (3, 3) and orders[new_id] == 3  # team_a's own peer
+            assert conn.exec_driver_sql("SELECT id, display_order FROM public.messages").all() == [(public_id, public_id)]
+            assert conn.exec_driver_sql("SELECT count(*) FROM team_a.messages_cjk_bigram_dirty").scalar() == 1
+            assert conn.exec_driver_sql("SELECT count(*) FROM public.messages_cjk_bigram_dirty").scalar() == 0
+            pinned = conn.exec_driver_sql(
+                "SELECT p.proname, p.proconfig FROM pg_proc p"
+                " WHERE p.pronamespace = 'team_a'::regnamespace AND p.prorettype = 'trigger'::regtype").all()
+        assert len(pinned) == 5 and all(cfg == ["search_path=team_a"] for _name, cfg in pinned)
+        assert [m["id"] for m in a.search_messages("中文")] == [new_id]
+    finally:
+        public.close()
+        a.close()
+
+
 def test_vacuum_of_a_tenant_works_on_its_own_tables(pg_database: str, plain: Engine) -> None:
     a = SessionDB(pg_database, schema="team_a")
     b = SessionDB(pg_database, schema="team_b")
