@@ -408,7 +408,7 @@ def wrap(owner, name):
 if kind == "insert":
     wrap(MessageRepository, "insert_rows")
 elif kind == "marker":
-    wrap(copier._Copier, "_store_marker")
+    wrap(copier.Copier, "_store_marker")
 copier.copy_history(src, dst, batch=batch, progress=progress)
 print("finished without being killed")
 """

@@ -1,0 +1,133 @@
+"""The destination before anything is written: what it holds, whether this run may
+write there (an empty store, this copy's own unfinished run, or ``merge``), and the
+engine that writes it."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Engine, event, func, inspect, select
+
+from .. import adopt, errors, migrations, paths
+from ..dialects import for_connection
+from ..engine import create_engine
+from .endpoints import Endpoint, readonly_engine
+from .plan import (COPIED_TABLES, MARKER_FORMAT, MARKER_KEY, TABLES, CopyReport, DestinationNotEmptyError,
+                   meta_key_copied)
+
+
+
+@dataclass
+class DestState:
+    revision: str | None = None
+    #: Rows per copied table (state_meta: keys that travel).
+    data: dict[str, int] = field(default_factory=dict)
+    marker: dict[str, Any] | None = None
+
+    @property
+    def rows(self) -> int:
+        return sum(self.data.values())
+
+
+def _read_marker(value: Any) -> dict[str, Any] | None:
+    try:
+        marker = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return marker if isinstance(marker, dict) and marker.get("format") == MARKER_FORMAT else None
+
+
+def _dest_state(conn: Connection, label: str) -> DestState:
+    names = set(inspect(conn).get_table_names())
+    ours = paths.VERSION_TABLE in names or paths.host_revision(conn) is not None
+    if not ours:
+        if "schema_version" in names:
+            raise errors.AdoptionError(
+                f"{label} is a Hermes state.db that is not adopted yet; adopt it first "
+                "(hermes-store --db PATH adopt) or copy to a new file. Nothing was written"
+            )
+        if names & {"sessions", "messages"}:
+            raise errors.NotAHermesDatabaseError(
+                f"{label} has a sessions/messages table that hermes_store did not make; refusing to write into it"
+            )
+        return DestState()
+    state = DestState(revision=migrations.current(conn))
+    if state.revision is not None and state.revision not in paths.our_revision_ids() | set(migrations.LEGACY_IDS):
+        raise errors.SchemaTooNewError(
+            f"{label} is at revision {state.revision!r}, which this hermes_store does not know; upgrade hermes_store"
+        )
+    for name in COPIED_TABLES:
+        if name not in names:
+            continue
+        if name == "state_meta":
+            meta = TABLES["state_meta"]
+            rows = conn.execute(select(meta.c.key, meta.c.value)).all()
+            state.data[name] = sum(1 for key, _v in rows if meta_key_copied(key))
+            state.marker = next((_read_marker(v) for k, v in rows if k == MARKER_KEY), None)
+        else:
+            state.data[name] = int(conn.execute(select(func.count()).select_from(TABLES[name])).scalar() or 0)
+    return state
+
+
+def inspect_destination(dst: Endpoint) -> DestState:
+    """What the destination holds, read without writing or creating anything."""
+    if dst.path is not None:
+        real = paths.check_target(dst.path, write=True, create=True)
+        if not real.exists() or real.stat().st_size == 0:
+            return DestState()
+        paths.check_file(real, recovery_ok=True)
+        if adopt.needs_adoption(real):
+            raise errors.AdoptionError(
+                f"{real} is a Hermes state.db that is not adopted yet; adopt it first "
+                f"(hermes-store --db {real} adopt) or copy to a new file. Nothing was written"
+            )
+        with readonly_engine(real) as engine, engine.connect() as conn:
+            try:
+                return _dest_state(conn, str(real))
+            except sqlite3.DatabaseError as exc:
+                raise paths.sqlite_refusal(real, exc) from exc
+    engine = create_engine(dst.url)  # type: ignore[arg-type]
+    try:
+        with paths.connect(engine) as conn:
+            try:
+                return _dest_state(conn, dst.label)
+            finally:
+                conn.rollback()
+    finally:
+        engine.dispose()
+
+
+def decide(state: DestState, source: str, merge: bool, report: CopyReport) -> dict[str, Any]:
+    """The marker this run works under; refuses a destination holding other data."""
+    marker = state.marker
+    if marker is not None and marker.get("source") == source:
+        if marker.get("merge") and not merge:
+            raise DestinationNotEmptyError(
+                f"{report.destination} holds an unfinished or finished copy of {source} that was started with "
+                "--merge (the destination held other data before it); pass --merge again to carry on. Nothing was written"
+            )
+        report.already_complete = marker.get("state") == "done"
+        report.resumed = not report.already_complete
+        return dict(marker)  # its own merge flag: a copy into an empty store stays exact
+    if state.rows and not merge:
+        held = ", ".join(f"{n:,} {t}" for t, n in state.data.items() if n)
+        raise DestinationNotEmptyError(
+            f"{report.destination} already holds data ({held}); pass --merge to add this history to it "
+            "(sessions already there are kept as they are, as import does). Nothing was written"
+        )
+    return {"format": MARKER_FORMAT, "source": source, "merge": bool(state.rows) and merge, "state": "running",
+            "started_at": time.time(), "pending_links": {}}
+
+
+def writer_engine(dst: Endpoint) -> Engine:
+    """The destination's engine, set up as SessionDB sets up its own (WAL on a file)."""
+    target: Any = dst.path if dst.path is not None else dst.url
+    engine = create_engine(target, busy_timeout_ms=60_000)
+    dialect = for_connection(engine)
+    event.listen(engine, "connect", lambda dbapi_conn, _rec: dialect.on_connect(dbapi_conn, label="copy destination"))
+    return engine
+

@@ -1,0 +1,125 @@
+"""The two sides of a copy: a SQLite file or a server URL, parsed with typed errors
+before anything is touched, and refused when both name the same database."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.pool import StaticPool
+
+from .. import errors, paths
+from ..engine import create_engine
+
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One side of a copy: a SQLite file or a server URL."""
+
+    role: str
+    path: Path | None = None
+    url: URL | None = None
+
+    @property
+    def label(self) -> str:
+        """How the side is shown and recorded (a server URL without its password)."""
+        if self.path is not None:
+            return str(self.path)
+        assert self.url is not None
+        return self.url.render_as_string(hide_password=True)
+
+
+def endpoint(value: Any, role: str) -> Endpoint:
+    """Parse ``value`` (a path, a ``sqlite:///`` or ``postgresql://`` URL) into an Endpoint.
+
+    Typed errors, nothing touched: an empty value, a NUL or undecodable bytes in a path,
+    a URL that does not parse, an in-memory database, an unsupported kind of database.
+    ``postgresql://`` means the psycopg driver, the one hermes_store ships with.
+    """
+    if isinstance(value, Endpoint):
+        return value
+    if isinstance(value, URL):
+        url = value
+    else:
+        try:
+            raw = os.fspath(value)
+        except TypeError:
+            raise errors.InvalidInputError(
+                f"the {role} must be a path or a database URL, not {type(value).__name__}") from None
+        text_value = os.fsdecode(raw) if isinstance(raw, bytes) else raw
+        if not text_value.strip():
+            raise errors.InvalidInputError(f"the {role} is empty; give a file path or a database URL")
+        if "\x00" in text_value:
+            raise errors.InvalidInputError(f"the {role} holds a NUL character")
+        if "://" not in text_value:
+            try:
+                text_value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise errors.InvalidInputError(
+                    f"the {role} path {text_value!r} is not UTF-8; SQLite cannot open it (rename it or link to it)"
+                ) from None
+            return Endpoint(role, path=Path(text_value).expanduser())
+        scheme = text_value.split("://", 1)[0]
+        try:
+            url = make_url(text_value)
+        except Exception:  # sqlalchemy.exc.ArgumentError, ValueError from a bad port...
+            # The text itself is not repeated: it may hold a password.
+            raise errors.InvalidInputError(f"the {role} is not a valid {scheme}:// database URL") from None
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        if not url.database:
+            raise errors.InvalidInputError(f"the {role} URL names no database (postgresql+psycopg://user@host/DBNAME)")
+        if url.drivername == "postgresql":
+            url = url.set(drivername="postgresql+psycopg")
+        return Endpoint(role, url=url)
+    if backend == "sqlite":
+        database = url.database
+        if not database or database == ":memory:" or database.startswith("file:"):
+            raise errors.InvalidInputError(f"the {role} URL must name a database file (sqlite:///path/to/state.db)")
+        return Endpoint(role, path=Path(database).expanduser())
+    raise errors.UnsupportedDatabaseError(
+        f"the {role} is a {backend} database; copy supports SQLite files and postgresql+psycopg:// servers"
+    )
+
+
+def _server_key(url: URL) -> tuple[str, int, str, str]:
+    """Where a server URL points: host, port, database and tenant schema (``?schema=``)."""
+    host = (url.host or "localhost").lower()
+    if host in ("127.0.0.1", "::1", "[::1]"):
+        host = "localhost"
+    schema = url.query.get("schema")
+    return host, int(url.port or 5432), str(url.database), str(schema or "")
+
+
+def refuse_same(src: Endpoint, dst: Endpoint) -> None:
+    """Copying a store onto itself would read what it writes: refused before anything else."""
+    same = False
+    if src.path is not None and dst.path is not None:
+        a, b = os.path.realpath(src.path), os.path.realpath(dst.path)
+        same = a == b
+        if not same and os.path.exists(a) and os.path.exists(b):
+            with suppress(OSError):
+                same = os.path.samefile(a, b)
+    elif src.url is not None and dst.url is not None:
+        same = _server_key(src.url) == _server_key(dst.url)
+    if same:
+        raise errors.InvalidInputError(f"the source and the destination are the same database ({dst.label})")
+
+
+
+@contextmanager
+def readonly_engine(path: Path) -> Iterator[Engine]:
+    """An engine on one read-only connection to ``path`` (sidecars we create are removed)."""
+    with paths.readonly_connection(path) as raw:
+        engine = create_engine("sqlite://", creator=lambda: raw, poolclass=StaticPool)
+        try:
+            yield engine
+        finally:
+            engine.dispose()
+
