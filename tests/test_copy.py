@@ -23,6 +23,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -32,7 +33,9 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import make_url
 
 from hermes_store import SessionDB, adopt, errors, migrations
-from hermes_store.copy import MARKER_KEY, CopyVerificationError, DestinationNotEmptyError, copy_history
+from hermes_store.copy import MARKER_KEY, CopyError, CopyInProgressError, CopyVerificationError, DestinationNotEmptyError, copy_history
+from hermes_store.copy.destination import destination_lock
+from hermes_store.copy.endpoints import endpoint
 from hermes_store.models import Base
 
 from .conftest import HERMES_DBS
@@ -202,6 +205,27 @@ def test_a_copy_keeps_every_row_of_every_table(direction: tuple[str, str], place
         top = max(r["id"] for r in want["messages"])
         assert db.append_message("solo", "user", "after the copy") > top
     assert migrations.current(dst) == migrations.head()
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_ids_the_source_handed_out_are_never_handed_out_again(direction: tuple[str, str],
+                                                              place: Callable[[str, str], Any]) -> None:
+    """The source's newest messages were deleted: their ids stay retired in the copy,
+    as in the source (AUTOINCREMENT's sqlite_sequence, PostgreSQL's identity)."""
+    src = place(direction[0], "src")
+    with SessionDB(src) as db:
+        db.create_session("s", "cli")
+        kept = db.append_message("s", "user", "kept")
+        newest = [db.append_message("s", "user", f"deleted {i}") for i in range(3)]
+        db._write(lambda conn: conn.execute(delete(M).where(M.c.id.in_(newest))))
+        retired = db.append_message("s", "user", "probe")  # what the source itself hands out next
+        db._write(lambda conn: conn.execute(delete(M).where(M.c.id == retired)))
+    assert retired > max(newest) > kept
+    dst = place(direction[1], "dst")
+    assert copy_history(src, dst).ok
+    with SessionDB(dst) as db:
+        assert [m["id"] for m in db.get_messages("s")] == [kept]
+        assert db.append_message("s", "user", "after the copy") > retired
 
 
 def test_hermes_opens_a_file_copied_from_a_server(place: Callable[[str, str], Any]) -> None:
@@ -470,6 +494,95 @@ def test_a_killed_copy_is_finished_by_the_command_line(place: Callable[[str, str
     assert summary["ok"] and summary["resumed"] and summary["sessions_present"] > 0
     with SessionDB(dst) as db:
         assert contents(db) == want
+
+
+# ---------------------------------------------------------------------- two copies into one destination
+
+PAUSER = r"""
+import json, sys, time
+from pathlib import Path
+from hermes_store import copy as copier
+
+src, dst, flag, go = json.loads(sys.argv[1])
+
+def progress(stage, done, total):
+    if stage == "sessions" and not Path(flag).exists():
+        Path(flag).write_text("paused")  # after its first committed batch, holding the destination
+        while not Path(go).exists():
+            time.sleep(0.02)
+
+copier.copy_history(src, dst, batch=2, progress=progress)
+print("finished")
+"""
+
+
+@pytest.mark.parametrize("direction", [DIRECTIONS[1], DIRECTIONS[2]])
+def test_a_second_copy_into_a_busy_destination_is_refused_and_writes_nothing(
+        direction: tuple[str, str], place: Callable[[str, str], Any], tmp_path: Path) -> None:
+    """Two copies into one store would each decide from a state the other is changing:
+    the second is refused at once (CopyInProgressError), then the first finishes exactly."""
+    src, want, _hits = filled(direction[0], place)
+    other, _other_want, _h = filled(direction[0], place, "other")
+    dst = place(direction[1], "dst")
+    flag, go = tmp_path / "paused", tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    first = subprocess.Popen([sys.executable, "-c", PAUSER, json.dumps([str(src), str(dst), str(flag), str(go)])],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for _ in range(3000):
+            if flag.exists() or first.poll() is not None:
+                break
+            time.sleep(0.02)
+        assert flag.exists(), first.communicate(timeout=5)
+        with SessionDB(dst) as db:
+            during = everything(db)
+        before = file_state(dst) if direction[1] == "sqlite" else None
+        for source in (src, other):  # the same copy and a different one: both wait their turn
+            with pytest.raises(CopyInProgressError, match="another hermes-store copy") as caught:
+                copy_history(source, dst)
+            assert isinstance(caught.value, CopyError)
+            result = run("copy", "--from", source, "--to", dst)
+            assert result.code != 0 and "another hermes-store copy" in one_line_error(result, result.code)
+        if before is not None:
+            assert file_state(dst) == before
+        with SessionDB(dst) as db:
+            assert everything(db) == during
+    finally:
+        go.write_text("go")
+        out, err = first.communicate(timeout=600)
+    assert first.returncode == 0 and "finished" in out, err
+    with SessionDB(dst) as db:
+        assert contents(db) == want
+    assert copy_history(src, dst).already_complete  # the lock went with the first copy
+    if direction[1] == "sqlite":
+        assert not Path(f"{dst}.copy-lock").exists()
+
+
+def test_a_copy_into_and_out_of_tenant_schemas(place: Callable[[str, str], Any], tmp_path: Path) -> None:
+    """``?schema=`` on either side: a file into tenant team_a, team_a into team_b of the
+    same database, team_b back to a file. Each tenant ends up with the whole history
+    and the default store of that database stays empty."""
+    src, want, want_hits = filled("sqlite", place)
+    server = place("postgresql", "tenants")
+
+    def tenant(schema: str) -> str:
+        return make_url(server).update_query_dict({"schema": schema}).render_as_string(hide_password=False)
+
+    assert copy_history(src, tenant("team_a")).ok
+    assert copy_history(tenant("team_a"), tenant("team_b")).ok
+    back = tmp_path / "back.db"
+    assert copy_history(tenant("team_b"), back).ok
+    for where in (tenant("team_a"), tenant("team_b"), back):
+        with SessionDB(where) as db:
+            assert contents(db) == want and hits(db) == want_hits
+    with SessionDB(server) as public:
+        assert public.session_count() == 0 and public.message_count() == 0
+    # The destination lock is per schema: a copy holding team_b leaves team_c free.
+    with destination_lock(endpoint(tenant("team_b"), "destination")):
+        with pytest.raises(CopyInProgressError):
+            copy_history(src, tenant("team_b"))
+        assert copy_history(src, tenant("team_c")).ok
 
 
 # ---------------------------------------------------------------------- a Hermes file as the source

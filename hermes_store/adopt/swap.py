@@ -45,7 +45,6 @@ it in a subprocess to ``os._exit`` or pause at a step; unset it costs one global
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import stat
@@ -56,6 +55,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .. import errors
+from ..locks import holding, try_flock
 from ..paths import SIDECARS, fsync_dir, fsync_file, is_read_only
 
 #: Suffix of the backup kept next to the adopted file.
@@ -147,27 +147,7 @@ def _leftovers(p: Path) -> list[Path]:
 
 def _try_lock(path: Path) -> int | None:
     """A descriptor holding ``flock`` on the current lock file, or None when busy."""
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, PRIVATE)
-        except PermissionError as exc:
-            raise errors.ReadOnlyDatabaseError(f"cannot create the adoption lock {path}: {exc}") from exc
-        except OSError as exc:
-            raise errors.AdoptionError(f"cannot create the adoption lock {path}: {exc}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except OSError as exc:
-            os.close(fd)
-            raise errors.AdoptionError(f"cannot lock {path} ({exc}); is the folder on a filesystem without locks?") from exc
-        # The previous holder removes the file when done; we may have locked that
-        # removed inode. Only the file still at the path counts.
-        current = _stat(path)
-        if current is not None and current.st_ino == os.fstat(fd).st_ino:
-            return fd
-        os.close(fd)
+    return try_flock(path, error=errors.AdoptionError)
 
 
 @contextmanager
@@ -196,12 +176,8 @@ def adoption_lock(p: Path, *, wait: float | None = None) -> Iterator[bool]:
             step("lock_wait")
         time.sleep(0.05)
         fd = _try_lock(path)
-    try:
+    with holding(path, fd):
         yield True
-    finally:
-        with suppress(OSError):
-            path.unlink()
-        os.close(fd)
 
 
 # ------------------------------------------------------------------ swap

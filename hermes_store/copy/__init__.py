@@ -45,7 +45,14 @@ it is dropped and reported, as is a ``system_prompt_hash`` without its prompt.
 **Every column, ids included.** Rows are copied as stored (no decoding and re-encoding),
 message ids are kept, so anchors and exports stay valid, and NULLs stay NULL even where
 a trigger or a column default would fill them in (``display_order`` pending Hermes'
-backfill). On PostgreSQL the identity of ``messages.id`` is moved past the copied ids.
+backfill). The destination's message-id counter is moved past every id the source
+ever handed out, its deleted newest messages' included (SQLite's ``sqlite_sequence``,
+PostgreSQL's identity), so no id ever names two different messages.
+
+**One copy into a store at a time.** A second copy into a destination another copy is
+writing is refused at once with :class:`CopyInProgressError`, writing nothing: ``flock``
+on ``<file>.copy-lock`` beside a file, a session-level advisory lock per database and
+schema on a server. Both vanish with a killed holder, so a resume is never blocked.
 
 What is copied, and why the rest is not:
 
@@ -105,13 +112,14 @@ from sqlalchemy.engine import URL
 from .. import errors, migrations, paths
 from ..dialects import for_connection
 from .copier import Copier
-from .destination import decide, inspect_destination, writer_engine
+from .destination import decide, destination_lock, inspect_destination, writer_engine
 from .endpoints import endpoint, refuse_same
 from .plan import (
     DEFAULT_BATCH,
     MARKER_KEY,
     MAX_BATCH,
     CopyError,
+    CopyInProgressError,
     CopyReport,
     CopyVerificationError,
     DestinationNotEmptyError,
@@ -125,6 +133,7 @@ __all__ = [
     "MARKER_KEY",
     "MAX_BATCH",
     "CopyError",
+    "CopyInProgressError",
     "CopyReport",
     "CopyVerificationError",
     "DestinationNotEmptyError",
@@ -170,16 +179,17 @@ def copy_history(
     source_label = str(Path(os.path.realpath(source.path))) if source.path is not None else source.label
     report = CopyReport(source=source_label, destination=target.label, merge=merge)
     started = time.monotonic()
-    state = inspect_destination(target)
-    marker = decide(state, source_label, merge, report)
-    report.merge = bool(marker.get("merge"))
-    if work_dir is not None:
-        folder = Path(work_dir)
-    elif target.path is not None:
-        folder = Path(os.path.realpath(target.path)).parent
-    else:
-        folder = Path(tempfile.gettempdir())
     with ExitStack() as stack:
+        stack.enter_context(destination_lock(target))  # one copy into a store at a time
+        state = inspect_destination(target)
+        marker = decide(state, source_label, merge, report)
+        report.merge = bool(marker.get("merge"))
+        if work_dir is not None:
+            folder = Path(work_dir)
+        elif target.path is not None:
+            folder = Path(os.path.realpath(target.path)).parent
+        else:
+            folder = Path(tempfile.gettempdir())
         clock = time.monotonic()
         src_engine = stack.enter_context(source_engine(source, folder, progress, report))
         src_conn = stack.enter_context(paths.connect(src_engine))

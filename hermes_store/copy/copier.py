@@ -41,6 +41,7 @@ class Copier(Verifier):
         self.pending = 0  # rows written in the open destination transaction
         self.wrote = False  # anything written since the marker was last stored
         self.identity_behind = False
+        self.src_high = 0  # the source's message-id high-water mark (copy_sessions)
         self.buffer = _Buffer()
         self.mcols: list[str] = []
 
@@ -146,6 +147,9 @@ class Copier(Verifier):
         self.mcols = self.columns("messages") or []
         self.ucols = self.columns("session_model_usage")
         self.id_at = self.mcols.index("id") if "id" in self.mcols else None
+        # Ids the source handed out, its deleted newest messages' included: the
+        # destination's counter goes past them, so no id ever names two messages.
+        self.src_high = self.src_dialect.identity_high_water(self.src, "messages") if self.mcols else 0
         # NULLs a trigger or a column default would fill in on the way in: put back after.
         info = self.dst_dialect.table_info(self.dst, "messages")
         self.restore_nulls = [name for name, not_null, default in info
@@ -177,7 +181,7 @@ class Copier(Verifier):
             self.wrote = True
         # Later appends continue after the copied ids (every run: a killed one may have
         # committed its ids without getting here).
-        self.dst_dialect.sync_identity(self.dst, "messages")
+        self.dst_dialect.sync_identity(self.dst, "messages", at_least=self.src_high)
         self.identity_behind = False
         self.commit("sessions", done, total)
 
@@ -342,7 +346,7 @@ class Copier(Verifier):
             self._restore_nulls([(item["id"], item) for item in items])
         else:
             if self.identity_behind:
-                self.dst_dialect.sync_identity(self.dst, "messages")  # new ids must follow the kept ones
+                self.dst_dialect.sync_identity(self.dst, "messages", at_least=self.src_high)  # after the kept ones
                 self.identity_behind = False
             placed = []
             for item in items:

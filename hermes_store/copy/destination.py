@@ -7,18 +7,60 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from sqlalchemy import Connection, Engine, event, func, inspect, select
+from sqlalchemy.pool import NullPool
 
 from .. import adopt, errors, migrations, paths
 from ..dialects import for_connection
+from ..dialects.postgresql import release_session_lock, try_session_lock
 from ..engine import create_engine
-from .endpoints import Endpoint, readonly_engine
-from .plan import (COPIED_TABLES, MARKER_FORMAT, MARKER_KEY, TABLES, CopyReport, DestinationNotEmptyError,
-                   meta_key_copied)
+from ..locks import holding, try_flock
+from .endpoints import Endpoint, readonly_engine, server_key
+from .plan import (COPIED_TABLES, LOCK_SUFFIX, MARKER_FORMAT, MARKER_KEY, TABLES, CopyError, CopyInProgressError,
+                   CopyReport, DestinationNotEmptyError, meta_key_copied)
 
+
+
+@contextmanager
+def destination_lock(dst: Endpoint) -> Iterator[None]:
+    """Hold the destination for this run: a second copy into it is refused, not interleaved.
+
+    Two copies writing one store at once would each decide from a state the other is
+    changing (both "empty", one marker overwriting the other). A file destination is
+    guarded by ``flock`` on ``<file>.copy-lock`` beside it, a server by a session-level
+    advisory lock per database and schema; either is dropped when the holder dies, so a
+    killed copy never blocks its own resume.
+    """
+    if dst.path is not None:
+        real = paths.check_target(dst.path, write=True, create=True)
+        lock = real.with_name(real.name + LOCK_SUFFIX)
+        fd = try_flock(lock, error=CopyError)
+        if fd is None:
+            raise CopyInProgressError(_busy(dst))
+        with holding(lock, fd):
+            yield
+        return
+    schema = server_key(dst.url)[3]  # type: ignore[arg-type]
+    engine = create_engine(dst.url, isolation_level="AUTOCOMMIT", poolclass=NullPool)  # type: ignore[arg-type]
+    try:
+        with engine.connect() as conn:
+            if not try_session_lock(conn, "copy", schema):
+                raise CopyInProgressError(_busy(dst))
+            try:
+                yield
+            finally:
+                release_session_lock(conn, "copy", schema)
+    finally:
+        engine.dispose()
+
+
+def _busy(dst: Endpoint) -> str:
+    return (f"another hermes-store copy is writing to {dst.label} right now; nothing was written. Run this "
+            "again when it has finished (the same copy resumes where it stopped)")
 
 
 @dataclass

@@ -88,7 +88,7 @@ def endpoint(value: Any, role: str) -> Endpoint:
     )
 
 
-def _server_key(url: URL) -> tuple[str, int, str, str]:
+def server_key(url: URL) -> tuple[str, int, str, str]:
     """Where a server URL points: host, port, database and tenant schema (``?schema=``)."""
     host = (url.host or "localhost").lower()
     if host in ("127.0.0.1", "::1", "[::1]"):
@@ -107,7 +107,7 @@ def refuse_same(src: Endpoint, dst: Endpoint) -> None:
             with suppress(OSError):
                 same = os.path.samefile(a, b)
     elif src.url is not None and dst.url is not None:
-        same = _server_key(src.url) == _server_key(dst.url)
+        same = server_key(src.url) == server_key(dst.url)
     if same:
         raise errors.InvalidInputError(f"the source and the destination are the same database ({dst.label})")
 

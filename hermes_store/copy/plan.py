@@ -18,6 +18,8 @@ MAX_BATCH = 100_000
 #: ``state_meta`` key of the copy's marker (JSON); see the module docstring.
 MARKER_KEY = "hermes_store.copy"
 MARKER_FORMAT = 1
+#: Suffix of the lock file next to a file destination (``state.db.copy-lock``).
+LOCK_SUFFIX = ".copy-lock"
 #: Prefix of the private work folders holding an adopted copy of a source file.
 WORK_PREFIX = ".hermes-store-copy-"
 #: Free space a work copy needs, in source sizes: the copy, and adoption's own copy of it.
@@ -79,6 +81,10 @@ class CopyError(errors.HermesStoreError):
 
 class DestinationNotEmptyError(CopyError):
     """The destination already holds data and ``merge`` was not given; nothing was written."""
+
+
+class CopyInProgressError(CopyError):
+    """Another copy is writing to the same destination right now; this one wrote nothing."""
 
 
 class CopyVerificationError(CopyError):

@@ -73,8 +73,13 @@ class Dialect(Protocol):
     def ping(self, conn: Connection) -> None:
         """Round trip that proves the connection works."""
 
-    def sync_identity(self, conn: Connection, table: str, column: str = "id") -> None:
-        """After inserts with explicit ids, make the next generated id follow them."""
+    def sync_identity(self, conn: Connection, table: str, column: str = "id", *, at_least: int = 0) -> None:
+        """After inserts with explicit ids, make the next generated id follow them (and
+        follow ``at_least``: ids another store handed out, so none is ever reused)."""
+
+    def identity_high_water(self, conn: Connection, table: str, column: str = "id") -> int:
+        """The highest id the table's counter ever handed out (0 when none): higher
+        than every row's when the newest rows were deleted."""
 
     # -------------------------------------------------------------- introspection
 

@@ -76,6 +76,8 @@ def install_nul_adapters(dbapi_conn: Any) -> None:
 SHARED_EXTENSIONS = ("pg_trgm",)
 #: Advisory lock class of our migrations (two int4 keys: this class and a schema hash).
 _MIGRATION_LOCK_CLASS = 0x4853  # "HS"
+#: Advisory lock class of other one-at-a-time jobs (a copy into a store), keyed by purpose and schema.
+_PURPOSE_LOCK_CLASS = 0x4854
 
 
 def quote_ident(name: str) -> str:
@@ -141,6 +143,21 @@ def ensure_shared_extensions(conn: Connection) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(:c, 0)"), {"c": _MIGRATION_LOCK_CLASS})
         if _extension_schema(conn, name) is None:
             conn.exec_driver_sql(f"CREATE EXTENSION IF NOT EXISTS {quote_ident(name)} WITH SCHEMA public")
+
+
+def try_session_lock(conn: Connection, purpose: str, schema: str) -> bool:
+    """Take the session-level advisory lock for ``purpose`` in ``schema`` unless someone holds it.
+
+    Held by the connection until :func:`release_session_lock` or until the session ends:
+    the server drops it when a holder's connection closes or its process dies.
+    """
+    return bool(conn.execute(text("SELECT pg_try_advisory_lock(:c, hashtext(:k))"),
+                             {"c": _PURPOSE_LOCK_CLASS, "k": f"{purpose}:{schema}"}).scalar())
+
+
+def release_session_lock(conn: Connection, purpose: str, schema: str) -> None:
+    conn.execute(text("SELECT pg_advisory_unlock(:c, hashtext(:k))"),
+                 {"c": _PURPOSE_LOCK_CLASS, "k": f"{purpose}:{schema}"})
 
 
 def migration_lock(conn: Connection, schema: str, *, held: bool, transaction: bool = False) -> None:
@@ -368,16 +385,27 @@ class PostgreSQLDialect:
     def ping(self, conn: Connection) -> None:
         conn.exec_driver_sql("SELECT 1")
 
-    def sync_identity(self, conn: Connection, table: str, column: str = "id") -> None:
-        """After rows were inserted with explicit ids, move the identity past them."""
+    def sync_identity(self, conn: Connection, table: str, column: str = "id", *, at_least: int = 0) -> None:
+        """After rows were inserted with explicit ids, move the identity past them (and
+        past ``at_least``); never backwards, so ids handed out before stay retired."""
         conn.execute(
             text(
                 f"SELECT setval(pg_get_serial_sequence(:t, :c), "
-                f"GREATEST((SELECT COALESCE(max({column}), 0) FROM {table}), 1), "
-                f"(SELECT max({column}) IS NOT NULL FROM {table}))"
+                f"GREATEST((SELECT COALESCE(max({column}), 0) FROM {table}), :n, 1, "
+                f"COALESCE(pg_sequence_last_value(pg_get_serial_sequence(:t, :c)::regclass), 0)), "
+                f"(SELECT max({column}) IS NOT NULL FROM {table}) OR :n > 0"
+                f" OR pg_sequence_last_value(pg_get_serial_sequence(:t, :c)::regclass) IS NOT NULL)"
             ),
-            {"t": table, "c": column},
+            {"t": table, "c": column, "n": int(at_least)},
         )
+
+    def identity_high_water(self, conn: Connection, table: str, column: str = "id") -> int:
+        largest = conn.exec_driver_sql(f"SELECT COALESCE(max({column}), 0) FROM {table}").scalar() or 0
+        # NULL until the sequence handed out its first value.
+        seq = conn.execute(
+            text("SELECT pg_sequence_last_value(pg_get_serial_sequence(:t, :c)::regclass)"), {"t": table, "c": column}
+        ).scalar()
+        return max(int(largest), int(seq or 0))
 
     # -------------------------------------------------------------- introspection
 

@@ -385,8 +385,30 @@ class SQLiteDialect:
     def ping(self, conn: Connection) -> None:
         conn.exec_driver_sql("SELECT 1")
 
-    def sync_identity(self, conn: Connection, table: str, column: str = "id") -> None:
-        return None  # INTEGER PRIMARY KEY always continues after the largest id
+    def sync_identity(self, conn: Connection, table: str, column: str = "id", *, at_least: int = 0) -> None:
+        # INTEGER PRIMARY KEY continues after the largest id by itself; AUTOINCREMENT
+        # (Hermes' messages) also never goes below sqlite_sequence, raised here.
+        if at_least <= 0 or not self._autoincrement(conn, table):
+            return
+        updated = conn.execute(
+            text("UPDATE sqlite_sequence SET seq = :n WHERE name = :t AND seq < :n"), {"n": at_least, "t": table}
+        ).rowcount
+        if not updated and conn.execute(
+                text("SELECT count(*) FROM sqlite_sequence WHERE name = :t"), {"t": table}).scalar() == 0:
+            conn.execute(text("INSERT INTO sqlite_sequence (name, seq) VALUES (:t, :n)"), {"n": at_least, "t": table})
+
+    def identity_high_water(self, conn: Connection, table: str, column: str = "id") -> int:
+        largest = conn.exec_driver_sql(f'SELECT max("{column}") FROM "{table}"').scalar() or 0
+        if not self._autoincrement(conn, table):
+            return int(largest)
+        seq = conn.execute(text("SELECT seq FROM sqlite_sequence WHERE name = :t"), {"t": table}).scalar() or 0
+        return max(int(largest), int(seq))
+
+    @staticmethod
+    def _autoincrement(conn: Connection, table: str) -> bool:
+        """Whether ``table`` keeps a counter in sqlite_sequence (declared AUTOINCREMENT)."""
+        sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :t"), {"t": table}).scalar()
+        return bool(sql) and "AUTOINCREMENT" in sql.upper()
 
     # -------------------------------------------------------------- introspection
 
