@@ -27,7 +27,7 @@ import re
 import sqlite3
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import TextClause, bindparam, text
 from sqlalchemy.exc import OperationalError
 
 from .. import errors
@@ -461,8 +461,7 @@ class SearchRepository(Repository):
         by their folded ``words``) and each hit's context."""
         if not rows:
             return []
-        context = self._context([r["id"] for r in rows])
-        texts = self._texts([r["id"] for r in rows if r["snippet"] is None])
+        context, texts = self._context([r["id"] for r in rows], texts=any(r["snippet"] is None for r in rows))
         hits: list[SearchHit] = []
         for r in rows:
             r.pop("rank", None)
@@ -473,19 +472,19 @@ class SearchRepository(Repository):
             hits.append(r)  # type: ignore[arg-type]
         return hits
 
-    def _context(self, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
-        """Previous message, the hit, next message (same session, by timestamp then id)."""
-        rows = self.conn.execute(_CONTEXT_SQL, {"ids": ids}).fetchall()
+    def _context(self, ids: list[int], *, texts: bool
+                 ) -> tuple[dict[int, list[dict[str, Any]]], dict[int, tuple[Any, ...]]]:
+        """Previous message, the hit, next message (same session, by timestamp then id),
+        and (``texts``) each hit's own (content, tool name, tool calls) for a snippet cut
+        here, in one statement."""
+        rows = self.conn.execute(_CONTEXT_AND_TEXTS_SQL if texts else _CONTEXT_SQL, {"ids": ids}).fetchall()
         out: dict[int, list[dict[str, Any]]] = {}
-        for hid, _pos, role, content in rows:
+        own: dict[int, tuple[Any, ...]] = {}
+        for hid, pos, role, content, tool_name, tool_calls in rows:
             out.setdefault(hid, []).append({"role": role, "content": _cut(content)})
-        return out
-
-    def _texts(self, ids: list[int]) -> dict[int, tuple[Any, ...]]:
-        if not ids:
-            return {}
-        rows = self.conn.execute(_TEXTS_SQL, {"ids": ids}).fetchall()
-        return {r[0]: tuple(r[1:]) for r in rows}
+            if pos == 0:
+                own[hid] = (content, tool_name, tool_calls)
+        return out, own
 
 
 #: Hermes v23's search visibility (conditions on ``m``): live rows and compaction archives.
@@ -497,31 +496,36 @@ _GAP_SQL = text("SELECT key, value FROM state_meta WHERE key IN (:hw, :pr)").bin
 )
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
-#: Portable statements (named, expanding binds) for the page's context and texts.
+#: Portable statement (named, expanding binds) for the page's context and snippet texts.
 #: The neighbour conditions repeat ``timestamp <=`` / ``>=`` on their own so both
 #: planners walk the (session_id, timestamp) index from the hit: the OR alone made
 #: PostgreSQL walk the timestamp index from the newest row of every session.
-_CONTEXT_SQL = text(
-            "WITH hit AS (SELECT id, session_id, timestamp FROM messages WHERE id IN :ids) "
-            "SELECT hit.id, x.pos, x.role, x.content FROM hit "
-            "JOIN (SELECT hit.id AS hid, -1 AS pos, p.role, p.content FROM hit JOIN messages p ON p.id = ("
-            "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND q.timestamp <= hit.timestamp"
-            "   AND (q.timestamp < hit.timestamp OR q.id < hit.id)"
-            "   ORDER BY q.timestamp DESC, q.id DESC LIMIT 1)"
-            " UNION ALL SELECT hit.id, 0, m.role, m.content FROM hit JOIN messages m ON m.id = hit.id"
-            " UNION ALL SELECT hit.id, 1, n.role, n.content FROM hit JOIN messages n ON n.id = ("
-            "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND q.timestamp >= hit.timestamp"
-            "   AND (q.timestamp > hit.timestamp OR q.id > hit.id)"
-            "   ORDER BY q.timestamp, q.id LIMIT 1)"
-            ") x ON x.hid = hit.id ORDER BY hit.id, x.pos"
-).bindparams(bindparam("ids", expanding=True))
+def _context_sql(texts: bool) -> TextClause:
+    """Previous message, hit, next message per hit; with ``texts``, the hit's tool name
+    and tool calls too (what a snippet cut in Python reads), else NULLs."""
+    own = "m.tool_name, m.tool_calls" if texts else "NULL, NULL"
+    return text(
+        "WITH hit AS (SELECT id, session_id, timestamp FROM messages WHERE id IN :ids) "
+        "SELECT hit.id, x.pos, x.role, x.content, x.tool_name, x.tool_calls FROM hit "
+        "JOIN (SELECT hit.id AS hid, -1 AS pos, p.role, p.content, CAST(NULL AS TEXT) AS tool_name,"
+        "   CAST(NULL AS TEXT) AS tool_calls FROM hit JOIN messages p ON p.id = ("
+        "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND q.timestamp <= hit.timestamp"
+        "   AND (q.timestamp < hit.timestamp OR q.id < hit.id)"
+        "   ORDER BY q.timestamp DESC, q.id DESC LIMIT 1)"
+        f" UNION ALL SELECT hit.id, 0, m.role, m.content, {own} FROM hit JOIN messages m ON m.id = hit.id"
+        " UNION ALL SELECT hit.id, 1, n.role, n.content, NULL, NULL FROM hit JOIN messages n ON n.id = ("
+        "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND q.timestamp >= hit.timestamp"
+        "   AND (q.timestamp > hit.timestamp OR q.id > hit.id)"
+        "   ORDER BY q.timestamp, q.id LIMIT 1)"
+        ") x ON x.hid = hit.id ORDER BY hit.id, x.pos"
+    ).bindparams(bindparam("ids", expanding=True))
+
+
+_CONTEXT_SQL = _context_sql(texts=False)
+_CONTEXT_AND_TEXTS_SQL = _context_sql(texts=True)
 _MARKS_SQL = text(
     "SELECT (SELECT max(id) FROM messages), (SELECT value FROM state_meta WHERE key = :k)"
 )
-_TEXTS_SQL = text(
-    "SELECT id, content, tool_name, tool_calls FROM messages WHERE id IN :ids"
-).bindparams(bindparam("ids", expanding=True))
-
 
 def _substring_snippet(texts: Sequence[Any], terms: Sequence[str]) -> str:
     """A snippet like FTS5's for hits found by substring: first term occurrence marked."""

@@ -202,44 +202,142 @@ def top_sql(index: str) -> str:
 
 # ------------------------------------------------------------------ snippets
 
-#: A word of the text, as near to unicode61's as Python's character classes get (marks
-#: stay inside the word and are folded away below).
-_WORD = re.compile(r"(?:[^\W_]|[\u0300-\u036f])+")
+#: A word of the text, as near to unicode61's as Python's character classes get: letters,
+#: digits and combining marks (folded away below). Run over the text with ``_`` (the one
+#: ``\w`` that is neither) replaced by a space, which keeps every position and is about
+#: three times faster than spelling the class out.
+_WORD = re.compile(r"[\w\u0300-\u036f]+")
+#: Characters outside ASCII, where folding may change a word.
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
 _FOLD = str.maketrans("µſςϐϑϕϖϰϱϵẛι", "μsσβθφπκρεsι")
 _MARKS = re.compile(r"[\u0300-\u036f]")
 _ONE_MARK = re.compile(r"([a-z])[\u0300-\u036f](?![\u0300-\u036f])")
+#: Characters of context cut into words on each side of a hit (more only when needed).
+_REACH = 256
+
+
+def _words(text: str, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
+    """(start, end) of each word of ``text`` (``text`` with ``_`` already spaced out)."""
+    return [m.span() for m in _WORD.finditer(text, start, len(text) if end is None else end)]
 
 
 def _fold(word: str) -> str:
     """A word folded about as ``hermes_store_search_words`` folds it (for marking only)."""
+    if word.isascii():
+        return word.lower()
     low = word.lower().translate(_FOLD)
-    if low.isascii():
-        return low
     bare = _ONE_MARK.sub(r"\1", unicodedata.normalize("NFD", low))  # é -> e, ế stays
     return _MARKS.sub("", unicodedata.normalize("NFC", bare))
 
 
-def _marked(value: str, query: WordQuery) -> str | None:
-    """FTS5-style snippet of one column: about ten words around the first match."""
-    spans = [m.span() for m in _WORD.finditer(value)]
-    hits = []
-    for start, end in spans:
-        word = _fold(value[start:end])
-        hits.append(word in query.words or any(word.startswith(p) for p in query.prefixes))
-    if not any(hits):
-        return None
-    first = hits.index(True)
+def _is_hit(word: str, query: WordQuery) -> bool:
+    folded = _fold(word)
+    return folded in query.words or any(folded.startswith(p) for p in query.prefixes)
+
+
+def _cut(value: str, spans: list[tuple[int, int]], first: int, *, before: bool, after: bool,
+         query: WordQuery) -> str:
+    """The snippet text: about ten of ``spans`` around word ``first``, hits marked.
+
+    ``spans`` may be a stretch of the words only: ``before``/``after`` say whether the
+    text has words beyond its ends (then it holds enough of them on that side).
+    """
     lo = max(0, min(first - 2, len(spans) - SNIPPET_TOKENS))
     hi = min(len(spans), lo + SNIPPET_TOKENS)
-    out = [SNIPPET_ELLIPSIS if lo else "", value[:spans[lo][0]] if not lo else ""]
+    at_start, at_end = lo == 0 and not before, hi == len(spans) and not after
+    out = ["" if at_start else SNIPPET_ELLIPSIS, value[:spans[lo][0]] if at_start else ""]
     for i in range(lo, hi):
         start, end = spans[i]
         word = value[start:end]
-        out.append(f"{SNIPPET_OPEN}{word}{SNIPPET_CLOSE}" if hits[i] else word)
+        # Words before the first hit are not hits; the few after it are folded here.
+        hit = i == first or (i > first and _is_hit(word, query))
+        out.append(f"{SNIPPET_OPEN}{word}{SNIPPET_CLOSE}" if hit else word)
         if i + 1 < hi:
             out.append(value[end:spans[i + 1][0]])
-    out.append(value[spans[hi - 1][1]:] if hi == len(spans) else SNIPPET_ELLIPSIS)
+    out.append(value[spans[hi - 1][1]:] if at_end else SNIPPET_ELLIPSIS)
     return "".join(out)
+
+
+def _marked_full(value: str, query: WordQuery) -> str | None:
+    """:func:`_marked` the plain way: every word of the column folded in turn."""
+    spans = _words(value.replace("_", " "))
+    first = next((i for i, (a, b) in enumerate(spans) if _is_hit(value[a:b], query)), None)
+    if first is None:
+        return None
+    return _cut(value, spans, first, before=False, after=False, query=query)
+
+
+def _first_hit(value: str, spaced: str, query: WordQuery) -> tuple[int, int] | None:
+    """(start, end) of the first word of ``value`` the query marks, without folding each word.
+
+    A word folds to an ASCII query word only if it is that word in some case (found by
+    substring search in ``value.lower()``) or holds a character outside ASCII (found by
+    a regex): those candidates, earliest first, are the only words folded. ``spaced``
+    is ``value`` with ``_`` spaced out.
+    """
+    low = value.lower()
+    if len(low) != len(value):  # a character whose lower case is longer: no shared positions
+        return _scan(value, spaced, query)
+    # The next candidate of each kind, searched again only once passed: each of these
+    # searches reads the text once in all.
+    ahead = {w: low.find(w) for w in (*query.words, *query.prefixes) if w and w.isascii()}
+    other = _next_non_ascii(spaced, 0)
+    while True:
+        candidates = [at for at in (*ahead.values(), other) if at >= 0]
+        if not candidates:
+            return None
+        at = min(candidates)
+        start, end = at, _WORD.match(spaced, at).end()  # type: ignore[union-attr]  # a word char is there
+        while start > 0 and _WORD.match(spaced, start - 1, start):
+            start -= 1
+        if _is_hit(value[start:end], query):
+            return start, end
+        for w, seen in ahead.items():
+            if 0 <= seen < end:
+                ahead[w] = low.find(w, end)
+        if 0 <= other < end:
+            other = _next_non_ascii(spaced, end)
+
+
+def _next_non_ascii(spaced: str, pos: int) -> int:
+    """Where the next word character outside ASCII is at or after ``pos`` (-1: none)."""
+    while True:
+        found = _NON_ASCII.search(spaced, pos)
+        if found is None:
+            return -1
+        if _WORD.match(spaced, found.start(), found.end()):
+            return found.start()
+        pos = found.end()  # punctuation, a symbol, an emoji: not part of any word
+
+
+def _scan(value: str, spaced: str, query: WordQuery) -> tuple[int, int] | None:
+    """The first marked word found by folding every word (text whose case changes length)."""
+    return next(((a, b) for a, b in _words(spaced) if _is_hit(value[a:b], query)), None)
+
+
+def _marked(value: str, query: WordQuery) -> str | None:
+    """FTS5-style snippet of one column: about ten words around the first match.
+
+    The first hit is found by :func:`_first_hit` and only the words within
+    :data:`_REACH` characters of it are cut, so a long column costs little more than a
+    short one; the result is :func:`_marked_full`'s, which answers when the stretch
+    holds too few words.
+    """
+    spaced = value.replace("_", " ")
+    hit = _first_hit(value, spaced, query)
+    if hit is None:
+        return None
+    lo, hi = max(0, hit[0] - _REACH), min(len(value), hit[1] + _REACH)
+    spans = _words(spaced, lo, hi)
+    before, after = lo > 0, hi < len(value)
+    if before and _WORD.match(spaced, lo - 1, lo) and spans[0][0] == lo:
+        spans.pop(0)  # a word cut by the stretch's start
+    if after and _WORD.match(spaced, hi, hi + 1) and spans[-1][1] == hi:
+        spans.pop()  # ... or by its end
+    first = spans.index(hit)
+    if (before and first < SNIPPET_TOKENS) or (after and len(spans) - first < SNIPPET_TOKENS):
+        return _marked_full(value, query)  # words longer than the stretch: read them all
+    return _cut(value, spans, first, before=before, after=after, query=query)
 
 
 def snippet(texts: Sequence[Any], query: WordQuery) -> str:
