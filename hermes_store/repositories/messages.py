@@ -480,11 +480,13 @@ class MessageRepository(Repository):
         return int(new_id)
 
     def _append_portable(self, session_id: str, row: dict[str, Any], calls: int) -> int:
-        """Append through SQLAlchemy Core (servers): INSERT … RETURNING id, then the
-        counters bumped in SQL, so concurrent appends to one session never lose a count."""
-        self._require_session(session_id)
+        """Append through SQLAlchemy Core (servers): the counters bumped in SQL (so
+        concurrent appends to one session never lose a count), then INSERT … RETURNING
+        id. The bump doubles as the existence check: no row updated, no such session,
+        and nothing was written (one round trip fewer than asking first)."""
+        if not self.conn.execute(_BUMP, {"n": 1, "calls": calls, "sid": session_id}).rowcount:
+            raise UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
         new_id = self.conn.execute(insert(_target("messages", tuple(row))).returning(M.id), row).scalar_one()
-        self.conn.execute(_BUMP, {"n": 1, "calls": calls, "sid": session_id})
         return int(new_id)
 
     def bulk_append(self, messages: Iterable[Mapping[str, Any]], *, update_counters: bool = True) -> int:
