@@ -275,6 +275,23 @@ def test_sessions_lists_chains_once_and_filters(demo: Target) -> None:
     assert by_activity[0]["id"] == ids["d90a44"]
 
 
+def test_sessions_hides_archived_ones_unless_asked(demo: Target) -> None:
+    ids = ids_by_suffix(demo)
+    cjk = ids["c3e5f1"]
+    with demo.open() as db:
+        assert db.set_session_archived(cjk, True)
+    listed = [d["id"] for d in demo.ok("--json", "sessions").json()["sessions"]]
+    assert cjk not in listed and listed
+    docs = demo.ok("--json", "sessions", "--archived").json()["sessions"]
+    assert [d["id"] for d in docs if d["archived"]] == [cjk] and len(docs) == len(listed) + 1
+    only = demo.ok("--json", "sessions", "--only-archived").json()["sessions"]
+    assert [d["id"] for d in only] == [cjk]
+    human = demo.ok("sessions", "--only-archived").stdout
+    assert "⌂" in human and "archived" in human
+    # The two are one choice: the last one given wins, as with any click flag pair.
+    assert [d["id"] for d in demo.ok("--json", "sessions", "--archived", "--only-archived").json()["sessions"]] == [cjk]
+
+
 def test_sessions_table_fits_80_columns(demo: Target) -> None:
     out = demo.ok("sessions", "--all").stdout
     assert "Debugging a" in out and "分布式系统" in out

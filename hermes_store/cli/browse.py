@@ -57,6 +57,7 @@ def session_doc(row: dict[str, Any]) -> dict[str, Any]:
         "end_reason": row.get("end_reason"),
         "last_active": row.get("last_active"),
         "message_count": row.get("message_count") or 0,
+        "archived": bool(row.get("archived")),
         "preview": row.get("preview") or "",
     }
 
@@ -81,20 +82,24 @@ def compression_tips(db: Any, ids: list[str]) -> dict[str, str]:
 @click.option("--limit", type=LIMIT, default=20, show_default=True, help="At most this many (1 to 1,000,000).")
 @click.option("--offset", type=OFFSET, default=0, show_default=True, help="Skip this many first.")
 @click.option("--all", "include_children", is_flag=True, help="Include child sessions (delegates, compression steps).")
+@click.option("--archived", "archived", flag_value="with", help="Include archived sessions.")
+@click.option("--only-archived", "archived", flag_value="only", help="Only archived sessions.")
 @click.option("--by-activity", is_flag=True, help="Order by latest activity across a compression chain.")
 @json_option
 def sessions_cmd(sources: tuple[str, ...], exclude: tuple[str, ...], limit: int, offset: int,
-                 include_children: bool, by_activity: bool) -> None:
+                 include_children: bool, archived: str | None, by_activity: bool) -> None:
     """List sessions, newest first, with a preview.
 
     A compression chain is shown once, as its newest step; --all lists every
-    session including delegates and compression steps.
+    session including delegates and compression steps. Archived sessions are left
+    out, as Hermes lists them, unless --archived (or --only-archived) is given.
     """
     st = _state()
     src: Any = None if not sources else (sources[0] if len(sources) == 1 else list(sources))
     with session_db(st) as db:
         rows = db.list_sessions_rich(source=src, exclude_sources=list(exclude) or None, limit=limit, offset=offset,
-                                     include_children=include_children, order_by_last_active=by_activity)
+                                     include_children=include_children, order_by_last_active=by_activity,
+                                     include_archived=archived == "with", archived_only=archived == "only")
         if include_children:
             tips = compression_tips(db, [r["id"] for r in rows])
             for r in rows:
@@ -120,10 +125,13 @@ def sessions_cmd(sources: tuple[str, ...], exclude: tuple[str, ...], limit: int,
         sid = Text(d["id"])
         if d["lineage_root_id"]:
             sid.append(" ↺", style="cyan")
+        if d["archived"]:
+            sid.append(" ⌂", style="yellow")
         rows.append([sid, (d["source"] or "")[:10], fmt_num(d["message_count"]), fmt_ago(d["last_active"]), label])
     out.print(fitted_table(out, ["Session", "Source", "Msgs", "Active", "Title / preview"], rows, flex=4, right=[2]))
     more = f"; --offset {offset + limit} for more" if len(docs) == limit else ""
     legend = " ↺ = newest step of a compression chain." if any(d["lineage_root_id"] for d in docs) else ""
+    legend += " ⌂ = archived." if any(d["archived"] for d in docs) else ""
     out.print(Text(f"{len(docs)} session(s) from offset {offset}{more}.{legend}", style="dim"))
 
 
