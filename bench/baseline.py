@@ -314,17 +314,31 @@ class Baseline:
     # ------------------------------------------------------------------ replay / export
 
     def conversation(self, session_id: str) -> list[dict[str, Any]]:
+        """Hermes v23's replay of one session: live rows in id order, v23's keys."""
         rows = self.conn.execute(
             "SELECT role, content, tool_call_id, tool_name, tool_calls, finish_reason, reasoning, reasoning_content,"
-            " reasoning_details, codex_reasoning_items, codex_message_items FROM messages WHERE session_id = ? ORDER BY id",
+            " reasoning_details, codex_reasoning_items, codex_message_items, api_content, timestamp,"
+            " effect_disposition, platform_message_id, observed"
+            " FROM messages WHERE session_id = ? AND active = 1 ORDER BY id",
             (session_id,),
         ).fetchall()
         out = []
-        for role, content, tcid, tname, tcalls, finish, reasoning, rcontent, rdetails, cri, cmi in rows:
+        for (role, content, tcid, tname, tcalls, finish, reasoning, rcontent, rdetails, cri, cmi, api_content, ts,
+             effect, platform_id, observed) in rows:
             value = _decode_content(content)
-            if role in ("user", "assistant") and isinstance(value, str) and "<memory-context>" in value:
-                value = _MEMORY_RE.sub(" ", value).strip()
+            if role in ("user", "assistant") and isinstance(value, str):
+                value = (_MEMORY_RE.sub(" ", value) if "<memory-context>" in value else value).strip()
             msg: dict[str, Any] = {"role": role, "content": value}
+            if api_content is not None:
+                msg["api_content"] = api_content
+            if ts is not None:
+                msg["timestamp"] = ts
+            if effect:
+                msg["effect_disposition"] = effect
+            if platform_id:
+                msg["message_id"] = platform_id
+            if observed:
+                msg["observed"] = True
             if tcid:
                 msg["tool_call_id"] = tcid
             if tname:

@@ -52,7 +52,8 @@ PostgreSQL's identity), so no id ever names two different messages.
 **One copy into a store at a time.** A second copy into a destination another copy is
 writing is refused at once with :class:`CopyInProgressError`, writing nothing: ``flock``
 on ``<file>.copy-lock`` beside a file, a session-level advisory lock per database and
-schema on a server. Both vanish with a killed holder, so a resume is never blocked.
+schema on a server. Both locks die with a killed holder, so a resume is never blocked
+(a killed copy's empty lock file stays until the next run removes it).
 
 What is copied, and why the rest is not:
 

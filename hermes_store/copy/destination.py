@@ -44,7 +44,7 @@ def destination_lock(dst: Endpoint) -> Iterator[None]:
         with holding(lock, fd):
             yield
         return
-    schema = server_key(dst.url)[3]  # type: ignore[arg-type]
+    schema = server_key(dst.url)[3] or "public"  # type: ignore[arg-type]  # the default store: public
     engine = create_engine(dst.url, isolation_level="AUTOCOMMIT", poolclass=NullPool)  # type: ignore[arg-type]
     try:
         with engine.connect() as conn:
