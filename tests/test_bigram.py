@@ -77,9 +77,9 @@ def behind_our_back(db: SessionDB, backend: str) -> Iterator[Any]:
 @pytest.fixture(params=["blocks", "scan", "auto"])
 def strategy(request, monkeypatch):
     if request.param == "blocks":
-        monkeypatch.setattr(bigram, "estimate_blocks", lambda conn, grams: 0)
+        monkeypatch.setattr(bigram, "estimate_blocks", lambda conn, grams, **_: 0)
     elif request.param == "scan":
-        monkeypatch.setattr(bigram, "estimate_blocks", lambda conn, grams: 10**9)
+        monkeypatch.setattr(bigram, "estimate_blocks", lambda conn, grams, **_: 10**9)
     return request.param
 
 

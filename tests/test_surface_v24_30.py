@@ -343,7 +343,7 @@ def test_every_cjk_route_leaves_out_what_the_trigram_index_leaves_out(
     db = corpus
     if strategy == "bigram blocks":
         db.index_search()
-        monkeypatch.setattr(bigram, "estimate_blocks", lambda conn, grams: 0)
+        monkeypatch.setattr(bigram, "estimate_blocks", lambda conn, grams, **_: 0)
     assert plan_search(term).kind == kind
     indexed = _indexed_sessions(db.db_path)
     assert indexed == {"normal", "broken_config", "branch"}

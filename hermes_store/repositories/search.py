@@ -436,7 +436,7 @@ class SearchRepository(Repository):
         if flat:
             # Choose: candidates E rows vs. a newest-first walk of about window*N/E rows.
             # The rows above the high-water mark are scanned either way: count them in.
-            estimate = bigram.estimate_blocks(self.conn, grams) * bigram.BLOCK + max(total - params["bg_hw"], 0)
+            estimate = bigram.estimate_blocks(self.conn, grams, mark=params["bg_hw"]) * bigram.BLOCK + max(total - params["bg_hw"], 0)
             if estimate * estimate > max(window, 1) * total:
                 return scan, True
         params["bg_block"] = bigram.BLOCK

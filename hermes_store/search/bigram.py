@@ -166,15 +166,17 @@ def candidate_blocks_sql(term_grams: Sequence[Sequence[str]], params: dict[str, 
     return " UNION ".join(parts)
 
 
-def estimate_blocks(conn: Any, term_grams: Sequence[Sequence[str]]) -> int:
+def estimate_blocks(conn: Any, term_grams: Sequence[Sequence[str]], *, mark: int | None = None) -> int:
     """Upper bound of candidate blocks: per term, the rarest pair's block count.
 
     Pair counts only change when the index catches up, which moves the high-water mark,
     so they are kept per engine for the mark they were read at: a search reads only the
     pairs it has not seen yet, all in one query. A count that went stale otherwise (a
-    dirty block re-indexed) only steers the choice between two correct plans.
+    dirty block re-indexed) only steers the choice between two correct plans. A caller
+    that read the high-water mark already passes it as ``mark`` (one round trip fewer).
     """
-    mark = high_water(conn)
+    if mark is None:
+        mark = high_water(conn)
     engine = getattr(conn, "engine", None)
     cached = _COUNTS.get(engine) if engine is not None else None
     counts = cached[1] if cached is not None and cached[0] == mark else {}
