@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from sqlalchemy import Connection, Engine, event, func, inspect, select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from .. import adopt, errors, migrations, paths
@@ -22,7 +23,6 @@ from ..locks import holding, try_flock
 from .endpoints import Endpoint, readonly_engine, server_key
 from .plan import (COPIED_TABLES, LOCK_SUFFIX, MARKER_FORMAT, MARKER_KEY, TABLES, CopyError, CopyInProgressError,
                    CopyReport, DestinationNotEmptyError, meta_key_copied)
-
 
 
 @contextmanager
@@ -53,7 +53,10 @@ def destination_lock(dst: Endpoint) -> Iterator[None]:
             try:
                 yield
             finally:
-                release_session_lock(conn, "copy", schema)
+                # A connection the server dropped took the lock with it: nothing to undo,
+                # and the copy's own error (if any) is the one to report.
+                with suppress(SQLAlchemyError, errors.HermesStoreError):
+                    release_session_lock(conn, "copy", schema)
     finally:
         engine.dispose()
 

@@ -51,7 +51,8 @@ class Dialect(Protocol):
         """The full-text indexes this database has."""
 
     def fts_command(self, conn: Connection, index: str, cmd: str) -> None:
-        """Index upkeep: 'rebuild', 'optimize' or 'integrity-check' (raises when unhealthy)."""
+        """Index upkeep: 'rebuild', 'optimize', 'merge' (bounded work, for periodic upkeep)
+        or 'integrity-check' (raises when unhealthy)."""
 
     def match_sql(self, index: str) -> str:
         """Hits of ``:q`` in ``index`` with snippet and rank."""

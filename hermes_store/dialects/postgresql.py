@@ -275,14 +275,15 @@ class PostgreSQLDialect:
         """FTS5's upkeep commands, done the PostgreSQL way.
 
         'rebuild' re-creates the index from the table (REINDEX: the cure for a damaged
-        or bloated index); 'optimize' merges the GIN pending list into the index proper
-        (FTS5's segment merge), cheap and without blocking writers for long;
+        or bloated index); 'optimize' and 'merge' (FTS5's full and bounded segment
+        merges) merge the GIN pending list into the index proper, cheap and without
+        blocking writers for long;
         'integrity-check' raises when the index is missing or left invalid or unready
         (e.g. by an interrupted CREATE/REINDEX ... CONCURRENTLY), which REINDEX repairs.
         """
         if cmd == "rebuild":
             conn.exec_driver_sql(f'REINDEX INDEX "{index}"')
-        elif cmd == "optimize":
+        elif cmd in ("optimize", "merge"):
             conn.execute(text("SELECT gin_clean_pending_list(CAST(:i AS regclass))"), {"i": f'"{index}"'})
         elif cmd == "integrity-check":
             row = conn.execute(

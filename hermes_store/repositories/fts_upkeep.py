@@ -124,16 +124,22 @@ class FtsUpkeepRepository(Repository):
         names += [n for n in self.dialect.fts_indexes(self.conn) if n not in tables]
         return names
 
-    def optimize_each(self) -> list[str]:
+    def optimize_each(self, *, bounded: bool = False) -> list[str]:
         """FTS5 ``'optimize'`` (GIN pending-list merge) per index; an index that fails with
-        an OperationalError is logged and skipped, as Hermes does. Returns those done."""
+        an OperationalError is logged and skipped, as Hermes does. Returns those done.
+
+        ``bounded``: FTS5's ``'merge'`` instead, a few hundred pages of segment merging
+        at most, for upkeep inside a writer's path (a full optimize rewrites the whole
+        index: seconds on a large history, every other writer waiting).
+        """
+        cmd = "merge" if bounded else "optimize"
         done = []
         for name in self.maintained_indexes():
             try:
                 with self.conn.begin_nested():
-                    self.dialect.fts_command(self.conn, name, "optimize")
+                    self.dialect.fts_command(self.conn, name, cmd)
             except OperationalError as exc:
-                log.warning("search index %s: optimize failed (%s); skipped", name, exc)
+                log.warning("search index %s: %s failed (%s); skipped", name, cmd, exc)
                 continue
             done.append(name)
         return done

@@ -52,6 +52,9 @@ def trigram_sessions(view_sql: str) -> str:
 
 SNIPPET_OPEN, SNIPPET_CLOSE, SNIPPET_ELLIPSIS = ">>>", "<<<", "..."
 SNIPPET_TOKENS = 10
+#: Pages of work one bounded 'merge' does at most (about 2 MB of index written): the
+#: periodic upkeep after every 1,000 writes, which must not hold the write lock long.
+MERGE_PAGES = 500
 
 
 class Fts5Backend:
@@ -79,10 +82,14 @@ class Fts5Backend:
         )
 
     def command(self, conn: Any, index: str, cmd: str) -> None:
-        """Run an FTS5 special command ('rebuild', 'optimize', 'integrity-check')."""
+        """Run an FTS5 special command ('rebuild', 'optimize', 'merge', 'integrity-check')."""
         if cmd == "integrity-check":
             # rank=1 also compares the index with its external content.
             conn.exec_driver_sql(f"INSERT INTO {index}({index}, rank) VALUES('integrity-check', 1)")
+        elif cmd == "merge":
+            # Bounded upkeep: at most about MERGE_PAGES pages of segment merging, and
+            # only where automerge left a level with enough segments (positive N).
+            conn.exec_driver_sql(f"INSERT INTO {index}({index}, rank) VALUES('merge', {MERGE_PAGES})")
         else:
             conn.exec_driver_sql(f"INSERT INTO {index}({index}) VALUES('{cmd}')")
 
