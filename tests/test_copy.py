@@ -496,6 +496,70 @@ def test_a_killed_copy_is_finished_by_the_command_line(place: Callable[[str, str
         assert contents(db) == want
 
 
+def test_a_failed_merge_copy_into_a_server_resumes(place: Callable[[str, str], Any]) -> None:
+    """A merge run that stopped after committing kept ids (above the destination's
+    counter) resumes: the first renumbered session of the next run syncs the counter
+    first instead of colliding with those ids."""
+    dst = place("postgresql", "dst")
+    with SessionDB(dst) as db:
+        db.create_session("d", "cli")
+        for i in range(3):
+            db.append_message("d", "user", f"there before {i}")  # ids 1-3
+    src = place("sqlite", "src")
+    with SessionDB(src) as db:
+        db.create_session("c", "cli")
+        for i in range(3):
+            db.append_message("c", "user", f"clashing id {i}")  # ids 1-3: taken, renumbered
+        db.create_session("b", "cli")
+        for i in range(7):
+            db.append_message("b", "user", f"free id {i}")  # ids 4-10: kept
+        want = {sid: [m["content"] for m in db.get_messages(sid)] for sid in ("b", "c")}
+
+    def stop_after_first_batch(stage: str, done: int, total: Any) -> None:
+        if stage == "sessions" and done >= 1:
+            raise RuntimeError("stopped")
+
+    with pytest.raises(RuntimeError, match="stopped"):
+        copy_history(src, dst, merge=True, batch=1, progress=stop_after_first_batch)
+    report = copy_history(src, dst, merge=True, batch=1)
+    assert report.ok and report.resumed and "c" in report.renumbered_sessions
+    with SessionDB(dst) as db:
+        assert {sid: [m["content"] for m in db.get_messages(sid)] for sid in ("b", "c")} == want
+        assert [m["id"] for m in db.get_messages("b")] == list(range(4, 11))
+        assert min(m["id"] for m in db.get_messages("c")) > 10
+        assert len(db.get_messages("d")) == 3
+
+
+def test_a_server_source_read_by_a_role_without_sequence_rights(place: Callable[[str, str], Any],
+                                                                tmp_path: Path, pg_url: str) -> None:
+    """A reporting role with SELECT on the tables only (no rights on the identity's
+    sequence) can be the source: the id high-water mark falls back to the largest id."""
+    from sqlalchemy import create_engine as sa_create_engine
+
+    src = place("postgresql", "src")
+    with SessionDB(src) as db:
+        db.create_session("s", "cli")
+        ids = [db.append_message("s", "user", f"row {i}") for i in range(3)]
+    role = f"hs_reader_{os.getpid()}"
+    admin = sa_create_engine(src, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+            conn.exec_driver_sql(f"GRANT USAGE ON SCHEMA public TO {role}")
+            conn.exec_driver_sql(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+        reader = make_url(src).set(username=role, password=None).render_as_string(hide_password=False)
+        report = copy_history(reader, tmp_path / "out.db")
+        assert report.ok and report.messages_copied == 3
+        with SessionDB(tmp_path / "out.db") as db:
+            assert [m["id"] for m in db.get_messages("s")] == ids
+            assert db.append_message("s", "user", "next") > max(ids)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP OWNED BY {role}")
+            conn.exec_driver_sql(f"DROP ROLE IF EXISTS {role}")
+        admin.dispose()
+
+
 # ---------------------------------------------------------------------- two copies into one destination
 
 PAUSER = r"""
@@ -583,6 +647,10 @@ def test_a_copy_into_and_out_of_tenant_schemas(place: Callable[[str, str], Any],
         with pytest.raises(CopyInProgressError):
             copy_history(src, tenant("team_b"))
         assert copy_history(src, tenant("team_c")).ok
+    # ... and keyed by the schema the store is in, however the URL names it.
+    with destination_lock(endpoint(server, "destination")):
+        with pytest.raises(CopyInProgressError):
+            copy_history(src, tenant("public"))
 
 
 # ---------------------------------------------------------------------- a Hermes file as the source

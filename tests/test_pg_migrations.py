@@ -369,6 +369,45 @@ def test_offline_sql_script_upgrades_like_online(pg_database: str, pg_engine: En
     assert found(pg_engine, "example") == ["write to user@example.com"]
 
 
+def test_offline_sql_scripts_of_every_later_revision_run(pg_database: str, pg_engine: Engine) -> None:
+    """``--sql`` up from hs0002 to head, then down to hs0004: each script runs as
+    written. (Offline, Alembic doubles every ``%``: a revision whose SQL used format()
+    wrote a script that failed; hs0005 builds its statements without one.)"""
+    import contextlib
+    import io
+
+    def script(fn) -> str:  # type: ignore[no-untyped-def]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            fn()
+        return out.getvalue()
+
+    def run(sql: str) -> None:
+        raw = pg_engine.raw_connection()
+        try:
+            raw.cursor().execute(sql)
+            raw.commit()
+        finally:
+            raw.close()
+
+    def pinned() -> set[tuple[str, str]]:
+        with pg_engine.connect() as conn:
+            return {(r[0], str(r[1])) for r in conn.exec_driver_sql(
+                "SELECT proname, proconfig FROM pg_proc WHERE prorettype = 'trigger'::regtype"
+                " AND pronamespace = 'public'::regnamespace AND starts_with(proname, 'hermes_store_')")}
+
+    cfg = migrations.make_config(pg_database)
+    migrations.upgrade(pg_database, "hs0002")
+    up = script(lambda: command.upgrade(cfg, "hs0002:head", sql=True))
+    assert "%%" not in up
+    run(up)
+    assert migrations.current(pg_database) == HEAD
+    assert {config for _name, config in pinned()} == {"['search_path=public']"} and len(pinned()) == 5
+    run(script(lambda: command.downgrade(cfg, f"{HEAD}:hs0004", sql=True)))
+    assert migrations.current(pg_database) == "hs0004"
+    assert {config for _name, config in pinned()} == {"None"}
+
+
 @pytest.mark.parametrize(("encoding", "locale", "expected"), [
     ("UTF8", "C", ["cafe", "user", "example", "com", "ǘber", "οδοσ"]),
     ("LATIN1", "C", ["café", "user", "example", "com"]),

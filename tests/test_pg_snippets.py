@@ -10,6 +10,7 @@ hit, query words hidden inside longer words, prefixes. No database is needed.
 from __future__ import annotations
 
 import re
+from unittest import mock
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -42,8 +43,25 @@ texts = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=6)), max_si
 @example(value="xkubernetes " * 40 + "kubernetes", query=QUERIES[0])
 @example(value="x" * 5000 + " kubernetes " + "y" * 5000, query=QUERIES[0])
 @example(value="İ" * 3 + " Kubernetes", query=QUERIES[0])
+# A first-word hit in exactly ten words, then more than the stretch of separators only.
+@example(value="kubernetes a b c d e f g h i" + " " * 300, query=QUERIES[0])
+@example(value="kubernetes a b c d e f g h i" + "_" * 300, query=QUERIES[0])
+# Queries word_query never builds (an empty prefix, punctuation): the plain way answers.
+@example(value="x - y kubernetes", query=pg.WordQuery("q", frozenset(), frozenset({""})))
+@example(value="x - y kubernetes", query=pg.WordQuery("q", frozenset(), frozenset({"-"})))
 def test_the_fast_snippet_is_the_plain_one(value: str, query: pg.WordQuery) -> None:
     assert pg._marked(value, query) == pg._marked_full(value, query)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=texts, query=st.sampled_from(QUERIES), reach=st.sampled_from([1, 4, 12, 40]))
+@example(value="kubernetes a b c d e f g h i" + " " * 50, query=QUERIES[0], reach=40)
+@example(value="x" * 30 + " kubernetes " + "y" * 30, query=QUERIES[0], reach=4)
+def test_the_fast_snippet_is_the_plain_one_at_every_stretch_edge(value: str, query: pg.WordQuery, reach: int) -> None:
+    """The same, with the stretch read around a hit shrunk to a few characters, so the
+    hostile pieces land on its edges (a word cut in two, separators only beyond it)."""
+    with mock.patch.object(pg, "_REACH", reach):
+        assert pg._marked(value, query) == pg._marked_full(value, query)
 
 
 @settings(max_examples=300, deadline=None)

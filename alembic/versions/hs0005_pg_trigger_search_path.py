@@ -39,21 +39,23 @@ TRIGGER_FUNCTIONS = (
     "hermes_store_display_identity_delete",
 )
 
+#: No ``%`` anywhere (no format()): Alembic's offline ``--sql`` mode doubles every
+#: ``%`` of a statement, which would break the script it writes.
 _EACH_FUNCTION = """DO $do$
 DECLARE
     target TEXT := quote_ident(current_schema());
     fn TEXT;
 BEGIN
     FOREACH fn IN ARRAY ARRAY[{names}] LOOP
-        EXECUTE format('ALTER FUNCTION %s.%I() {action}', target, fn{extra});
+        EXECUTE 'ALTER FUNCTION ' || target || '.' || quote_ident(fn) || '() {action}';
     END LOOP;
 END
 $do$"""
 
 
-def _alter_each(action: str, extra: str = "") -> str:
+def _alter_each(action: str) -> str:
     names = ", ".join(f"'{name}'" for name in TRIGGER_FUNCTIONS)
-    return _EACH_FUNCTION.format(names=names, action=action, extra=extra)
+    return _EACH_FUNCTION.format(names=names, action=action)
 
 
 def _on_postgresql() -> bool:
@@ -63,7 +65,7 @@ def _on_postgresql() -> bool:
 def upgrade() -> None:
     if not _on_postgresql():
         return  # SQLite has no schemas: Hermes' triggers name their tables in one file
-    op.execute(_alter_each("SET search_path = %s", extra=", target"))
+    op.execute(_alter_each("SET search_path = ' || target || '"))
 
 
 def downgrade() -> None:

@@ -40,7 +40,9 @@ class Copier(Verifier):
             self.waiting[parent].append(child)
         self.pending = 0  # rows written in the open destination transaction
         self.wrote = False  # anything written since the marker was last stored
-        self.identity_behind = False
+        # A killed earlier run may have committed kept ids past the destination's
+        # counter: sync before the first renumbered insert of this run too.
+        self.identity_behind = True
         self.src_high = 0  # the source's message-id high-water mark (copy_sessions)
         self.buffer = _Buffer()
         self.mcols: list[str] = []

@@ -44,10 +44,12 @@ def destination_lock(dst: Endpoint) -> Iterator[None]:
         with holding(lock, fd):
             yield
         return
-    schema = server_key(dst.url)[3] or "public"  # type: ignore[arg-type]  # the default store: public
     engine = create_engine(dst.url, isolation_level="AUTOCOMMIT", poolclass=NullPool)  # type: ignore[arg-type]
     try:
         with engine.connect() as conn:
+            # The schema the store lives in, however the URL names it (none: the role's
+            # first schema on its search_path, usually public).
+            schema = server_key(dst.url)[3] or conn.exec_driver_sql("SELECT current_schema()").scalar() or "public"  # type: ignore[arg-type]
             if not try_session_lock(conn, "copy", schema):
                 raise CopyInProgressError(_busy(dst))
             try:

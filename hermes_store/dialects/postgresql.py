@@ -402,9 +402,14 @@ class PostgreSQLDialect:
 
     def identity_high_water(self, conn: Connection, table: str, column: str = "id") -> int:
         largest = conn.exec_driver_sql(f"SELECT COALESCE(max({column}), 0) FROM {table}").scalar() or 0
-        # NULL until the sequence handed out its first value.
+        # NULL until the sequence handed out its first value, or when this role may read
+        # the tables but not the sequence (a reporting role): then the largest id.
         seq = conn.execute(
-            text("SELECT pg_sequence_last_value(pg_get_serial_sequence(:t, :c)::regclass)"), {"t": table, "c": column}
+            text(
+                "SELECT CASE WHEN has_sequence_privilege(s, 'SELECT, USAGE') THEN pg_sequence_last_value(s) END"
+                " FROM CAST(pg_get_serial_sequence(:t, :c) AS regclass) AS s"
+            ),
+            {"t": table, "c": column},
         ).scalar()
         return max(int(largest), int(seq or 0))
 

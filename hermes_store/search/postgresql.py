@@ -323,6 +323,8 @@ def _marked(value: str, query: WordQuery) -> str | None:
     short one; the result is :func:`_marked_full`'s, which answers when the stretch
     holds too few words.
     """
+    if any(not w or not _WORD.fullmatch(w) for w in (*query.words, *query.prefixes)):
+        return _marked_full(value, query)  # not words as the fold makes them: no shortcut
     spaced = value.replace("_", " ")
     hit = _first_hit(value, spaced, query)
     if hit is None:
@@ -335,7 +337,10 @@ def _marked(value: str, query: WordQuery) -> str | None:
     if after and _WORD.match(spaced, hi, hi + 1) and spans[-1][1] == hi:
         spans.pop()  # ... or by its end
     first = spans.index(hit)
-    if (before and first < SNIPPET_TOKENS) or (after and len(spans) - first < SNIPPET_TOKENS):
+    # Enough words on a side that has more text beyond the stretch: at least ten before
+    # the hit, and more than ten from it on (exactly ten would end the snippet in "..."
+    # even when only separators follow).
+    if (before and first < SNIPPET_TOKENS) or (after and len(spans) - first <= SNIPPET_TOKENS):
         return _marked_full(value, query)  # words longer than the stretch: read them all
     return _cut(value, spans, first, before=before, after=after, query=query)
 
