@@ -77,6 +77,51 @@ def _decode_json(text: Any) -> Any:
     except ValueError:
         return text
 
+#: The columns :func:`replay_turn` reads, in its order (both floors select them).
+REPLAY_COLUMNS = (
+    "role, content, tool_call_id, tool_name, tool_calls, finish_reason, reasoning, reasoning_content,"
+    " reasoning_details, codex_reasoning_items, codex_message_items, api_content, timestamp,"
+    " effect_disposition, platform_message_id, observed"
+)
+
+
+def replay_turn(row: Any, value: Any) -> dict[str, Any]:
+    """One stored message (:data:`REPLAY_COLUMNS`, content already decoded as ``value``)
+    as Hermes v23's replay dict."""
+    (role, _content, tcid, tname, tcalls, finish, reasoning, rcontent, rdetails, cri, cmi, api_content, ts,
+     effect, platform_id, observed) = row
+    if role in ("user", "assistant") and isinstance(value, str):
+        value = (_MEMORY_RE.sub(" ", value) if "<memory-context>" in value else value).strip()
+    msg: dict[str, Any] = {"role": role, "content": value}
+    if api_content is not None:
+        msg["api_content"] = api_content
+    if ts is not None:
+        msg["timestamp"] = ts
+    if effect:
+        msg["effect_disposition"] = effect
+    if platform_id:
+        msg["message_id"] = platform_id
+    if observed:
+        msg["observed"] = True
+    if tcid:
+        msg["tool_call_id"] = tcid
+    if tname:
+        msg["tool_name"] = tname
+    if tcalls:
+        msg["tool_calls"] = _decode_json(tcalls)
+    if role == "assistant":
+        if finish:
+            msg["finish_reason"] = finish
+        if reasoning:
+            msg["reasoning"] = reasoning
+        if rcontent is not None:
+            msg["reasoning_content"] = rcontent
+        for key, raw in (("reasoning_details", rdetails), ("codex_reasoning_items", cri), ("codex_message_items", cmi)):
+            if raw:
+                msg[key] = _decode_json(raw)
+    return msg
+
+
 
 def _n_calls(tool_calls: Any) -> int:
     if isinstance(tool_calls, str):
@@ -316,48 +361,9 @@ class Baseline:
     def conversation(self, session_id: str) -> list[dict[str, Any]]:
         """Hermes v23's replay of one session: live rows in id order, v23's keys."""
         rows = self.conn.execute(
-            "SELECT role, content, tool_call_id, tool_name, tool_calls, finish_reason, reasoning, reasoning_content,"
-            " reasoning_details, codex_reasoning_items, codex_message_items, api_content, timestamp,"
-            " effect_disposition, platform_message_id, observed"
-            " FROM messages WHERE session_id = ? AND active = 1 ORDER BY id",
-            (session_id,),
+            f"SELECT {REPLAY_COLUMNS} FROM messages WHERE session_id = ? AND active = 1 ORDER BY id", (session_id,)
         ).fetchall()
-        out = []
-        for (role, content, tcid, tname, tcalls, finish, reasoning, rcontent, rdetails, cri, cmi, api_content, ts,
-             effect, platform_id, observed) in rows:
-            value = _decode_content(content)
-            if role in ("user", "assistant") and isinstance(value, str):
-                value = (_MEMORY_RE.sub(" ", value) if "<memory-context>" in value else value).strip()
-            msg: dict[str, Any] = {"role": role, "content": value}
-            if api_content is not None:
-                msg["api_content"] = api_content
-            if ts is not None:
-                msg["timestamp"] = ts
-            if effect:
-                msg["effect_disposition"] = effect
-            if platform_id:
-                msg["message_id"] = platform_id
-            if observed:
-                msg["observed"] = True
-            if tcid:
-                msg["tool_call_id"] = tcid
-            if tname:
-                msg["tool_name"] = tname
-            if tcalls:
-                msg["tool_calls"] = _decode_json(tcalls)
-            if role == "assistant":
-                if finish:
-                    msg["finish_reason"] = finish
-                if reasoning:
-                    msg["reasoning"] = reasoning
-                if rcontent is not None:
-                    msg["reasoning_content"] = rcontent
-                for key, raw in (("reasoning_details", rdetails), ("codex_reasoning_items", cri),
-                                 ("codex_message_items", cmi)):
-                    if raw:
-                        msg[key] = _decode_json(raw)
-            out.append(msg)
-        return out
+        return [replay_turn(row, _decode_content(row[1])) for row in rows]
 
     def iter_export(self) -> Iterator[dict[str, Any]]:
         """Every session (oldest first) with its decoded messages and usage rows, one at a time."""

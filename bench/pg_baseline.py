@@ -39,6 +39,8 @@ import re
 import time
 from typing import Any, Iterable, Iterator, TextIO
 
+from baseline import REPLAY_COLUMNS, replay_turn  # both floors build the same replay dicts
+
 JSON_PREFIX = "\x00json:"
 PREVIEW_CHARS = 60
 CONTEXT_CHARS = 200
@@ -390,48 +392,9 @@ class PgBaseline:
     def conversation(self, session_id: str) -> list[dict[str, Any]]:
         """Hermes v23's replay of one session: live rows in id order, v23's keys."""
         rows = self.conn.execute(
-            "SELECT role, content, tool_call_id, tool_name, tool_calls, finish_reason, reasoning, reasoning_content,"
-            " reasoning_details, codex_reasoning_items, codex_message_items, api_content, timestamp,"
-            " effect_disposition, platform_message_id, observed"
-            " FROM messages WHERE session_id = %s AND active = 1 ORDER BY id",
-            (session_id,),
+            f"SELECT {REPLAY_COLUMNS} FROM messages WHERE session_id = %s AND active = 1 ORDER BY id", (session_id,)
         ).fetchall()
-        out = []
-        for (role, content, tcid, tname, tcalls, finish, reasoning, rcontent, rdetails, cri, cmi, api_content, ts,
-             effect, platform_id, observed) in rows:
-            value = _decode_content(content)
-            if role in ("user", "assistant") and isinstance(value, str):
-                value = (_MEMORY_RE.sub(" ", value) if "<memory-context>" in value else value).strip()
-            msg: dict[str, Any] = {"role": role, "content": value}
-            if api_content is not None:
-                msg["api_content"] = api_content
-            if ts is not None:
-                msg["timestamp"] = ts
-            if effect:
-                msg["effect_disposition"] = effect
-            if platform_id:
-                msg["message_id"] = platform_id
-            if observed:
-                msg["observed"] = True
-            if tcid:
-                msg["tool_call_id"] = tcid
-            if tname:
-                msg["tool_name"] = tname
-            if tcalls:
-                msg["tool_calls"] = _decode_json(tcalls)
-            if role == "assistant":
-                if finish:
-                    msg["finish_reason"] = finish
-                if reasoning:
-                    msg["reasoning"] = reasoning
-                if rcontent is not None:
-                    msg["reasoning_content"] = rcontent
-                for key, raw in (("reasoning_details", rdetails), ("codex_reasoning_items", cri),
-                                 ("codex_message_items", cmi)):
-                    if raw:
-                        msg[key] = _decode_json(raw)
-            out.append(msg)
-        return out
+        return [replay_turn(row, _decode_content(row[1])) for row in rows]
 
     def _stored_message_columns(self) -> list[str]:
         if self._message_columns is None:

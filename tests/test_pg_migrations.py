@@ -5,8 +5,11 @@ unicode61 does (and goes back exactly), ``downgrade base`` leaves nothing of our
 
 from __future__ import annotations
 
+import contextlib
+import io
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from alembic import command
@@ -346,25 +349,32 @@ def test_words_function_folds_through_icu_whatever_the_locale(pg_database: str, 
     assert vector == "'example':3 'unicode':2"
 
 
-def test_offline_sql_script_upgrades_like_online(pg_database: str, pg_engine: Engine) -> None:
-    """``alembic upgrade --sql``: hs0003 decides on the server where the script runs."""
-    import contextlib
-    import io
-
-    migrations.upgrade(pg_database, "hs0002")
-    add_rows(pg_engine, "write to user@example.com")
+def offline_script(write: Callable[[], None]) -> str:
+    """What an Alembic command run with ``sql=True`` prints."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        command.upgrade(migrations.make_config(pg_database), "hs0002:hs0003", sql=True)
-    script = out.getvalue()
-    assert "DO $do$" in script and "hermes_store_search_words" in script
-    assert migrations.current(pg_database) == "hs0002"  # only written, not run
-    raw = pg_engine.raw_connection()
+        write()
+    return out.getvalue()
+
+
+def run_script(engine: Engine, sql: str) -> None:
+    """Run a whole offline script as psql would: one string, one transaction."""
+    raw = engine.raw_connection()
     try:
-        raw.cursor().execute(script)
+        raw.cursor().execute(sql)
         raw.commit()
     finally:
         raw.close()
+
+
+def test_offline_sql_script_upgrades_like_online(pg_database: str, pg_engine: Engine) -> None:
+    """``alembic upgrade --sql``: hs0003 decides on the server where the script runs."""
+    migrations.upgrade(pg_database, "hs0002")
+    add_rows(pg_engine, "write to user@example.com")
+    script = offline_script(lambda: command.upgrade(migrations.make_config(pg_database), "hs0002:hs0003", sql=True))
+    assert "DO $do$" in script and "hermes_store_search_words" in script
+    assert migrations.current(pg_database) == "hs0002"  # only written, not run
+    run_script(pg_engine, script)
     assert migrations.current(pg_database) == "hs0003"
     assert found(pg_engine, "example") == ["write to user@example.com"]
 
@@ -373,22 +383,6 @@ def test_offline_sql_scripts_of_every_later_revision_run(pg_database: str, pg_en
     """``--sql`` up from hs0002 to head, then down to hs0004: each script runs as
     written. (Offline, Alembic doubles every ``%``: a revision whose SQL used format()
     wrote a script that failed; hs0005 builds its statements without one.)"""
-    import contextlib
-    import io
-
-    def script(fn) -> str:  # type: ignore[no-untyped-def]
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            fn()
-        return out.getvalue()
-
-    def run(sql: str) -> None:
-        raw = pg_engine.raw_connection()
-        try:
-            raw.cursor().execute(sql)
-            raw.commit()
-        finally:
-            raw.close()
 
     def pinned() -> set[tuple[str, str]]:
         with pg_engine.connect() as conn:
@@ -398,12 +392,12 @@ def test_offline_sql_scripts_of_every_later_revision_run(pg_database: str, pg_en
 
     cfg = migrations.make_config(pg_database)
     migrations.upgrade(pg_database, "hs0002")
-    up = script(lambda: command.upgrade(cfg, "hs0002:head", sql=True))
+    up = offline_script(lambda: command.upgrade(cfg, "hs0002:head", sql=True))
     assert "%%" not in up
-    run(up)
+    run_script(pg_engine, up)
     assert migrations.current(pg_database) == HEAD
     assert {config for _name, config in pinned()} == {"['search_path=public']"} and len(pinned()) == 5
-    run(script(lambda: command.downgrade(cfg, f"{HEAD}:hs0004", sql=True)))
+    run_script(pg_engine, offline_script(lambda: command.downgrade(cfg, f"{HEAD}:hs0004", sql=True)))
     assert migrations.current(pg_database) == "hs0004"
     assert {config for _name, config in pinned()} == {"None"}
 
