@@ -212,7 +212,9 @@ def copy_cmd(source: str | None, destination: str, merge: bool, batch: int, work
     run again, and a finished one changes nothing. At the end row counts and a
     checksum per session are compared on both sides; a mismatch exits with code 1 and
     names the sessions. A destination that already holds data is refused unless
-    --merge is given.
+    --merge is given, and one that another copy is writing right now is refused
+    (nothing written; run again when that copy is done). Add ?schema=NAME to a
+    PostgreSQL URL for a tenant schema.
     """
     st = _state()
     src: Any = source if source is not None else (st.url if st.url is not None else st.path)
