@@ -39,27 +39,20 @@ import re
 import time
 from typing import Any, Iterable, Iterator, TextIO
 
-from baseline import REPLAY_COLUMNS, replay_turn  # both floors build the same replay dicts
+# Both floors share what does not depend on the driver: the replay dicts, JSON and
+# preview helpers, the message columns (baseline.py imports nothing of ours either).
+from baseline import (  # noqa: F401 - _n_calls is read from here by run.py
+    JSON_PREFIX, MAX_DEPTH, MESSAGE_COLUMNS, REPLAY_COLUMNS, _cut, _decode_json,
+    _encode_json, _escape_like, _n_calls, _preview, replay_turn,
+)
 
-JSON_PREFIX = "\x00json:"
-PREVIEW_CHARS = 60
-CONTEXT_CHARS = 200
-MAX_DEPTH = 10_000
 SNIPPET_OPEN, SNIPPET_CLOSE = ">>>", "<<<"
 
 _ESC, _NUL = "\ue000", "\ue001"
 _DECODE = re.compile("\ue000(.)|\ue001", re.S)
-_MEMORY_RE = re.compile(
-    r"\s*(?:^[ \t]*\[System note:[^\n]*?memory[^\n]*\n\s*)?<memory-context>.*?</memory-context>\s*",
-    re.DOTALL | re.MULTILINE | re.IGNORECASE,
-)
 _ITEM = re.compile(r'"[^"]*"\*?|\S+')
 _TOKEN = re.compile(r"[^\W_]+")
 
-MESSAGE_COLUMNS = (
-    "session_id", "role", "content", "tool_name", "tool_calls", "tool_call_id", "token_count",
-    "finish_reason", "reasoning", "timestamp",
-)
 _INSERT = (f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) VALUES ({', '.join(['%s'] * len(MESSAGE_COLUMNS))})")
 _BUMP = (
     "UPDATE sessions SET message_count = COALESCE(message_count, 0) + %s, "
@@ -106,48 +99,6 @@ def _decode_content(text: Any) -> Any:
         except ValueError:
             return text
     return text
-
-
-def _encode_json(value: Any) -> Any:
-    if not value:
-        return None
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def _decode_json(text: Any) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def _n_calls(tool_calls: Any) -> int:
-    if isinstance(tool_calls, str):
-        tool_calls = _decode_json(tool_calls)
-    return len(tool_calls) if isinstance(tool_calls, list) else 0
-
-
-def _cut(content: Any) -> Any:
-    value = _decode_content(content)
-    if isinstance(value, str):
-        return value[:CONTEXT_CHARS]
-    return None if value is None else str(value)[:CONTEXT_CHARS]
-
-
-def _preview(content: Any) -> str:
-    value = _decode_content(content)
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        value = " ".join(p.get("text", "") for p in value if isinstance(p, dict)) if isinstance(value, list) else ""
-    text = re.sub(r"[\r\n]+", " ", value).strip()
-    return text[:PREVIEW_CHARS] + "..." if len(text) > PREVIEW_CHARS else text
-
-
-def _escape_like(term: str) -> str:
-    return term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def _split(items: list[str], op: str) -> list[list[str]]:
