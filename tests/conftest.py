@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 import sqlite3
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 from sqlalchemy import Engine
@@ -236,3 +236,18 @@ def server_database(pg_url: str, options: str = "", prefix: str = "hs_test_") ->
                 conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         admin.dispose()
+
+
+@contextmanager
+def module_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                 fill: Callable[[Any], Any]) -> Iterator[Any]:
+    """A SessionDB filled once by ``fill`` for a module-scoped fixture whose param is the
+    backend ("sqlite": a file; "postgresql": a database of its own), closed afterwards."""
+    from hermes_store import SessionDB
+
+    with ExitStack() as stack:
+        if request.param == "sqlite":
+            target: Any = tmp_path_factory.mktemp("store") / "state.db"
+        else:
+            target = stack.enter_context(server_database(request.getfixturevalue("pg_url"), prefix="hs_mod_"))
+        yield fill(stack.enter_context(SessionDB(target)))

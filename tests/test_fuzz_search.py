@@ -24,7 +24,7 @@ from sqlalchemy import text
 from hermes_store import SessionDB
 from hermes_store.search import plan_search
 
-from .test_search import server_database
+from .conftest import module_store
 
 pytestmark = pytest.mark.both_backends
 #: Share of the SQLite example count a PostgreSQL run gets.
@@ -52,19 +52,8 @@ def _text(rng: random.Random) -> str:
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionDB]:
-    if request.param == "sqlite":
-        db = SessionDB(tmp_path_factory.mktemp("fuzz") / "state.db")
-        try:
-            yield fill(db)
-        finally:
-            db.close()
-        return
-    with server_database(request.getfixturevalue("pg_url")) as url:
-        db = SessionDB(url)
-        try:
-            yield fill(db)
-        finally:
-            db.close()
+    with module_store(request, tmp_path_factory, fill) as db:
+        yield db
 
 
 def fill(db: SessionDB) -> SessionDB:

@@ -17,7 +17,6 @@ from typing import Iterator
 
 import pytest
 
-from .conftest import server_database as _server_database
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
@@ -29,7 +28,7 @@ from hermes_store.errors import DatabaseLockedError, HermesStoreError
 from hermes_store.repositories.search import SearchRepository, boolean_groups, is_query_syntax_error
 from hermes_store.search import plan_search
 
-from .conftest import set_times
+from .conftest import module_store, set_times
 
 pytestmark = pytest.mark.both_backends
 #: Hypothesis examples per test and backend: a PostgreSQL round trip costs more.
@@ -41,27 +40,11 @@ def fuzz_settings(backend: str, examples: int) -> settings:
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-def server_database(pg_url: str, options: str = ""):
-    """A database of its own for fixtures wider than one test (``pg_database`` is per test)."""
-    return _server_database(pg_url, options, prefix="hs_mod_")
-
-
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def corpus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionDB]:
     """The corpus, built once per backend for the tests that only read it."""
-    if request.param == "sqlite":
-        store = SessionDB(tmp_path_factory.mktemp("corpus") / "state.db")
-        try:
-            yield build_corpus(store)
-        finally:
-            store.close()
-        return
-    with server_database(request.getfixturevalue("pg_url")) as url:
-        store = SessionDB(url)
-        try:
-            yield build_corpus(store)
-        finally:
-            store.close()
+    with module_store(request, tmp_path_factory, build_corpus) as store:
+        yield store
 
 
 @pytest.fixture
