@@ -137,27 +137,7 @@ def test_anchored_view_roles_and_bookends(db: SessionDB) -> None:
     assert db.get_anchored_view("s", 424242)["window"] == []
 
 
-def test_conversation_shape(db: SessionDB) -> None:
-    db.create_session("s", "cli")
-    db.append_message("s", "system", "sys prompt")
-    db.append_message("s", "user", "<memory-context>\nremembered stuff\n</memory-context>\nWhat is up?")
-    db.append_message("s", "assistant", "Calling.", tool_calls=CALLS, finish_reason="tool_calls",
-                      reasoning="thinking", reasoning_content="", reasoning_details=[{"type": "summary"}],
-                      codex_reasoning_items=[{"id": "r1"}], codex_message_items=[{"id": "m1"}])
-    db.append_message("s", "tool", "42", tool_name="web_search", tool_call_id="c1", finish_reason="ignored")
-    db.append_message("s", "assistant", "Done.", finish_reason="stop", reasoning="")
-    conv = db.get_messages_as_conversation("s")
-    stamps = [m.pop("timestamp") for m in conv]  # v23: every turn carries its timestamp
-    assert stamps == [m["timestamp"] for m in db.get_messages("s")]
-    assert conv[0] == {"role": "system", "content": "sys prompt"}
-    assert conv[1] == {"role": "user", "content": "What is up?"}
-    assert conv[2] == {
-        "role": "assistant", "content": "Calling.", "tool_calls": CALLS, "finish_reason": "tool_calls",
-        "reasoning": "thinking", "reasoning_content": "", "reasoning_details": [{"type": "summary"}],
-        "codex_reasoning_items": [{"id": "r1"}], "codex_message_items": [{"id": "m1"}],
-    }
-    assert conv[3] == {"role": "tool", "content": "42", "tool_call_id": "c1", "tool_name": "web_search"}
-    assert conv[4] == {"role": "assistant", "content": "Done.", "finish_reason": "stop"}
+# The v23 replay dict of every kind of turn: tests/compat/test_messages.py::test_conversation_keys.
 
 
 def test_conversation_with_ancestors_dedupes_replayed_user(db: SessionDB) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import threading
 
 import pytest
 from hypothesis import given, settings
@@ -170,42 +169,7 @@ def test_split_inverts_numbering(base: str, n: int) -> None:
 # ---------------------------------------------------------------- concurrent titles
 
 
-def test_two_writers_racing_for_one_title_exactly_one_wins(tmp_path) -> None:
-    """Two connections (two SessionDBs on one file) set the same title at once."""
-    path = tmp_path / "state.db"
-    first, second = SessionDB(path), SessionDB(path)
-    try:
-        first.create_session("a", "cli")
-        first.create_session("b", "cli")
-        for round_ in range(12):
-            title = f"shared plan {round_}"
-            barrier = threading.Barrier(2)
-            outcome: dict[str, object] = {}
-
-            def claim(store: SessionDB, sid: str) -> None:
-                barrier.wait()
-                try:
-                    outcome[sid] = store.set_session_title(sid, title)
-                except Exception as exc:  # noqa: BLE001 - the test inspects what was raised
-                    outcome[sid] = exc
-
-            threads = [threading.Thread(target=claim, args=(first, "a")),
-                       threading.Thread(target=claim, args=(second, "b"))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            winners = [sid for sid, result in outcome.items() if result is True]
-            losers = [result for result in outcome.values() if result is not True]
-            assert len(winners) == 1 and len(losers) == 1, outcome
-            assert isinstance(losers[0], TitleConflictError) and "already in use" in str(losers[0])
-            holder = first.get_session_by_title(title)
-            assert holder is not None and holder["id"] == winners[0]
-            loser = "b" if winners[0] == "a" else "a"
-            assert first.get_session_title(loser) != title
-    finally:
-        first.close()
-        second.close()
+# Two stores racing for one title, on both backends: tests/compat/test_titles.py.
 
 
 def test_a_writer_slipping_in_between_check_and_update_is_a_conflict(db: SessionDB) -> None:

@@ -10,6 +10,8 @@ import threading
 
 import pytest
 
+from hermes_store.errors import TitleConflictError
+
 pytestmark = pytest.mark.both_backends
 
 
@@ -207,7 +209,9 @@ def test_racing_writers_for_one_title_exactly_one_wins(hermes_state, db) -> None
             winners = [sid for sid, result in outcome.items() if result is True]
             [loss] = [result for result in outcome.values() if result is not True]
             assert len(winners) == 1 and isinstance(loss, ValueError) and "already in use" in str(loss)
+            assert isinstance(loss, TitleConflictError)
             assert db.get_session_by_title(title)["id"] == winners[0]
+            assert db.get_session_title("b" if winners[0] == "a" else "a") != title
     finally:
         second.close()
 
