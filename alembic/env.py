@@ -92,7 +92,7 @@ def run_migrations_offline() -> None:
     )
     with context.begin_transaction():
         if schema is not None:
-            from hermes_store.dialects.postgresql import offline_tenant_prelude
+            from hermes_store.dialects.pg_tenants import offline_tenant_prelude
 
             for statement in offline_tenant_prelude(schema):
                 context.execute(statement)
@@ -104,7 +104,7 @@ def run_on(connection) -> None:  # type: ignore[no-untyped-def]
     if connection.dialect.name != "postgresql":
         run_in_schema(connection, None)
         return
-    from hermes_store.dialects import postgresql as pg
+    from hermes_store.dialects import pg_tenants as pg
 
     hosted = connection.in_transaction()
     # Processes opening one new store (a tenant, or the default schema) at once would
@@ -172,7 +172,7 @@ def run_in_schema(connection, schema: str | None) -> None:  # type: ignore[no-un
     if schema is not None:
         # Along the search path autogenerate also sees tables of the shared
         # extensions' schema (public): none of them is this tenant's to compare.
-        from hermes_store.dialects.postgresql import tenant_table_names
+        from hermes_store.dialects.pg_tenants import tenant_table_names
         from sqlalchemy import inspect as sa_inspect
 
         ignored |= set(sa_inspect(connection).get_table_names()) - tenant_table_names(connection, schema)

@@ -7,7 +7,8 @@ transaction control away from the driver (``isolation_level = None``) and emit o
 take the write lock up front, and makes SAVEPOINT-based test fixtures roll back cleanly.
 
 On PostgreSQL one database can hold several stores, one per tenant schema
-(``create_engine(url, schema="team_a")`` or ``…?schema=team_a``): see :func:`bind_schema`.
+(``create_engine(url, schema="team_a")`` or ``…?schema=team_a``), named in every
+statement (:mod:`hermes_store.tenancy`), never set on a connection.
 Schema names are checked here (:func:`check_schema`), before anything connects.
 """
 
@@ -18,6 +19,7 @@ import re
 import sqlite3
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy import create_engine as _sa_create_engine
@@ -25,6 +27,7 @@ from sqlalchemy.engine import URL, ExceptionContext, make_url
 from sqlalchemy.exc import DBAPIError
 
 from . import errors
+from .tenancy import SCHEMA_OPTION, SCHEMA_PARAM, check_schema, tenant_options
 
 #: Execution option naming the BEGIN flavour for a connection ("DEFERRED"/"IMMEDIATE").
 BEGIN_MODE = "hermes_store_begin"
@@ -32,46 +35,12 @@ BEGIN_MODE = "hermes_store_begin"
 DEFAULT_BUSY_TIMEOUT_MS = 1000
 
 
-#: URL query parameter naming one tenant's PostgreSQL schema (``…/db?schema=team_a``).
-#: It stays in ``engine.url`` (so an Engine handed on keeps its tenant) and is taken out
-#: of the connection parameters before the driver sees them.
-SCHEMA_PARAM = "schema"
-#: Execution option a Connection carries when it works inside one tenant's schema.
-SCHEMA_OPTION = "hermes_store_schema"
-#: A plain identifier: never quoted differently, never folded, never a system schema.
-_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_SYSTEM_SCHEMAS = frozenset({"information_schema"})
 
 
 def _blank_schema(url: str) -> bool:
     """Whether a URL string has a ``schema`` query parameter with an empty value."""
-    from urllib.parse import parse_qsl
-
     query = url.split("?", 1)[1] if "?" in url else ""
     return any(k == SCHEMA_PARAM and not v for k, v in parse_qsl(query, keep_blank_values=True))
-
-
-def check_schema(name: object) -> str:
-    """``name`` when it is a plain schema identifier; InvalidInputError otherwise.
-
-    Checked before any connection is made. Plain means lower-case ASCII letters,
-    digits and ``_``, not starting with a digit, at most 63 characters (PostgreSQL's
-    limit: a longer name would be cut silently), and not a system schema (``pg_*``,
-    ``information_schema``). Such a name needs no quoting rules to be right.
-    """
-    if (
-        not isinstance(name, str)
-        or not _SCHEMA_NAME.fullmatch(name)
-        or name.startswith("pg_")
-        or name in _SYSTEM_SCHEMAS
-    ):
-        shown = repr(name[:80] if isinstance(name, str) else name)
-        shown = shown if len(shown) <= 90 else shown[:87] + "…"
-        raise errors.InvalidInputError(
-            f"schema name {shown} is not a plain identifier: use 1 to 63 of a-z, 0-9 and _, "
-            "not starting with a digit or pg_ (and not information_schema)"
-        )
-    return name
 
 
 def schema_in_url(url: URL) -> str | None:
@@ -340,6 +309,7 @@ def create_engine(
     schema: str | None = None,
     foreign_keys: bool = True,
     busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    prepared_statements: bool = False,
     **kwargs: Any,
 ) -> Engine:
     """Create an Engine for a SQLite file with our PRAGMAs, transaction handling and typed errors.
@@ -350,25 +320,29 @@ def create_engine(
     ``foreign_keys``/``busy_timeout_ms`` are SQLite settings it ignores.
 
     ``schema`` (or ``?schema=`` in the URL) keeps one tenant in its own PostgreSQL
-    schema: see :func:`bind_schema`. A bad name or a SQLite target is refused here.
+    schema: every statement names it (:mod:`hermes_store.tenancy`); no connection is
+    ever pointed at it. A bad name or a SQLite target is refused here.
+
+    PostgreSQL statements are not prepared on the server by default (psycopg's
+    ``prepare_threshold=None``): behind a transaction pooler that does not track them
+    (PgBouncer before 1.21, or without ``max_prepared_statements``) a prepared statement
+    lands on a server connection another client uses next. ``prepared_statements=True``
+    (or ``?prepare_threshold=N`` in the URL, or ``connect_args``) turns them back on, for
+    a direct connection or a pooler that supports them.
     """
     url = with_schema(target, schema)
     if url.get_backend_name() == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
         tenant = schema_in_url(url)
         if tenant is not None:
-            kwargs["execution_options"] = {
-                **kwargs.get("execution_options", {}),
-                "schema_translate_map": {None: tenant},
-                SCHEMA_OPTION: tenant,
-            }
+            kwargs["execution_options"] = {**kwargs.get("execution_options", {}), **tenant_options(tenant)}
+        kwargs["connect_args"] = _pg_connect_args(url, kwargs.get("connect_args"), prepared_statements)
         engine = _sa_create_engine(url, **kwargs)
         from .dialects.postgresql import install_nul_adapters
 
         # Text cannot hold U+0000 there: the reversible mapping of hermes_store.codec.
         event.listen(engine, "connect", lambda dbapi_conn, _rec: install_nul_adapters(dbapi_conn))
-        if tenant is not None:
-            bind_schema(engine, tenant)
+        event.listen(engine, "do_connect", _drop_schema_param)
         install_error_translation(engine)
         return engine
     if url.get_backend_name() != "sqlite":
@@ -395,26 +369,27 @@ def create_engine(
     return engine
 
 
-def bind_schema(engine: Engine, schema: str) -> None:
-    """Make every connection of a PostgreSQL ``engine`` work inside tenant ``schema``.
+def _drop_schema_param(_dialect: Any, _rec: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+    """``do_connect`` hook: ``?schema=`` is ours, not a libpq option; a
+    ``?prepare_threshold=`` of the URL arrives as text and psycopg wants a number."""
+    cparams.pop(SCHEMA_PARAM, None)
+    threshold = cparams.get("prepare_threshold")
+    if isinstance(threshold, str):
+        cparams["prepare_threshold"] = None if threshold.lower() in ("", "none", "off") else int(threshold)
 
-    Two layers, so nothing of ours can reach another tenant: Core and ORM statements
-    name the schema outright (``schema_translate_map``, set by :func:`create_engine`),
-    and each new connection's ``search_path`` is the tenant schema alone, for the raw
-    SQL of the repositories, the revisions, the search functions and the triggers.
-    ``public`` is left out on purpose: a tenant not migrated yet gets NotMigratedError,
-    never the rows of a store kept in ``public``. Shared extensions (``pg_trgm``) need
-    no place on the path at run time (operator classes are bound when an index is built).
+
+#: psycopg's own default: prepare a statement on the server after 5 executions.
+PREPARE_THRESHOLD_ON = 5
+
+
+def _pg_connect_args(url: URL, given: dict[str, Any] | None, prepared: bool) -> dict[str, Any]:
+    """psycopg connection arguments with server-side prepares off unless asked for.
+
+    An explicit ``prepare_threshold`` (in ``connect_args`` or the URL) always wins.
     """
-    from .dialects.postgresql import set_session_search_path
-
-    def _drop_param(_dialect: Any, _rec: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
-        cparams.pop(SCHEMA_PARAM, None)  # ours, not a libpq option
-
-    def _enter(dbapi_conn: Any, _rec: Any) -> None:
-        set_session_search_path(dbapi_conn, [schema])
-        # Reflection (autogenerate, has_table) then reads the tenant as "the default".
-        engine.dialect.default_schema_name = schema
-
-    event.listen(engine, "do_connect", _drop_param)
-    event.listen(engine, "connect", _enter)
+    args = dict(given or {})
+    if "prepare_threshold" in args or "prepare_threshold" in url.query:
+        return args
+    if url.get_driver_name() in ("psycopg", "psycopg_async"):
+        args["prepare_threshold"] = PREPARE_THRESHOLD_ON if prepared else None
+    return args

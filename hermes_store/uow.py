@@ -19,7 +19,8 @@ from sqlalchemy import Connection, Engine
 
 from . import errors
 from .dialects import for_connection
-from .engine import SCHEMA_OPTION, schema_of, tenant_of
+from .engine import schema_of, tenant_of
+from .tenancy import tenant_options
 from .repositories.maintenance import remove_committed_files
 from .repositories import (
     CompressionRepository,
@@ -41,7 +42,7 @@ def _in_schema(engine: Engine, schema: str | None) -> Engine:
     what repositories cache per engine (table columns) is never shared between tenants."""
     kept: dict[str, Engine] = engine.__dict__.setdefault("_hermes_store_tenants", {})
     if schema not in kept:
-        kept[schema] = engine.execution_options(schema_translate_map={None: schema}, **{SCHEMA_OPTION: schema})
+        kept[schema] = engine.execution_options(**tenant_options(schema))
     return kept[schema]
 
 
@@ -64,8 +65,8 @@ class UnitOfWork:
         an engine bound to another schema is an InvalidInputError, raised here)."""
         #: The tenant schema, or None for the engine's own (default) schema.
         self.schema = tenant_of(engine, schema)
-        # An engine bound to the tenant points every connection there already; any
-        # other engine's connection is pointed there for each transaction only.
+        # An engine bound to the tenant names it in every statement already; any other
+        # engine is given the tenant's execution options (never a connection setting).
         self._per_transaction = self.schema is not None and schema_of(engine) is None
         self.engine = engine
         self._source = _in_schema(engine, self.schema) if self._per_transaction else engine
@@ -74,11 +75,6 @@ class UnitOfWork:
 
     def _begin(self, conn: Connection) -> None:
         conn.begin()
-        if self._per_transaction:
-            from .dialects.postgresql import enter_schema_for_transaction
-
-            assert self.schema is not None
-            enter_schema_for_transaction(conn, self.schema)
 
     def __enter__(self) -> "UnitOfWork":
         conn = self._source.connect()

@@ -17,7 +17,7 @@ from sqlalchemy.pool import NullPool
 
 from .. import adopt, errors, migrations, paths
 from ..dialects import for_connection
-from ..dialects.postgresql import release_session_lock, try_session_lock
+from ..dialects.pg_tenants import release_session_lock, try_session_lock
 from ..engine import create_engine
 from ..locks import holding, try_flock
 from .endpoints import Endpoint, readonly_engine, server_key

@@ -19,7 +19,9 @@ from sqlalchemy.exc import DBAPIError
 
 from .. import errors
 from ..codec import pg_decode_nul, pg_encode_nul
+from ..tenancy import quote_ident
 from . import on_conflict_upsert
+from .pg_tenants import tenant_table_names
 
 #: serialization_failure, deadlock_detected, lock_not_available: worth another try.
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
@@ -63,159 +65,6 @@ def install_nul_adapters(dbapi_conn: Any) -> None:
         dbapi_conn._hermes_store_nul = True
     except AttributeError:
         pass
-
-
-# ------------------------------------------------------------------ tenant schemas
-#
-# One tenant's tables, functions, triggers, search objects and Alembic version table
-# live in one schema (see hermes_store.engine.bind_schema). Names reaching these helpers
-# were checked by hermes_store.engine.check_schema (plain identifiers); they are quoted
-# all the same.
-
-#: Extensions our revisions use, created once per database and shared by every tenant.
-SHARED_EXTENSIONS = ("pg_trgm",)
-#: Advisory lock class of our migrations (two int4 keys: this class and a schema hash).
-_MIGRATION_LOCK_CLASS = 0x4853  # "HS"
-#: Advisory lock class of other one-at-a-time jobs (a copy into a store), keyed by purpose and schema.
-_PURPOSE_LOCK_CLASS = 0x4854
-
-
-def quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _path_text(schemas: Sequence[str]) -> str:
-    return ", ".join(quote_ident(s) for s in schemas)
-
-
-def set_session_search_path(dbapi_conn: Any, schemas: Sequence[str]) -> None:
-    """``search_path`` of a new DB-API connection, committed so the pool's reset keeps it."""
-    cur = dbapi_conn.cursor()
-    try:
-        cur.execute(f"SET search_path TO {_path_text(schemas)}")
-    finally:
-        cur.close()
-    dbapi_conn.commit()
-
-
-def enter_schema_for_transaction(conn: Connection, schema: str) -> None:
-    """Work in ``schema`` until the current transaction ends (``SET LOCAL``).
-
-    For a unit of work on an engine that is not bound to a tenant: the connection goes
-    back to the pool with its own search_path, whatever happens inside.
-    """
-    conn.exec_driver_sql(f"SET LOCAL search_path TO {quote_ident(schema)}")
-
-
-def current_schema_name(conn: Connection) -> str:
-    """Where unqualified new objects go ('' when no schema of the search path exists)."""
-    return str(conn.exec_driver_sql("SELECT current_schema()").scalar() or "")
-
-
-def search_path(conn: Connection) -> str:
-    return str(conn.exec_driver_sql("SELECT current_setting('search_path')").scalar())
-
-
-def set_search_path(conn: Connection, value: str) -> None:
-    """Set (or put back) a connection's search_path for the session, as ``search_path`` read it."""
-    conn.execute(text("SELECT set_config('search_path', :v, false)"), {"v": value})
-
-
-def _extension_schema(conn: Connection, name: str) -> str | None:
-    return conn.execute(
-        text("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = :e"),
-        {"e": name},
-    ).scalar()
-
-
-def ensure_shared_extensions(conn: Connection) -> None:
-    """Create our extensions in ``public`` when the database has none of them yet.
-
-    The revisions say ``CREATE EXTENSION IF NOT EXISTS``, which puts a missing one in
-    the first schema of the search path: during a tenant's migration, the tenant's own
-    schema, where other tenants could not use it and a ``DROP SCHEMA`` would take it
-    away from them. Concurrent first migrations of two tenants are serialized by a
-    transaction-level advisory lock (CREATE EXTENSION itself races).
-    """
-    for name in SHARED_EXTENSIONS:
-        if _extension_schema(conn, name) is not None:
-            continue
-        conn.execute(text("SELECT pg_advisory_xact_lock(:c, 0)"), {"c": _MIGRATION_LOCK_CLASS})
-        if _extension_schema(conn, name) is None:
-            conn.exec_driver_sql(f"CREATE EXTENSION IF NOT EXISTS {quote_ident(name)} WITH SCHEMA public")
-
-
-def try_session_lock(conn: Connection, purpose: str, schema: str) -> bool:
-    """Take the session-level advisory lock for ``purpose`` in ``schema`` unless someone holds it.
-
-    Held by the connection until :func:`release_session_lock` or until the session ends:
-    the server drops it when a holder's connection closes or its process dies.
-    """
-    return bool(conn.execute(text("SELECT pg_try_advisory_lock(:c, hashtext(:k))"),
-                             {"c": _PURPOSE_LOCK_CLASS, "k": f"{purpose}:{schema}"}).scalar())
-
-
-def release_session_lock(conn: Connection, purpose: str, schema: str) -> None:
-    conn.execute(text("SELECT pg_advisory_unlock(:c, hashtext(:k))"),
-                 {"c": _PURPOSE_LOCK_CLASS, "k": f"{purpose}:{schema}"})
-
-
-def migration_lock(conn: Connection, schema: str, *, held: bool, transaction: bool = False) -> None:
-    """Take (``held=True``) or release the lock serializing migrations of ``schema``.
-
-    Two processes opening the same new store (a tenant, or the default schema) at once
-    would otherwise both run its revisions and one would fail half-way; the second now
-    waits, then finds it at head. ``transaction``: a lock that ends with the current
-    transaction (for a caller's transaction; never released here).
-    """
-    if transaction:
-        fn = "pg_advisory_xact_lock"
-        if not held:
-            return
-    else:
-        fn = "pg_advisory_lock" if held else "pg_advisory_unlock"
-    conn.execute(text(f"SELECT {fn}(:c, hashtext(:s))"), {"c": _MIGRATION_LOCK_CLASS, "s": schema})
-
-
-def enter_schema_for_migration(conn: Connection, schema: str, *, create: bool) -> str:
-    """Point ``conn`` at tenant ``schema`` for our revisions; returns the search_path to restore.
-
-    With ``create`` (upgrade, stamp) the schema and the shared extensions are made
-    first. The path is the tenant, then the schemas of the shared extensions: the
-    revisions' raw SQL creates and finds everything in the tenant, ``current_schema()``
-    is the tenant, and ``gin_trgm_ops`` resolves where ``pg_trgm`` lives.
-    """
-    previous = search_path(conn)
-    if create:
-        conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
-        ensure_shared_extensions(conn)
-    path = [schema]
-    for name in SHARED_EXTENSIONS:
-        where = _extension_schema(conn, name)
-        if where is not None and where not in path and where != "pg_catalog":
-            path.append(where)
-    set_search_path(conn, _path_text(path))
-    return previous
-
-
-def offline_tenant_prelude(schema: str) -> list[str]:
-    """What :func:`enter_schema_for_migration` does, as SQL text for ``alembic upgrade --sql``
-    (no connection to ask where the shared extensions already are: ``public`` is assumed)."""
-    q = quote_ident(schema)
-    return [
-        f"CREATE SCHEMA IF NOT EXISTS {q}",
-        *(f"CREATE EXTENSION IF NOT EXISTS {quote_ident(e)} WITH SCHEMA public" for e in SHARED_EXTENSIONS),
-        f"SET search_path TO {q}, public",
-    ]
-
-
-def tenant_table_names(conn: Connection, schema: str) -> set[str]:
-    """Plain tables of ``schema`` (what autogenerate may compare for a tenant)."""
-    return set(
-        conn.execute(
-            text("SELECT tablename FROM pg_tables WHERE schemaname = :s"), {"s": schema}
-        ).scalars()
-    )
 
 
 class PostgreSQLDialect:

@@ -1,0 +1,144 @@
+"""PostgreSQL tenant schemas: creating them, migrating them one at a time, finding them.
+
+One tenant's tables, functions, triggers, search objects and Alembic version table
+live in one schema. The tenant is named in each statement at run time (see
+:mod:`hermes_store.tenancy`); what is here serves the migrations, whose frozen revision
+SQL names objects without a schema and so runs with a transaction-local search path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from sqlalchemy import Connection, text
+
+from ..tenancy import quote_ident
+
+# ------------------------------------------------------------------ tenant schemas
+#
+# One tenant's tables, functions, triggers, search objects and Alembic version table
+# live in one schema (see hermes_store.tenancy). Names reaching these helpers
+# were checked by hermes_store.engine.check_schema (plain identifiers); they are quoted
+# all the same.
+
+#: Extensions our revisions use, created once per database and shared by every tenant.
+SHARED_EXTENSIONS = ("pg_trgm",)
+#: Advisory lock class of our migrations (two int4 keys: this class and a schema hash).
+_MIGRATION_LOCK_CLASS = 0x4853  # "HS"
+#: Advisory lock class of other one-at-a-time jobs (a copy into a store), keyed by purpose and schema.
+_PURPOSE_LOCK_CLASS = 0x4854
+
+
+def _path_text(schemas: Sequence[str]) -> str:
+    return ", ".join(quote_ident(s) for s in schemas)
+
+
+def current_schema_name(conn: Connection) -> str:
+    """Where unqualified new objects go ('' when no schema of the search path exists)."""
+    return str(conn.exec_driver_sql("SELECT current_schema()").scalar() or "")
+
+
+def search_path(conn: Connection) -> str:
+    return str(conn.exec_driver_sql("SELECT current_setting('search_path')").scalar())
+
+
+def set_search_path(conn: Connection, value: str) -> None:
+    """Set (or put back) a connection's search_path for the session, as ``search_path`` read it."""
+    conn.execute(text("SELECT set_config('search_path', :v, false)"), {"v": value})
+
+
+def _extension_schema(conn: Connection, name: str) -> str | None:
+    return conn.execute(
+        text("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = :e"),
+        {"e": name},
+    ).scalar()
+
+
+def ensure_shared_extensions(conn: Connection) -> None:
+    """Create our extensions in ``public`` when the database has none of them yet.
+
+    The revisions say ``CREATE EXTENSION IF NOT EXISTS``, which puts a missing one in
+    the first schema of the search path: during a tenant's migration, the tenant's own
+    schema, where other tenants could not use it and a ``DROP SCHEMA`` would take it
+    away from them. Concurrent first migrations of two tenants are serialized by a
+    transaction-level advisory lock (CREATE EXTENSION itself races).
+    """
+    for name in SHARED_EXTENSIONS:
+        if _extension_schema(conn, name) is not None:
+            continue
+        conn.execute(text("SELECT pg_advisory_xact_lock(:c, 0)"), {"c": _MIGRATION_LOCK_CLASS})
+        if _extension_schema(conn, name) is None:
+            conn.exec_driver_sql(f"CREATE EXTENSION IF NOT EXISTS {quote_ident(name)} WITH SCHEMA public")
+
+
+def try_session_lock(conn: Connection, purpose: str, schema: str) -> bool:
+    """Take the session-level advisory lock for ``purpose`` in ``schema`` unless someone holds it.
+
+    Held by the connection until :func:`release_session_lock` or until the session ends:
+    the server drops it when a holder's connection closes or its process dies.
+    """
+    return bool(conn.execute(text("SELECT pg_try_advisory_lock(:c, hashtext(:k))"),
+                             {"c": _PURPOSE_LOCK_CLASS, "k": f"{purpose}:{schema}"}).scalar())
+
+
+def release_session_lock(conn: Connection, purpose: str, schema: str) -> None:
+    conn.execute(text("SELECT pg_advisory_unlock(:c, hashtext(:k))"),
+                 {"c": _PURPOSE_LOCK_CLASS, "k": f"{purpose}:{schema}"})
+
+
+def migration_lock(conn: Connection, schema: str, *, held: bool, transaction: bool = False) -> None:
+    """Take (``held=True``) or release the lock serializing migrations of ``schema``.
+
+    Two processes opening the same new store (a tenant, or the default schema) at once
+    would otherwise both run its revisions and one would fail half-way; the second now
+    waits, then finds it at head. ``transaction``: a lock that ends with the current
+    transaction (for a caller's transaction; never released here).
+    """
+    if transaction:
+        fn = "pg_advisory_xact_lock"
+        if not held:
+            return
+    else:
+        fn = "pg_advisory_lock" if held else "pg_advisory_unlock"
+    conn.execute(text(f"SELECT {fn}(:c, hashtext(:s))"), {"c": _MIGRATION_LOCK_CLASS, "s": schema})
+
+
+def enter_schema_for_migration(conn: Connection, schema: str, *, create: bool) -> str:
+    """Point ``conn`` at tenant ``schema`` for our revisions; returns the search_path to restore.
+
+    With ``create`` (upgrade, stamp) the schema and the shared extensions are made
+    first. The path is the tenant, then the schemas of the shared extensions: the
+    revisions' raw SQL creates and finds everything in the tenant, ``current_schema()``
+    is the tenant, and ``gin_trgm_ops`` resolves where ``pg_trgm`` lives.
+    """
+    previous = search_path(conn)
+    if create:
+        conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+        ensure_shared_extensions(conn)
+    path = [schema]
+    for name in SHARED_EXTENSIONS:
+        where = _extension_schema(conn, name)
+        if where is not None and where not in path and where != "pg_catalog":
+            path.append(where)
+    set_search_path(conn, _path_text(path))
+    return previous
+
+
+def offline_tenant_prelude(schema: str) -> list[str]:
+    """What :func:`enter_schema_for_migration` does, as SQL text for ``alembic upgrade --sql``
+    (no connection to ask where the shared extensions already are: ``public`` is assumed)."""
+    q = quote_ident(schema)
+    return [
+        f"CREATE SCHEMA IF NOT EXISTS {q}",
+        *(f"CREATE EXTENSION IF NOT EXISTS {quote_ident(e)} WITH SCHEMA public" for e in SHARED_EXTENSIONS),
+        f"SET search_path TO {q}, public",
+    ]
+
+
+def tenant_table_names(conn: Connection, schema: str) -> set[str]:
+    """Plain tables of ``schema`` (what autogenerate may compare for a tenant)."""
+    return set(
+        conn.execute(
+            text("SELECT tablename FROM pg_tables WHERE schemaname = :s"), {"s": schema}
+        ).scalars()
+    )
