@@ -204,15 +204,59 @@ def pg_url() -> str:
     return url
 
 
+PGBOUNCER_URL_ENV = "HERMES_STORE_TEST_PGBOUNCER_URL"
+#: Test modules whose PostgreSQL cases talk to the server directly; every other family
+#: goes through the transaction pooler (when one runs), so both paths stay covered.
+DIRECT_MODULES = frozenset({"test_pg_migrations", "test_copy", "test_pg_tenants"})
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_url(pg_url: str) -> str:
+    """The URL of the PgBouncer (transaction mode, 2 server connections per database) in
+    front of the test server; ``scripts/pg-test-server start`` exports it. Required under
+    CI=true, like the server itself."""
+    import os
+
+    url = os.environ.get(PGBOUNCER_URL_ENV)
+    if not url:
+        reason = f"{PGBOUNCER_URL_ENV} is not set: `eval \"$(scripts/pg-test-server start)\"` starts one"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"pooler tests must run under CI: {reason}")
+        pytest.skip(reason)
+    return url
+
+
+def via_pooler(direct_url: str, pooler_url: str) -> str:
+    """The same database as ``direct_url`` (a test database), reached through the pooler."""
+    from sqlalchemy.engine import make_url
+
+    direct = make_url(direct_url)
+    return make_url(pooler_url).set(database=direct.database, query=direct.query).render_as_string(
+        hide_password=False
+    )
+
+
 @pytest.fixture
-def pg_database(pg_url: str) -> Iterator[str]:
+def pooled_database(pg_url: str, pgbouncer_url: str) -> Iterator[tuple[str, str]]:
+    """A fresh database of its own: ``(direct URL, URL through the pooler)``."""
+    with server_database(pg_url) as url:
+        yield url, via_pooler(url, pgbouncer_url)
+
+
+@pytest.fixture
+def pg_database(pg_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh, empty database on the test server for this test alone (URL string), dropped afterwards.
 
     A database per test (not a schema) so extensions, functions and the version table
-    of one test can never be seen by another running in parallel.
+    of one test can never be seen by another running in parallel. Reached through the
+    transaction pooler when one runs, except from :data:`DIRECT_MODULES`.
     """
+    import os
+
+    module = request.module.__name__.rsplit(".", 1)[-1]
+    pooler = os.environ.get(PGBOUNCER_URL_ENV) if module not in DIRECT_MODULES else None
     with server_database(pg_url) as url:
-        yield url
+        yield via_pooler(url, pooler) if pooler else url
 
 
 @contextmanager
