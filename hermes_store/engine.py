@@ -225,8 +225,15 @@ def _translate_pg(exc: BaseException) -> errors.HermesStoreError | None:
         return errors.DatabaseUnavailableError(f"cannot use the database server: {str(exc).strip()}")
     if not isinstance(state, str):
         return None
+    message = str(exc).strip()
+    if state == "57014" or (state == "08P01" and "timeout" in message.lower()):
+        # A statement cut off for running too long: the server's statement_timeout
+        # (57014), or a pooler's query_timeout, which PgBouncer reports as a protocol
+        # error (08P01) after it gave up waiting. The server is up; something (usually
+        # a lock another transaction holds) kept this statement waiting.
+        return errors.DatabaseLockedError(f"the statement was cut off after waiting too long: {message}")
     if state.startswith(_PG_UNAVAILABLE):
-        return errors.DatabaseUnavailableError(str(exc).strip())
+        return errors.DatabaseUnavailableError(message)
     if state == "42P01":  # undefined_table
         missing = re.search(r'relation "(?:\w+\.)?(\w+)"', str(exc))
         if missing and missing.group(1) in _OUR_TABLES:

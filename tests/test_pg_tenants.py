@@ -657,6 +657,11 @@ for i in range(n):
     db.append_message(f"own-{me}", "assistant", f"共有{cjk}テキスト{me}-{i}")
     if i % 10 == 0:
         db.update_token_counts("shared", input_tokens=1)
+        if db.get_session(f"own-{me}") is None:
+            violations.append(f"own-{me} was not found after {i} appends")
+        foreign = [m["content"] for m in db.get_messages(f"own-{me}") if other_cjk in (m["content"] or "")]
+        if foreign:
+            violations.append(f"read {len(foreign)} rows of the other tenant")
     if i % 20 == 0:
         db.set_session_title(f"own-{me}", f"Title {me} {i}")  # the same titles in both tenants
     if i == n // 2:
@@ -689,11 +694,16 @@ def test_four_processes_two_tenants_share_one_database(pg_database: str, plain: 
     tenant at once (concurrent first migrations of one schema and of the shared
     extension), then appends, titles and searches. At the end every row is in its
     tenant, counters are exact, and no search ever returned the other tenant's rows."""
-    per = 120
+    two_tenants_two_writers(pg_database, plain)
+
+
+def two_tenants_two_writers(url: str, plain: Engine, per: int = 120) -> None:
+    """THE sharing proof, on ``url`` (direct or through a pooler); ``plain`` reads the
+    server directly to check where every row landed."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     workers = [(tenant, me) for tenant in ("team_a", "team_b") for me in ("0", "1")]
     running = [
-        subprocess.Popen([sys.executable, "-c", WORKER, pg_database, tenant, me, str(per)], env=env,
+        subprocess.Popen([sys.executable, "-c", WORKER, url, tenant, me, str(per)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for tenant, me in workers
     ]
@@ -708,7 +718,7 @@ def test_four_processes_two_tenants_share_one_database(pg_database: str, plain: 
     marks = {"team_a": ("alphaword", "甲"), "team_b": ("betaword", "乙")}
     for tenant, (word, cjk) in marks.items():
         other_word, other_cjk = marks["team_b" if tenant == "team_a" else "team_a"]
-        with SessionDB(pg_database, schema=tenant) as db:
+        with SessionDB(url, schema=tenant) as db:
             assert db.session_count() == 5  # shared, own-0, own-1, flag-0, flag-1
             shared = db.get_session("shared")
             assert db.message_count("shared") == 2 * per == shared["message_count"]
@@ -730,6 +740,12 @@ def test_four_processes_two_tenants_share_one_database(pg_database: str, plain: 
     with plain.connect() as conn:
         assert objects_in(conn, "public") == set()
         for tenant in marks:
+            word = marks[tenant][0]
+            other_word = marks["team_b" if tenant == "team_a" else "team_a"][0]
+            # Not one row landed in the other tenant's schema.
+            assert conn.execute(text(f"SELECT count(*) FROM {tenant}.messages WHERE content LIKE :w"),
+                                {"w": f"%{other_word}%"}).scalar() == 0
+            assert conn.execute(text(f"SELECT count(*) FROM {tenant}.sessions")).scalar() == 5
             assert conn.exec_driver_sql(f"SELECT count(*) FROM {tenant}.messages").scalar() == 4 * per
             assert conn.exec_driver_sql(f"SELECT version_num FROM {tenant}.hermes_store_version").all() == [(HEAD,)]
         assert conn.exec_driver_sql("SELECT count(*) FROM pg_extension WHERE extname = 'pg_trgm'").scalar() == 1
