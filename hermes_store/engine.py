@@ -26,11 +26,25 @@ from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy.engine import URL, ExceptionContext, make_url
 from sqlalchemy.exc import DBAPIError
 
-from . import errors
-from .tenancy import SCHEMA_OPTION, SCHEMA_PARAM, check_schema, tenant_options
+from . import dialects, errors
+from .dialects.sqlite import BEGIN_MODE, install_begin_hook
+from .tenancy import SCHEMA_OPTION, SCHEMA_PARAM, check_schema, schema_in_query
 
-#: Execution option naming the BEGIN flavour for a connection ("DEFERRED"/"IMMEDIATE").
-BEGIN_MODE = "hermes_store_begin"
+__all__ = [
+    "BEGIN_MODE",
+    "SCHEMA_OPTION",
+    "check_schema",
+    "create_engine",
+    "default_db_path",
+    "install_begin_hook",
+    "install_error_translation",
+    "schema_in_url",
+    "schema_of",
+    "tenant_of",
+    "to_url",
+    "translate_driver_error",
+    "with_schema",
+]
 
 DEFAULT_BUSY_TIMEOUT_MS = 1000
 
@@ -45,16 +59,19 @@ def _blank_schema(url: str) -> bool:
 
 def schema_in_url(url: URL) -> str | None:
     """The tenant schema a URL names (``?schema=``), checked; None when it names none."""
-    raw = url.query.get(SCHEMA_PARAM)
-    if raw is None:
+    if url.query.get(SCHEMA_PARAM) is None:
         return None
-    if url.get_backend_name() != "postgresql":
+    if not _has_schemas(url.get_backend_name()):
         raise errors.InvalidInputError(
             f"?{SCHEMA_PARAM}= names a PostgreSQL schema; a {url.get_backend_name()} database has none"
         )
-    if isinstance(raw, tuple):
-        raise errors.InvalidInputError(f"the URL names {len(raw)} schemas; give one ?{SCHEMA_PARAM}=")
-    return check_schema(raw)
+    return schema_in_query(url)
+
+
+def _has_schemas(backend: str) -> bool:
+    """Whether databases of SQLAlchemy backend ``backend`` hold tenant schemas."""
+    found = dialects.find(backend)
+    return found is not None and found.has_schemas
 
 
 def with_schema(target: str | os.PathLike[str] | URL, schema: str | None) -> URL:
@@ -69,7 +86,7 @@ def with_schema(target: str | os.PathLike[str] | URL, schema: str | None) -> URL
     if schema is None:
         return url
     check_schema(schema)
-    if url.get_backend_name() != "postgresql":
+    if not _has_schemas(url.get_backend_name()):
         raise errors.InvalidInputError(
             f"schema={schema!r}: per-tenant schemas exist on PostgreSQL only; "
             f"a {url.get_backend_name()} database has no schemas"
@@ -99,7 +116,7 @@ def tenant_of(target: Engine | Connection | URL | str | os.PathLike[str], schema
         check_schema(schema)
     if isinstance(target, (Engine, Connection)):
         bound = schema_of(target)
-        if schema is not None and target.dialect.name != "postgresql":
+        if schema is not None and not _has_schemas(target.dialect.name):
             raise errors.InvalidInputError(
                 f"schema={schema!r}: per-tenant schemas exist on PostgreSQL only; "
                 f"a {target.dialect.name} database has no schemas"
@@ -134,33 +151,12 @@ def to_url(target: str | os.PathLike[str] | URL) -> URL:
     return make_url("sqlite://").set(database=str(Path(s).expanduser()))
 
 
-# SQLite primary result codes (extended codes keep them in the low byte).
-_SQLITE_READONLY = 8
-_SQLITE_FULL = 13
-_SQLITE_CANTOPEN = 14
-# Fallback by message, for errors raised without a result code.
-_BY_MESSAGE: tuple[tuple[str, type[errors.HermesStoreError]], ...] = (
-    ("database or disk is full", errors.DiskFullError),
-    ("attempt to write a readonly database", errors.ReadOnlyDatabaseError),
-    ("unable to open database file", errors.DatabaseUnavailableError),
-)
-_BY_CODE: dict[int, type[errors.HermesStoreError]] = {
-    _SQLITE_FULL: errors.DiskFullError,
-    _SQLITE_READONLY: errors.ReadOnlyDatabaseError,
-    _SQLITE_CANTOPEN: errors.DatabaseUnavailableError,
-}
-
-
-_NO_SUCH_TABLE = re.compile(r"no such table: (?:main\.)?(\w+)")
-#: Tables every migrated database has; missing one means "not migrated", not a bug.
-_OUR_TABLES = frozenset({"sessions", "messages", "state_meta", "schema_version", "session_model_usage"})
-
-
 def translate_driver_error(exc: BaseException) -> errors.HermesStoreError | None:
     """The typed error a caller should see for a driver failure, or None to keep it.
 
     One table for every path: SQLAlchemy's ``handle_error`` hook uses it, and code
-    that talks to the DB-API connection directly calls it in its ``except``. "Locked"
+    that talks to the DB-API connection directly calls it in its ``except``. What is
+    driver-specific is asked of each dialect module (``translate_error``). "Locked"
     and "busy" are deliberately left alone: the facade retries those. The caller
     raises the result ``from exc`` so the driver error stays attached.
     """
@@ -175,75 +171,11 @@ def translate_driver_error(exc: BaseException) -> errors.HermesStoreError | None
         )
     if isinstance(exc, OverflowError):
         return errors.InvalidInputError(f"value out of range for SQLite: {exc}")
-    if isinstance(exc, sqlite3.ProgrammingError) and "binding parameter" in str(exc).lower():
-        return errors.InvalidInputError(str(exc))
-    if not isinstance(exc, sqlite3.Error):
-        return _translate_pg(exc)
-    missing = _NO_SUCH_TABLE.match(str(exc))
-    if missing and missing.group(1) in _OUR_TABLES:
-        return errors.NotMigratedError(
-            f"the database has no {missing.group(1)} table: it is not migrated yet; run "
-            "hermes_store.migrations.upgrade(<path, URL or Engine>) or `hermes-store upgrade` first"
-        )
-    code = getattr(exc, "sqlite_errorcode", None)
-    kind = _BY_CODE.get(code & 0xFF) if isinstance(code, int) else None
-    if kind is None:
-        text = str(exc).lower()
-        kind = next((k for needle, k in _BY_MESSAGE if needle in text), None)
-    if kind is None:
-        return None
-    return kind(str(exc))
-
-
-#: PostgreSQL SQLSTATEs callers can meet, by the typed error they become. Serialization
-#: failures and deadlocks (40001/40P01) are left alone: the facade retries them.
-_PG_BY_SQLSTATE: dict[str, type[errors.HermesStoreError]] = {
-    "53100": errors.DiskFullError,  # disk_full
-    "25006": errors.ReadOnlyDatabaseError,  # read_only_sql_transaction (a standby, read-only mode)
-    "22021": errors.InvalidInputError,  # character_not_in_repertoire
-    "22P05": errors.InvalidInputError,  # untranslatable_character
-    "22003": errors.InvalidInputError,  # numeric_value_out_of_range
-    "54000": errors.InvalidInputError,  # program_limit_exceeded (a value too large for a row)
-}
-
-
-#: SQLSTATEs (or classes) meaning "the server or database cannot be used right now":
-#: connection_exception, invalid_authorization_specification, invalid_catalog_name
-#: (no such database), admin/crash shutdown and cannot_connect_now.
-_PG_UNAVAILABLE = ("08", "28", "3D000", "57P01", "57P02", "57P03")
-
-
-def _translate_pg(exc: BaseException) -> errors.HermesStoreError | None:
-    """psycopg errors (by SQLSTATE) → typed errors; None for anything else."""
-    if type(exc).__module__.split(".")[0] != "psycopg":
-        return None
-    state = getattr(exc, "sqlstate", None)
-    if state is None and any(k.__name__ == "OperationalError" for k in type(exc).__mro__):
-        # No SQLSTATE: the client never got an answer (server down, refused, no such
-        # database or role at connect time, connection lost). The message names host
-        # and port, never the password.
-        return errors.DatabaseUnavailableError(f"cannot use the database server: {str(exc).strip()}")
-    if not isinstance(state, str):
-        return None
-    message = str(exc).strip()
-    if state == "57014" or (state == "08P01" and "timeout" in message.lower()):
-        # A statement cut off for running too long: the server's statement_timeout
-        # (57014), or a pooler's query_timeout, which PgBouncer reports as a protocol
-        # error (08P01) after it gave up waiting. The server is up; something (usually
-        # a lock another transaction holds) kept this statement waiting.
-        return errors.DatabaseLockedError(f"the statement was cut off after waiting too long: {message}")
-    if state.startswith(_PG_UNAVAILABLE):
-        return errors.DatabaseUnavailableError(message)
-    if state == "42P01":  # undefined_table
-        missing = re.search(r'relation "(?:\w+\.)?(\w+)"', str(exc))
-        if missing and missing.group(1) in _OUR_TABLES:
-            return errors.NotMigratedError(
-                f"the database has no {missing.group(1)} table: it is not migrated yet; run "
-                "hermes_store.migrations.upgrade(<URL or Engine>) or `hermes-store upgrade` first"
-            )
-        return None
-    kind = _PG_BY_SQLSTATE.get(state)
-    return None if kind is None else kind(str(exc).strip())
+    for dialect in dialects.all_dialects():
+        typed = dialect.translate_error(exc)
+        if typed is not None:
+            return typed
+    return None
 
 
 def _translate_hook(context: ExceptionContext) -> None:
@@ -268,46 +200,10 @@ def install_error_translation(engine: Engine) -> None:
     whose dialect reuses a dead one's address could be judged "already hooked" and
     pass a raw driver error to a caller (seen once in CI, under SQLAlchemy 2.1).
     """
-    if engine.dialect.name not in ("sqlite", "postgresql"):
+    if dialects.find(engine.dialect.name) is None:
         return
     if not any(fn is _translate_hook for fn in engine.dialect.dispatch.handle_error):
         event.listen(engine, "handle_error", _translate_hook)
-
-
-def _emit_begin(conn: Connection) -> None:
-    """``begin`` hook: start a real SQLite transaction unless the driver already has one.
-
-    Sent straight to the DB-API connection: this runs for every transaction, and a
-    round trip through SQLAlchemy's execution machinery would double its cost. That
-    also bypasses ``handle_error`` (SQLAlchemy runs this hook outside its own error
-    handling), so failures are translated here.
-    """
-    dbapi = conn.connection.driver_connection
-    if getattr(dbapi, "in_transaction", False):
-        return
-    mode = conn.get_execution_options().get(BEGIN_MODE, "DEFERRED")
-    try:
-        dbapi.execute(f"BEGIN {mode}")
-    except sqlite3.Error as exc:
-        typed = translate_driver_error(exc)
-        if typed is None:
-            raise
-        raise typed from exc
-
-
-def install_begin_hook(target: Engine | Connection) -> None:
-    """Make SQLAlchemy's ``begin()`` emit a real ``BEGIN`` on pysqlite.
-
-    Works on an Engine (all its connections) or on a single Connection; harmless when
-    the driver is already inside a transaction. Used by migrations on connections a
-    host application hands us, without touching the host's engine.
-    """
-    if target.dialect.name != "sqlite":
-        return
-    # The listener list itself, not event.contains (keyed by id(), see above); on a
-    # Connection it includes the engine's listeners, so a hooked engine is not hooked twice.
-    if not any(fn is _emit_begin for fn in target.dispatch.begin):
-        event.listen(target, "begin", _emit_begin)
 
 
 def create_engine(
@@ -338,65 +234,11 @@ def create_engine(
     a direct connection or a pooler that supports them.
     """
     url = with_schema(target, schema)
-    if url.get_backend_name() == "postgresql":
-        kwargs.setdefault("pool_pre_ping", True)
-        tenant = schema_in_url(url)
-        if tenant is not None:
-            kwargs["execution_options"] = {**kwargs.get("execution_options", {}), **tenant_options(tenant)}
-        kwargs["connect_args"] = _pg_connect_args(url, kwargs.get("connect_args"), prepared_statements)
-        engine = _sa_create_engine(url, **kwargs)
-        from .dialects.postgresql import install_nul_adapters
-
-        # Text cannot hold U+0000 there: the reversible mapping of hermes_store.codec.
-        event.listen(engine, "connect", lambda dbapi_conn, _rec: install_nul_adapters(dbapi_conn))
-        event.listen(engine, "do_connect", _drop_schema_param)
-        install_error_translation(engine)
-        return engine
-    if url.get_backend_name() != "sqlite":
+    dialect = dialects.find(url.get_backend_name())
+    if dialect is None:  # not ours to set up (migrations and SessionDB refuse it with a clear error)
         kwargs.setdefault("pool_pre_ping", True)
         return _sa_create_engine(url, **kwargs)
-    engine = _sa_create_engine(url, **kwargs)
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # We issue BEGIN ourselves (see module docstring); the driver must not.
-        dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        try:
-            # Enforce parent/child references Hermes declares (off by default in SQLite).
-            cur.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
-            # Wait briefly for another writer instead of failing at once; callers that
-            # need longer budgets retry above this (see SessionDB).
-            cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        finally:
-            cur.close()
-
-    install_begin_hook(engine)
+    engine = _sa_create_engine(url, **dialect.engine_kwargs(url, kwargs, prepared_statements=prepared_statements))
+    dialect.configure_engine(engine, foreign_keys=foreign_keys, busy_timeout_ms=busy_timeout_ms)
     install_error_translation(engine)
     return engine
-
-
-def _drop_schema_param(_dialect: Any, _rec: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
-    """``do_connect`` hook: ``?schema=`` is ours, not a libpq option; a
-    ``?prepare_threshold=`` of the URL arrives as text and psycopg wants a number."""
-    cparams.pop(SCHEMA_PARAM, None)
-    threshold = cparams.get("prepare_threshold")
-    if isinstance(threshold, str):
-        cparams["prepare_threshold"] = None if threshold.lower() in ("", "none", "off") else int(threshold)
-
-
-#: psycopg's own default: prepare a statement on the server after 5 executions.
-PREPARE_THRESHOLD_ON = 5
-
-
-def _pg_connect_args(url: URL, given: dict[str, Any] | None, prepared: bool) -> dict[str, Any]:
-    """psycopg connection arguments with server-side prepares off unless asked for.
-
-    An explicit ``prepare_threshold`` (in ``connect_args`` or the URL) always wins.
-    """
-    args = dict(given or {})
-    if "prepare_threshold" in args or "prepare_threshold" in url.query:
-        return args
-    if url.get_driver_name() in ("psycopg", "psycopg_async"):
-        args["prepare_threshold"] = PREPARE_THRESHOLD_ON if prepared else None
-    return args

@@ -22,6 +22,7 @@ import re
 from typing import Any, Mapping
 
 from sqlalchemy import Connection, text
+from sqlalchemy.engine import URL
 from sqlalchemy.sql.elements import TextClause
 
 from . import errors
@@ -58,6 +59,16 @@ def check_schema(name: object) -> str:
             "not starting with a digit or pg_ (and not information_schema)"
         )
     return name
+
+
+def schema_in_query(url: URL) -> str | None:
+    """The tenant schema a URL's ``?schema=`` names, checked; None when it names none."""
+    raw = url.query.get(SCHEMA_PARAM)
+    if raw is None:
+        return None
+    if isinstance(raw, tuple):
+        raise errors.InvalidInputError(f"the URL names {len(raw)} schemas; give one ?{SCHEMA_PARAM}=")
+    return check_schema(raw)
 
 
 def quote_ident(name: str) -> str:

@@ -10,138 +10,34 @@ and FTS upkeep, schema introspection) lives in one module per dialect implementi
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Mapping
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.engine import URL
 
 from .. import errors
+from . import postgresql, sqlite
+from .base import Dialect, on_conflict_upsert
+
+#: Dialect modules by SQLAlchemy dialect name.
+_REGISTRY: Mapping[str, Dialect] = {sqlite.DIALECT.name: sqlite.DIALECT, postgresql.DIALECT.name: postgresql.DIALECT}
 
 
-@runtime_checkable
-class Dialect(Protocol):
-    """The per-dialect operations the repositories, facade and CLI rely on."""
-
-    #: SQLAlchemy's dialect name this module serves ("sqlite", "postgresql"...).
-    name: str
-
-    # -------------------------------------------------------------- locking and retries
-
-    def begin_options(self, write: bool) -> dict[str, Any]:
-        """Execution options that make ``begin()`` take the right lock for a reader/writer."""
-
-    def is_retryable(self, exc: BaseException) -> bool:
-        """Whether a failed transaction is worth retrying (lock held, serialization failure)."""
-
-    def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
-        """Per-connection setup a long-lived store wants; returns the journal mode in use."""
-
-    def bound_lock_wait(self, conn: Connection, seconds: float) -> None:
-        """In a write transaction just begun: stop waiting for other writers' locks after
-        ``seconds`` with an error :meth:`is_retryable` accepts (the caller's budget)."""
-
-    # -------------------------------------------------------------- upserts
-
-    def upsert_sql(self, table: str, names: Sequence[str], conflict: Sequence[str], updates: str | None) -> str:
-        """INSERT of ``names`` (``:name`` binds); on a ``conflict`` clash run ``updates``
-        (SQL using ``excluded.col``), or do nothing when ``updates`` is None."""
-
-    # -------------------------------------------------------------- full-text search
-
-    def fts_indexes(self, conn: Connection) -> list[str]:
-        """The full-text indexes this database has."""
-
-    def fts_command(self, conn: Connection, index: str, cmd: str) -> None:
-        """Index upkeep: 'rebuild', 'optimize', 'merge' (bounded work, for periodic upkeep)
-        or 'integrity-check' (raises when unhealthy)."""
-
-    def match_sql(self, index: str) -> str:
-        """Hits of ``:q`` in ``index`` with snippet and rank."""
-
-    def top_sql(self, index: str) -> str:
-        """The ``:window`` best-ranked hits of ``:q`` in ``index``, with snippets."""
-
-    # -------------------------------------------------------------- maintenance
-
-    def vacuum(self, engine: Engine) -> None:
-        """Give free pages back to the filesystem (outside any transaction)."""
-
-    def checkpoint(self, engine: Engine) -> None:
-        """Fold the write-ahead log into the main file when nobody blocks it (best effort)."""
-
-    def defer_foreign_keys(self, conn: Connection) -> None:
-        """Check references at commit, not per statement (imports of children first)."""
-
-    def ping(self, conn: Connection) -> None:
-        """Round trip that proves the connection works."""
-
-    def sync_identity(self, conn: Connection, table: str, column: str = "id", *, at_least: int = 0) -> None:
-        """After inserts with explicit ids, make the next generated id follow them (and
-        follow ``at_least``: ids another store handed out, so none is ever reused)."""
-
-    def identity_high_water(self, conn: Connection, table: str, column: str = "id") -> int:
-        """The highest id the table's counter ever handed out (0 when none): higher
-        than every row's when the newest rows were deleted."""
-
-    # -------------------------------------------------------------- introspection
-
-    def table_info(self, conn: Connection, table: str) -> Sequence[tuple[str, bool, str | None]]:
-        """(column name, NOT NULL, default SQL) of each column; empty when no such table."""
-
-    def object_sql(self, conn: Connection, name: str) -> str:
-        """Stored definition of a schema object ('' when absent or not kept by the dialect)."""
-
-    def table_counts(self, conn: Connection) -> tuple[list[tuple[str, int]], list[str]]:
-        """Plain tables with their row counts, and the full-text index names."""
-
-    # FTS upkeep of Hermes v23 (rebuild windows, legacy layouts); no-ops on a server.
-    def checkpoint_truncate(self, engine: Engine) -> None: ...
-    def fts_tables(self, conn: Connection) -> dict[str, str]: ...
-    def fts_table_exists(self, conn: Connection, name: str) -> bool: ...
-    def fts_queryable(self, conn: Connection, name: str) -> bool: ...
-    def fts_search_available(self, conn: Connection) -> bool: ...
-    def fts_trigram_available(self, conn: Connection) -> bool: ...
-    def fts_layout_is_legacy(self, conn: Connection) -> bool: ...
-    def fts_backfill(self, conn: Connection, index: str, lo: int, hi: int, *, sweep: bool = False) -> int: ...
-    def fts_rebuild_from_source(self, conn: Connection, index: str) -> None: ...
-    def fts_trash_tables(self, conn: Connection) -> list[str]: ...
-    def fts_trash_rows(self, conn: Connection) -> int: ...
-    def fts_trash_delete(self, conn: Connection, name: str, rows: int) -> int: ...
-    def fts_demote_legacy(self, conn: Connection) -> list[str]: ...
+def find(name: str) -> Dialect | None:
+    """The module for SQLAlchemy dialect (or URL backend) ``name``, None when we have none."""
+    return _REGISTRY.get(name)
 
 
-_REGISTRY: dict[str, Dialect] = {}
-
-
-def on_conflict_upsert(table: str, names: Sequence[str], conflict: Sequence[str], updates: str | None) -> str:
-    """``INSERT … ON CONFLICT`` in the syntax SQLite (3.24+) and PostgreSQL share.
-
-    ``updates`` must qualify target columns (``table.col``): PostgreSQL sees
-    ``excluded`` and the table at once.
-    """
-    target = f"({', '.join(conflict)})" if conflict else ""
-    action = "DO NOTHING" if updates is None else f"DO UPDATE SET {updates}"
-    return (
-        f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)}) "
-        f"ON CONFLICT{target} {action}"
-    )
-
-
-def _registry() -> Mapping[str, Dialect]:
-    """Dialect modules by name, imported on first use (a module per dialect)."""
-    if not _REGISTRY:
-        from . import postgresql, sqlite
-
-        _REGISTRY[sqlite.DIALECT.name] = sqlite.DIALECT
-        _REGISTRY[postgresql.DIALECT.name] = postgresql.DIALECT
-    return _REGISTRY
+def all_dialects() -> tuple[Dialect, ...]:
+    return tuple(_REGISTRY.values())
 
 
 def for_dialect(name: str) -> Dialect:
     """The module for SQLAlchemy dialect ``name``; UnsupportedDatabaseError otherwise."""
-    found = _registry().get(name)
+    found = _REGISTRY.get(name)
     if found is None:
         raise errors.UnsupportedDatabaseError(
-            f"{name!r} databases are not supported; supported: {', '.join(sorted(_registry()))}"
+            f"{name!r} databases are not supported; supported: {', '.join(sorted(_REGISTRY))}"
         )
     return found
 
@@ -151,4 +47,9 @@ def for_connection(conn: Connection | Engine) -> Dialect:
     return for_dialect(conn.dialect.name)
 
 
-__all__ = ["Dialect", "for_connection", "for_dialect"]
+def for_url(url: URL) -> Dialect:
+    """The module for the database a URL names, before any driver is imported."""
+    return for_dialect(url.get_backend_name())
+
+
+__all__ = ["Dialect", "all_dialects", "find", "for_connection", "for_dialect", "for_url", "on_conflict_upsert"]

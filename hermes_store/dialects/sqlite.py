@@ -16,12 +16,12 @@ import re
 import tempfile
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from .. import errors
-from ..engine import BEGIN_MODE
-from . import on_conflict_upsert
+from .base import OUR_TABLES, on_conflict_upsert
 from ..search.fts import fts5
 
 # Warnings keep the facade's logger name: that is where users have filters for them.
@@ -123,6 +123,65 @@ def apply_wal_with_fallback(conn: sqlite3.Connection, *, db_label: str = "state.
     return mode
 
 
+#: Execution option naming the BEGIN flavour for a connection ("DEFERRED"/"IMMEDIATE").
+BEGIN_MODE = "hermes_store_begin"
+
+# SQLite primary result codes (extended codes keep them in the low byte).
+_SQLITE_READONLY = 8
+_SQLITE_FULL = 13
+_SQLITE_CANTOPEN = 14
+# Fallback by message, for errors raised without a result code.
+_BY_MESSAGE: tuple[tuple[str, type[errors.HermesStoreError]], ...] = (
+    ("database or disk is full", errors.DiskFullError),
+    ("attempt to write a readonly database", errors.ReadOnlyDatabaseError),
+    ("unable to open database file", errors.DatabaseUnavailableError),
+)
+_BY_CODE: dict[int, type[errors.HermesStoreError]] = {
+    _SQLITE_FULL: errors.DiskFullError,
+    _SQLITE_READONLY: errors.ReadOnlyDatabaseError,
+    _SQLITE_CANTOPEN: errors.DatabaseUnavailableError,
+}
+
+
+_NO_SUCH_TABLE = re.compile(r"no such table: (?:main\.)?(\w+)")
+
+
+def _emit_begin(conn: Connection) -> None:
+    """``begin`` hook: start a real SQLite transaction unless the driver already has one.
+
+    Sent straight to the DB-API connection: this runs for every transaction, and a
+    round trip through SQLAlchemy's execution machinery would double its cost. That
+    also bypasses ``handle_error`` (SQLAlchemy runs this hook outside its own error
+    handling), so failures are translated here.
+    """
+    dbapi = conn.connection.driver_connection
+    if getattr(dbapi, "in_transaction", False):
+        return
+    mode = conn.get_execution_options().get(BEGIN_MODE, "DEFERRED")
+    try:
+        dbapi.execute(f"BEGIN {mode}")
+    except sqlite3.Error as exc:
+        typed = DIALECT.translate_error(exc)
+        if typed is None:
+            raise
+        raise typed from exc
+
+
+def install_begin_hook(target: Engine | Connection) -> None:
+    """Make SQLAlchemy's ``begin()`` emit a real ``BEGIN`` on pysqlite.
+
+    Works on an Engine (all its connections) or on a single Connection; harmless when
+    the driver is already inside a transaction. Used by migrations on connections a
+    host application hands us, without touching the host's engine.
+    """
+    if target.dialect.name != "sqlite":
+        return
+    # The listener list itself, not event.contains (keyed by id(), see above); on a
+    # Connection it includes the engine's listeners, so a hooked engine is not hooked twice.
+    if not any(fn is _emit_begin for fn in target.dispatch.begin):
+        event.listen(target, "begin", _emit_begin)
+
+
 def _outside_transaction(engine: Engine, sql: str) -> None:
     """Run a statement that must not sit inside BEGIN (VACUUM, checkpoints)."""
     with engine.connect() as conn:
@@ -134,6 +193,48 @@ class SQLiteDialect:
     """The :class:`hermes_store.dialects.Dialect` of SQLite files."""
 
     name = "sqlite"
+    has_schemas = False
+
+    def translate_error(self, exc: BaseException) -> errors.HermesStoreError | None:
+        """sqlite3 errors → typed errors (by result code, else by message)."""
+        if isinstance(exc, sqlite3.ProgrammingError) and "binding parameter" in str(exc).lower():
+            return errors.InvalidInputError(str(exc))
+        if not isinstance(exc, sqlite3.Error):
+            return None
+        missing = _NO_SUCH_TABLE.match(str(exc))
+        if missing and missing.group(1) in OUR_TABLES:
+            return errors.NotMigratedError(
+                f"the database has no {missing.group(1)} table: it is not migrated yet; run "
+                "hermes_store.migrations.upgrade(<path, URL or Engine>) or `hermes-store upgrade` first"
+            )
+        code = getattr(exc, "sqlite_errorcode", None)
+        kind = _BY_CODE.get(code & 0xFF) if isinstance(code, int) else None
+        if kind is None:
+            text_ = str(exc).lower()
+            kind = next((k for needle, k in _BY_MESSAGE if needle in text_), None)
+        return None if kind is None else kind(str(exc))
+
+    def engine_kwargs(self, url: URL, kwargs: dict[str, Any], *, prepared_statements: bool) -> dict[str, Any]:
+        return dict(kwargs)  # pysqlite's defaults; our setup is per connection (configure_engine)
+
+    def configure_engine(self, engine: Engine, *, foreign_keys: bool, busy_timeout_ms: int) -> None:
+        """PRAGMAs on every new connection, and our own BEGIN (see :func:`install_begin_hook`)."""
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            # We issue BEGIN ourselves (see install_begin_hook); the driver must not.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            try:
+                # Enforce parent/child references Hermes declares (off by default in SQLite).
+                cur.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
+                # Wait briefly for another writer instead of failing at once; callers that
+                # need longer budgets retry above this (see SessionDB).
+                cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            finally:
+                cur.close()
+
+        install_begin_hook(engine)
 
     # -------------------------------------------------------------- locking and retries
 
