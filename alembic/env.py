@@ -11,12 +11,17 @@ baseline revision (hs0002) are hidden from autogenerate like FTS5 tables are on 
 
 Per-tenant schemas (PostgreSQL): ``-x schema=NAME``, ``?schema=NAME`` in the URL, or
 ``hermes_store.migrations.*(…, schema=NAME)`` run the revisions inside that schema.
-The revisions are plain SQL with unqualified names, so the connection's
-``search_path`` is pointed at the tenant (then at the schema of the shared
-``pg_trgm``) for the run and put back afterwards; the version table lives in the
-tenant too. Other schemas are never read or written. On PostgreSQL, migrations of
-one schema (a tenant's or the default one) are serialized across processes by an
-advisory lock.
+The revisions are plain SQL with unqualified names, so the ``search_path`` is pointed
+at the tenant (then at the schema of the shared ``pg_trgm``) for the run; the version
+table lives in the tenant too. Other schemas are never read or written.
+
+On PostgreSQL a whole run is ONE transaction: the advisory lock that serializes
+migrations of one schema across processes, the tenant's schema and the shared
+extension, the transaction-local search path, every revision and the version table,
+then COMMIT. Behind a transaction pooler nothing of it outlives that transaction (a
+session lock or a session ``search_path`` would stay on a server connection the next
+client gets, while our next statement ran on another). In a caller's transaction the
+run is part of it, and the caller's search path is put back, locally, at the end.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import warnings
 from logging.config import fileConfig
 
 from alembic import context
+from sqlalchemy import inspect as sa_inspect
 
 from hermes_store.alembic_support import (
     foreign_names,
@@ -36,6 +42,7 @@ from hermes_store.alembic_support import (
     name_own_revision,
     revision_directives,
 )
+from hermes_store.dialects import pg_tenants as pg
 from hermes_store.engine import create_engine, default_db_path, install_begin_hook, tenant_of, to_url
 from hermes_store.migrations import VERSION_TABLE
 from hermes_store.models import metadata
@@ -88,13 +95,13 @@ def run_migrations_offline() -> None:
         render_as_batch=to_url(url).get_backend_name() == "sqlite",
         process_revision_directives=name_own_revision,
         transactional_ddl=True,
-        transaction_per_migration=True,
+        # A tenant's script is one BEGIN … COMMIT: its search path is SET LOCAL, which
+        # must cover every revision (and must not outlive the script behind a pooler).
+        transaction_per_migration=schema is None,
     )
     with context.begin_transaction():
         if schema is not None:
-            from hermes_store.dialects.pg_tenants import offline_tenant_prelude
-
-            for statement in offline_tenant_prelude(schema):
+            for statement in pg.offline_tenant_prelude(schema):
                 context.execute(statement)
         context.run_migrations()
 
@@ -104,57 +111,39 @@ def run_on(connection) -> None:  # type: ignore[no-untyped-def]
     if connection.dialect.name != "postgresql":
         run_in_schema(connection, None)
         return
-    from hermes_store.dialects import pg_tenants as pg
-
-    hosted = connection.in_transaction()
-    # Processes opening one new store (a tenant, or the default schema) at once would
-    # all run the same revisions; the others wait here, then find it at head. In a
-    # caller's transaction the lock lasts until that transaction ends (so a failed run
-    # cannot leave it held); on our own connection it lasts for the run.
-    key = schema if schema is not None else pg.current_schema_name(connection)
-    pg.migration_lock(connection, key, held=True, transaction=hosted)
-    try:
-        if schema is None:
-            if not hosted:
-                connection.commit()  # Alembic begins a transaction per revision itself
-            run_in_schema(connection, None)
-            return
-        dialect = connection.dialect
-        default_schema = dialect.default_schema_name
-        previous = pg.enter_schema_for_migration(connection, schema, create=may_create_schema())
-        if not hosted:
-            connection.commit()  # the schema, the shared extension and the path
-        # Reflection (autogenerate, the FK targets it reports) reads the tenant as "the default".
-        dialect.default_schema_name = schema
-        try:
-            run_in_schema(connection, schema)
-        finally:
-            dialect.default_schema_name = default_schema
-            _put_back(connection, hosted, lambda: pg.set_search_path(connection, previous))
-    finally:
-        if not hosted:
-            _put_back(connection, hosted, lambda: pg.migration_lock(connection, key, held=False))
-            if connection.in_transaction():
-                connection.commit()
+    if connection.in_transaction():
+        run_postgresql(connection, schema, hosted=True)  # part of the caller's transaction
+        return
+    with connection.begin():  # ours: one transaction, committed here (rolled back on failure)
+        run_postgresql(connection, schema, hosted=False)
 
 
-def _put_back(connection, hosted: bool, undo) -> None:  # type: ignore[no-untyped-def]
-    """Undo a setting of ours on the connection, after a failure too.
+def run_postgresql(connection, schema: str | None, *, hosted: bool) -> None:  # type: ignore[no-untyped-def]
+    """Lock, schema, extension, search path and revisions, all in the current transaction.
 
-    In a caller's failed transaction, its rollback undoes what we set in it. Our own
-    connection is rolled back and tried again; if even that fails it is invalidated,
-    so it never goes back to a pool still pointing at the tenant.
+    Processes opening one new store (a tenant, or the default schema) at once would all
+    run the same revisions; the others wait at the lock, then Alembic, reading the
+    version table after it, finds the store at head and runs nothing. A failed run is
+    rolled back whole, lock and path included.
     """
+    key = schema if schema is not None else pg.current_schema_name(connection)
+    pg.migration_lock(connection, key)
+    if schema is None:
+        run_in_schema(connection, None)
+        return
+    dialect = connection.dialect
+    default_schema = dialect.default_schema_name
+    previous = pg.enter_schema_for_migration(connection, schema, create=may_create_schema())
+    # Reflection (autogenerate, the FK targets it reports) reads the tenant as "the default".
+    dialect.default_schema_name = schema
     try:
-        undo()
-    except Exception:
-        if hosted:
-            return
-        try:
-            connection.rollback()
-            undo()
-        except Exception:
-            connection.invalidate()
+        run_in_schema(connection, schema)
+    finally:
+        dialect.default_schema_name = default_schema
+    if hosted:
+        # The rest of the caller's transaction runs with its own path again. (A failed
+        # run skips this: the caller's rollback undoes the path with everything else.)
+        pg.set_local_search_path(connection, previous)
 
 
 def run_in_schema(connection, schema: str | None) -> None:  # type: ignore[no-untyped-def]
@@ -172,10 +161,7 @@ def run_in_schema(connection, schema: str | None) -> None:  # type: ignore[no-un
     if schema is not None:
         # Along the search path autogenerate also sees tables of the shared
         # extensions' schema (public): none of them is this tenant's to compare.
-        from hermes_store.dialects.pg_tenants import tenant_table_names
-        from sqlalchemy import inspect as sa_inspect
-
-        ignored |= set(sa_inspect(connection).get_table_names()) - tenant_table_names(connection, schema)
+        ignored |= set(sa_inspect(connection).get_table_names()) - pg.tenant_table_names(connection, schema)
     if connection.in_transaction() and not was_in_transaction:
         connection.commit()  # end only the read we just started, never a host's transaction
     context.configure(
@@ -184,7 +170,8 @@ def run_in_schema(connection, schema: str | None) -> None:  # type: ignore[no-un
         version_table=version_table,
         version_table_schema=schema,
         # Alembic assumes SQLite DDL is not transactional; with our BEGIN it is, and
-        # each revision commits or rolls back as one unit.
+        # each revision commits or rolls back as one unit. On PostgreSQL the run is
+        # already inside one transaction (run_on), which Alembic then leaves alone.
         transactional_ddl=True,
         transaction_per_migration=True,
         # Autogenerate on SQLite must emit batch operations (ALTER is limited);

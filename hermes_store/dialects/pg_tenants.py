@@ -4,22 +4,25 @@ One tenant's tables, functions, triggers, search objects and Alembic version tab
 live in one schema. The tenant is named in each statement at run time (see
 :mod:`hermes_store.tenancy`); what is here serves the migrations, whose frozen revision
 SQL names objects without a schema and so runs with a transaction-local search path.
+
+Nothing here outlives a transaction: behind a transaction pooler (PgBouncer in
+transaction mode) a session setting or a session advisory lock stays on a server
+connection that the next client gets, while our own next transaction runs elsewhere.
+So the locks are ``pg_advisory_xact_lock`` and the search path is set with
+``set_config(…, true)`` (``SET LOCAL``), both ended by the transaction's COMMIT or
+ROLLBACK, which a killed holder's connection gets from the server too.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 from sqlalchemy import Connection, text
 
-from ..tenancy import quote_ident
+from ..tenancy import qualified, quote_ident
 
-# ------------------------------------------------------------------ tenant schemas
-#
-# One tenant's tables, functions, triggers, search objects and Alembic version table
-# live in one schema (see hermes_store.tenancy). Names reaching these helpers
-# were checked by hermes_store.engine.check_schema (plain identifiers); they are quoted
-# all the same.
+# Names reaching these helpers were checked by hermes_store.tenancy.check_schema (plain
+# identifiers); they are quoted all the same.
 
 #: Extensions our revisions use, created once per database and shared by every tenant.
 SHARED_EXTENSIONS = ("pg_trgm",)
@@ -42,9 +45,13 @@ def search_path(conn: Connection) -> str:
     return str(conn.exec_driver_sql("SELECT current_setting('search_path')").scalar())
 
 
-def set_search_path(conn: Connection, value: str) -> None:
-    """Set (or put back) a connection's search_path for the session, as ``search_path`` read it."""
-    conn.execute(text("SELECT set_config('search_path', :v, false)"), {"v": value})
+def set_local_search_path(conn: Connection, value: str) -> None:
+    """Set (or put back) ``conn``'s search_path until its transaction ends (``SET LOCAL``).
+
+    ``value`` as :func:`search_path` read it. Never for the session: through a pooler the
+    session is someone else's next.
+    """
+    conn.execute(text("SELECT set_config('search_path', :v, true)"), {"v": value})
 
 
 def _extension_schema(conn: Connection, name: str) -> str | None:
@@ -52,6 +59,10 @@ def _extension_schema(conn: Connection, name: str) -> str | None:
         text("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = :e"),
         {"e": name},
     ).scalar()
+
+
+def schema_exists(conn: Connection, schema: str) -> bool:
+    return bool(conn.execute(text("SELECT 1 FROM pg_namespace WHERE nspname = :s"), {"s": schema}).scalar())
 
 
 def ensure_shared_extensions(conn: Connection) -> None:
@@ -71,67 +82,78 @@ def ensure_shared_extensions(conn: Connection) -> None:
             conn.exec_driver_sql(f"CREATE EXTENSION IF NOT EXISTS {quote_ident(name)} WITH SCHEMA public")
 
 
-def try_session_lock(conn: Connection, purpose: str, schema: str) -> bool:
-    """Take the session-level advisory lock for ``purpose`` in ``schema`` unless someone holds it.
+def try_transaction_lock(conn: Connection, purpose: str, schema: str) -> bool:
+    """Take the advisory lock for ``purpose`` in ``schema`` unless someone holds it.
 
-    Held by the connection until :func:`release_session_lock` or until the session ends:
-    the server drops it when a holder's connection closes or its process dies.
+    Held until ``conn``'s current transaction ends: the caller keeps that transaction
+    open (and so, through a pooler, its server connection) for as long as it needs the
+    lock. A killed holder's connection closes and the server rolls it back, lock included.
     """
-    return bool(conn.execute(text("SELECT pg_try_advisory_lock(:c, hashtext(:k))"),
+    return bool(conn.execute(text("SELECT pg_try_advisory_xact_lock(:c, hashtext(:k))"),
                              {"c": _PURPOSE_LOCK_CLASS, "k": f"{purpose}:{schema}"}).scalar())
 
 
-def release_session_lock(conn: Connection, purpose: str, schema: str) -> None:
-    conn.execute(text("SELECT pg_advisory_unlock(:c, hashtext(:k))"),
-                 {"c": _PURPOSE_LOCK_CLASS, "k": f"{purpose}:{schema}"})
-
-
-def migration_lock(conn: Connection, schema: str, *, held: bool, transaction: bool = False) -> None:
-    """Take (``held=True``) or release the lock serializing migrations of ``schema``.
+def migration_lock(conn: Connection, schema: str) -> None:
+    """Wait for, then hold until this transaction ends, the lock serializing migrations of ``schema``.
 
     Two processes opening the same new store (a tenant, or the default schema) at once
     would otherwise both run its revisions and one would fail half-way; the second now
-    waits, then finds it at head. ``transaction``: a lock that ends with the current
-    transaction (for a caller's transaction; never released here).
+    waits, then finds it at head. Taken in the transaction that runs the revisions, so
+    it guards exactly them, and no failure or kill can leave it held.
     """
-    if transaction:
-        fn = "pg_advisory_xact_lock"
-        if not held:
-            return
-    else:
-        fn = "pg_advisory_lock" if held else "pg_advisory_unlock"
-    conn.execute(text(f"SELECT {fn}(:c, hashtext(:s))"), {"c": _MIGRATION_LOCK_CLASS, "s": schema})
+    conn.execute(text("SELECT pg_advisory_xact_lock(:c, hashtext(:s))"), {"c": _MIGRATION_LOCK_CLASS, "s": schema})
+
+
+def revision_in(conn: Connection, schema: str | None, version_table: str) -> str | None:
+    """The revision recorded in ``schema``'s version table (None: no table, or empty).
+
+    The table is named with its schema (``to_regclass`` of the qualified name), so the
+    answer never depends on the connection's search_path; ``schema=None`` means the
+    default schema, which is what the search path says. Never fails on a missing table,
+    so it is safe inside a caller's transaction.
+    """
+    name = qualified(schema, version_table) if schema is not None else quote_ident(version_table)
+    if conn.execute(text("SELECT to_regclass(:n)"), {"n": name}).scalar() is None:
+        return None
+    return conn.exec_driver_sql(f"SELECT version_num FROM {name}").scalar()
 
 
 def enter_schema_for_migration(conn: Connection, schema: str, *, create: bool) -> str:
-    """Point ``conn`` at tenant ``schema`` for our revisions; returns the search_path to restore.
+    """Point ``conn`` at tenant ``schema`` for our revisions, until its transaction ends;
+    returns the search_path to put back (locally) afterwards.
 
     With ``create`` (upgrade, stamp) the schema and the shared extensions are made
-    first. The path is the tenant, then the schemas of the shared extensions: the
-    revisions' raw SQL creates and finds everything in the tenant, ``current_schema()``
-    is the tenant, and ``gin_trgm_ops`` resolves where ``pg_trgm`` lives.
+    first, when missing (no DDL at all when they exist). The path is the tenant, then
+    the schemas of the shared extensions: the revisions' raw SQL creates and finds
+    everything in the tenant, ``current_schema()`` is the tenant, and ``gin_trgm_ops``
+    resolves where ``pg_trgm`` lives. Call it inside the migration's transaction.
     """
     previous = search_path(conn)
     if create:
-        conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+        if not schema_exists(conn, schema):
+            conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
         ensure_shared_extensions(conn)
     path = [schema]
     for name in SHARED_EXTENSIONS:
         where = _extension_schema(conn, name)
         if where is not None and where not in path and where != "pg_catalog":
             path.append(where)
-    set_search_path(conn, _path_text(path))
+    set_local_search_path(conn, _path_text(path))
     return previous
 
 
 def offline_tenant_prelude(schema: str) -> list[str]:
     """What :func:`enter_schema_for_migration` does, as SQL text for ``alembic upgrade --sql``
-    (no connection to ask where the shared extensions already are: ``public`` is assumed)."""
+    (no connection to ask where the shared extensions already are: ``public`` is assumed).
+
+    The script runs as one transaction and the path is ``SET LOCAL``: run through a
+    pooler, it leaves nothing on the server connection.
+    """
     q = quote_ident(schema)
     return [
         f"CREATE SCHEMA IF NOT EXISTS {q}",
         *(f"CREATE EXTENSION IF NOT EXISTS {quote_ident(e)} WITH SCHEMA public" for e in SHARED_EXTENSIONS),
-        f"SET search_path TO {q}, public",
+        f"SET LOCAL search_path TO {q}, public",
     ]
 
 
