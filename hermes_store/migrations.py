@@ -24,6 +24,7 @@ from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.engine import URL
 
 from . import adopt, errors, paths
+from .dialects import pg_tenants
 from .engine import tenant_of, to_url, with_schema
 from .paths import VERSION_TABLE, head, make_config, script_location
 
@@ -207,6 +208,9 @@ def upgrade(
     the same.
     """
     target, schema = _tenant(target, schema)
+    at = _already_at(target, revision, version_table, schema)
+    if at is not None:
+        return at
     if schema is not None:
         return _upgrade_tenant(target, revision, version_table, schema)
     _refuse_going_back(target, revision, version_table)
@@ -232,6 +236,31 @@ def upgrade(
         _drop_if_untouched(created, fresh)
         raise
     return current(target, version_table=version_table)
+
+
+def _backend(target: Target) -> str:
+    if isinstance(target, (Engine, Connection)):
+        return target.dialect.name
+    return to_url(target).get_backend_name()
+
+
+def _already_at(target: Target, revision: str, version_table: str, schema: str | None) -> str | None:
+    """``revision`` when a server store is at it already; None when there may be work.
+
+    Every open of a store (SessionDB calls :func:`upgrade`) lands here, almost always on
+    a store at head: one read of the version table, named with the tenant's schema
+    (never found along the search path), and nothing else: no lock, no DDL, no setting.
+    Anything else (another revision, a host's version table, no store yet) goes the
+    long way, which takes the migration lock and checks again under it. SQLite files
+    always go the long way: their path checks and adoption come first.
+    """
+    order = paths.revision_order()
+    wanted = order[-1] if revision in ("head", "heads") else revision
+    if wanted not in order or _backend(target) != "postgresql":
+        return None
+    with _reading(target) as conn:
+        found = pg_tenants.revision_in(conn, schema, version_table)
+    return wanted if found == wanted else None
 
 
 def _upgrade_tenant(target: Target, revision: str, version_table: str, schema: str) -> str | None:
