@@ -51,9 +51,11 @@ PostgreSQL's identity), so no id ever names two different messages.
 
 **One copy into a store at a time.** A second copy into a destination another copy is
 writing is refused at once with :class:`CopyInProgressError`, writing nothing: ``flock``
-on ``<file>.copy-lock`` beside a file, a session-level advisory lock per database and
-schema on a server. Both locks die with a killed holder, so a resume is never blocked
-(a killed copy's empty lock file stays until the next run removes it).
+on ``<file>.copy-lock`` beside a file; on a server, a transaction-level advisory lock
+per database and schema, held by a connection whose transaction stays open for the run
+(so behind a transaction pooler it keeps its server connection, and nothing of it stays
+on that connection afterwards). Both locks die with a killed holder, so a resume is
+never blocked (a killed copy's empty lock file stays until the next run removes it).
 
 What is copied, and why the rest is not:
 

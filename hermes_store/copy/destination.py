@@ -17,7 +17,7 @@ from sqlalchemy.pool import NullPool
 
 from .. import adopt, errors, migrations, paths
 from ..dialects import for_connection
-from ..dialects.pg_tenants import release_session_lock, try_session_lock
+from ..dialects.pg_tenants import try_transaction_lock
 from ..engine import create_engine
 from ..locks import holding, try_flock
 from .endpoints import Endpoint, readonly_engine, server_key
@@ -31,9 +31,13 @@ def destination_lock(dst: Endpoint) -> Iterator[None]:
 
     Two copies writing one store at once would each decide from a state the other is
     changing (both "empty", one marker overwriting the other). A file destination is
-    guarded by ``flock`` on ``<file>.copy-lock`` beside it, a server by a session-level
-    advisory lock per database and schema; either is dropped when the holder dies, so a
-    killed copy never blocks its own resume.
+    guarded by ``flock`` on ``<file>.copy-lock`` beside it. A server is guarded by a
+    transaction-level advisory lock per database and schema, on a connection of its own
+    whose transaction stays open for the whole copy: through a transaction pooler that
+    open transaction keeps its server connection, so the lock stays with this run and
+    never with the pooler's connection afterwards (a session lock would). Either lock
+    is dropped when the holder dies (the server rolls back a dead client's transaction),
+    so a killed copy never blocks its own resume.
     """
     if dst.path is not None:
         real = paths.check_target(dst.path, write=True, create=True)
@@ -44,21 +48,27 @@ def destination_lock(dst: Endpoint) -> Iterator[None]:
         with holding(lock, fd):
             yield
         return
-    engine = create_engine(dst.url, isolation_level="AUTOCOMMIT", poolclass=NullPool)  # type: ignore[arg-type]
+    engine = create_engine(dst.url, poolclass=NullPool)  # type: ignore[arg-type]
     try:
-        with engine.connect() as conn:
+        with paths.connect(engine) as conn:
+            conn.begin()
+            # The lock lives as long as this transaction, which is idle while the copy
+            # writes through other connections: a server's idle-in-transaction timeout
+            # must not end it (SET LOCAL: for this transaction only).
+            conn.exec_driver_sql("SET LOCAL idle_in_transaction_session_timeout = 0")
             # The schema the store lives in, however the URL names it (none: the role's
             # first schema on its search_path, usually public).
             schema = server_key(dst.url)[3] or conn.exec_driver_sql("SELECT current_schema()").scalar() or "public"  # type: ignore[arg-type]
-            if not try_session_lock(conn, "copy", schema):
+            if not try_transaction_lock(conn, "copy", schema):
                 raise CopyInProgressError(_busy(dst))
             try:
                 yield
             finally:
-                # A connection the server dropped took the lock with it: nothing to undo,
-                # and the copy's own error (if any) is the one to report.
+                # Ending the transaction releases the lock. A connection the server
+                # dropped took the lock with it: nothing to undo, and the copy's own
+                # error (if any) is the one to report.
                 with suppress(SQLAlchemyError, errors.HermesStoreError):
-                    release_session_lock(conn, "copy", schema)
+                    conn.rollback()
     finally:
         engine.dispose()
 
