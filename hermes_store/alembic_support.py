@@ -21,9 +21,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager
 
 from sqlalchemy import Connection, event
+from sqlalchemy import inspect as sa_inspect
 
 SHADOW_SUFFIXES = ("_data", "_idx", "_content", "_docsize", "_config")
 
@@ -86,20 +88,30 @@ def other_version_tables(conn: Connection, version_table: str, skip: set[str] | 
     ``skip`` names tables not to look into (FTS machinery: a damaged FTS5 table must
     not stop a migration that could repair it); a table that cannot be read is skipped.
     """
-    from sqlalchemy import inspect as sa_inspect
-
     insp = sa_inspect(conn)
     found: set[str] = set()
     for table in insp.get_table_names():
         if table == version_table or table in skip:
             continue
         try:
-            columns = [c["name"] for c in insp.get_columns(table)]
+            with caught_failure_contained(conn):
+                columns = [c["name"] for c in insp.get_columns(table)]
         except Exception:  # noqa: BLE001 - unreadable: certainly not a version table we must keep
             continue
         if columns == ["version_num"]:
             found.add(table)
     return found
+
+
+def caught_failure_contained(conn: Connection) -> ContextManager[Any]:
+    """Wrap a statement whose failure the caller catches and carries on from.
+
+    On PostgreSQL a failed statement aborts the whole transaction (every later one
+    fails with "current transaction is aborted"), and the transaction may be a host's
+    or our migration's: a SAVEPOINT around the statement confines the failure to it.
+    SQLite keeps a transaction usable after a failed statement: nothing is needed.
+    """
+    return conn.begin_nested() if conn.dialect.name == "postgresql" else nullcontext()
 
 
 def make_include_name(
