@@ -60,7 +60,10 @@ def conninfo(url: str) -> str:
     """A libpq URI for psycopg from a ``postgresql+psycopg://`` SQLAlchemy URL."""
     from sqlalchemy.engine import make_url
 
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    # prepare_threshold is a psycopg setting the library takes from the URL (bench/run.py
+    # --prepared), not a libpq parameter.
+    plain = make_url(url).difference_update_query(["prepare_threshold"])
+    return plain.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def _admin(url: str) -> Any:

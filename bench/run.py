@@ -278,8 +278,11 @@ class Backend:
     creates on the server is dropped at the end (unless ``keep``).
     """
 
-    def __init__(self, name: str, server_url: str | None = None, keep: bool = False) -> None:
+    def __init__(self, name: str, server_url: str | None = None, keep: bool = False,
+                 prepare_threshold: int | None = None) -> None:
         self.name = name
+        #: PostgreSQL: psycopg's prepare_threshold for the library (None: our default, off).
+        self.prepare_threshold = prepare_threshold
         self.floor = "sqlite3" if name == "sqlite" else "psycopg"
         self.impls = ("facade", "repo", self.floor)
         self.server_url = server_url
@@ -302,7 +305,17 @@ class Backend:
         print(f"loading {path.name} into PostgreSQL database {name} ...")
         stats = pg_load.load(path, url, progress=print)
         print(f"  postgresql: {name} ready in {stats['seconds']:.1f}s, {stats['bytes'] / 2**20:,.0f} MiB")
-        return url
+        return self._library_url(url)
+
+    def _library_url(self, url: str) -> str:
+        """The URL the library opens: with ``?prepare_threshold=`` under ``--prepared``
+        (the floors' conninfo drops it; they keep psycopg's own default of 5)."""
+        if self.prepare_threshold is None:
+            return url
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).update_query_dict({"prepare_threshold": str(self.prepare_threshold)}).render_as_string(
+            hide_password=False)
 
     def copy(self, target: str, kind: str) -> str:
         """A private copy of ``target`` for writers (never shared between implementations)."""
@@ -317,7 +330,7 @@ class Backend:
         source = make_url(target).database
         name = pg_load.new_name(str(source).split("_")[1], kind)
         self.created.append(name)
-        return pg_load.clone(self.server_url, str(source), name)
+        return self._library_url(pg_load.clone(self.server_url, str(source), name))
 
     def discard(self, target: str) -> None:
         if not self.pg:
@@ -977,6 +990,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="PostgreSQL server, postgresql+psycopg://... (default $HERMES_STORE_TEST_PG_URL); "
                          "each run creates its own databases there and drops them at the end")
     ap.add_argument("--pg-keep", action="store_true", help="keep the loaded PostgreSQL databases (names printed)")
+    ap.add_argument("--prepared", action="store_true",
+                    help="PostgreSQL: let psycopg prepare statements on the server (prepare_threshold=5), as on a "
+                         "direct connection or a pooler that tracks them; the default is off (safe behind any pooler)")
     ap.add_argument("--profile", action="store_true", help="write cProfile reports of the facade to bench/out/")
     ap.add_argument("--json", default=None,
                     help="results file (default bench/out/results[-quick][-postgresql].json)")
@@ -992,7 +1008,8 @@ def main(argv: list[str] | None = None) -> int:
     pg = args.backend == "postgresql"
     if pg and not args.url:
         ap.error("--backend postgresql needs a server: --url postgresql+psycopg://... or HERMES_STORE_TEST_PG_URL")
-    bk = Backend(args.backend, args.url if pg else None, keep=args.pg_keep)
+    bk = Backend(args.backend, args.url if pg else None, keep=args.pg_keep,
+                 prepare_threshold=5 if args.prepared else None)
     t_start = time.perf_counter()
     sizes = [generate.parse_size(s) for s in (args.sizes or (["10k"] if args.quick else ["200k", "1M"]))]
     sizes = sorted(set(sizes))
@@ -1087,7 +1104,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average (1 min) at end: {info['loadavg_1m_end']:.2f} on {info['cores']} cores"
               + ("  -- other work was running: expect noisy figures" if info["loadavg_1m_end"] > 1.5 else ""))
     print(f"\ntotal time {elapsed:.1f} s")
-    default_name = "results" + ("-quick" if args.quick else "") + ("-postgresql" if pg else "") + ".json"
+    default_name = "results" + ("-quick" if args.quick else "") + ("-postgresql" if pg else "") + ("-prepared" if args.prepared else "") + ".json"
     out = Path(args.json) if args.json else OUT / default_name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": info, "backend": bk.name, "quick": args.quick, "seed": args.seed,
