@@ -254,7 +254,9 @@ def pg_database(pg_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
     import os
 
     module = request.module.__name__.rsplit(".", 1)[-1]
-    pooler = os.environ.get(PGBOUNCER_URL_ENV) if module not in DIRECT_MODULES else None
+    pooler = None
+    if module not in DIRECT_MODULES and (os.environ.get(PGBOUNCER_URL_ENV) or os.environ.get("CI") == "true"):
+        pooler = request.getfixturevalue("pgbouncer_url")  # under CI=true: required, never skipped
     with server_database(pg_url) as url:
         yield via_pooler(url, pooler) if pooler else url
 
