@@ -16,11 +16,13 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from sqlalchemy import Connection, bindparam, column, insert, literal, select, table, text
 from sqlalchemy.orm import Session as OrmSession
+from sqlalchemy.sql.elements import TextClause
 
 from .. import errors
 from ..dialects import Dialect, for_connection
 from ..engine import translate_driver_error
 from ..models import Base
+from ..tenancy import render, schema_of_connection
 
 Executor = OrmSession | Connection
 
@@ -28,10 +30,17 @@ Executor = OrmSession | Connection
 SESSIONS = Base.metadata.tables["sessions"]
 MESSAGES = Base.metadata.tables["messages"]
 
-_SCHEMA_CACHE: "weakref.WeakKeyDictionary[Any, dict[str, frozenset[str]]]" = weakref.WeakKeyDictionary()
-_OBJECT_SQL_CACHE: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
-_INFO_CACHE: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+#: Per engine, then per (tenant schema, object name): a tenant's engine and a plain one
+#: can share an Engine object (UnitOfWork(engine, schema=...)), so the schema is part of
+#: every key. Only answers that found the object are kept (see _table_info).
+_SCHEMA_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], frozenset[str]]]" = weakref.WeakKeyDictionary()
+_OBJECT_SQL_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], str]]" = weakref.WeakKeyDictionary()
+_INFO_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], Any]]" = weakref.WeakKeyDictionary()
 _INSERTS: dict[tuple[str, str, str | None, tuple[str, ...]], tuple[str, tuple[str, ...]]] = {}
+#: Raw statements rendered per schema (``{table}`` placeholders → qualified names).
+#: Bounded: search assembles statements whose text depends on the query's shape.
+_RENDERED: dict[tuple[str, str | None], TextClause] = {}
+_MAX_RENDERED = 2048
 #: Ids per IN (...) list: well under SQLite's oldest bound-parameter limit (999).
 ID_CHUNK = 500
 
@@ -73,27 +82,67 @@ def now() -> float:
     return getattr(facade, "time", time).time()
 
 
+def schema_text(conn: Connection, template: str) -> TextClause:
+    """``template`` (objects written ``{messages}``, literal braces doubled) as a
+    statement naming ``conn``'s tenant schema; bare names when it has none (SQLite, the
+    default schema). Rendered once per text and schema."""
+    key = (template, schema_of_connection(conn))
+    found = _RENDERED.get(key)
+    if found is None:
+        if len(_RENDERED) >= _MAX_RENDERED:
+            _RENDERED.clear()
+        found = _RENDERED[key] = text(render(template, key[1]))
+    return found
+
+
+def upsert_text(conn: Connection, table_name: str, names: Sequence[str], conflict: Sequence[str],
+                updates: str | None) -> TextClause:
+    """The dialect's upsert of ``table_name`` in ``conn``'s schema. ``updates`` may name
+    the target table bare (``state_meta.value``): PostgreSQL resolves the target by its
+    own name whatever schema qualifies it."""
+    sql = for_connection(conn).upsert_sql("{" + table_name + "}", names, conflict, updates)
+    return schema_text(conn, sql)
+
+
 class Repository:
-    """Base class: holds the connection and offers tiny query helpers."""
+    """Base class: holds the connection and offers tiny query helpers.
+
+    The helpers take raw SQL written with ``{table}`` placeholders (literal braces
+    doubled): each table is rendered in the connection's tenant schema, so a statement
+    never depends on the server connection's ``search_path`` (a pooler hands those out
+    to anyone).
+    """
 
     def __init__(self, executor: Executor) -> None:
         self.conn = as_connection(executor)
 
-    def _all(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        result = self.conn.execute(text(sql), params or {})
+    @property
+    def schema(self) -> str | None:
+        """The tenant schema this repository's statements work in (None: the default)."""
+        return schema_of_connection(self.conn)
+
+    def _sql(self, template: str) -> TextClause:
+        return schema_text(self.conn, template)
+
+    def _upsert(self, table_name: str, names: Sequence[str], conflict: Sequence[str],
+                updates: str | None) -> TextClause:
+        return upsert_text(self.conn, table_name, names, conflict, updates)
+
+    def _all(self, sql: str | TextClause, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        result = self.conn.execute(self._sql(sql) if isinstance(sql, str) else sql, params or {})
         keys = list(result.keys())
         return [dict(zip(keys, row)) for row in result.fetchall()]
 
-    def _one(self, sql: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
-        result = self.conn.execute(text(sql), params or {})
+    def _one(self, sql: str | TextClause, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        result = self.conn.execute(self._sql(sql) if isinstance(sql, str) else sql, params or {})
         row = result.fetchone()
         return None if row is None else dict(zip(result.keys(), row))
 
-    def _scalar(self, sql: str, params: dict[str, Any] | None = None) -> Any:
-        return self.conn.execute(text(sql), params or {}).scalar()
+    def _scalar(self, sql: str | TextClause, params: dict[str, Any] | None = None) -> Any:
+        return self.conn.execute(self._sql(sql) if isinstance(sql, str) else sql, params or {}).scalar()
 
-    def _exec(self, sql: str, params: dict[str, Any] | list[dict[str, Any]] | None = None) -> int:
-        return self.conn.execute(text(sql), params or {}).rowcount
+    def _exec(self, sql: str | TextClause, params: dict[str, Any] | list[dict[str, Any]] | None = None) -> int:
+        return self.conn.execute(self._sql(sql) if isinstance(sql, str) else sql, params or {}).rowcount
 
     def has_table(self, name: str) -> bool:
         return bool(self.columns_of(name))
@@ -112,17 +161,23 @@ class Repository:
         connects).
         """
         per_engine = _INFO_CACHE.setdefault(self.conn.engine, {})
-        info = per_engine.get(table_name)
+        key = (self.schema, table_name)
+        info = per_engine.get(key)
         if info is None:
-            info = per_engine[table_name] = tuple(self.dialect.table_info(self.conn, table_name))
+            info = tuple(self.dialect.table_info(self.conn, table_name))
+            if info:  # a table not found (yet, or not visible) is asked again next time
+                per_engine[key] = info
         return info
 
     def columns_of(self, table_name: str) -> frozenset[str]:
         """Column names of a table (empty when it does not exist), read once per engine."""
         per_engine = _SCHEMA_CACHE.setdefault(self.conn.engine, {})
-        cols = per_engine.get(table_name)
+        key = (self.schema, table_name)
+        cols = per_engine.get(key)
         if cols is None:
-            cols = per_engine[table_name] = frozenset(r[0] for r in self._table_info(table_name))
+            cols = frozenset(r[0] for r in self._table_info(table_name))
+            if cols:
+                per_engine[key] = cols
         return cols
 
     def not_null_columns(self, table_name: str) -> frozenset[str]:
@@ -140,9 +195,12 @@ class Repository:
         the file's revision, and only migrations change it.
         """
         per_engine = _OBJECT_SQL_CACHE.setdefault(self.conn.engine, {})
-        sql = per_engine.get(name)
+        key = (self.schema, name)
+        sql = per_engine.get(key)
         if sql is None:
-            sql = per_engine[name] = self.dialect.object_sql(self.conn, name)
+            sql = self.dialect.object_sql(self.conn, name)
+            if sql:  # '' (absent, or not visible) is never kept
+                per_engine[key] = sql
         return sql
 
     def session_exists(self, session_id: str) -> bool:
@@ -175,8 +233,12 @@ def driver_insert(conn: Connection, table_name: str, names: Sequence[str], *, sc
     Compiled once per column set from the model's table (a lightweight table of the
     same name for a staging copy or a column the model lacks), in the driver's own
     parameter style. Returns the SQL and the order the values must be passed in:
-    ``tuple(row[k] for k in order)``.
+    ``tuple(row[k] for k in order)``. ``schema`` (e.g. SQLite's ``temp``) defaults to
+    the connection's tenant schema: SQL sent to the cursor bypasses
+    ``schema_translate_map``, so the schema is compiled into the text.
     """
+    if schema is None:
+        schema = schema_of_connection(conn)
     key = (conn.dialect.name, table_name, schema, tuple(names))
     found = _INSERTS.get(key)
     if found is None:
