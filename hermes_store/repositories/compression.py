@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, select, text, update
+from sqlalchemy import delete, select, update
 
 from ..models import Base
 from .base import SESSIONS, Repository, now
@@ -71,11 +71,11 @@ class CompressionRepository(Repository):
         current = now()
         expires = current + ttl_seconds
         self.conn.execute(delete(LOCKS).where(LOCKS.c.session_id == session_id, LOCKS.c.expires_at < current))
-        sql = self.dialect.upsert_sql(
+        sql = self._upsert(
             "compression_locks", ["session_id", "holder", "acquired_at", "expires_at"], ["session_id"], None
         )
         self.conn.execute(
-            text(sql), {"session_id": session_id, "holder": holder, "acquired_at": current, "expires_at": expires}
+            sql, {"session_id": session_id, "holder": holder, "acquired_at": current, "expires_at": expires}
         )
         stored = self.conn.execute(select(LOCKS.c.holder).where(LOCKS.c.session_id == session_id)).scalar()
         return stored == holder

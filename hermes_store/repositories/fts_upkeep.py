@@ -27,6 +27,7 @@ from sqlalchemy.exc import OperationalError
 
 from ..hermes_names import FTS_CJK_STALE_KEY
 from ..models import Base
+from ..tenancy import qualified
 from .base import MESSAGES, Repository
 from .maintenance import MaintenanceRepository
 
@@ -69,12 +70,13 @@ def parse_marker(value: Any) -> int | None:
         return None
 
 
-def set_meta_on_cursor(cursor: Any, key: str, value: Any) -> None:
+def set_meta_on_cursor(cursor: Any, key: str, value: Any, *, schema: str | None = None) -> None:
     """Upsert one ``state_meta`` row through a caller's DB-API cursor (or connection).
 
     Hermes' ``set_meta(..., cursor=cur)`` runs inside its own schema setup: the
     statement goes out on that cursor as it is, in whatever transaction it has; we
-    neither begin nor commit. A SQLAlchemy Connection is accepted too.
+    neither begin nor commit. A SQLAlchemy Connection is accepted too. ``schema``: the
+    store's tenant schema, named in the statement (a DB-API cursor carries no tenant).
     """
     stored = None if value is None else str(value)
     if isinstance(cursor, Connection):
@@ -84,7 +86,7 @@ def set_meta_on_cursor(cursor: Any, key: str, value: Any) -> None:
     mark = "?" if isinstance(cursor, (sqlite3.Cursor, sqlite3.Connection)) or isinstance(owner, sqlite3.Connection) \
         else "%s"
     cursor.execute(
-        f"INSERT INTO state_meta (key, value) VALUES ({mark}, {mark}) "
+        f"INSERT INTO {qualified(schema, 'state_meta')} (key, value) VALUES ({mark}, {mark}) "
         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
         (key, stored),
     )
@@ -107,7 +109,7 @@ class FtsUpkeepRepository(Repository):
     def _claim(self, key: str, seen: str | None, new: str) -> bool:
         """Compare-and-set: move ``key`` from ``seen`` to ``new``; False if it changed meanwhile."""
         if seen is None:
-            sql = self.dialect.upsert_sql("state_meta", ["key", "value"], ["key"], None)
+            sql = self._upsert("state_meta", ["key", "value"], ["key"], None)
             return self._exec(sql, {"key": key, "value": new}) == 1
         found = self.conn.execute(
             update(STATE_META).where(STATE_META.c.key == key, STATE_META.c.value == seen).values(value=new)

@@ -23,7 +23,6 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
-    text,
     update,
 )
 
@@ -62,14 +61,14 @@ class GatewayRepository(Repository):
 
     def save_routing_entry(self, scope: str, session_key: str, entry_json: str) -> None:
         """Upsert one entry, stamping ``updated_at``."""
-        sql = self.dialect.upsert_sql(
+        sql = self._upsert(
             "gateway_routing",
             ["scope", "session_key", "entry_json", "updated_at"],
             ["scope", "session_key"],
             "entry_json = excluded.entry_json, updated_at = excluded.updated_at",
         )
         self.conn.execute(
-            text(sql), {"scope": scope, "session_key": session_key, "entry_json": entry_json, "updated_at": now()}
+            sql, {"scope": scope, "session_key": session_key, "entry_json": entry_json, "updated_at": now()}
         )
 
     def replace_routing_entries(self, scope: str, entries: Sequence[tuple[str, str]]) -> int:

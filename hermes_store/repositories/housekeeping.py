@@ -470,13 +470,13 @@ class HousekeepingRepository(Repository):
             cleared = True
         try:
             with self.conn.begin_nested():
-                done = self._exec(self.dialect.upsert_sql("sessions", list(row), ["id"], None), row)
+                done = self._exec(self._upsert("sessions", list(row), ["id"], None), row)
         except IntegrityError:
             if "title" not in row or not self._title_taken(row["title"]):
                 raise
             row.pop("title")
             cleared = True
-            done = self._exec(self.dialect.upsert_sql("sessions", list(row), ["id"], None), row)
+            done = self._exec(self._upsert("sessions", list(row), ["id"], None), row)
         return done == 1, cleared
 
     def _ancestors(self, session_id: str) -> set[str]:

@@ -7,23 +7,35 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from sqlalchemy import Connection, bindparam, text
+from sqlalchemy import Connection, bindparam
 
 from .. import errors
 from ..codec import check_key
 from ..search import bigram
+from ..tenancy import SchemaSQL
 from .base import Repository, now
 from .messages import MessageRepository, decode_row, encode_message
 from .sessions import SessionRepository
 from .records import UsageRow
 
 DAY = 86_400.0
-_TAKEN = text("SELECT 1 FROM messages WHERE id IN :ids LIMIT 1").bindparams(bindparam("ids", expanding=True))
-
-
-def _expanding(sql: str) -> Any:
-    """``sql`` with ``:ids`` bound as an expanding IN list."""
-    return text(sql).bindparams(bindparam("ids", expanding=True))
+_TAKEN = SchemaSQL("SELECT 1 FROM {messages} WHERE id IN :ids LIMIT 1", bindparam("ids", expanding=True))
+_ORPHANS = SchemaSQL(
+    "SELECT id FROM {sessions} WHERE parent_session_id IN :ids AND id NOT IN :ids ORDER BY id",
+    bindparam("ids", expanding=True),
+)
+_MESSAGES_OF = SchemaSQL("SELECT count(*) FROM {messages} WHERE session_id IN :ids", bindparam("ids", expanding=True))
+_GHOSTS = SchemaSQL(
+    "SELECT id FROM {sessions} s WHERE source = 'tui' AND title IS NULL AND ended_at IS NOT NULL"
+    " AND started_at < :cut AND NOT EXISTS (SELECT 1 FROM {messages} m WHERE m.session_id = s.id)"
+)
+_ORPHANED_COMPRESSION = SchemaSQL(
+    "UPDATE {sessions} SET ended_at = :t, end_reason = 'orphaned_compression' WHERE id IN ("
+    " SELECT c.id FROM {sessions} c JOIN {sessions} p ON p.id = c.parent_session_id"
+    " WHERE c.ended_at IS NULL AND COALESCE(c.api_call_count, 0) = 0 AND c.started_at < :cut"
+    " AND p.end_reason = 'compression'"
+    " AND EXISTS (SELECT 1 FROM {messages} m WHERE m.session_id = c.id))"
+)
 DUMP_PREFIX = "request_dump_"
 log = logging.getLogger(__name__)
 
@@ -176,19 +188,19 @@ class MaintenanceRepository(Repository):
     # ------------------------------------------------------------------ state_meta
 
     def get_meta(self, key: str) -> str | None:
-        return self._scalar("SELECT value FROM state_meta WHERE key = :k", {"k": key})
+        return self._scalar("SELECT value FROM {state_meta} WHERE key = :k", {"k": key})
 
     def set_meta(self, key: str, value: Any) -> None:
         # Plain upsert (never INSERT OR REPLACE, which deletes and re-inserts).
         self._exec(
-            self.dialect.upsert_sql("state_meta", ["key", "value"], ["key"], "value = excluded.value"),
+            self._upsert("state_meta", ["key", "value"], ["key"], "value = excluded.value"),
             {"key": key, "value": None if value is None else str(value)},
         )
 
     # ------------------------------------------------------------------ export / import
 
     def export_session(self, session_id: str) -> dict[str, Any] | None:
-        row = self._one("SELECT * FROM sessions WHERE id = :id", {"id": session_id})
+        row = self._one("SELECT * FROM {sessions} WHERE id = :id", {"id": session_id})
         if row is None:
             return None
         SessionRepository(self.conn).resolve_prompts([row])
@@ -199,7 +211,7 @@ class MaintenanceRepository(Repository):
 
     def _usage_rows(self, session_id: str) -> list[dict[str, Any]]:
         return self._all(
-            "SELECT * FROM session_model_usage WHERE session_id = :id ORDER BY model, task, billing_provider",
+            "SELECT * FROM {session_model_usage} WHERE session_id = :id ORDER BY model, task, billing_provider",
             {"id": session_id},
         )
 
@@ -214,7 +226,7 @@ class MaintenanceRepository(Repository):
         where = "" if source is None else " AND source = :src"
         while True:
             page = self._all(
-                f"SELECT * FROM sessions WHERE (started_at > :t OR (started_at = :t AND id > :id)){where}"
+                f"SELECT * FROM {{sessions}} WHERE (started_at > :t OR (started_at = :t AND id > :id)){where}"
                 " ORDER BY started_at, id LIMIT :n",
                 {"t": last_started, "id": last_id, "n": batch, "src": source},
             )
@@ -292,7 +304,7 @@ class MaintenanceRepository(Repository):
             prompt, digest = cols.pop("system_prompt", None), cols.pop("system_prompt_hash", None)
             if prompt is not None:
                 cols["system_prompt_hash"] = sessions.store_prompt(prompt)
-            elif digest is not None and self._scalar("SELECT 1 FROM system_prompts WHERE hash = :h", {"h": digest}):
+            elif digest is not None and self._scalar("SELECT 1 FROM {system_prompts} WHERE hash = :h", {"h": digest}):
                 cols["system_prompt_hash"] = digest
         # A parent that is not (yet) here would break the FK: keep the link only when valid.
         parent = cols.get("parent_session_id")
@@ -300,7 +312,7 @@ class MaintenanceRepository(Repository):
             self._pending_parents.append((cols["id"], parent))
             cols["parent_session_id"] = None
         names = list(cols)
-        self._exec(f"INSERT INTO sessions ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)})", cols)
+        self._exec(f"INSERT INTO {{sessions}} ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)})", cols)
         self._relink(cols["id"])
         msg_repo.insert_rows(rows)
         if rows and "id" in rows[0]:
@@ -311,7 +323,7 @@ class MaintenanceRepository(Repository):
                 u = {k: v for k, v in u.items() if k in ledger_cols}
                 u["session_id"] = cols["id"]
                 names = list(u)
-                self._exec(self.dialect.upsert_sql("session_model_usage", names, [], None), u)
+                self._exec(self._upsert("session_model_usage", names, [], None), u)
         return True
 
     def _free_ids_or_renumber(self, rows: list[dict[str, Any]]) -> None:
@@ -348,7 +360,7 @@ class MaintenanceRepository(Repository):
         still = []
         for child, parent in self._pending_parents:
             if parent == new_id or self.session_exists(parent):
-                self._exec("UPDATE sessions SET parent_session_id = :p WHERE id = :c", {"p": parent, "c": child})
+                self._exec("UPDATE {sessions} SET parent_session_id = :p WHERE id = :c", {"p": parent, "c": child})
             else:
                 still.append((child, parent))
         self._pending_parents[:] = still
@@ -393,15 +405,8 @@ class MaintenanceRepository(Repository):
         themselves deleted), and how many messages would go with them."""
         if not ids:
             return [], 0
-        orphans = self.conn.execute(
-            text("SELECT id FROM sessions WHERE parent_session_id IN :ids AND id NOT IN :ids ORDER BY id")
-            .bindparams(bindparam("ids", expanding=True)),
-            {"ids": ids},
-        ).scalars().all()
-        messages = self.conn.execute(
-            text("SELECT count(*) FROM messages WHERE session_id IN :ids").bindparams(bindparam("ids", expanding=True)),
-            {"ids": ids},
-        ).scalar()
+        orphans = self.conn.execute(_ORPHANS.on(self.conn), {"ids": ids}).scalars().all()
+        messages = self.conn.execute(_MESSAGES_OF.on(self.conn), {"ids": ids}).scalar()
         return list(orphans), int(messages or 0)
 
     def prune_sessions(
@@ -417,11 +422,7 @@ class MaintenanceRepository(Repository):
         """TUI sessions that never got a message or title, ended, older than a day."""
         ids = [
             r[0]
-            for r in self.conn.execute(text(
-                "SELECT id FROM sessions s WHERE source = 'tui' AND title IS NULL AND ended_at IS NOT NULL"
-                " AND started_at < :cut AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id)"),
-                {"cut": now() - DAY},
-            )
+            for r in self.conn.execute(_GHOSTS.on(self.conn), {"cut": now() - DAY})
         ]
         self._delete_ids(ids)
         if sessions_dir is not None:
@@ -430,14 +431,7 @@ class MaintenanceRepository(Repository):
 
     def finalize_orphaned_compression_sessions(self) -> int:
         """End stale compression continuations that never made an API call."""
-        return self.conn.execute(text(
-            "UPDATE sessions SET ended_at = :t, end_reason = 'orphaned_compression' WHERE id IN ("
-            " SELECT c.id FROM sessions c JOIN sessions p ON p.id = c.parent_session_id"
-            " WHERE c.ended_at IS NULL AND COALESCE(c.api_call_count, 0) = 0 AND c.started_at < :cut"
-            " AND p.end_reason = 'compression'"
-            " AND EXISTS (SELECT 1 FROM messages m WHERE m.session_id = c.id))"),
-            {"t": now(), "cut": now() - 7 * DAY},
-        ).rowcount
+        return self.conn.execute(_ORPHANED_COMPRESSION.on(self.conn), {"t": now(), "cut": now() - 7 * DAY}).rowcount
 
     # ------------------------------------------------------------------ FTS
 
@@ -508,11 +502,11 @@ class MaintenanceRepository(Repository):
             return []
         where = "" if source is None else " WHERE s.source = :src"
         rows = self.conn.execute(
-            text(
+            self._sql(
                 f"SELECT {', '.join(keys)}, count(DISTINCT u.session_id), sum(u.api_call_count), sum(u.input_tokens),"
                 " sum(u.output_tokens), sum(u.cache_read_tokens), sum(u.cache_write_tokens), sum(u.reasoning_tokens),"
                 " sum(u.estimated_cost_usd), sum(u.actual_cost_usd)"
-                f" FROM session_model_usage u JOIN sessions s ON s.id = u.session_id{where}"
+                f" FROM {{session_model_usage}} u JOIN {{sessions}} s ON s.id = u.session_id{where}"
                 f" GROUP BY {', '.join(keys)} ORDER BY sum(u.estimated_cost_usd) DESC, sum(u.input_tokens) DESC"
             ),
             {"src": source},
@@ -524,10 +518,10 @@ class MaintenanceRepository(Repository):
         """Hermes' documented stats query: sessions, tokens and cost per model."""
         where = "" if source is None else " WHERE source = :src"
         rows = self.conn.execute(
-            text(
+            self._sql(
                 "SELECT COALESCE(model, 'unknown'), count(*), sum(COALESCE(api_call_count, 0)), sum(input_tokens),"
                 " sum(output_tokens), sum(cache_read_tokens), sum(cache_write_tokens), sum(reasoning_tokens),"
-                f" sum(COALESCE(estimated_cost_usd, 0)), sum(COALESCE(actual_cost_usd, 0)) FROM sessions{where}"
+                f" sum(COALESCE(estimated_cost_usd, 0)), sum(COALESCE(actual_cost_usd, 0)) FROM {{sessions}}{where}"
                 " GROUP BY 1 ORDER BY 9 DESC"
             ),
             {"src": source},

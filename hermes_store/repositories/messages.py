@@ -78,11 +78,13 @@ def _timestamp(value: Any) -> float:
     return ts
 
 
-def _target(table_name: str, names: Sequence[str]) -> Any:
-    """The model's table when it has every column, else a lightweight table of ``names``."""
+def _target(table_name: str, names: Sequence[str], schema: str | None) -> Any:
+    """The model's table when it has every column, else a lightweight table of ``names``
+    in ``schema`` (the connection's tenant: ``schema_translate_map`` only rewrites the
+    models' tables, not lightweight ones)."""
     if table_name == "messages" and all(n in MESSAGES.c for n in names):
         return MESSAGES
-    return table(table_name, *(column(n) for n in names))
+    return table(table_name, *(column(n) for n in names), schema=schema)
 
 
 def _label(index: int | None) -> str:
@@ -486,7 +488,7 @@ class MessageRepository(Repository):
         and nothing was written (one round trip fewer than asking first)."""
         if not self.conn.execute(_BUMP, {"n": 1, "calls": calls, "sid": session_id}).rowcount:
             raise UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
-        new_id = self.conn.execute(insert(_target("messages", tuple(row))).returning(M.id), row).scalar_one()
+        new_id = self.conn.execute(insert(_target("messages", tuple(row), self.schema)).returning(M.id), row).scalar_one()
         return int(new_id)
 
     def bulk_append(self, messages: Iterable[Mapping[str, Any]], *, update_counters: bool = True) -> int:
@@ -544,7 +546,7 @@ class MessageRepository(Repository):
         if self.conn.dialect.name != "sqlite":
             # Servers: Core executemany per column set (psycopg batches it), input order kept.
             for names, values in runs:
-                self.conn.execute(insert(_target("messages", names)), [dict(zip(names, v)) for v in values])
+                self.conn.execute(insert(_target("messages", names, self.schema)), [dict(zip(names, v)) for v in values])
             return
         with driver_errors():
             cursor = self.conn.connection.driver_connection.cursor()

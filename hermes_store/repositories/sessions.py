@@ -6,18 +6,19 @@ import hashlib
 import json
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import bindparam, func, or_, select, text, update
+from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from .. import errors
 from ..codec import check_key, clean_text, text_from_bytes
 from ..titles import sanitize_title, split_title_number
+from ..tenancy import SchemaSQL
 from .base import Repository, UnknownFieldError, MESSAGES, SESSIONS, like_prefix, now
 from .records import SessionRecord
 
-_PROMPTS = text("SELECT hash, prompt FROM system_prompts WHERE hash IN :hashes").bindparams(
-    bindparam("hashes", expanding=True)
-)
+_PROMPTS = SchemaSQL("SELECT hash, prompt FROM {system_prompts} WHERE hash IN :hashes",
+                     bindparam("hashes", expanding=True))
+_NUMBERED = SchemaSQL("SELECT id, title, started_at FROM {sessions} WHERE title = :t OR title LIKE :p ESCAPE '\\'")
 #: What ``create_session`` / ``ensure_session`` accept (Hermes v23); anything else is a TypeError.
 CREATE_FIELDS = (
     "model", "model_config", "system_prompt", "user_id", "session_key", "chat_id", "chat_type", "thread_id",
@@ -97,7 +98,7 @@ class SessionRepository(Repository):
                              "CASE WHEN sessions.system_prompt IS NULL THEN excluded.system_prompt_hash END)")
             else:
                 fills.append(f"{c} = COALESCE(sessions.{c}, excluded.{c})")
-        self._exec(self.dialect.upsert_sql("sessions", names, ["id"], ", ".join(fills) or None), values)
+        self._exec(self._upsert("sessions", names, ["id"], ", ".join(fills) or None), values)
         if stored is not None:
             self.drop_unused_prompts([stored])  # the session already had one
         if parent:
@@ -133,7 +134,7 @@ class SessionRepository(Repository):
         """Keep ``prompt`` in system_prompts (once per distinct text); returns its hash."""
         text = _prompt_text(prompt)
         digest = prompt_hash(text)
-        self._exec(self.dialect.upsert_sql("system_prompts", ["hash", "prompt"], [], None), {"hash": digest, "prompt": text})
+        self._exec(self._upsert("system_prompts", ["hash", "prompt"], [], None), {"hash": digest, "prompt": text})
         return digest
 
     def drop_unused_prompts(self, hashes: Iterable[str | None] | None = None) -> int:
@@ -144,11 +145,11 @@ class SessionRepository(Repository):
         """
         if not self.prompts_hashed():
             return 0
-        unused = "NOT EXISTS (SELECT 1 FROM sessions WHERE sessions.system_prompt_hash = system_prompts.hash)"
+        unused = "NOT EXISTS (SELECT 1 FROM {sessions} WHERE sessions.system_prompt_hash = system_prompts.hash)"
         if hashes is None:
-            return self._exec(f"DELETE FROM system_prompts WHERE {unused}")
+            return self._exec(f"DELETE FROM {{system_prompts}} WHERE {unused}")
         return sum(
-            self._exec(f"DELETE FROM system_prompts WHERE hash = :h AND {unused}", {"h": h})
+            self._exec(f"DELETE FROM {{system_prompts}} WHERE hash = :h AND {unused}", {"h": h})
             for h in set(hashes) if h is not None
         )
 
@@ -165,7 +166,7 @@ class SessionRepository(Repository):
         texts: dict[str, str] = {}
         for start in range(0, len(hashes), 500):
             chunk = hashes[start:start + 500]
-            texts.update(self.conn.execute(_PROMPTS, {"hashes": chunk}).fetchall())
+            texts.update(self.conn.execute(_PROMPTS.on(self.conn), {"hashes": chunk}).fetchall())
         for row in rows:
             text = texts.get(row.get("system_prompt_hash"))  # type: ignore[arg-type]
             if text is not None:
@@ -181,7 +182,7 @@ class SessionRepository(Repository):
 
     def get(self, session_id: str) -> SessionRecord | None:
         """The session row; ``system_prompt`` holds the full text however it is stored."""
-        return self._resolved(self._one("SELECT * FROM sessions WHERE id = :id", {"id": session_id}))
+        return self._resolved(self._one("SELECT * FROM {sessions} WHERE id = :id", {"id": session_id}))
 
     def exists(self, session_id: str) -> bool:
         return self.session_exists(session_id)
@@ -217,7 +218,7 @@ class SessionRepository(Repository):
         """First end wins: an already-ended session keeps its end time and reason."""
         return (
             self._exec(
-                "UPDATE sessions SET ended_at = :t, end_reason = :r WHERE id = :id AND ended_at IS NULL",
+                "UPDATE {sessions} SET ended_at = :t, end_reason = :r WHERE id = :id AND ended_at IS NULL",
                 {"t": now(), "r": end_reason, "id": session_id},
             )
             > 0
@@ -225,7 +226,7 @@ class SessionRepository(Repository):
 
     def reopen(self, session_id: str) -> bool:
         return self._exec(
-            "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = :id", {"id": session_id}
+            "UPDATE {sessions} SET ended_at = NULL, end_reason = NULL WHERE id = :id", {"id": session_id}
         ) > 0
 
     def update_system_prompt(self, session_id: str, system_prompt: str | None) -> bool:
@@ -333,12 +334,12 @@ class SessionRepository(Repository):
         values = {k: _json_field(v) for k, v in fields.items()}
         old_hash = None
         if "system_prompt" in values and self.prompts_hashed():
-            old_hash = self._scalar("SELECT system_prompt_hash FROM sessions WHERE id = :id", {"id": session_id})
+            old_hash = self._scalar("SELECT system_prompt_hash FROM {sessions} WHERE id = :id", {"id": session_id})
             prompt = values["system_prompt"]
             values["system_prompt_hash"] = None if prompt is None else self.store_prompt(prompt)
             values["system_prompt"] = None  # new writes never fill the legacy column (v25)
         sets = ", ".join(f"{k} = :{k}" for k in values)
-        changed = self._exec(f"UPDATE sessions SET {sets} WHERE id = :_id", {**values, "_id": session_id}) > 0
+        changed = self._exec(f"UPDATE {{sessions}} SET {sets} WHERE id = :_id", {**values, "_id": session_id}) > 0
         if "system_prompt_hash" in values:
             self.drop_unused_prompts([old_hash, values["system_prompt_hash"]])
         return changed
@@ -453,15 +454,15 @@ class SessionRepository(Repository):
         return found is not None
 
     def get_title(self, session_id: str) -> str | None:
-        return self._scalar("SELECT title FROM sessions WHERE id = :id", {"id": session_id})
+        return self._scalar("SELECT title FROM {sessions} WHERE id = :id", {"id": session_id})
 
     def get_by_title(self, title: str) -> SessionRecord | None:
-        return self._resolved(self._one("SELECT * FROM sessions WHERE title = :t", {"t": title}))
+        return self._resolved(self._one("SELECT * FROM {sessions} WHERE title = :t", {"t": title}))
 
     def _numbered(self, base: str) -> list[tuple[str, int | None, float]]:
         """Sessions titled ``base`` (N None) or ``base #N``: (id, N, started_at)."""
         rows = self.conn.execute(
-            text("SELECT id, title, started_at FROM sessions WHERE title = :t OR title LIKE :p ESCAPE '\\'"),
+            _NUMBERED.on(self.conn),
             {"t": base, "p": like_prefix(base + " #")},
         ).fetchall()
         out: list[tuple[str, int | None, float]] = []

@@ -104,7 +104,7 @@ class TelegramTopicRepository(Repository):
         PostgreSQL wait for this one, then find the tables and create nothing.
         """
         self.conn.execute(
-            text(self.dialect.upsert_sql("state_meta", ["key", "value"], ["key"], "value = state_meta.value")),
+            self._upsert("state_meta", ["key", "value"], ["key"], "value = state_meta.value"),
             {"key": SCHEMA_KEY, "value": str(SCHEMA_VERSION)},
         )
         missing = [t for t in (TOPIC_MODE, TOPIC_BINDINGS) if not self._columns(t)]
@@ -121,11 +121,11 @@ class TelegramTopicRepository(Repository):
         return bool(value)
 
     def _upsert_mode(self, chat_id: str, enabled: bool) -> None:
-        sql = self.dialect.upsert_sql(
+        sql = self._upsert(
             TOPIC_MODE.name, ["chat_id", "enabled", "updated_at"], ["chat_id"],
             "enabled = excluded.enabled, updated_at = excluded.updated_at",
         )
-        self.conn.execute(text(sql), {"chat_id": chat_id, "enabled": 1 if enabled else 0, "updated_at": now()})
+        self.conn.execute(sql, {"chat_id": chat_id, "enabled": 1 if enabled else 0, "updated_at": now()})
 
     def set_topic_mode(self, chat_id: str, enabled: bool) -> int:
         if not self._columns(TOPIC_MODE):
@@ -156,8 +156,8 @@ class TelegramTopicRepository(Repository):
             updates.append(f"title = COALESCE(excluded.title, {TOPIC_BINDINGS.name}.title)")
         if "updated_at" in have:
             updates.append("updated_at = excluded.updated_at")
-        sql = self.dialect.upsert_sql(TOPIC_BINDINGS.name, names, ["chat_id", "thread_id"], ", ".join(updates))
-        self.conn.execute(text(sql), {n: values[n] for n in names})
+        sql = self._upsert(TOPIC_BINDINGS.name, names, ["chat_id", "thread_id"], ", ".join(updates))
+        self.conn.execute(sql, {n: values[n] for n in names})
         return 1
 
     def _binding_columns(self) -> list[Any]:

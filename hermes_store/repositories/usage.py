@@ -197,4 +197,4 @@ class UsageRepository(Repository):
         sets = [f"{c} = {LEDGER}.{c} + excluded.{c}" for c in added]
         sets += [f"{c} = COALESCE(excluded.{c}, {LEDGER}.{c})" for c in ("cost_status", "cost_source")]
         sets.append("last_seen = excluded.last_seen")
-        self._exec(self.dialect.upsert_sql(LEDGER, list(q), list(_KEY), ", ".join(sets)), q)
+        self._exec(self._upsert(LEDGER, list(q), list(_KEY), ", ".join(sets)), q)
