@@ -27,7 +27,7 @@ import re
 import sqlite3
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import TextClause, bindparam, text
+from sqlalchemy import bindparam
 from sqlalchemy.exc import OperationalError
 
 from .. import errors
@@ -45,6 +45,7 @@ from ..search.fts import (
     trigram_sessions,
 )
 from ..search.query import escape_like, plan_search, split_on
+from ..tenancy import SchemaSQL
 from .base import Repository, in_filter
 from .base import source_filter as source_clauses
 from .records import SearchHit
@@ -261,7 +262,7 @@ class SearchRepository(Repository):
         until the backfill reaches them). A short page is topped up from them by
         substring, every term required, newest first, without repeating a hit.
         """
-        marks = dict(self.conn.execute(_GAP_SQL).fetchall())
+        marks = dict(self.conn.execute(_GAP_SQL.on(self.conn)).fetchall())
         try:
             high = int(marks.get(GAP_HIGH_WATER) or 0)
             low = int(marks.get(GAP_PROGRESS) or 0)
@@ -272,8 +273,8 @@ class SearchRepository(Repository):
         gap: dict[str, Any] = {**params, "gap_lo": low, "gap_hi": high, "gap_n": params["limit"] - len(found)}
         like = self._like_clause([(list(terms), [])], gap, "ILIKE" if self.dialect.name == "postgresql" else "LIKE")
         rows = self._all(
-            f"SELECT {HIT_COLUMNS.format(snippet='NULL', rank='0.0')} FROM messages m "
-            f"JOIN sessions s ON s.id = m.session_id WHERE m.id > :gap_lo AND m.id <= :gap_hi AND ({like}){filters} "
+            f"SELECT {HIT_COLUMNS.format(snippet='NULL', rank='0.0')} FROM {{messages}} m "
+            f"JOIN {{sessions}} s ON s.id = m.session_id WHERE m.id > :gap_lo AND m.id <= :gap_hi AND ({like}){filters} "
             f"ORDER BY m.timestamp DESC, m.id DESC LIMIT :gap_n",
             gap,
         )
@@ -308,15 +309,15 @@ class SearchRepository(Repository):
         if filters or sort is not None:
             sql = (
                 f"SELECT {HIT_COLUMNS.format(snippet='h.snippet', rank='h.rank')} "
-                f"FROM ({self.dialect.match_sql(index)}) h JOIN messages m ON m.id = h.id "
-                f"JOIN sessions s ON s.id = m.session_id WHERE 1=1{filters}{exclude} "
+                f"FROM ({self.dialect.match_sql(index)}) h JOIN {{messages}} m ON m.id = h.id "
+                f"JOIN {{sessions}} s ON s.id = m.session_id WHERE 1=1{filters}{exclude} "
                 f"ORDER BY {order.get(sort or '', 'h.rank, m.timestamp DESC, m.id DESC')} LIMIT :window"
             )
             return self._all(sql, params)
         window = params["window"]
         fetch = window
         while True:
-            top = self.conn.execute(text(self.dialect.top_sql(index)), {**params, "window": fetch}).fetchall()
+            top = self.conn.execute(self._sql(self.dialect.top_sql(index)), {**params, "window": fetch}).fetchall()
             if not top:
                 return []
             ranks = {mid: rank for mid, rank, _snippet in top}
@@ -326,8 +327,8 @@ class SearchRepository(Repository):
                 chunk = top[start:start + 500]
                 ids = {f"h{i}": mid for i, (mid, _r, _s) in enumerate(chunk)}
                 rows += self._all(
-                    f"SELECT {HIT_COLUMNS.format(snippet='NULL', rank='0.0')} FROM messages m "
-                    f"JOIN sessions s ON s.id = m.session_id WHERE m.id IN ({', '.join(':' + k for k in ids)}){exclude}",
+                    f"SELECT {HIT_COLUMNS.format(snippet='NULL', rank='0.0')} FROM {{messages}} m "
+                    f"JOIN {{sessions}} s ON s.id = m.session_id WHERE m.id IN ({', '.join(':' + k for k in ids)}){exclude}",
                     ids,
                 )
             if len(rows) >= window or len(top) < fetch or fetch >= MAX_ROWS:
@@ -423,7 +424,7 @@ class SearchRepository(Repository):
         not_indexed = "" if pg else " NOT INDEXED"
         columns = HIT_COLUMNS.format(snippet="NULL", rank="0.0")
         scan = (
-            f"SELECT {columns} FROM messages m JOIN sessions s ON s.id = m.session_id WHERE ({like}){filters}"
+            f"SELECT {columns} FROM {{messages}} m JOIN {{sessions}} s ON s.id = m.session_id WHERE ({like}){filters}"
         )
         # A row of a group holds every positive term, so any of their pairs narrow it;
         # NOT-ed units narrow nothing. A group without pairs means a full scan.
@@ -431,7 +432,7 @@ class SearchRepository(Repository):
         if not all(grams) or not self.has_table(bigram.TABLE):
             return scan, flat
         # The newest id and the high-water mark, in one round trip, read once per search.
-        row = self.conn.execute(_MARKS_SQL, {"k": bigram.HIGH_WATER_KEY}).one()
+        row = self.conn.execute(_MARKS_SQL.on(self.conn), {"k": bigram.HIGH_WATER_KEY}).one()
         total, params["bg_hw"] = row[0] or 0, bigram.parse_high_water(row[1])
         if flat:
             # Choose: candidates E rows vs. a newest-first walk of about window*N/E rows.
@@ -442,14 +443,14 @@ class SearchRepository(Repository):
         params["bg_block"] = bigram.BLOCK
         cand = bigram.candidate_blocks_sql(grams, params)
         indexed = (
-            f"SELECT {columns} FROM ({cand}) c JOIN messages AS m{not_indexed} "
+            f"SELECT {columns} FROM ({cand}) c JOIN {{messages}} AS m{not_indexed} "
             "ON m.id BETWEEN c.block * :bg_block AND c.block * :bg_block + :bg_block - 1 AND m.id <= :bg_hw "
-            f"JOIN sessions s ON s.id = m.session_id WHERE ({like}){filters}"
+            f"JOIN {{sessions}} s ON s.id = m.session_id WHERE ({like}){filters}"
         )
         # NOT INDEXED keeps SQLite on the rowid range: left to itself it may walk the
         # timestamp index for the outer ORDER BY and scan every message.
         tail = (
-            f"SELECT {columns} FROM messages AS m{not_indexed} JOIN sessions s ON s.id = m.session_id "
+            f"SELECT {columns} FROM {{messages}} AS m{not_indexed} JOIN {{sessions}} s ON s.id = m.session_id "
             f"WHERE m.id > :bg_hw AND ({like}){filters}"
         )
         return f"{indexed} UNION ALL {tail}", False
@@ -477,7 +478,7 @@ class SearchRepository(Repository):
         """Previous message, the hit, next message (same session, by timestamp then id),
         and (``texts``) each hit's own (content, tool name, tool calls) for a snippet cut
         here, in one statement."""
-        rows = self.conn.execute(_CONTEXT_AND_TEXTS_SQL if texts else _CONTEXT_SQL, {"ids": ids}).fetchall()
+        rows = self.conn.execute((_CONTEXT_AND_TEXTS_SQL if texts else _CONTEXT_SQL).on(self.conn), {"ids": ids}).fetchall()
         out: dict[int, list[dict[str, Any]]] = {}
         own: dict[int, tuple[Any, ...]] = {}
         for hid, pos, role, content, tool_name, tool_calls in rows:
@@ -491,41 +492,38 @@ class SearchRepository(Repository):
 VISIBLE = " AND (m.active = 1 OR m.compacted = 1)"
 #: state_meta markers of an interrupted FTS backfill (Hermes v23 ``optimize_fts_storage``).
 GAP_HIGH_WATER, GAP_PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
-_GAP_SQL = text("SELECT key, value FROM state_meta WHERE key IN (:hw, :pr)").bindparams(
-    hw=GAP_HIGH_WATER, pr=GAP_PROGRESS
-)
+_GAP_SQL = SchemaSQL("SELECT key, value FROM {state_meta} WHERE key IN (:hw, :pr)", hw=GAP_HIGH_WATER, pr=GAP_PROGRESS)
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 #: Portable statement (named, expanding binds) for the page's context and snippet texts.
 #: The neighbour conditions repeat ``timestamp <=`` / ``>=`` on their own so both
 #: planners walk the (session_id, timestamp) index from the hit: the OR alone made
 #: PostgreSQL walk the timestamp index from the newest row of every session.
-def _context_sql(texts: bool) -> TextClause:
+def _context_sql(texts: bool) -> SchemaSQL:
     """Previous message, hit, next message per hit; with ``texts``, the hit's tool name
     and tool calls too (what a snippet cut in Python reads), else NULLs."""
     own = "m.tool_name, m.tool_calls" if texts else "NULL, NULL"
-    return text(
-        "WITH hit AS (SELECT id, session_id, timestamp FROM messages WHERE id IN :ids) "
+    return SchemaSQL(
+        "WITH hit AS (SELECT id, session_id, timestamp FROM {messages} WHERE id IN :ids) "
         "SELECT hit.id, x.pos, x.role, x.content, x.tool_name, x.tool_calls FROM hit "
         "JOIN (SELECT hit.id AS hid, -1 AS pos, p.role, p.content, CAST(NULL AS TEXT) AS tool_name,"
-        "   CAST(NULL AS TEXT) AS tool_calls FROM hit JOIN messages p ON p.id = ("
-        "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND q.timestamp <= hit.timestamp"
+        "   CAST(NULL AS TEXT) AS tool_calls FROM hit JOIN {messages} p ON p.id = ("
+        "   SELECT q.id FROM {messages} q WHERE q.session_id = hit.session_id AND q.timestamp <= hit.timestamp"
         "   AND (q.timestamp < hit.timestamp OR q.id < hit.id)"
         "   ORDER BY q.timestamp DESC, q.id DESC LIMIT 1)"
-        f" UNION ALL SELECT hit.id, 0, m.role, m.content, {own} FROM hit JOIN messages m ON m.id = hit.id"
-        " UNION ALL SELECT hit.id, 1, n.role, n.content, NULL, NULL FROM hit JOIN messages n ON n.id = ("
-        "   SELECT q.id FROM messages q WHERE q.session_id = hit.session_id AND q.timestamp >= hit.timestamp"
+        f" UNION ALL SELECT hit.id, 0, m.role, m.content, {own} FROM hit JOIN {{messages}} m ON m.id = hit.id"
+        " UNION ALL SELECT hit.id, 1, n.role, n.content, NULL, NULL FROM hit JOIN {messages} n ON n.id = ("
+        "   SELECT q.id FROM {messages} q WHERE q.session_id = hit.session_id AND q.timestamp >= hit.timestamp"
         "   AND (q.timestamp > hit.timestamp OR q.id > hit.id)"
         "   ORDER BY q.timestamp, q.id LIMIT 1)"
-        ") x ON x.hid = hit.id ORDER BY hit.id, x.pos"
-    ).bindparams(bindparam("ids", expanding=True))
+        ") x ON x.hid = hit.id ORDER BY hit.id, x.pos",
+        bindparam("ids", expanding=True),
+    )
 
 
 _CONTEXT_SQL = _context_sql(texts=False)
 _CONTEXT_AND_TEXTS_SQL = _context_sql(texts=True)
-_MARKS_SQL = text(
-    "SELECT (SELECT max(id) FROM messages), (SELECT value FROM state_meta WHERE key = :k)"
-)
+_MARKS_SQL = SchemaSQL("SELECT (SELECT max(id) FROM {messages}), (SELECT value FROM {state_meta} WHERE key = :k)")
 
 def _substring_snippet(texts: Sequence[Any], terms: Sequence[str]) -> str:
     """A snippet like FTS5's for hits found by substring: first term occurrence marked."""

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Sequence
 
 from sqlalchemy import inspect, text
 
+from ..tenancy import SchemaSQL, render, schema_of_connection
 from .query import CJK_CLASS
 
 BLOCK = 64
@@ -34,9 +35,27 @@ _RUN = re.compile(f"[{CJK_CLASS}]{{2,}}")
 #: A high-water value that reads as a number (the PostgreSQL trigger of hs0003 reads
 #: the same ones); anything else means -1, nothing indexed.
 _MARK = re.compile(r"[ \t\n\r]*[-+]?[0-9]{1,18}[ \t\n\r]*")
-#: Per engine: the high-water mark the cached pair counts were read at, and the counts.
-_COUNTS: "weakref.WeakKeyDictionary[Any, tuple[int, dict[str, int]]]" = weakref.WeakKeyDictionary()
+#: Per engine and tenant schema: the high-water mark the cached pair counts were read
+#: at, and the counts (tenants sharing an engine each have their own index).
+_COUNTS: "weakref.WeakKeyDictionary[Any, dict[str | None, tuple[int, dict[str, int]]]]" = weakref.WeakKeyDictionary()
 _MAX_CACHED = 4096
+
+# Every statement names its tables in the connection's tenant schema (bare on SQLite).
+_HIGH_WATER = SchemaSQL("SELECT value FROM {state_meta} WHERE key = :k")
+_TAIL = SchemaSQL("SELECT count(*) FROM {messages} WHERE id > :hw")
+_DIRTY_COUNT = SchemaSQL(f"SELECT count(*) FROM {{{DIRTY_TABLE}}}")
+_DIRTY_BLOCKS = SchemaSQL(f"SELECT block FROM {{{DIRTY_TABLE}}}")
+_CLEAR_DIRTY = SchemaSQL(f"DELETE FROM {{{DIRTY_TABLE}}}")
+_CLEAR_INDEX = SchemaSQL(f"DELETE FROM {{{TABLE}}}")
+_ADD_PAIRS = SchemaSQL(f"INSERT INTO {{{TABLE}}} (gram, block) VALUES (:g, :b) ON CONFLICT DO NOTHING")
+_DROP_BLOCK = SchemaSQL(f"DELETE FROM {{{TABLE}}} WHERE block = :b")
+_BLOCK_ROWS = SchemaSQL(
+    "SELECT id, content, tool_name, tool_calls FROM {messages} WHERE id BETWEEN :lo AND :hi AND id <= :hw"
+)
+_TAIL_ROWS = SchemaSQL("SELECT id, content, tool_name, tool_calls FROM {messages} WHERE id > :hw ORDER BY id LIMIT :n")
+_SET_HIGH_WATER = SchemaSQL(
+    "INSERT INTO {state_meta} (key, value) VALUES (:k, :v) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+)
 
 
 def bigrams(text: str | None) -> set[str]:
@@ -63,7 +82,7 @@ def parse_high_water(value: Any) -> int:
 
 
 def high_water(conn: Any) -> int:
-    row = conn.execute(text("SELECT value FROM state_meta WHERE key = :k"), {"k": HIGH_WATER_KEY}).first()
+    row = conn.execute(_HIGH_WATER.on(conn), {"k": HIGH_WATER_KEY}).first()
     return parse_high_water(row[0] if row else None)
 
 
@@ -72,14 +91,14 @@ def installed(conn: Any) -> bool:
         return conn.execute(
             text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :n"), {"n": TABLE}
         ).first() is not None
-    return inspect(conn).has_table(TABLE)
+    return inspect(conn).has_table(TABLE, schema=schema_of_connection(conn))
 
 
 def pending(conn: Any) -> int:
     """How many messages the index does not cover yet (tail rows + dirty blocks' rows)."""
     hw = high_water(conn)
-    tail = conn.execute(text("SELECT count(*) FROM messages WHERE id > :hw"), {"hw": hw}).scalar()
-    dirty = conn.exec_driver_sql(f"SELECT count(*) FROM {DIRTY_TABLE}").scalar()
+    tail = conn.execute(_TAIL.on(conn), {"hw": hw}).scalar()
+    dirty = conn.execute(_DIRTY_COUNT.on(conn)).scalar()
     return int(tail) + int(dirty) * BLOCK
 
 
@@ -93,8 +112,7 @@ def _index_rows(conn: Any, rows: Iterable[Sequence[Any]]) -> int:
                 pairs.update((g, block) for g in bigrams(value))
         top = max(top, mid)
     if pairs:
-        conn.execute(text(f"INSERT INTO {TABLE} (gram, block) VALUES (:g, :b) ON CONFLICT DO NOTHING"),
-                     [{"g": g, "b": b} for g, b in pairs])
+        conn.execute(_ADD_PAIRS.on(conn), [{"g": g, "b": b} for g, b in pairs])
     return top
 
 
@@ -106,21 +124,21 @@ def catch_up(conn: Any, limit: int | None = None) -> int:
     if not installed(conn):
         return 0
     done = 0
-    dirty = [r[0] for r in conn.exec_driver_sql(f"SELECT block FROM {DIRTY_TABLE}")]
+    dirty = [r[0] for r in conn.execute(_DIRTY_BLOCKS.on(conn))]
     hw = high_water(conn)
     for block in dirty:
-        conn.execute(text(f"DELETE FROM {TABLE} WHERE block = :b"), {"b": block})
+        conn.execute(_DROP_BLOCK.on(conn), {"b": block})
         rows = conn.execute(
-            text("SELECT id, content, tool_name, tool_calls FROM messages WHERE id BETWEEN :lo AND :hi AND id <= :hw"),
+            _BLOCK_ROWS.on(conn),
             {"lo": block * BLOCK, "hi": block * BLOCK + BLOCK - 1, "hw": hw},
         ).fetchall()
         _index_rows(conn, rows)
         done += len(rows)
     if dirty:
-        conn.exec_driver_sql(f"DELETE FROM {DIRTY_TABLE}")
+        conn.execute(_CLEAR_DIRTY.on(conn))
     while limit is None or done < limit:
         rows = conn.execute(
-            text("SELECT id, content, tool_name, tool_calls FROM messages WHERE id > :hw ORDER BY id LIMIT :n"),
+            _TAIL_ROWS.on(conn),
             {"hw": hw, "n": CHUNK},
         ).fetchall()
         if not rows:
@@ -133,7 +151,7 @@ def catch_up(conn: Any, limit: int | None = None) -> int:
 
 def _set_high_water(conn: Any, value: int) -> None:
     conn.execute(
-        text("INSERT INTO state_meta (key, value) VALUES (:k, :v) ON CONFLICT(key) DO UPDATE SET value = excluded.value"),
+        _SET_HIGH_WATER.on(conn),
         {"k": HIGH_WATER_KEY, "v": str(value)},
     )
 
@@ -142,8 +160,8 @@ def rebuild(conn: Any) -> int:
     """Drop and rebuild the whole index from the messages table."""
     if not installed(conn):
         return 0
-    conn.exec_driver_sql(f"DELETE FROM {TABLE}")
-    conn.exec_driver_sql(f"DELETE FROM {DIRTY_TABLE}")
+    conn.execute(_CLEAR_INDEX.on(conn))
+    conn.execute(_CLEAR_DIRTY.on(conn))
     _set_high_water(conn, -1)
     return catch_up(conn)
 
@@ -151,7 +169,8 @@ def rebuild(conn: Any) -> int:
 def candidate_blocks_sql(term_grams: Sequence[Sequence[str]], params: dict[str, Any]) -> str:
     """SQL selecting candidate blocks: blocks holding all pairs of any term, plus dirty ones.
 
-    Fills ``params`` with the bind values it uses.
+    Fills ``params`` with the bind values it uses. A template: tables are written
+    ``{messages_cjk_bigram}``, for the caller to render in the connection's schema.
     """
     parts = []
     for t, grams in enumerate(term_grams):
@@ -160,9 +179,10 @@ def candidate_blocks_sql(term_grams: Sequence[Sequence[str]], params: dict[str, 
             params[f"bg{t}_{g}"] = gram
             names.append(f":bg{t}_{g}")
         parts.append(
-            f"SELECT block FROM {TABLE} WHERE gram IN ({', '.join(names)}) GROUP BY block HAVING count(*) = {len(grams)}"
+            f"SELECT block FROM {{{TABLE}}} WHERE gram IN ({', '.join(names)}) GROUP BY block"
+            f" HAVING count(*) = {len(grams)}"
         )
-    parts.append(f"SELECT block FROM {DIRTY_TABLE}")
+    parts.append(f"SELECT block FROM {{{DIRTY_TABLE}}}")
     return " UNION ".join(parts)
 
 
@@ -178,17 +198,19 @@ def estimate_blocks(conn: Any, term_grams: Sequence[Sequence[str]], *, mark: int
     if mark is None:
         mark = high_water(conn)
     engine = getattr(conn, "engine", None)
-    cached = _COUNTS.get(engine) if engine is not None else None
+    schema = schema_of_connection(conn)
+    per_schema = _COUNTS.setdefault(engine, {}) if engine is not None else {}
+    cached = per_schema.get(schema)
     counts = cached[1] if cached is not None and cached[0] == mark else {}
     missing = sorted({g for grams in term_grams for g in grams} - counts.keys())
     if missing:
         if len(counts) + len(missing) > _MAX_CACHED:
             counts = {}
         names = {f"g{i}": g for i, g in enumerate(missing)}
-        found = dict(conn.execute(text(
-            f"SELECT gram, count(*) FROM {TABLE} WHERE gram IN ({', '.join(':' + n for n in names)}) GROUP BY gram"
-        ), names).all())
+        found = dict(conn.execute(text(render(
+            f"SELECT gram, count(*) FROM {{{TABLE}}} WHERE gram IN ({', '.join(':' + n for n in names)}) GROUP BY gram",
+            schema,
+        )), names).all())
         counts.update({g: int(found.get(g, 0)) for g in missing})
-    if engine is not None:
-        _COUNTS[engine] = (mark, counts)
+    per_schema[schema] = (mark, counts)
     return sum(min(counts[g] for g in grams) for grams in term_grams if grams)

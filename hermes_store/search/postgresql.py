@@ -25,8 +25,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from sqlalchemy import text
-
+from ..tenancy import SchemaSQL
 from .fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN, SNIPPET_TOKENS, WORD_INDEX
 from .query import split_on
 
@@ -49,11 +48,12 @@ MAX_WORD_BYTES = 2046
 _ITEM = re.compile(r'"[^"]*"\*?|\S+')
 #: Words of ASCII text: there every character but a letter or digit separates words.
 _ASCII_WORD = re.compile(r"[a-z0-9]+")
-_FOLD_SQL = text(
-    "SELECT t.term, hermes_store_search_words(t.term) FROM unnest(CAST(:terms AS text[])) AS t(term)"
+#: Our word function lives in the tenant's schema: named there, never looked up.
+_FOLD_SQL = SchemaSQL(
+    "SELECT t.term, {hermes_store_search_words}(t.term) FROM unnest(CAST(:terms AS text[])) AS t(term)"
 )
-_DELEGATED_SQL = text(
-    "SELECT id, model_config FROM sessions WHERE model_config LIKE '%\\_delegate\\_from%' ESCAPE '\\'"
+_DELEGATED_SQL = SchemaSQL(
+    "SELECT id, model_config FROM {sessions} WHERE model_config LIKE '%\\_delegate\\_from%' ESCAPE '\\'"
 )
 
 
@@ -87,7 +87,7 @@ def fold_terms(conn: Any, terms: Sequence[str]) -> dict[str, list[str]]:
         else:
             ask.append(term)
     if ask:
-        for term, folded in conn.execute(_FOLD_SQL, {"terms": ask}):
+        for term, folded in conn.execute(_FOLD_SQL.on(conn), {"terms": ask}):
             words[term] = folded.split() if folded else []
     return words
 
@@ -183,19 +183,23 @@ _QUERY = "CAST(:q AS tsquery)"
 
 def match_sql(index: str) -> str:
     """Hits of ``:q`` (tsquery text) with a rank (lower is better, as bm25); the
-    snippet is NULL: :func:`snippet` cuts it from the rows that are returned."""
+    snippet is NULL: :func:`snippet` cuts it from the rows that are returned.
+
+    A template: ``{messages}`` is rendered in the connection's schema by the caller
+    (:func:`hermes_store.tenancy.render`)."""
     _check(index)
     return (
         f"SELECT mx.id AS id, CAST(NULL AS text) AS snippet, -ts_rank_cd(mx.search_vector, {_QUERY}) AS rank "
-        f"FROM messages mx WHERE mx.search_vector @@ {_QUERY}"
+        f"FROM {{messages}} mx WHERE mx.search_vector @@ {_QUERY}"
     )
 
 
 def top_sql(index: str) -> str:
-    """The ``:window`` best-ranked hits of ``:q`` as (id, rank, snippet); snippet NULL as above."""
+    """The ``:window`` best-ranked hits of ``:q`` as (id, rank, snippet); snippet NULL as
+    above. A template, as :func:`match_sql`."""
     _check(index)
     return (
-        f"SELECT id, -ts_rank_cd(search_vector, {_QUERY}) AS rank, CAST(NULL AS text) FROM messages "
+        f"SELECT id, -ts_rank_cd(search_vector, {_QUERY}) AS rank, CAST(NULL AS text) FROM {{messages}} "
         f"WHERE search_vector @@ {_QUERY} ORDER BY rank, timestamp DESC, id DESC LIMIT :window"
     )
 
@@ -368,7 +372,7 @@ def delegated_sessions(conn: Any) -> list[str]:
     marker as a substring) are parsed here with the same rule. Read once per search.
     """
     out = []
-    for sid, config in conn.execute(_DELEGATED_SQL):
+    for sid, config in conn.execute(_DELEGATED_SQL.on(conn)):
         try:
             value = json.loads(config)
         except (TypeError, ValueError):
