@@ -19,14 +19,41 @@ from sqlalchemy.exc import DBAPIError
 
 from .. import errors
 from ..codec import pg_decode_nul, pg_encode_nul
-from ..tenancy import quote_ident
-from . import on_conflict_upsert
+from ..tenancy import qualified, quote_ident, schema_of_connection
+from . import pg_engine
+from .base import on_conflict_upsert
 from .pg_tenants import tenant_table_names
 
 #: serialization_failure, deadlock_detected, lock_not_available: worth another try.
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
 #: Columns the search step adds to ``messages`` (not in the models, never returned).
 HIDDEN_COLUMNS = frozenset({"search_vector"})
+#: The schema a catalog query asks about: the connection's tenant (bound as ``:schema``),
+#: else the default schema. Never ``current_schema()`` alone when a tenant is set: that
+#: answers for whatever search_path the (pooled) server connection was left with.
+_IN_SCHEMA = "COALESCE(CAST(:schema AS text), current_schema())"
+_NAMESPACE = f"(SELECT n.oid FROM pg_namespace n WHERE n.nspname = {_IN_SCHEMA})"
+_FTS_INDEXES = text(
+    "SELECT c.relname FROM pg_class c WHERE c.relkind = 'i' AND c.relname IN :names"
+    f" AND c.relnamespace = {_NAMESPACE} ORDER BY c.relname"
+).bindparams(bindparam("names", expanding=True))
+_INDEX_HEALTH = text(
+    "SELECT i.indisvalid AND i.indisready AND i.indislive FROM pg_index i"
+    " JOIN pg_class c ON c.oid = i.indexrelid"
+    f" WHERE c.relname = :i AND c.relnamespace = {_NAMESPACE}"
+)
+_COLUMNS = text(
+    "SELECT column_name, is_nullable = 'NO', column_default FROM information_schema.columns"
+    f" WHERE table_schema = {_IN_SCHEMA} AND table_name = :t ORDER BY ordinal_position"
+)
+_VIEW_SQL = text(
+    "SELECT pg_get_viewdef(c.oid) FROM pg_class c WHERE c.relname = :n AND c.relkind IN ('v', 'm')"
+    f" AND c.relnamespace = {_NAMESPACE}"
+)
+_BASE_TABLES = text(
+    f"SELECT table_name FROM information_schema.tables WHERE table_schema = {_IN_SCHEMA}"
+    " AND table_type = 'BASE TABLE' ORDER BY table_name"
+)
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -71,6 +98,20 @@ class PostgreSQLDialect:
     """The :class:`hermes_store.dialects.Dialect` of PostgreSQL servers."""
 
     name = "postgresql"
+    has_schemas = True
+
+    # -------------------------------------------------------------- engines and errors
+
+    def engine_kwargs(self, url: Any, kwargs: dict[str, Any], *, prepared_statements: bool) -> dict[str, Any]:
+        return pg_engine.engine_kwargs(url, kwargs, prepared_statements=prepared_statements)
+
+    def configure_engine(self, engine: Engine, *, foreign_keys: bool, busy_timeout_ms: int) -> None:
+        """``foreign_keys``/``busy_timeout_ms`` are SQLite settings: the server enforces
+        references always and waits on locks for at most the caller's lock_timeout."""
+        pg_engine.configure_engine(engine, install_nul_adapters)
+
+    def translate_error(self, exc: BaseException) -> errors.HermesStoreError | None:
+        return pg_engine.translate_error(exc)
 
     # -------------------------------------------------------------- locking and retries
 
@@ -112,11 +153,7 @@ class PostgreSQLDialect:
         from ..alembic_support import PG_SEARCH_INDEXES
 
         rows = conn.execute(
-            text(
-                "SELECT c.relname FROM pg_class c WHERE c.relkind = 'i' AND c.relname IN :names"
-                " AND c.relnamespace = current_schema()::regnamespace ORDER BY c.relname"
-            ).bindparams(bindparam("names", expanding=True)),
-            {"names": sorted(PG_SEARCH_INDEXES)},
+            _FTS_INDEXES, {"names": sorted(PG_SEARCH_INDEXES), "schema": schema_of_connection(conn)}
         )
         return [r[0] for r in rows]
 
@@ -130,19 +167,14 @@ class PostgreSQLDialect:
         'integrity-check' raises when the index is missing or left invalid or unready
         (e.g. by an interrupted CREATE/REINDEX ... CONCURRENTLY), which REINDEX repairs.
         """
+        schema = schema_of_connection(conn)
         if cmd == "rebuild":
-            conn.exec_driver_sql(f'REINDEX INDEX "{index}"')
+            conn.exec_driver_sql(f"REINDEX INDEX {qualified(schema, index) if schema else quote_ident(index)}")
         elif cmd in ("optimize", "merge"):
-            conn.execute(text("SELECT gin_clean_pending_list(CAST(:i AS regclass))"), {"i": f'"{index}"'})
+            named = qualified(schema, index) if schema else quote_ident(index)
+            conn.execute(text("SELECT gin_clean_pending_list(CAST(:i AS regclass))"), {"i": named})
         elif cmd == "integrity-check":
-            row = conn.execute(
-                text(
-                    "SELECT i.indisvalid AND i.indisready AND i.indislive FROM pg_index i"
-                    " JOIN pg_class c ON c.oid = i.indexrelid"
-                    " WHERE c.relname = :i AND c.relnamespace = current_schema()::regnamespace"
-                ),
-                {"i": index},
-            ).first()
+            row = conn.execute(_INDEX_HEALTH, {"i": index, "schema": schema}).first()
             if row is None:
                 raise errors.HermesStoreError(f"search index {index} is missing")
             if not row[0]:
@@ -164,11 +196,11 @@ class PostgreSQLDialect:
 
     def vacuum(self, engine: Engine) -> None:
         """The whole database; a tenant's engine vacuums its own schema's tables only,
-        so one tenant's maintenance never works through (or waits on) another's."""
-        from ..engine import schema_of
-
-        tenant = schema_of(engine)
+        so one tenant's maintenance never works through (or waits on) another's. The
+        tenant is the one the engine's connections carry (its URL's, or the options of
+        an engine made for one tenant)."""
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            tenant = schema_of_connection(conn)
             if tenant is None:
                 conn.exec_driver_sql("VACUUM ANALYZE")
                 return
@@ -237,20 +269,24 @@ class PostgreSQLDialect:
 
     def sync_identity(self, conn: Connection, table: str, column: str = "id", *, at_least: int = 0) -> None:
         """After rows were inserted with explicit ids, move the identity past them (and
-        past ``at_least``); never backwards, so ids handed out before stay retired."""
+        past ``at_least``); never backwards, so ids handed out before stay retired.
+        The table is named in the connection's schema, in the SQL and in the string
+        ``pg_get_serial_sequence`` resolves."""
+        named = qualified(schema_of_connection(conn), table)
         conn.execute(
             text(
                 f"SELECT setval(pg_get_serial_sequence(:t, :c), "
-                f"GREATEST((SELECT COALESCE(max({column}), 0) FROM {table}), :n, 1, "
+                f"GREATEST((SELECT COALESCE(max({column}), 0) FROM {named}), :n, 1, "
                 f"COALESCE(pg_sequence_last_value(pg_get_serial_sequence(:t, :c)::regclass), 0)), "
-                f"(SELECT max({column}) IS NOT NULL FROM {table}) OR :n > 0"
+                f"(SELECT max({column}) IS NOT NULL FROM {named}) OR :n > 0"
                 f" OR pg_sequence_last_value(pg_get_serial_sequence(:t, :c)::regclass) IS NOT NULL)"
             ),
-            {"t": table, "c": column, "n": int(at_least)},
+            {"t": named, "c": column, "n": int(at_least)},
         )
 
     def identity_high_water(self, conn: Connection, table: str, column: str = "id") -> int:
-        largest = conn.exec_driver_sql(f"SELECT COALESCE(max({column}), 0) FROM {table}").scalar() or 0
+        named = qualified(schema_of_connection(conn), table)
+        largest = conn.exec_driver_sql(f"SELECT COALESCE(max({column}), 0) FROM {named}").scalar() or 0
         # NULL until the sequence handed out its first value, or when this role may read
         # the tables but not the sequence (a reporting role): then the largest id.
         seq = conn.execute(
@@ -258,43 +294,28 @@ class PostgreSQLDialect:
                 "SELECT CASE WHEN has_sequence_privilege(s, 'SELECT, USAGE') THEN pg_sequence_last_value(s) END"
                 " FROM CAST(pg_get_serial_sequence(:t, :c) AS regclass) AS s"
             ),
-            {"t": table, "c": column},
+            {"t": named, "c": column},
         ).scalar()
         return max(int(largest), int(seq or 0))
 
     # -------------------------------------------------------------- introspection
 
     def table_info(self, conn: Connection, table: str) -> Sequence[tuple[str, bool, str | None]]:
-        rows = conn.execute(
-            text(
-                "SELECT column_name, is_nullable = 'NO', column_default FROM information_schema.columns"
-                " WHERE table_schema = current_schema() AND table_name = :t ORDER BY ordinal_position"
-            ),
-            {"t": table},
-        ).fetchall()
+        rows = conn.execute(_COLUMNS, {"t": table, "schema": schema_of_connection(conn)}).fetchall()
         return [(r[0], bool(r[1]), r[2]) for r in rows if r[0] not in HIDDEN_COLUMNS]
 
     def object_sql(self, conn: Connection, name: str) -> str:
-        row = conn.execute(
-            text(
-                "SELECT pg_get_viewdef(c.oid) FROM pg_class c WHERE c.relname = :n AND c.relkind IN ('v', 'm')"
-                " AND c.relnamespace = current_schema()::regnamespace"
-            ),
-            {"n": name},
-        ).first()
+        row = conn.execute(_VIEW_SQL, {"n": name, "schema": schema_of_connection(conn)}).first()
         return (row[0] or "") if row else ""
 
     def table_counts(self, conn: Connection) -> tuple[list[tuple[str, int]], list[str]]:
-        names = [
-            r[0]
-            for r in conn.execute(
-                text(
-                    "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
-                    " AND table_type = 'BASE TABLE' ORDER BY table_name"
-                )
-            )
+        schema = schema_of_connection(conn)
+        names = [r[0] for r in conn.execute(_BASE_TABLES, {"schema": schema})]
+        plain = [
+            (n, int(conn.exec_driver_sql(f"SELECT count(*) FROM {qualified(schema, n) if schema else quote_ident(n)}")
+                    .scalar() or 0))
+            for n in names
         ]
-        plain = [(n, int(conn.exec_driver_sql(f'SELECT count(*) FROM "{n}"').scalar() or 0)) for n in names]
         return plain, []
 
 
