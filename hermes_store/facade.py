@@ -475,11 +475,22 @@ class SessionDB(HermesSurface):
             self._writes += 1
             writes = self._writes
             due = writes % CHECKPOINT_EVERY == 0
-        if due:
-            self._checkpoint()
-            self._catch_up_search_index()
-        self._after_write(writes)  # Hermes v23: best-effort FTS optimize every 1000 writes
+        self._upkeep_after_commit(writes, due)
         return result
+
+    def _upkeep_after_commit(self, writes: int, due: bool) -> None:
+        """Periodic upkeep after a committed write: checkpoint, short-CJK index catch-up,
+        Hermes v23's FTS optimize every 1000 writes. The write is already durable, so
+        nothing here may turn it into an error: a failure is logged and left for the
+        next interval."""
+        try:
+            if due:
+                self._checkpoint()
+                self._catch_up_search_index()
+            self._after_write(writes)
+        except Exception:  # noqa: BLE001 - the caller's write succeeded; upkeep is best effort
+            log.warning("%s: search index upkeep after a committed write failed; retried later",
+                        self._label(), exc_info=True)
 
     def _catch_up_search_index(self, limit: int | None = BIGRAM_CATCH_UP_ROWS) -> int:
         """Extend the short-CJK index over rows written since (by us or by Hermes).
@@ -499,3 +510,6 @@ class SessionDB(HermesSurface):
             )
         except (errors.DatabaseLockedError, errors.DatabaseUnavailableError):
             return 0  # someone else is writing (or the disk is full); the next interval will do it
+        except Exception:  # noqa: BLE001 - rows not indexed yet are still found by a direct scan
+            log.warning("%s: short-CJK index catch-up failed; retried later", self._label(), exc_info=True)
+            return 0

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Optional
 from sqlalchemy.exc import DBAPIError
 
 from .. import errors
+from ..engine import schema_of
 from ..dialects.sqlite import FTS_TRASH_PREFIX, HERMES_FTS_TABLES
 from ..repositories import MaintenanceRepository
 from ..repositories.base import driver_errors
@@ -203,6 +204,15 @@ class FtsMixin(Host):
         """Bring the short-CJK index fully up to date now; returns rows indexed."""
         return self._write(lambda c: MaintenanceRepository(c).catch_up_search_index(), budget=TRANSCRIPT_BUDGET_S)
 
+    def _index_search_after_commit(self) -> int:
+        """:meth:`index_search` after a committed import: the import stands whatever
+        happens here (a failure is logged; unindexed rows are still found by a scan)."""
+        try:
+            return self.index_search()
+        except Exception:  # noqa: BLE001 - the committed write must not look failed
+            log.warning("short-CJK index catch-up after an import failed; retried later", exc_info=True)
+            return 0
+
     def check_fts(self) -> dict[str, str | None]:
         return self._read(lambda c: MaintenanceRepository(c).fts_integrity_check())
 
@@ -240,7 +250,7 @@ class FtsMixin(Host):
         """
         if cursor is not None:
             with driver_errors():
-                set_meta_on_cursor(cursor, key, value)
+                set_meta_on_cursor(cursor, key, value, schema=schema_of(self._open_engine()))
             return
         self._write(lambda c: MaintenanceRepository(c).set_meta(key, value))
 
@@ -421,7 +431,7 @@ class FtsMixin(Host):
         try:
             self.optimize_fts()
         except Exception as exc:  # noqa: BLE001 - best effort: the write itself succeeded
-            log.debug("periodic search index optimize failed: %s", exc)
+            log.warning("periodic search index upkeep failed (the write was committed): %s", exc)
         finally:
             _PERIODIC.active = False
 

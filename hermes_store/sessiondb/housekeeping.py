@@ -267,7 +267,7 @@ class HousekeepingMixin(Host):
             lambda c: HousekeepingRepository(c).import_validated(sessions), budget=TRANSCRIPT_BUDGET_S
         )
         if result["imported"]:
-            self.index_search()  # an import is maintenance: leave the short-CJK index complete
+            self._index_search_after_commit()  # an import is maintenance: leave the short-CJK index complete
         return result
 
     def _import_errors(self, sessions: list) -> list[dict[str, Any]]:
@@ -364,7 +364,7 @@ class HousekeepingMixin(Host):
             a, b = flush(chunk)
             imported, skipped = imported + a, skipped + b
         if imported:
-            self.index_search()
+            self._index_search_after_commit()
         return imported, skipped
 
     # ------------------------------------------------------------------ auto-prune
