@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from sqlalchemy import Connection, exists, func, insert, inspect, select, text, update
 from sqlalchemy import table as sa_table
+from sqlalchemy.sql.elements import TextClause
 
 from ..dialects.sqlite import FTS_SHADOWS
 from ..repositories.base import ID_CHUNK
@@ -18,6 +19,7 @@ from ..repositories.maintenance import MaintenanceRepository
 from ..repositories.messages import MessageRepository
 from ..repositories.sessions import SessionRepository
 from ..search import bigram
+from ..tenancy import schema_of_connection, text_on
 from ..titles import split_title_number
 from .plan import (AFTER_SESSIONS, BEFORE_SESSIONS, COPIED_TABLES, INDEX_CHUNK, MARKER_KEY, NEWER, NOT_COPIED,
                    SILENT, TABLES, UPSERT_UPDATES, CopyError, CopyReport, Progress, meta_key_copied)
@@ -50,8 +52,13 @@ class Copier(Verifier):
     def _store_marker(self) -> None:
         self.marker["pending_links"] = dict(self.links)
         self.marker["updated_at"] = time.time()
-        meta = self.dst_dialect.upsert_sql("state_meta", ["key", "value"], ["key"], "value = excluded.value")
-        self.dst.execute(text(meta), {"key": MARKER_KEY, "value": json.dumps(self.marker, sort_keys=True)})
+        meta = self._upsert("state_meta", ["key", "value"], ["key"], "value = excluded.value")
+        self.dst.execute(meta, {"key": MARKER_KEY, "value": json.dumps(self.marker, sort_keys=True)})
+
+    def _upsert(self, name: str, cols: list[str], key: list[str], updates: str | None) -> TextClause:
+        """The destination's upsert of ``name``, the table named in the destination's schema
+        (a tenant's, never found along the search path)."""
+        return text(text_on(self.dst, self.dst_dialect.upsert_sql("{" + name + "}", cols, key, updates)))
 
     # ------------------------------------------------------------------ run
 
@@ -94,7 +101,7 @@ class Copier(Verifier):
 
     def _source_tables(self) -> list[str]:
         """The source's plain tables (its full-text index tables and SQLite's own left out)."""
-        names = set(inspect(self.src).get_table_names())
+        names = set(inspect(self.src).get_table_names(schema=schema_of_connection(self.src)))
         indexes = set(self.src_dialect.fts_indexes(self.src))
         shadows = {f"{index}{suffix}" for index in indexes for suffix in FTS_SHADOWS}
         return sorted(n for n in names - indexes - shadows if not n.startswith("sqlite_"))
@@ -121,7 +128,7 @@ class Copier(Verifier):
             return
         table = TABLES[name]
         key = [c.name for c in table.primary_key.columns]
-        sql = text(self.dst_dialect.upsert_sql(name, cols, key, UPSERT_UPDATES.get(name)))
+        sql = self._upsert(name, cols, key, UPSERT_UPDATES.get(name))
         newer = NEWER.get(name)
         total = self._count(self.src, name)
         done = 0
