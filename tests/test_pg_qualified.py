@@ -297,6 +297,12 @@ def _housekeeping(db: SessionDB, tmp: Path) -> None:
     assert result["imported"] == 1, result
     assert db.message_count("a-import") == 5
     assert db.import_records([dict(copy, id="a-import2")]) == (1, 0)
+    # Ids kept when free: checked, then the identity moved past them (sync_identity).
+    kept = [dict(m, id=100_000 + i) for i, m in enumerate(copy["messages"])]
+    assert db.import_records([dict(copy, id="a-import3", messages=kept)]) == (1, 0)
+    assert [m["id"] for m in db.get_messages("a-import3")] == [m["id"] for m in kept]
+    assert db.append_message("a-import3", "user", "after the kept ids") > 100_004
+    assert db.delete_session("a-import3")
     assert db.set_session_archived("a-import2", True)
     assert db.session_count(archived_only=True) == 1
     db.create_session("a-empty", "cli")

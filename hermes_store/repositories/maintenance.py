@@ -338,7 +338,7 @@ class MaintenanceRepository(Repository):
             if not keep:
                 break
             chunk = ids[start:start + 500]
-            keep = self.conn.execute(_TAKEN, {"ids": chunk}).first() is None
+            keep = self.conn.execute(_TAKEN.on(self.conn), {"ids": chunk}).first() is None
         if not keep:
             for r in rows:
                 r.pop("id", None)
