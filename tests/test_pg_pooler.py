@@ -151,7 +151,9 @@ def _server_connection_state(pooled: str) -> dict[str, Any]:
         row = raw.execute(
             "SELECT current_setting('search_path'), current_setting('lock_timeout'),"
             " (SELECT count(*) FROM pg_prepared_statements),"
-            " (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'), pg_backend_pid()"
+            # Advisory locks in this test's own database (others run in parallel on the server).
+            " (SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+            "  WHERE l.locktype = 'advisory' AND d.datname = current_database()), pg_backend_pid()"
         ).fetchone()
     assert row is not None
     return dict(zip(("search_path", "lock_timeout", "prepared", "advisory", "pid"), row))
@@ -161,7 +163,7 @@ def test_a_server_connection_keeps_nothing_of_ours(one_connection: tuple[str, st
     """A tenant store opened (first migration included), written, searched, maintained and
     closed through a one-connection pool leaves that server connection exactly as a
     foreign client found it: default search_path and lock_timeout, no prepared
-    statement, no advisory lock held anywhere on the server."""
+    statement, no advisory lock held in the database."""
     direct, pooled = one_connection
     before = _server_connection_state(pooled)
     with SessionDB(pooled, schema="team_a") as db:
