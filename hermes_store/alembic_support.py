@@ -21,11 +21,13 @@
 from __future__ import annotations
 
 import re
-from contextlib import nullcontext
 from typing import Any, Callable, ContextManager
 
 from sqlalchemy import Connection, event
 from sqlalchemy import inspect as sa_inspect
+
+from .dialects import for_connection, postgresql
+from .models import metadata
 
 SHADOW_SUFFIXES = ("_data", "_idx", "_content", "_docsize", "_config")
 
@@ -45,9 +47,10 @@ _RENAME_TMP = re.compile(r"^\s*ALTER TABLE\s+[\"`]?_alembic_tmp_(\w+)[\"`]?\s+RE
 
 #: PostgreSQL search machinery made by raw SQL in ``hs0002`` and not in the models
 #: (like FTS5 tables on SQLite): the stored generated ``tsvector`` column of messages,
-#: its GIN index and the ``pg_trgm`` GIN index. Autogenerate must neither drop nor add them.
-PG_SEARCH_COLUMNS = frozenset({("messages", "search_vector")})
-PG_SEARCH_INDEXES = frozenset({"idx_messages_search_vector", "idx_messages_trgm"})
+#: its GIN index and the ``pg_trgm`` GIN index. Autogenerate must neither drop nor add
+#: them. Named by the PostgreSQL dialect, which searches with them.
+PG_SEARCH_COLUMNS = postgresql.SEARCH_COLUMNS
+PG_SEARCH_INDEXES = postgresql.SEARCH_INDEXES
 
 
 def sqlite_history_only(bind: Any) -> bool:
@@ -60,7 +63,7 @@ def sqlite_history_only(bind: Any) -> bool:
     no-ops and one baseline revision (``hs0002``) creates the head schema directly.
     Later revisions are written once for both dialects and need no guard.
     """
-    return bind.dialect.name != "sqlite"
+    return not for_connection(bind).replays_hermes_history
 
 
 def foreign_names(conn: Connection) -> set[str]:
@@ -111,7 +114,7 @@ def caught_failure_contained(conn: Connection) -> ContextManager[Any]:
     or our migration's: a SAVEPOINT around the statement confines the failure to it.
     SQLite keeps a transaction usable after a failed statement: nothing is needed.
     """
-    return conn.begin_nested() if conn.dialect.name == "postgresql" else nullcontext()
+    return for_connection(conn).isolate_failure(conn)
 
 
 def make_include_name(
@@ -173,7 +176,7 @@ def drop_sqlite_nullable_keys(context: Any, revision: Any, directives: list[Any]
     the server cannot make. Only that one difference is dropped; any other change to
     the same column is kept.
     """
-    if context.dialect.name == "sqlite":
+    if for_connection(context).keys_may_be_null:
         return
     from alembic.operations import ops
 
@@ -219,8 +222,6 @@ def include_name(name: str | None, type_: str, parent_names: dict[str, Any]) -> 
 
 
 def _our_table_names() -> frozenset[str]:
-    from .models import metadata  # models import nothing from here; kept lazy for import cost
-
     return frozenset(metadata.tables)
 
 
@@ -252,7 +253,7 @@ def keep_triggers_across_batch(conn: Connection) -> None:
     Our env.py installs them; revisions made from our template install them too, so
     they hold when a host's env.py runs our revisions as a branch.
     """
-    if conn.dialect.name != "sqlite" or conn.info.get("hermes_store_batch_hooks"):
+    if not for_connection(conn).install_batch_hooks(conn) or conn.info.get("hermes_store_batch_hooks"):
         return  # already installed on this connection (env.py and a revision may both ask)
     conn.info["hermes_store_batch_hooks"] = True
     saved: dict[str, tuple[list[str], list[str], int | None]] = {}

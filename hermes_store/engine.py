@@ -61,16 +61,16 @@ def schema_in_url(url: URL) -> str | None:
     """The tenant schema a URL names (``?schema=``), checked; None when it names none."""
     if url.query.get(SCHEMA_PARAM) is None:
         return None
-    if not _has_schemas(url.get_backend_name()):
+    if not _has_schemas(url):
         raise errors.InvalidInputError(
-            f"?{SCHEMA_PARAM}= names a PostgreSQL schema; a {url.get_backend_name()} database has none"
+            f"?{SCHEMA_PARAM}= names a PostgreSQL schema; a {dialects.backend_name(url)} database has none"
         )
     return schema_in_query(url)
 
 
-def _has_schemas(backend: str) -> bool:
-    """Whether databases of SQLAlchemy backend ``backend`` hold tenant schemas."""
-    found = dialects.find(backend)
+def _has_schemas(target: URL | Engine | Connection) -> bool:
+    """Whether ``target``'s kind of database holds tenant schemas."""
+    found = dialects.find_for(target)
     return found is not None and found.has_schemas
 
 
@@ -86,10 +86,10 @@ def with_schema(target: str | os.PathLike[str] | URL, schema: str | None) -> URL
     if schema is None:
         return url
     check_schema(schema)
-    if not _has_schemas(url.get_backend_name()):
+    if not _has_schemas(url):
         raise errors.InvalidInputError(
             f"schema={schema!r}: per-tenant schemas exist on PostgreSQL only; "
-            f"a {url.get_backend_name()} database has no schemas"
+            f"a {dialects.backend_name(url)} database has no schemas"
         )
     if bound is not None and bound != schema:
         raise errors.InvalidInputError(f"the URL names schema {bound!r} and schema={schema!r} was given; pick one")
@@ -116,10 +116,10 @@ def tenant_of(target: Engine | Connection | URL | str | os.PathLike[str], schema
         check_schema(schema)
     if isinstance(target, (Engine, Connection)):
         bound = schema_of(target)
-        if schema is not None and not _has_schemas(target.dialect.name):
+        if schema is not None and not _has_schemas(target):
             raise errors.InvalidInputError(
                 f"schema={schema!r}: per-tenant schemas exist on PostgreSQL only; "
-                f"a {target.dialect.name} database has no schemas"
+                f"a {dialects.backend_name(target)} database has no schemas"
             )
         if schema is not None and bound is not None and bound != schema:
             raise errors.InvalidInputError(
@@ -200,7 +200,7 @@ def install_error_translation(engine: Engine) -> None:
     whose dialect reuses a dead one's address could be judged "already hooked" and
     pass a raw driver error to a caller (seen once in CI, under SQLAlchemy 2.1).
     """
-    if dialects.find(engine.dialect.name) is None:
+    if dialects.find_for(engine) is None:
         return
     if not any(fn is _translate_hook for fn in engine.dialect.dispatch.handle_error):
         event.listen(engine, "handle_error", _translate_hook)
@@ -234,7 +234,7 @@ def create_engine(
     a direct connection or a pooler that supports them.
     """
     url = with_schema(target, schema)
-    dialect = dialects.find(url.get_backend_name())
+    dialect = dialects.find_for(url)
     if dialect is None:  # not ours to set up (migrations and SessionDB refuse it with a clear error)
         kwargs.setdefault("pool_pre_ping", True)
         return _sa_create_engine(url, **kwargs)

@@ -23,7 +23,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.engine import URL
 
-from . import adopt, errors, paths
+from . import adopt, dialects, errors, paths
 from .dialects import pg_tenants
 from .engine import tenant_of, to_url, with_schema
 from .paths import VERSION_TABLE, head, make_config, script_location
@@ -53,37 +53,37 @@ def _file_path(target: Target) -> Path | None:
     if isinstance(target, (Engine, Connection)):
         return None
     url = to_url(target)
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+    found = dialects.find_for(url)
+    if found is None or not found.is_file or not url.database or url.database == ":memory:":
         return None
     if url.database.startswith("file:"):  # a SQLite URI filename; leave it to the driver
         return None
     return Path(url.database)
 
 
-#: Dialects our migrations know: SQLite (Hermes' history) and PostgreSQL (one baseline).
-SUPPORTED_DIALECTS = ("sqlite", "postgresql")
-
-
-def _supported(name: str) -> None:
-    if name not in SUPPORTED_DIALECTS:
+def _supported(target: URL | Engine | Connection) -> None:
+    """Refuse a kind of database we have no dialect module for (before any driver import
+    for a URL): SQLite (Hermes' history) and PostgreSQL (one baseline)."""
+    if dialects.find_for(target) is None:
         raise errors.UnsupportedDatabaseError(
-            f"{name} databases are not supported by hermes_store migrations (SQLite or PostgreSQL only)"
+            f"{dialects.backend_name(target)} databases are not supported by hermes_store migrations "
+            "(SQLite or PostgreSQL only)"
         )
 
 
 @contextmanager
 def _connection(target: Target) -> Iterator[Connection]:
     if isinstance(target, Connection):
-        _supported(target.dialect.name)
+        _supported(target)
         yield target
         return
     if isinstance(target, Engine):
-        _supported(target.dialect.name)
+        _supported(target)
         with paths.connect(target) as conn:
             yield conn
         return
     url = to_url(target)
-    _supported(url.get_backend_name())  # before a driver is even imported
+    _supported(url)  # before a driver is even imported
     with paths.migration_connection(url) as conn:
         yield conn
 
@@ -238,10 +238,9 @@ def upgrade(
     return current(target, version_table=version_table)
 
 
-def _backend(target: Target) -> str:
-    if isinstance(target, (Engine, Connection)):
-        return target.dialect.name
-    return to_url(target).get_backend_name()
+def _is_server(target: Target) -> bool:
+    found = dialects.find_for(target if isinstance(target, (Engine, Connection)) else to_url(target))
+    return found is not None and not found.is_file
 
 
 def _already_at(target: Target, revision: str, version_table: str, schema: str | None) -> str | None:
@@ -256,7 +255,7 @@ def _already_at(target: Target, revision: str, version_table: str, schema: str |
     """
     order = paths.revision_order()
     wanted = order[-1] if revision in ("head", "heads") else revision
-    if wanted not in order or _backend(target) != "postgresql":
+    if wanted not in order or not _is_server(target):
         return None
     with _reading(target) as conn:
         found = pg_tenants.revision_in(conn, schema, version_table)

@@ -31,9 +31,11 @@ from typing import Any, Callable, Iterable, Iterator
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from . import errors
+from .dialects import find_for, for_connection
 from .engine import check_schema, create_engine, to_url
 
 #: Name of our Alembic version table; a host's ``alembic_version`` is never touched.
@@ -177,11 +179,7 @@ def join_driver_transaction(conn: Connection) -> None:
     autocommit underneath, and our CREATE TABLEs would commit on their own: the
     host's rollback could not take them back.
     """
-    if conn.dialect.name != "sqlite":
-        return
-    dbapi = conn.connection.driver_connection
-    if not getattr(dbapi, "in_transaction", True):
-        dbapi.execute("BEGIN")
+    for_connection(conn).join_driver_transaction(conn)
 
 
 @contextmanager
@@ -218,7 +216,7 @@ def connect(engine: Engine) -> Connection:
     try:
         return engine.connect()
     except DBAPIError as exc:
-        if engine.dialect.name == "sqlite":
+        if for_connection(engine).is_file:
             raise  # a file: the path checks before us and the error hooks type it
         reason = " ".join(str(exc.orig if exc.orig is not None else exc).split())
         where = engine.url.render_as_string(hide_password=True)
@@ -228,12 +226,18 @@ def connect(engine: Engine) -> Connection:
 # ------------------------------------------------------------------ path kinds
 
 
+def _is_file_url(url: URL) -> bool:
+    """Whether ``url`` names a database file (not a server, not an in-memory database)."""
+    found = find_for(url)
+    return found is not None and found.is_file and bool(url.database) and url.database != ":memory:"
+
+
 def as_path(target: str | os.PathLike[str]) -> Path:
     """A file path from a path or a ``sqlite:///`` URL (adoption works on files only)."""
     s = os.fspath(target)
     if "://" in s:
         url = to_url(s)
-        if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        if not _is_file_url(url):
             raise errors.AdoptionError(f"adoption needs a SQLite file, got {url.render_as_string()}")
         s = url.database
     return Path(s).expanduser()

@@ -33,9 +33,10 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import adopt as adopt_mod, errors, migrations, paths
-from ..engine import schema_in_url, to_url, with_schema
+from ..dialects import backend_name, find_for, for_connection, for_dialect
+from ..engine import create_engine, schema_in_url, to_url, with_schema
 from ..facade import SessionDB
-from ..dialects import for_dialect
+from ..paths import create_private_database
 from ..repositories.maintenance import DAY
 from ..repositories.sessions import SessionRepository
 
@@ -384,19 +385,19 @@ def parse_target(url: str, *, schema: str | None = None) -> tuple[Path | None, s
         parsed = to_url(url if "://" in url else f"sqlite:///{url}")
     except Exception as exc:  # sqlalchemy.exc.ArgumentError and friends
         raise click.BadParameter(f"not a database URL: {exc}", param_hint="'--url'") from exc
-    backend = parsed.get_backend_name()
-    if backend != "postgresql" and schema is not None:
+    kind = find_for(parsed)
+    if kind is None:
+        raise click.BadParameter(f"only sqlite:/// and postgresql:// URLs are supported, got {backend_name(parsed)!r}",
+                                 param_hint="'--url'")
+    if not kind.has_schemas and schema is not None:
         raise click.BadParameter("--schema needs a PostgreSQL URL (a SQLite file has no schemas)",
                                  param_hint="'--schema'")
     try:
-        bound = with_schema(parsed, schema) if backend == "postgresql" else schema_in_url(parsed)
+        bound = with_schema(parsed, schema) if kind.has_schemas else schema_in_url(parsed)
     except errors.InvalidInputError as exc:
         raise click.BadParameter(str(exc), param_hint="'--schema'" if schema is not None else "'--url'") from exc
-    if backend == "postgresql":
+    if not kind.is_file:
         return None, url if schema is None else bound.render_as_string(hide_password=False)
-    if backend != "sqlite":
-        raise click.BadParameter(f"only sqlite:/// and postgresql:// URLs are supported, got {backend!r}",
-                                 param_hint="'--url'")
     if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
         raise click.BadParameter("the URL must name a database file (sqlite:///path/to/state.db)", param_hint="'--url'")
     return Path(parsed.database).expanduser(), None
@@ -508,13 +509,11 @@ def schema_tables(path: Path) -> tuple[list[tuple[str, int]], list[str]]:
 def server_tables(url: str) -> tuple[list[tuple[str, int]], list[str]]:
     """:func:`schema_tables` on a server: its tables with row counts, and the indexes
     its search runs on (PostgreSQL has no FTS5 tables: GIN indexes on ``messages``)."""
-    from ..engine import create_engine
-
     engine = create_engine(url)
     try:
         with paths.connect(engine) as conn:
             try:
-                dialect = for_dialect(conn.dialect.name)
+                dialect = for_connection(conn)
                 return dialect.table_counts(conn)[0], dialect.fts_indexes(conn)
             finally:
                 conn.rollback()
@@ -524,8 +523,6 @@ def server_tables(url: str) -> tuple[list[tuple[str, int]], list[str]]:
 
 def create_private_file(path: Path) -> None:
     """A new database is created readable by its owner only, as SessionDB does."""
-    from ..facade import create_private_database
-
     path.parent.mkdir(parents=True, exist_ok=True)
     create_private_database(path)
 

@@ -14,6 +14,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
 
 from .. import errors, paths
+from ..dialects import backend_name, find_for
 from ..engine import create_engine
 
 
@@ -71,20 +72,20 @@ def endpoint(value: Any, role: str) -> Endpoint:
         except Exception:  # sqlalchemy.exc.ArgumentError, ValueError from a bad port...
             # The text itself is not repeated: it may hold a password.
             raise errors.InvalidInputError(f"the {role} is not a valid {scheme}:// database URL") from None
-    backend = url.get_backend_name()
-    if backend == "postgresql":
+    kind = find_for(url)
+    if kind is not None and not kind.is_file:
         if not url.database:
             raise errors.InvalidInputError(f"the {role} URL names no database (postgresql+psycopg://user@host/DBNAME)")
         if url.drivername == "postgresql":
             url = url.set(drivername="postgresql+psycopg")
         return Endpoint(role, url=url)
-    if backend == "sqlite":
+    if kind is not None:
         database = url.database
         if not database or database == ":memory:" or database.startswith("file:"):
             raise errors.InvalidInputError(f"the {role} URL must name a database file (sqlite:///path/to/state.db)")
         return Endpoint(role, path=Path(database).expanduser())
     raise errors.UnsupportedDatabaseError(
-        f"the {role} is a {backend} database; copy supports SQLite files and postgresql+psycopg:// servers"
+        f"the {role} is a {backend_name(url)} database; copy supports SQLite files and postgresql+psycopg:// servers"
     )
 
 

@@ -52,4 +52,17 @@ def for_url(url: URL) -> Dialect:
     return for_dialect(url.get_backend_name())
 
 
-__all__ = ["Dialect", "all_dialects", "find", "for_connection", "for_dialect", "for_url", "on_conflict_upsert"]
+def find_for(target: URL | Connection | Engine) -> Dialect | None:
+    """The module for a URL, Engine or Connection; None when we have none for it."""
+    return _REGISTRY.get(backend_name(target))
+
+
+def backend_name(target: URL | Connection | Engine) -> str:
+    """The database kind a URL, Engine or Connection talks to ("sqlite", "postgresql"…)."""
+    return target.get_backend_name() if isinstance(target, URL) else target.dialect.name
+
+
+__all__ = [
+    "Dialect", "all_dialects", "backend_name", "find", "find_for", "for_connection", "for_dialect", "for_url",
+    "on_conflict_upsert",
+]

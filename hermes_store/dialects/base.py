@@ -6,6 +6,7 @@ itself, so ``hermes_store.dialects`` can import them all at its top without a cy
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from sqlalchemy import Connection, Engine
@@ -25,6 +26,15 @@ class Dialect(Protocol):
     name: str
     #: Whether one database holds several stores, one per tenant schema.
     has_schemas: bool
+    #: Whether the database is one file on this machine (paths, modes, flock, adoption)
+    #: rather than a server reached over a connection.
+    is_file: bool
+    #: Whether revisions 0001…0030 (Hermes' own SQLite history, step by step) apply; on
+    #: other databases they are no-ops and one baseline revision builds the head schema.
+    replays_hermes_history: bool
+    #: Whether a non-INTEGER primary-key column may hold NULL (as Hermes' SQLite DDL
+    #: says); a server makes key columns NOT NULL whatever the DDL says.
+    keys_may_be_null: bool
 
     # -------------------------------------------------------------- engines and errors
 
@@ -36,6 +46,16 @@ class Dialect(Protocol):
 
     def translate_error(self, exc: BaseException) -> "errors.HermesStoreError | None":
         """The typed error for one of this driver's errors, or None to keep it."""
+
+    def isolate_failure(self, conn: Connection) -> "AbstractContextManager[Any]":
+        """Around a statement whose failure the caller catches: keep the rest of the
+        transaction usable (a SAVEPOINT where a failed statement aborts it)."""
+
+    def join_driver_transaction(self, conn: Connection) -> None:
+        """Make a caller's open transaction real at the driver, so our DDL joins it."""
+
+    def install_batch_hooks(self, conn: Connection) -> bool:
+        """Whether batch table rebuilds (and so the trigger/view keeper) apply here."""
 
     # -------------------------------------------------------------- locking and retries
 

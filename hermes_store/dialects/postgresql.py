@@ -11,6 +11,8 @@ WAL checkpoint of ours, the catalogs instead of PRAGMAs, and text that cannot ho
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 import math
 from typing import Any, Sequence
 
@@ -19,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 
 from .. import errors
 from ..codec import pg_decode_nul, pg_encode_nul
+from ..search import postgresql as pg_search
 from ..tenancy import qualified, quote_ident, schema_of_connection
 from . import pg_engine
 from .base import on_conflict_upsert
@@ -28,6 +31,10 @@ from .pg_tenants import tenant_table_names
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
 #: Columns the search step adds to ``messages`` (not in the models, never returned).
 HIDDEN_COLUMNS = frozenset({"search_vector"})
+#: Search machinery hs0002 makes by raw SQL, not in the models: the stored tsvector
+#: column of messages, its GIN index and the pg_trgm GIN index.
+SEARCH_COLUMNS = frozenset({("messages", "search_vector")})
+SEARCH_INDEXES = frozenset({"idx_messages_search_vector", "idx_messages_trgm"})
 #: The schema a catalog query asks about: the connection's tenant (bound as ``:schema``),
 #: else the default schema. Never ``current_schema()`` alone when a tenant is set: that
 #: answers for whatever search_path the (pooled) server connection was left with.
@@ -99,6 +106,20 @@ class PostgreSQLDialect:
 
     name = "postgresql"
     has_schemas = True
+    is_file = False
+    replays_hermes_history = False
+    keys_may_be_null = False
+
+    def isolate_failure(self, conn: Connection) -> AbstractContextManager[Any]:
+        """A failed statement aborts the whole transaction (a host's, or our migration's):
+        a SAVEPOINT confines the failure to it."""
+        return conn.begin_nested()
+
+    def join_driver_transaction(self, conn: Connection) -> None:
+        return None  # psycopg begins a real transaction with the first statement
+
+    def install_batch_hooks(self, conn: Connection) -> bool:
+        return False  # a full ALTER TABLE: no batch rebuilds
 
     # -------------------------------------------------------------- engines and errors
 
@@ -150,10 +171,8 @@ class PostgreSQLDialect:
         The server keeps them in step with every write (the tsvector column is
         generated), so upkeep here is about their physical state, not their content.
         """
-        from ..alembic_support import PG_SEARCH_INDEXES
-
         rows = conn.execute(
-            _FTS_INDEXES, {"names": sorted(PG_SEARCH_INDEXES), "schema": schema_of_connection(conn)}
+            _FTS_INDEXES, {"names": sorted(SEARCH_INDEXES), "schema": schema_of_connection(conn)}
         )
         return [r[0] for r in rows]
 
@@ -183,13 +202,9 @@ class PostgreSQLDialect:
             raise errors.InvalidInputError(f"unknown search index command {cmd!r}")
 
     def match_sql(self, index: str) -> str:
-        from ..search import postgresql as pg_search
-
         return pg_search.match_sql(index)
 
     def top_sql(self, index: str) -> str:
-        from ..search import postgresql as pg_search
-
         return pg_search.top_sql(index)
 
     # -------------------------------------------------------------- maintenance
@@ -235,9 +250,7 @@ class PostgreSQLDialect:
 
     def fts_trigram_available(self, conn: Connection) -> bool:
         """The pg_trgm index that serves substring and CJK search exists."""
-        from ..alembic_support import PG_SEARCH_INDEXES
-
-        trigram = sorted(i for i in PG_SEARCH_INDEXES if "trgm" in i)
+        trigram = sorted(i for i in SEARCH_INDEXES if "trgm" in i)
         return any(name in trigram for name in self.fts_indexes(conn))
 
     def fts_layout_is_legacy(self, conn: Connection) -> bool:

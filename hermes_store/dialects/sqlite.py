@@ -12,6 +12,7 @@ import sys
 from typing import Any, Sequence
 
 import functools
+from contextlib import AbstractContextManager, nullcontext
 import re
 import tempfile
 from pathlib import Path
@@ -194,6 +195,23 @@ class SQLiteDialect:
 
     name = "sqlite"
     has_schemas = False
+    is_file = True
+    replays_hermes_history = True
+    keys_may_be_null = True
+
+    def isolate_failure(self, conn: Connection) -> AbstractContextManager[Any]:
+        return nullcontext()  # a failed statement leaves a SQLite transaction usable
+
+    def join_driver_transaction(self, conn: Connection) -> None:
+        """pysqlite (in its default mode) sends BEGIN only before INSERT/UPDATE/DELETE; a
+        host that began a transaction and ran only DDL or SELECTs so far is still in
+        autocommit underneath, and our CREATE TABLEs would commit on their own."""
+        dbapi = conn.connection.driver_connection
+        if not getattr(dbapi, "in_transaction", True):
+            dbapi.execute("BEGIN")
+
+    def install_batch_hooks(self, conn: Connection) -> bool:
+        return True  # ALTER TABLE is limited: revisions rebuild tables in batch mode
 
     def translate_error(self, exc: BaseException) -> errors.HermesStoreError | None:
         """sqlite3 errors → typed errors (by result code, else by message)."""
