@@ -206,7 +206,10 @@ def pg_url() -> str:
 
 PGBOUNCER_URL_ENV = "HERMES_STORE_TEST_PGBOUNCER_URL"
 #: Test modules whose PostgreSQL cases talk to the server directly; every other family
-#: goes through the transaction pooler (when one runs), so both paths stay covered.
+#: goes through the transaction pooler (when one runs), so both paths stay covered. A
+#: single test says ``@pytest.mark.pg_direct`` when it needs more server connections at
+#: once than the pooler's 2 (a deadlock between two writers and a third reader), or
+#: counts the server's own connections.
 DIRECT_MODULES = frozenset({"test_pg_migrations", "test_copy", "test_pg_tenants"})
 
 
@@ -254,8 +257,9 @@ def pg_database(pg_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
     import os
 
     module = request.module.__name__.rsplit(".", 1)[-1]
+    direct = module in DIRECT_MODULES or request.node.get_closest_marker("pg_direct") is not None
     pooler = None
-    if module not in DIRECT_MODULES and (os.environ.get(PGBOUNCER_URL_ENV) or os.environ.get("CI") == "true"):
+    if not direct and (os.environ.get(PGBOUNCER_URL_ENV) or os.environ.get("CI") == "true"):
         pooler = request.getfixturevalue("pgbouncer_url")  # under CI=true: required, never skipped
     with server_database(pg_url) as url:
         yield via_pooler(url, pooler) if pooler else url

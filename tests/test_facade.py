@@ -233,6 +233,7 @@ def test_pg_unreachable_database_is_a_typed_init_error(pg_url: str, tmp_path: Pa
     assert list(tmp_path.iterdir()) == []  # a server URL never becomes a file or folder
 
 
+@pytest.mark.pg_direct
 def test_pg_dropped_connections_are_replaced_not_reported(pg_database: str) -> None:
     """A server restart or idle timeout ends the kept connections: the next calls
     reconnect instead of failing (a write that never reached the server is sent again)."""
@@ -327,6 +328,7 @@ def test_sessiondb_on_a_host_engine(db: SessionDB, backend: str) -> None:
 # ---------------------------------------------------------------------- write contention
 
 
+@pytest.mark.pg_direct
 def test_write_waits_for_the_lock_then_lands(db: SessionDB, backend: str, monkeypatch) -> None:
     """A write meets another writer's lock, waits, and lands once that writer commits.
 
@@ -440,6 +442,7 @@ def test_jitter_switches_to_long_window_after_early_phase(db: SessionDB, backend
     assert len(attempts) == (0 if backend == "sqlite" else len(windows) + 1)
 
 
+@pytest.mark.pg_direct
 def test_pg_real_deadlock_is_retried_and_both_writes_land(pg_database: str) -> None:
     """Two transactions lock two rows in opposite order; the server aborts one (40P01).
     When that is the facade's, it retries and lands after the other commits."""
@@ -550,6 +553,7 @@ def test_eight_processes_append_concurrently(tmp_path: Path) -> None:
         assert len(db.search_messages("zebra", limit=5000)) == 2400
 
 
+@pytest.mark.pg_direct
 def test_many_threads_share_one_sessiondb(db: SessionDB, backend: str) -> None:
     """More threads than the pool's default size; kept connections are shared safely,
     and close() leaves nothing open (file handles, or server connections)."""

@@ -129,6 +129,7 @@ def test_titles_and_conflict(pg: SessionDB) -> None:
     assert pg.get_session_by_title("My title")["id"] == "a"
 
 
+@pytest.mark.pg_direct
 def test_concurrent_title_clash_is_a_title_conflict(pg: SessionDB, pg_database: str) -> None:
     """Both writers pass the check; the second waits on the unique index, then loses."""
     pg.create_session("a", "cli")
