@@ -74,6 +74,11 @@ class Dialect(Protocol):
 
     # -------------------------------------------------------------- upserts
 
+    def insert(self, table: Any) -> Any:
+        """This dialect's ``insert(table)`` construct, which has ``on_conflict_do_update``
+        / ``on_conflict_do_nothing`` and ``.excluded`` (SQLite 3.24+ and PostgreSQL share
+        the syntax). ``table`` is a model table or a ``table()`` construct."""
+
     def upsert_sql(self, table: str, names: Sequence[str], conflict: Sequence[str], updates: str | None) -> str:
         """INSERT of ``names`` (``:name`` binds); on a ``conflict`` clash run ``updates``
         (SQL using ``excluded.col``), or do nothing when ``updates`` is None."""

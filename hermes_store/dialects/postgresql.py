@@ -17,6 +17,7 @@ import math
 from typing import Any, Sequence
 
 from sqlalchemy import Connection, Engine, bindparam, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 
 from .. import errors
@@ -109,6 +110,9 @@ class PostgreSQLDialect:
     is_file = False
     replays_hermes_history = False
     keys_may_be_null = False
+
+    def insert(self, table: Any) -> Any:
+        return pg_insert(table)
 
     def isolate_failure(self, conn: Connection) -> AbstractContextManager[Any]:
         """A failed statement aborts the whole transaction (a host's, or our migration's):

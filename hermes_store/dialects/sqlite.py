@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -198,6 +199,9 @@ class SQLiteDialect:
     is_file = True
     replays_hermes_history = True
     keys_may_be_null = True
+
+    def insert(self, table: Any) -> Any:
+        return sqlite_insert(table)
 
     def isolate_failure(self, conn: Connection) -> AbstractContextManager[Any]:
         return nullcontext()  # a failed statement leaves a SQLite transaction usable
