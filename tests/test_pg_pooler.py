@@ -254,3 +254,40 @@ def test_a_unit_of_work_in_a_tenant_leaves_a_hosts_connection_as_it_was(pooled_d
             assert conn.exec_driver_sql("SELECT count(*) FROM team_a.messages").scalar() == 1
     finally:
         host.dispose()
+
+
+def test_column_caches_are_per_tenant_and_never_keep_a_missing_table(pooled_database: tuple[str, str]) -> None:
+    """One host engine, three tenants: ``team_a`` has a column ``team_b`` lacks, and
+    ``team_c`` is not migrated yet. What one tenant's columns are is never answered
+    from another's (a write naming the extra column lands in team_a and is refused in
+    team_b, in either order), and "no such table" is not remembered: once team_c is
+    migrated, the same engine writes there."""
+    direct, pooled = pooled_database
+    for tenant in ("team_a", "team_b"):
+        with SessionDB(pooled, schema=tenant) as db:
+            db.create_session("s", "cli")
+    with psycopg.connect(_psycopg(direct), autocommit=True) as raw:
+        raw.execute("ALTER TABLE team_a.messages ADD COLUMN extra_note TEXT")
+    host = create_engine(pooled)
+    try:
+        for order in (("team_a", "team_b"), ("team_b", "team_a")):
+            for tenant in order:
+                with UnitOfWork(host, schema=tenant) as uow:
+                    if tenant == "team_a":
+                        uow.messages.append("s", "user", "noted", extra_note="kept")
+                    else:
+                        with pytest.raises(errors.UnknownFieldError, match="extra_note"):
+                            uow.messages.append("s", "user", "noted", extra_note="refused")
+        with pytest.raises(errors.NotMigratedError):
+            with UnitOfWork(host, schema="team_c") as uow:
+                uow.messages.append("s", "user", "too early")
+        with SessionDB(pooled, schema="team_c") as db:
+            db.create_session("s", "cli")
+        with UnitOfWork(host, schema="team_c") as uow:
+            uow.messages.append("s", "user", "now it exists")
+    finally:
+        host.dispose()
+    with psycopg.connect(_psycopg(direct)) as raw:
+        assert raw.execute("SELECT count(*), count(extra_note) FROM team_a.messages").fetchone() == (2, 2)
+        assert raw.execute("SELECT count(*) FROM team_b.messages").fetchone() == (0,)
+        assert raw.execute("SELECT content FROM team_c.messages").fetchall() == [("now it exists",)]

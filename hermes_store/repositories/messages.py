@@ -424,7 +424,15 @@ class MessageRepository(Repository):
     """Rows of ``messages``; keeps the session's counters in step in the same transaction."""
 
     def _known(self) -> frozenset[str]:
-        return self.columns_of("messages")
+        known = self.columns_of("messages")
+        if not known:
+            # No messages table here (a tenant not migrated yet): say so, instead of
+            # refusing every field as unknown.
+            raise errors.NotMigratedError(
+                "the database has no messages table: it is not migrated yet; run "
+                "hermes_store.migrations.upgrade(<path, URL or Engine>) or `hermes-store upgrade` first"
+            )
+        return known
 
     def _require_session(self, session_id: Any) -> None:
         if session_id is None or not self.session_exists(session_id):
