@@ -193,15 +193,35 @@ def pg_url() -> str:
     Without it the PostgreSQL cases skip with a visible reason; under CI=true a
     skipped PostgreSQL case would hide a missing server, so it fails instead.
     """
+    return required_env(PG_URL_ENV, "PostgreSQL tests", "start a server with")
+
+
+def required_env(name: str, what: str, how: str) -> str:
+    """``$name``; without it skip, saying why, or under CI=true fail (a skip would hide it)."""
     import os
 
-    url = os.environ.get(PG_URL_ENV)
-    if not url:
-        reason = f"{PG_URL_ENV} is not set: start a server with `eval \"$(scripts/pg-test-server start)\"`"
+    value = os.environ.get(name)
+    if not value:
+        reason = f"{name} is not set: {how} `eval \"$(scripts/pg-test-server start)\"`"
         if os.environ.get("CI") == "true":
-            pytest.fail(f"PostgreSQL tests must run under CI: {reason}")
+            pytest.fail(f"{what} must run under CI: {reason}")
         pytest.skip(reason)
-    return url
+    return value
+
+
+def hostile_search_path(direct_url: str, search_path: str = "'nowhere'") -> None:
+    """Give new connections to the database at ``direct_url`` a ``search_path`` that
+    names nothing (or another tenant): a statement that does not name its schema then
+    fails, or lands in the wrong tenant, where a test sees it."""
+    from sqlalchemy import create_engine as sa_create_engine
+    from sqlalchemy.engine import make_url
+
+    admin = sa_create_engine(direct_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'ALTER DATABASE "{make_url(direct_url).database}" SET search_path = {search_path}')
+    finally:
+        admin.dispose()
 
 
 PGBOUNCER_URL_ENV = "HERMES_STORE_TEST_PGBOUNCER_URL"
@@ -218,15 +238,7 @@ def pgbouncer_url(pg_url: str) -> str:
     """The URL of the PgBouncer (transaction mode, 2 server connections per database) in
     front of the test server; ``scripts/pg-test-server start`` exports it. Required under
     CI=true, like the server itself."""
-    import os
-
-    url = os.environ.get(PGBOUNCER_URL_ENV)
-    if not url:
-        reason = f"{PGBOUNCER_URL_ENV} is not set: `eval \"$(scripts/pg-test-server start)\"` starts one"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"pooler tests must run under CI: {reason}")
-        pytest.skip(reason)
-    return url
+    return required_env(PGBOUNCER_URL_ENV, "pooler tests", "it is started by")
 
 
 def via_pooler(direct_url: str, pooler_url: str) -> str:

@@ -123,21 +123,13 @@ def _psycopg(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def test_two_tenants_two_writers_through_a_one_connection_pool(one_connection: tuple[str, str]) -> None:
-    """The sharing proof of test_pg_tenants, every process through one server connection:
-    each of them opens (and first-migrates) its tenant at once, appends, titles, reads and
-    searches. No row lands in the other schema, no read returns a foreign row, no call fails."""
-    direct, pooled = one_connection
-    plain = sa_create_engine(direct)
-    try:
-        two_tenants_two_writers(pooled, plain, per=60)
-    finally:
-        plain.dispose()
-
-
-def test_two_tenants_two_writers_through_the_ci_pooler(pooled_database: tuple[str, str]) -> None:
-    """The same through the pooler every other family uses (2 server connections)."""
-    direct, pooled = pooled_database
+@pytest.mark.parametrize("pool", ["one server connection", "the CI pooler"])
+def test_two_tenants_two_writers_through_a_pooler(pool: str, request: pytest.FixtureRequest) -> None:
+    """The sharing proof of test_pg_tenants through a pooler, with every process on one
+    server connection, and on the pooler every other family uses (2): each process opens
+    (and first-migrates) its tenant at once, appends, titles, reads and searches. No row
+    lands in the other schema, no read returns a foreign row, no call fails."""
+    direct, pooled = request.getfixturevalue("one_connection" if pool.startswith("one") else "pooled_database")
     plain = sa_create_engine(direct)
     try:
         two_tenants_two_writers(pooled, plain, per=60)

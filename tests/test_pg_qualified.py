@@ -23,14 +23,13 @@ from typing import Any, Iterator
 import pytest
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from hermes_store import SessionDB, migrations
 from hermes_store import facade
 from hermes_store.repositories import MaintenanceRepository
 from hermes_store.search import bigram
 
-from .conftest import server_database, via_pooler
+from .conftest import hostile_search_path, server_database, via_pooler
 
 #: A schema nobody made: an unqualified name on a new connection is "relation does not exist".
 NOWHERE = "'nowhere_at_all'"
@@ -81,12 +80,7 @@ def _hostile_database(pg_url: str, search_path: str) -> Iterator[tuple[str, dict
                 _fill(db, tag)
         before = {"team_b": _snapshot(url, "team_b"), "public": _snapshot(url, "public")}
         assert before["team_b"]["messages"][0] == 2 and before["public"]["sessions"][0] == 1
-        admin = sa_create_engine(pg_url, isolation_level="AUTOCOMMIT")
-        try:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'ALTER DATABASE "{make_url(url).database}" SET search_path = {search_path}')
-        finally:
-            admin.dispose()
+        hostile_search_path(url, search_path)
         yield url, before
 
 

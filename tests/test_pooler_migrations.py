@@ -35,6 +35,8 @@ from hermes_store import SessionDB, migrations, paths
 from hermes_store.alembic_support import VERSION_TABLE, other_version_tables
 from hermes_store.engine import create_engine
 
+from .conftest import hostile_search_path
+
 HEAD = migrations.head()
 REVISIONS = len(paths.revision_order())
 ROOT = Path(__file__).resolve().parents[1]
@@ -241,12 +243,7 @@ def test_a_second_open_of_a_sessiondb_sends_no_lock_ddl_or_setting(route: tuple[
 def test_a_database_whose_search_path_names_nothing_still_migrates_and_opens_tenants(
         route: tuple[str, str]) -> None:
     url, direct = route
-    admin = sa_create_engine(direct, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'ALTER DATABASE "{make_url(direct).database}" SET search_path = \'nowhere\'')
-    finally:
-        admin.dispose()
+    hostile_search_path(direct)
     assert migrations.upgrade(url, schema="team_a") == HEAD  # first time: the revisions
     assert migrations.upgrade(url, schema="team_a") == HEAD  # then the read-only check
     assert migrations.current(url, schema="team_a") == HEAD
