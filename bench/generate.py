@@ -282,6 +282,21 @@ _MODELS = (
     ("hermes-4-70b", "nous", "https://inference-api.nousresearch.com/v1", 0.1, 0.4, 5),
 )
 _LANGS = (("en", 70), ("zh", 15), ("ja", 8), ("ko", 7))
+
+
+def lang_mix(cjk_sessions: float | None = None) -> tuple[tuple[str, float], ...]:
+    """The session language weights: :data:`_LANGS`, or with ``cjk_sessions`` percent of the
+    sessions Chinese/Japanese/Korean (kept in their 15:8:7 proportion). The standard mix has
+    30 % CJK sessions, which gives about 20 % CJK rows at 200k (15 % at 10k, where the
+    English 1,000-deep chain and replay session are a quarter of the file)."""
+    if cjk_sessions is None:
+        return _LANGS
+    cjk = [(lang, w) for lang, w in _LANGS if lang != "en"]
+    total = sum(w for _l, w in cjk)
+    share = min(max(float(cjk_sessions), 0.0), 100.0)
+    return (("en", 100.0 - share),) + tuple((lang, share * w / total) for lang, w in cjk)
+
+
 _END_REASONS = (("user_exit", 50), ("new_session", 20), ("timeout", 10), ("cli_close", 20))
 
 SESSION_COLS = (
@@ -326,8 +341,11 @@ def _lognormal_len(rng: random.Random, median: float, sigma: float, lo: int, hi:
 class Generator:
     """Builds one database; call :meth:`run`."""
 
-    def __init__(self, path: Path, n_messages: int, seed: int, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(self, path: Path, n_messages: int, seed: int, progress: Callable[[str], None] | None = None,
+                 cjk_sessions: float | None = None) -> None:
         self.path = path
+        #: Session languages: the standard mix, or ``cjk_sessions`` % of them Chinese/Japanese/Korean.
+        self.langs = lang_mix(cjk_sessions)
         self.target = n_messages
         self.seed = seed
         self.rng = random.Random(seed)
@@ -540,7 +558,7 @@ class Generator:
         self.clock += rng.expovariate(1.0 / self.thread_gap)
         source = _weighted(rng, _SOURCES)[0]
         model_row = _weighted(rng, _MODELS)
-        lang = _weighted(rng, _LANGS)[0]
+        lang = _weighted(rng, self.langs)[0]
         user_id = None if source in ("cli", "tui") else f"{source}:{rng.randint(1000, 1000 + 300)}"
         title = self._title(lang) if rng.random() < 0.33 else None
         r = rng.random()
@@ -684,8 +702,9 @@ def schema_head() -> str:
         return "unknown"
 
 
-def db_path(n_messages: int, seed: int) -> Path:
-    return OUT / f"state-{n_messages}-s{seed}-g{GEN_VERSION}-r{schema_head()}.db"
+def db_path(n_messages: int, seed: int, cjk_sessions: float | None = None) -> Path:
+    mix = "" if cjk_sessions is None else f"-cjk{cjk_sessions:g}"
+    return OUT / f"state-{n_messages}-s{seed}{mix}-g{GEN_VERSION}-r{schema_head()}.db"
 
 
 def finalize(path: Path, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -721,10 +740,10 @@ def finalize(path: Path, progress: Callable[[str], None]) -> dict[str, Any]:
 
 
 def ensure_db(n_messages: int, seed: int = 1, progress: Callable[[str], None] | None = print,
-              force: bool = False) -> tuple[Path, dict[str, Any]]:
-    """The cached database for (size, seed), generating it first when missing."""
+              force: bool = False, cjk_sessions: float | None = None) -> tuple[Path, dict[str, Any]]:
+    """The cached database for (size, seed[, CJK session share]), generating it first when missing."""
     OUT.mkdir(parents=True, exist_ok=True)
-    path = db_path(n_messages, seed)
+    path = db_path(n_messages, seed, cjk_sessions)
     meta_path = path.with_suffix(".json")
     if path.exists() and meta_path.exists() and not force:
         return path, json.loads(meta_path.read_text())
@@ -733,7 +752,9 @@ def ensure_db(n_messages: int, seed: int = 1, progress: Callable[[str], None] | 
         if p.exists():
             p.unlink()
     (progress or (lambda s: None))(f"generating {label(n_messages)} messages (seed {seed}) -> {path.name}")
-    meta = Generator(tmp, n_messages, seed, progress).run()
+    meta = Generator(tmp, n_messages, seed, progress, cjk_sessions=cjk_sessions).run()
+    if cjk_sessions is not None:
+        meta["cjk_sessions_pct"] = cjk_sessions
     meta["finalize"] = finalize(tmp, progress or (lambda s: None))
     meta["schema_head"] = schema_head()
     meta["bytes"] = tmp.stat().st_size
@@ -751,9 +772,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sizes", nargs="*", default=["10k"], help="message counts: 10k, 200k, 1M or a number")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--force", action="store_true", help="regenerate even when cached")
+    ap.add_argument("--cjk-sessions", type=float, default=None, metavar="PCT",
+                    help="percent of sessions in Chinese/Japanese/Korean (default: the standard mix, 30); "
+                         "a separate cached file")
     args = ap.parse_args(argv)
     for s in args.sizes:
-        path, meta = ensure_db(parse_size(s), args.seed, force=args.force)
+        path, meta = ensure_db(parse_size(s), args.seed, force=args.force, cjk_sessions=args.cjk_sessions)
         print(path)
         print(json.dumps(meta, indent=2, ensure_ascii=False))
     return 0

@@ -5,7 +5,7 @@
     .venv/bin/python bench/run.py --sizes 200k         # core benchmarks only at 200k
     .venv/bin/python bench/run.py --profile            # also cProfile the facade per operation
     .venv/bin/python bench/run.py --backend postgresql --quick   # the same on a PostgreSQL server
-    .venv/bin/python bench/run.py --only writers       # 1, 4, 8 concurrent writer processes
+    .venv/bin/python bench/run.py --only writers       # 1, 4, 8, 16 concurrent writer processes
 
 Every operation runs through three implementations in the same process and run:
 ``facade`` (``SessionDB``), ``repo`` (``UnitOfWork`` + repositories, the layer under the
@@ -43,6 +43,7 @@ for p in (str(ROOT), str(HERE)):
 
 import generate  # noqa: E402
 import pg_load  # noqa: E402
+import meter  # noqa: E402
 import writers as writers_mod  # noqa: E402
 from baseline import Baseline  # noqa: E402
 
@@ -133,13 +134,19 @@ class Stats(dict):
 
 
 def bench(impls: dict[str, Callable[[], Any]], *, reps: int, warmup: int = 1, budget_s: float | None = None,
-          min_reps: int = 5, results: dict[str, Any] | None = None, slow_s: float = 5.0) -> dict[str, list[int]]:
+          min_reps: int = 5, results: dict[str, Any] | None = None, slow_s: float = 5.0,
+          meters: dict[str, meter.Meter] | None = None,
+          probes: dict[str, dict[str, Any]] | None = None) -> dict[str, list[int]]:
     """Run each implementation ``reps`` times, interleaved round-robin, after ``warmup`` calls.
 
     With ``budget_s``, an implementation gets only as many repetitions as fit in about
     that time (never fewer than ``min_reps``). An implementation whose warm-up call
     took more than ``slow_s`` is pathological: that call is its only sample. The value
     of each implementation's first call is stored in ``results`` (for correctness checks).
+
+    With ``probes`` (a dict to fill), every implementation then gets a few extra calls
+    after the timed loop (:func:`meter.probe`): client CPU per call, and statements per
+    call counted by ``meters[name]``. The timed loop itself runs with nothing attached.
     """
     first: dict[str, float] = {}
     samples: dict[str, list[int]] = {n: [] for n in impls}
@@ -174,6 +181,10 @@ def bench(impls: dict[str, Callable[[], Any]], *, reps: int, warmup: int = 1, bu
             t = clock()
             fn()
             samples[name].append(clock() - t)
+    if probes is not None:
+        for name in names:
+            mean_s = statistics.fmean(samples[name]) / 1e9
+            probes[name] = meter.probe(impls[name], (meters or {}).get(name), meter.calls_for(mean_s))
     return samples
 
 
@@ -210,19 +221,25 @@ class Report:
         self.notes: list[str] = []
 
     def add(self, op: str, size: str, samples: dict[str, list[int]], *, items: int = 1, unit: str = "ms",
-            extra: dict[str, Any] | None = None) -> dict[str, Stats]:
+            extra: dict[str, Any] | None = None, probes: dict[str, dict[str, Any]] | None = None
+            ) -> dict[str, Stats]:
+        """``probes``: per implementation, client CPU and statements per call (:mod:`meter`),
+        printed after the latency and stored with the row."""
         stats = {name: Stats.of(s, items) for name, s in samples.items()}
         base = stats.get(self.base)
+        probes = probes or {}
         for name, st in stats.items():
-            row = {"op": op, "size": size, "impl": name, **st, "unit": unit, **(extra or {})}
+            row = {"op": op, "size": size, "impl": name, **st, "unit": unit, **(extra or {}),
+                   **probes.get(name, {})}
             if base and name != self.base:
                 row["ratio_p50"] = st["p50_ms"] / base["p50_ms"] if base["p50_ms"] else None
                 row["ratio_mean"] = st["mean_ms"] / base["mean_ms"] if base["mean_ms"] else None
             self.rows.append(row)
-        self._print(op, size, stats, unit, extra)
+        self._print(op, size, stats, unit, extra, probes)
         return stats
 
-    def _print(self, op: str, size: str, stats: dict[str, Stats], unit: str, extra: dict[str, Any] | None) -> None:
+    def _print(self, op: str, size: str, stats: dict[str, Stats], unit: str, extra: dict[str, Any] | None,
+               probes: dict[str, dict[str, Any]] | None = None) -> None:
         base = stats.get(self.base)
         head = f"{op} [{size}]" + (f"  ({', '.join(f'{k}={v}' for k, v in extra.items())})" if extra else "")
         print(f"  {head}")
@@ -239,7 +256,7 @@ class Report:
                 r_mean = st["mean_ms"] / base["mean_ms"]
                 r_p50 = st["p50_ms"] / base["p50_ms"]
                 ratio = f"   x{r_mean:5.2f} (mean)" if unit in ("ops/s", "items/s") else f"   x{r_p50:5.2f}"
-            print(f"    {name:<8} {fig}{ratio}")
+            print(f"    {name:<8} {fig}{ratio:<16}{meter.fmt((probes or {}).get(name))}")
 
     def target(self, name: str, spec: str, value: float | None, passed: bool | None, detail: str = "",
                *, size: str = "", judged_at: tuple[str, ...] | None = None) -> None:
@@ -386,6 +403,9 @@ class Env:
         self.engine = self.db.engine
         self.UnitOfWork = UnitOfWork
         self.base = bk.floor_for(target)
+        # Statement counters, attached only while meter.probe runs (facade and repo share the engine).
+        lib = meter.EngineMeter(self.engine, held=lambda: meter.held_connections(self.db))
+        self.meters: dict[str, meter.Meter] = {"facade": lib, "repo": lib, bk.floor: meter.floor_meter(self.base)}
 
     def uow(self, write: bool = False):  # type: ignore[no-untyped-def]
         return self.UnitOfWork(self.engine, write=write)
@@ -414,6 +434,11 @@ class WriteEnv:
         self.UnitOfWork = UnitOfWork
         self.base = bk.floor_for(self.targets[bk.floor])
         self.admin = {n: bk.admin(t) for n, t in self.targets.items()}
+        self.meters: dict[str, meter.Meter] = {
+            "facade": meter.EngineMeter(self.db.engine, held=lambda: meter.held_connections(self.db)),
+            "repo": meter.EngineMeter(self.repo_db.engine, held=lambda: meter.held_connections(self.repo_db)),
+            bk.floor: meter.floor_meter(self.base),
+        }
 
     def uow(self):  # type: ignore[no-untyped-def]
         return self.UnitOfWork(self.repo_db.engine, write=True)
@@ -476,7 +501,10 @@ def bench_writes(rep: Report, bk: Backend, src: str, size: str, quick: bool, pro
             part = bench(impls, reps=per_round, warmup=3)
             for n in impls_order:
                 samples[n] += part[n]
-        st = rep.add("single append (1 message / transaction)", size, samples, unit="ops/s")
+        # After the timed rounds: 100 calls for CPU, 50 counted (one cycle of the facade's
+        # periodic checkpoint + index catch-up, every 50 writes).
+        probes = {n: meter.probe(impls[n], env.meters[n], 100, 50) for n in impls_order}
+        st = rep.add("single append (1 message / transaction)", size, samples, unit="ops/s", probes=probes)
         ratio = st["facade"]["mean_ms"] / st[floor]["mean_ms"]
         ratio50 = st["facade"]["p50_ms"] / st[floor]["p50_ms"]
         rep.target("single append", f"facade within 1.3x of {floor}", round(ratio, 2), ratio <= 1.3,
@@ -528,9 +556,29 @@ def bench_writes(rep: Report, bk: Backend, src: str, size: str, quick: bool, pro
                 dt = time.perf_counter_ns() - t
                 if r:
                     samples[name].append(dt)
+        # After the timed rounds: more batches each (built first, so their session rows,
+        # written through the admin connections, are neither counted nor in the CPU time).
+        # SQLite: 2 for CPU + 1 counted; PostgreSQL: 1 doing both (a batch there takes seconds).
+        def bulk_call(name: str, n: int) -> Callable[[], None]:
+            batches = [make_batch(name) for _ in range(n)]
+
+            def call() -> None:
+                items = batches.pop()
+                if name == "facade":
+                    env.db.append_messages(items)
+                elif name == "repo":
+                    with env.uow() as u:
+                        u.messages.bulk_append(items)
+                else:
+                    env.base.append_messages(items)
+            return call
+
+        cpu_calls = 1 if bk.pg else 2
+        probes = {n: meter.probe(bulk_call(n, 1 if cpu_calls == 1 else cpu_calls + 1), env.meters[n], cpu_calls, 1)
+                  for n in impls_order}
         maintained = "search indexes" if bk.pg else "FTS"
         st = rep.add(f"bulk append ({batch_len:,} messages / transaction, {maintained} maintained)", size, samples,
-                     items=batch_len, unit="items/s")
+                     items=batch_len, unit="items/s", probes=probes)
         rate = st["facade"]["per_s"]
         rep.target("bulk append", ">= 20,000 messages/s, all indexes maintained", round(rate), rate >= 20_000,
                    f"facade {rate:,.0f}/s, repo {st['repo']['per_s']:,.0f}/s, {floor} floor "
@@ -680,6 +728,7 @@ def bench_search(rep: Report, env: Env, size: str, quick: bool, profile: bool) -
     for group, queries in groups.items():
         print(f"  -- {group} [{size}] (each query: {' / '.join(impl_names)})")
         agg: dict[str, list[int]] = {n: [] for n in impl_names}
+        agg_probes: dict[str, list[dict[str, Any]]] = {n: [] for n in impl_names}
         for q, kind in queries:
             plan = plan_search(q)
             if plan.kind != kind:
@@ -700,7 +749,9 @@ def bench_search(rep: Report, env: Env, size: str, quick: bool, profile: bool) -
 
             impls = {"facade": lambda q=q: env.db.search_messages(q), "repo": repo_fn, floor_name: base_fn}
             first: dict[str, Any] = {}
-            samples = bench(impls, reps=reps, warmup=1, budget_s=budget, min_reps=5 if quick else 7, results=first)
+            probes: dict[str, dict[str, Any]] = {}
+            samples = bench(impls, reps=reps, warmup=1, budget_s=budget, min_reps=5 if quick else 7, results=first,
+                            meters=env.meters, probes=probes)
             ours, floor = first["facade"], first[floor_name]
             same = [h["id"] for h in ours] == [h["id"] for h in floor]
             if not same and kind != "substring":
@@ -711,15 +762,19 @@ def bench_search(rep: Report, env: Env, size: str, quick: bool, profile: bool) -
             line = "   ".join(f"{n} {st[n]['p50_ms']:7.2f}/{st[n]['p95_ms']:7.2f}" for n in impl_names)
             print(f"    {q!r:<26} {hits:>7,} rows  p50/p95 ms: {line}   "
                   f"x{st['facade']['p50_ms'] / st[floor_name]['p50_ms']:.2f}")
+            print(f"    {'':<26} {'':>7}       st, cpu ms/call: " + "   ".join(
+                f"{n} {probes[n].get('stmts_per_call', 0):4.0f}, {probes[n]['client_cpu_ms_per_call']:7.3f}"
+                for n in impl_names))
             for n in impl_names:
                 agg[n] += samples[n]
+                agg_probes[n].append(probes[n])
                 rep.rows.append({"op": f"{group}: {q}", "size": size, "impl": n, "matching_rows": hits, **st[n],
-                                 "unit": "ms"})
+                                 "unit": "ms", **probes[n]})
             if profile:
                 slug = "".join(ch if ch.isalnum() else "_" for ch in q.encode("ascii", "backslashreplace").decode())
                 profile_call(impls["facade"], 5, OUT / f"profile-{bk.name}-search-{kind}-{slug}.txt")
         group_samples[group] = agg
-        rep.add(f"{group}, all queries", size, agg)
+        rep.add(f"{group}, all queries", size, agg, probes={n: meter.merge(agg_probes[n]) for n in impl_names})
     word = Stats.of(group_samples["word search"]["facade"])
     rep.target("word search", "p50 < 20 ms on 200,000 messages", round(word["p50_ms"], 2), word["p50_ms"] < 20,
                f"facade p50 {word['p50_ms']:.2f} ms, p95 {word['p95_ms']:.2f} ms over {len(WORD_QUERIES)} queries [{size}]", size=size,
@@ -744,8 +799,9 @@ def bench_lineage(rep: Report, env: Env, meta: dict[str, Any], size: str, quick:
     ours, floor = impls["facade"](), impls[fl]()
     rep.check("lineage chain", ours == floor and len(floor) == meta["deep_chain_length"],
               f"facade {len(ours)} ids, {fl} {len(floor)} ids")
+    probes: dict[str, dict[str, Any]] = {}
     st = rep.add(f"lineage: tip -> root of a {meta['deep_chain_length']}-deep chain", size,
-                 bench(impls, reps=reps, warmup=2))
+                 bench(impls, reps=reps, warmup=2, meters=env.meters, probes=probes), probes=probes)
     if profile:
         profile_call(impls["facade"], 20, OUT / f"profile-{env.bk.name}-lineage.txt")
 
@@ -757,8 +813,9 @@ def bench_lineage(rep: Report, env: Env, meta: dict[str, Any], size: str, quick:
               fl: lambda: env.base.compression_tip(root)}
     rep.check("compression tip", impls2["facade"]() == impls2[fl]() == tip,
               f"{impls2['facade']()} vs {impls2[fl]()} (expected {tip})")
+    probes2: dict[str, dict[str, Any]] = {}
     st2 = rep.add(f"compression tip: root -> tip of a {meta['deep_chain_length']}-deep chain", size,
-                  bench(impls2, reps=reps, warmup=2))
+                  bench(impls2, reps=reps, warmup=2, meters=env.meters, probes=probes2), probes=probes2)
     worst = max(st["facade"]["p50_ms"], st2["facade"]["p50_ms"])
     rep.target("1,000-deep lineage", "one query < 20 ms", round(worst, 2), worst < 20,
                f"tip->root p50 {st['facade']['p50_ms']:.2f} ms, root->tip p50 {st2['facade']['p50_ms']:.2f} ms [{size}]", size=size)
@@ -777,13 +834,15 @@ def bench_listing(rep: Report, env: Env, meta: dict[str, Any], size: str, quick:
         impls = {"facade": lambda limit=limit: env.db.list_sessions_rich(limit=limit), "repo": repo_fn,
                  fl: lambda limit=limit: env.base.list_sessions_rich(limit=limit)}
         first: dict[str, Any] = {}
-        samples = bench(impls, reps=reps, warmup=1, budget_s=20.0, min_reps=3, results=first)
+        probes: dict[str, dict[str, Any]] = {}
+        samples = bench(impls, reps=reps, warmup=1, budget_s=20.0, min_reps=3, results=first, meters=env.meters,
+                        probes=probes)
         ours, floor = first["facade"], first[fl]
         ok = [(r["id"], r.get("_lineage_root_id"), r["preview"], r["last_active"]) for r in ours] == \
              [(r["id"], r.get("_lineage_root_id"), r["preview"], r["last_active"]) for r in floor]
         rep.check(f"listing {label}", ok, f"{len(ours)} vs {len(floor)} rows")
         results[label] = rep.add(f"list_sessions_rich: {label} (of {listed:,} visible, "
-                                 f"{meta['sessions']:,} sessions)", size, samples)
+                                 f"{meta['sessions']:,} sessions)", size, samples, probes=probes)
         if profile:
             profile_call(impls["facade"], 3, OUT / f"profile-{env.bk.name}-listing-{limit}.txt")
     page = results["page of 20"]["facade"]["p50_ms"]
@@ -810,7 +869,9 @@ def bench_replay(rep: Report, env: Env, meta: dict[str, Any], size: str, quick: 
              fl: lambda: env.base.conversation(sid)}
     ours, floor = impls["facade"](), impls[fl]()
     rep.check("replay", ours == floor, f"{len(ours)} vs {len(floor)} messages")
-    rep.add(f"conversation replay ({meta['replay_messages']} messages)", size, bench(impls, reps=10 if quick else 40, warmup=2))
+    probes: dict[str, dict[str, Any]] = {}
+    rep.add(f"conversation replay ({meta['replay_messages']} messages)", size,
+            bench(impls, reps=10 if quick else 40, warmup=2, meters=env.meters, probes=probes), probes=probes)
     if profile:
         profile_call(impls["facade"], 10, OUT / f"profile-{env.bk.name}-replay.txt")
 
@@ -818,7 +879,7 @@ def bench_replay(rep: Report, env: Env, meta: dict[str, Any], size: str, quick: 
 # --------------------------------------------------------------------------- concurrent writers
 
 def bench_writers(rep: Report, bk: Backend, src: str, size: str, quick: bool) -> None:
-    """Aggregate append throughput and latency of 1, 4 and 8 writer processes (bench/writers.py)."""
+    """Aggregate append throughput and latency of 1, 4, 8 and 16 writer processes (bench/writers.py)."""
     per_writer = 150 if quick else 1000
     pool = generate.sample_messages(1000, seed=5151)[0]
     for m in pool:
@@ -828,8 +889,8 @@ def bench_writers(rep: Report, bk: Backend, src: str, size: str, quick: bool) ->
     where = "one WAL file" if not bk.pg else "one database"
     print(f"  -- concurrent writers [{size}] ({bk.name}, {where} per implementation; each writer a process with "
           f"{writers_mod.SESSIONS_PER_WRITER} sessions of its own, {per_writer} appends, 1 per transaction)")
-    print(f"    {'writers':>7}  {'impl':<8} {'msg/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu ms':>7}  "
-          f"{'rows lost':>9}  counters   ratio (floor/facade msg/s)")
+    print(f"    {'writers':>7}  {'impl':<8} {'msg/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu ms':>7} "
+          f"{'st':>5}  {'rows lost':>9}  counters   ratio (floor/facade msg/s)")
     copies = {impl: bk.copy(src, f"c{impl}") for impl in impls}
     try:
         for r, k in enumerate(writers_mod.WRITER_COUNTS):
@@ -841,7 +902,7 @@ def bench_writers(rep: Report, bk: Backend, src: str, size: str, quick: bool) ->
                 ratio = (f"x{res[bk.floor]['per_s'] / x['per_s']:.2f}" if impl == "facade" and x["per_s"]
                          else "")
                 print(f"    {k:>7}  {impl:<8} {x['per_s']:>9,.0f} {x['p50_ms']:>8.2f} {x['p99_ms']:>8.2f} "
-                      f"{x['max_ms']:>8.1f} {x['client_cpu_ms']:>7.2f}  {x['lost_rows']:>9}  "
+                      f"{x['max_ms']:>8.1f} {x['client_cpu_ms']:>7.2f} {x['stmts_per_append']:>5.1f}  {x['lost_rows']:>9}  "
                       f"{'exact' if x['counters_exact'] else 'WRONG':<9}  {ratio}")
                 rep.rows.append({"op": f"concurrent writers x{k}", "size": size, "backend": bk.name,
                                  **{key: v for key, v in x.items() if key != "counter_mismatches"},
@@ -994,6 +1055,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="PostgreSQL: let psycopg prepare statements on the server (prepare_threshold=5), as on a "
                          "direct connection or a pooler that tracks them; the default is off (safe behind any pooler)")
     ap.add_argument("--profile", action="store_true", help="write cProfile reports of the facade to bench/out/")
+    ap.add_argument("--explain", action="store_true",
+                    help="PostgreSQL: record the facade's statements for one call per search route, lineage and "
+                         "listing, and write their EXPLAIN (ANALYZE, BUFFERS) plans to bench/plans-postgresql.md; "
+                         "runs no timed group unless --only names some")
+    ap.add_argument("--cjk-sessions", type=float, default=None, metavar="PCT",
+                    help="corpus with PCT %% of its sessions Chinese/Japanese/Korean (default: the standard mix, "
+                         "30 %%: about 20 %% CJK rows at 200k, 15 %% at 10k; 40 gives about 20 %% at 10k); a separate "
+                         "cached file")
     ap.add_argument("--json", default=None,
                     help="results file (default bench/out/results[-quick][-postgresql].json)")
     ap.add_argument("--_export-worker", nargs=3, help=argparse.SUPPRESS)
@@ -1006,6 +1075,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     pg = args.backend == "postgresql"
+    if args.explain and not pg:
+        ap.error("--explain needs --backend postgresql")
     if pg and not args.url:
         ap.error("--backend postgresql needs a server: --url postgresql+psycopg://... or HERMES_STORE_TEST_PG_URL")
     bk = Backend(args.backend, args.url if pg else None, keep=args.pg_keep,
@@ -1013,7 +1084,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     sizes = [generate.parse_size(s) for s in (args.sizes or (["10k"] if args.quick else ["200k", "1M"]))]
     sizes = sorted(set(sizes))
-    groups = set(args.only or GROUPS)
+    groups = set(args.only or (() if args.explain else GROUPS))
     info = machine_info(args.url if pg else None)
     info["backend"] = bk.name
     print("hermes_store benchmark" + (" (quick)" if args.quick else "") + f" -- backend {bk.name}, floor {bk.floor}")
@@ -1035,7 +1106,7 @@ def main(argv: list[str] | None = None) -> int:
     rep = Report(base=bk.floor, judged=not pg)
     try:
         for n in sizes:
-            path, meta = generate.ensure_db(n, args.seed, progress=print)
+            path, meta = generate.ensure_db(n, args.seed, progress=print, cjk_sessions=args.cjk_sessions)
             dbs[n] = (path, meta)
             print(f"db {generate.label(n)}: {path.name}  {meta['messages']:,} messages, {meta['sessions']:,} sessions "
                   f"({meta['listed_sessions']:,} visible in listings), {meta['bytes'] / 2**20:,.0f} MiB")
@@ -1043,8 +1114,22 @@ def main(argv: list[str] | None = None) -> int:
         export_size = max(sizes)
         for n in sizes:
             if n in core_sizes or ("export" in groups and n == export_size):
-                targets[n] = bk.prepare(dbs[n][0], generate.label(n))
+                targets[n] = bk.prepare(dbs[n][0], generate.label(n) + (
+                    f"cjk{args.cjk_sessions:g}".replace(".", "") if args.cjk_sessions is not None else ""))
         print()
+
+        if args.explain:
+            import explain
+
+            n = core_sizes[0]
+            print(f"== EXPLAIN (ANALYZE, BUFFERS) of the facade's statements on {generate.label(n)} messages ==")
+            env = Env(bk, targets[n])
+            try:
+                written = explain.run(env, dbs[n][1], generate.label(n), dbs[n][0], info)
+            finally:
+                env.close()
+            print(f"  plans written to {written}")
+            print()
 
         for n in core_sizes:
             meta = dbs[n][1]
@@ -1106,6 +1191,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntotal time {elapsed:.1f} s")
     default_name = "results" + ("-quick" if args.quick else "") + ("-postgresql" if pg else "") + ("-prepared" if args.prepared else "") + ".json"
     out = Path(args.json) if args.json else OUT / default_name
+    if not groups:
+        print("no timed groups ran: no results file written")
+        return 1 if rep.failures else 0
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": info, "backend": bk.name, "quick": args.quick, "seed": args.seed,
                                "databases": {generate.label(n): m for n, (_p, m) in dbs.items()},

@@ -1,4 +1,4 @@
-"""Concurrent writers: 1, 4 and 8 processes appending at the same time.
+"""Concurrent writers: 1, 4, 8 and 16 processes appending at the same time.
 
 Each writer is its own process (``multiprocessing``, spawn start method, so nothing of
 the parent's connections leaks in). It opens its own store, creates its own sessions,
@@ -21,6 +21,11 @@ SQLite, the database engine itself; a PostgreSQL server's work is not in it), an
 checks read back afterwards: rows lost (appends that raised, or whose row is not
 there) and whether every session's ``message_count`` / ``tool_call_count`` is exact.
 With more writers than cores, throughput is bounded by CPU: compare the CPU column.
+
+Statements per append (round trips on PostgreSQL; what is counted: bench/meter.py) are
+counted after the timed phase: once every writer is done (a second barrier), each makes
+:data:`COUNTED_APPENDS` more appends to its warm-up session with a counter attached, so
+the timed appends never run with one and the checked sessions get nothing extra.
 """
 
 from __future__ import annotations
@@ -39,11 +44,14 @@ for p in (str(ROOT), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-WRITER_COUNTS = (1, 4, 8)
+WRITER_COUNTS = (1, 4, 8, 16)
 SESSIONS_PER_WRITER = 4
 #: Appends each writer makes before the barrier (to a session of its own, not counted):
 #: a fresh process's first calls compile statements and read the schema.
 WARMUP_APPENDS = 5
+#: Counted appends per writer after the timed phase: 50 covers one cycle of the facade's
+#: periodic work (a WAL checkpoint and index catch-up every 50 writes).
+COUNTED_APPENDS = 50
 BARRIER_TIMEOUT_S = 300.0
 FLOOR_BUSY_TIMEOUT_MS = 60_000
 
@@ -57,14 +65,17 @@ def session_ids(tag: str, wid: int) -> list[str]:
     return [f"{tag}-w{wid}-s{j}" for j in range(SESSIONS_PER_WRITER)]
 
 
-def _open(impl: str, backend: str, target: str) -> tuple[Any, Any, Any]:
-    """(create_session, append, close) for one writer process."""
+def _open(impl: str, backend: str, target: str) -> tuple[Any, Any, Any, Any]:
+    """(create_session, append, close, statement meter) for one writer process."""
+    import meter
+
     if impl == "facade":
         from hermes_store import SessionDB
 
         db = SessionDB(target)
         return (lambda sid: db.create_session(sid, "cli"),
-                lambda sid, m: db.append_message(sid, **m), db.close)
+                lambda sid, m: db.append_message(sid, **m), db.close,
+                meter.EngineMeter(db.engine, held=lambda: meter.held_connections(db)))
     if backend == "sqlite":
         from baseline import Baseline
 
@@ -73,7 +84,7 @@ def _open(impl: str, backend: str, target: str) -> tuple[Any, Any, Any]:
         def create(sid: str) -> None:
             base.conn.execute("INSERT INTO sessions (id, source, started_at) VALUES (?, 'cli', ?)", (sid, time.time()))
 
-        return create, lambda sid, m: base.append_message(sid, **m), base.close
+        return create, lambda sid, m: base.append_message(sid, **m), base.close, meter.floor_meter(base)
     from pg_baseline import PgBaseline
     from pg_load import conninfo
 
@@ -82,17 +93,19 @@ def _open(impl: str, backend: str, target: str) -> tuple[Any, Any, Any]:
     def create_pg(sid: str) -> None:
         pbase.conn.execute("INSERT INTO sessions (id, source, started_at) VALUES (%s, 'cli', %s)", (sid, time.time()))
 
-    return create_pg, lambda sid, m: pbase.append_message(sid, **m), pbase.close
+    return create_pg, lambda sid, m: pbase.append_message(sid, **m), pbase.close, meter.floor_meter(pbase)
 
 
 def worker(impl: str, backend: str, target: str, tag: str, wid: int, n: int, messages: list[dict[str, Any]],
-           barrier: Any, out: Any) -> None:
-    """One writer process: set up, wait for the others, append ``n`` messages timing each."""
+           barrier: Any, out: Any, done: Any = None) -> None:
+    """One writer process: set up, wait for the others, append ``n`` messages timing each;
+    then, once all are done (``done``), count the statements of a few more appends."""
     error = None
     close = None
+    counter = None
     sids = session_ids(tag, wid)
     try:
-        create, append, close = _open(impl, backend, target)
+        create, append, close, counter = _open(impl, backend, target)
         for sid in sids:
             create(sid)
         plan = _plan(messages, wid, n, sids)
@@ -117,12 +130,30 @@ def worker(impl: str, backend: str, target: str, tag: str, wid: int, n: int, mes
             error = f"append #{len(lat)}: {type(exc).__name__}: {exc}"
     t1 = clock()
     cpu = time.process_time() - cpu0
+    stmts = None
+    if done is not None:
+        try:
+            done.wait(BARRIER_TIMEOUT_S + 600)
+            if error is None and counter is not None:
+                c0 = counter.count
+                counter.start()
+                try:
+                    for i in range(COUNTED_APPENDS):
+                        counter.boundary()
+                        append(warm, messages[(wid * 53 + i) % len(messages)])
+                finally:
+                    counter.stop()
+                stmts = (counter.count - c0) / COUNTED_APPENDS
+        except BaseException as exc:  # noqa: BLE001 - the figures above still stand
+            stmts = None
+            print(f"writer {wid}: counting failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     if close is not None:
         try:
             close()
         except Exception:  # noqa: BLE001
             pass
-    out.put({"wid": wid, "t0": t0, "t1": t1, "lat": lat, "cpu_s": cpu, "error": error})
+    out.put({"wid": wid, "t0": t0, "t1": t1, "lat": lat, "cpu_s": cpu, "error": error, "stmts": stmts,
+             "stmts_unit": getattr(counter, "unit", None)})
 
 
 def expected_counts(messages: list[dict[str, Any]], tag: str, writers: int, n: int) -> dict[str, tuple[int, int]]:
@@ -170,8 +201,9 @@ def run(impl: str, backend: str, target: str, tag: str, writers: int, n: int,
     """Start ``writers`` processes together; return the aggregate figures and checks."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(writers)
+    done = ctx.Barrier(writers)
     out = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(impl, backend, target, tag, w, n, messages, barrier, out))
+    procs = [ctx.Process(target=worker, args=(impl, backend, target, tag, w, n, messages, barrier, out, done))
              for w in range(writers)]
     for p in procs:
         p.start()
@@ -207,6 +239,10 @@ def run(impl: str, backend: str, target: str, tag: str, writers: int, n: int,
         "p50_ms": statistics.median(lat) if lat else float("nan"), "p99_ms": pct(0.99),
         "max_ms": lat[-1] if lat else float("nan"), "mean_ms": statistics.fmean(lat) if lat else float("nan"),
         "client_cpu_ms": 1000 * sum(r["cpu_s"] for r in results) / appended if appended else float("nan"),
+        "stmts_per_append": (statistics.fmean(counted) if (counted := [r["stmts"] for r in results
+                                                                       if r.get("stmts") is not None])
+                             else float("nan")),
+        "stmts_unit": next((r["stmts_unit"] for r in results if r.get("stmts_unit")), None),
         "lost_rows": lost, "counters_exact": exact, "errors": errors,
         "counter_mismatches": {s: {"want": want[s], "rows/message_count/tool_call_count": got[s]}
                                for s in want if got[s] != (want[s][0], want[s][0], want[s][1])},
