@@ -29,13 +29,13 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from . import errors, migrations, paths
-from .dialects import for_connection
+from .dialects import backend_name, find_for, for_connection
 from .dialects.sqlite import _wal_warned, apply_wal_with_fallback  # noqa: F401 - public here since v1
 from .engine import create_engine, default_db_path, schema_in_url, to_url, with_schema
 from .paths import create_private_database  # noqa: F401 - kept importable from here (CLI)
 from .repositories import MaintenanceRepository
 from .repositories.base import driver_errors
-from .repositories.maintenance import remove_committed_files
+from .repositories.transcripts import remove_committed_files
 from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served by the swap
     DDL_NAMES,
     FTS_CJK_STALE_KEY,
@@ -139,10 +139,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-#: Dialects SessionDB opens: SQLite files, and PostgreSQL servers (shared by many writers).
-SERVER_DIALECTS = ("postgresql",)
-
-
 def _database_target(db_path: Any, url: str | URL | None, engine: Engine | None) -> Path | URL:
     """The SQLite file, or the server URL, behind whichever of path / URL / Engine was given.
 
@@ -164,12 +160,12 @@ def _database_target(db_path: Any, url: str | URL | None, engine: Engine | None)
         target = target.url
     if isinstance(target, URL) or (isinstance(target, str) and "://" in target):
         parsed = to_url(target)
-        backend = parsed.get_backend_name()
-        if backend in SERVER_DIALECTS:
+        dialect = find_for(parsed)
+        if dialect is not None and not dialect.is_file:
             return parsed
-        if backend != "sqlite":
+        if dialect is None:
             raise errors.UnsupportedDatabaseError(
-                f"{backend} databases are not supported by SessionDB; "
+                f"{backend_name(parsed)} databases are not supported by SessionDB; "
                 "use a SQLite file (a path or a sqlite:///… URL) or a postgresql+psycopg://… URL"
             )
         if schema_in_url(parsed) is not None:
@@ -184,7 +180,7 @@ def _database_file(db_path: Any, url: str | URL | None, engine: Engine | None) -
     """The SQLite file behind the arguments (UnsupportedDatabaseError for a server URL)."""
     found = _database_target(db_path, url, engine)
     if isinstance(found, URL):
-        raise errors.UnsupportedDatabaseError(f"{found.get_backend_name()} is a server, not a database file")
+        raise errors.UnsupportedDatabaseError(f"{backend_name(found)} is a server, not a database file")
     return found
 
 
@@ -297,7 +293,7 @@ class SessionDB(HermesSurface):
             # engine (pre-ping, NUL mapping, typed errors), never the caller's.
             self._engine = create_engine(self.url, max_overflow=-1)
             migrations.upgrade(self._engine)
-            label = self.url.database or self.url.get_backend_name()
+            label = self.url.database or backend_name(self.url)
         self._dialect = dialect = for_connection(self._engine)
 
         # Hook: every new DB-API connection gets the dialect's session setup (WAL on SQLite).

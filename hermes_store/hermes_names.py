@@ -15,10 +15,14 @@ import re
 import shutil
 import sqlite3
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from . import migrations
+from .paths import VERSION_TABLE
 
 log = logging.getLogger("hermes_store.facade")
 
@@ -502,11 +506,6 @@ def ddl_strings() -> dict[str, str]:
     """
     if _ddl_cache:
         return _ddl_cache
-    import tempfile
-
-    from . import migrations
-    from .paths import VERSION_TABLE
-
     with tempfile.TemporaryDirectory(prefix="hermes-store-ddl-") as tmp:
         head = Path(tmp) / "head.db"
         migrations.upgrade(head)

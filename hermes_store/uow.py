@@ -21,7 +21,7 @@ from . import errors
 from .dialects import for_connection
 from .engine import schema_of, tenant_of
 from .tenancy import tenant_options
-from .repositories.maintenance import remove_committed_files
+from .repositories.transcripts import remove_committed_files
 from .repositories import (
     CompressionRepository,
     GatewayRepository,

@@ -9,17 +9,18 @@ import time
 from collections import defaultdict
 from typing import Any, Callable
 
-from sqlalchemy import Connection, exists, func, insert, inspect, select, text, update
+from sqlalchemy import Connection, exists, func, insert, inspect, select, update
 from sqlalchemy import table as sa_table
-from sqlalchemy.sql.elements import TextClause
 
+from ..dialects import Dialect
 from ..dialects.sqlite import FTS_SHADOWS
-from ..repositories.base import ID_CHUNK
+from ..repositories.base import ID_CHUNK, TableKey, per_dialect, table_key, table_of
 from ..repositories.maintenance import MaintenanceRepository
 from ..repositories.messages import MessageRepository
 from ..repositories.sessions import SessionRepository
+from ..repositories.state_meta import set_meta
 from ..search import bigram
-from ..tenancy import schema_of_connection, text_on
+from ..tenancy import schema_of_connection
 from ..titles import split_title_number
 from .plan import (AFTER_SESSIONS, BEFORE_SESSIONS, COPIED_TABLES, INDEX_CHUNK, MARKER_KEY, NEWER, NOT_COPIED,
                    SILENT, TABLES, UPSERT_UPDATES, CopyError, CopyReport, Progress, meta_key_copied)
@@ -52,13 +53,7 @@ class Copier(Verifier):
     def _store_marker(self) -> None:
         self.marker["pending_links"] = dict(self.links)
         self.marker["updated_at"] = time.time()
-        meta = self._upsert("state_meta", ["key", "value"], ["key"], "value = excluded.value")
-        self.dst.execute(meta, {"key": MARKER_KEY, "value": json.dumps(self.marker, sort_keys=True)})
-
-    def _upsert(self, name: str, cols: list[str], key: list[str], updates: str | None) -> TextClause:
-        """The destination's upsert of ``name``, the table named in the destination's schema
-        (a tenant's, never found along the search path)."""
-        return text(text_on(self.dst, self.dst_dialect.upsert_sql("{" + name + "}", cols, key, updates)))
+        set_meta(self.dst, MARKER_KEY, json.dumps(self.marker, sort_keys=True))
 
     # ------------------------------------------------------------------ run
 
@@ -128,7 +123,7 @@ class Copier(Verifier):
             return
         table = TABLES[name]
         key = [c.name for c in table.primary_key.columns]
-        sql = self._upsert(name, cols, key, UPSERT_UPDATES.get(name))
+        sql = _copy_rows(self.dst, table_key(self.dst, name, cols), tuple(key))
         newer = NEWER.get(name)
         total = self._count(self.src, name)
         done = 0
@@ -398,6 +393,19 @@ class Copier(Verifier):
             found = repo.fts_integrity_check()
             self.dst.rollback()
         self.report.search_indexes = found
+
+
+@per_dialect
+def _copy_rows(dialect: Dialect, target: TableKey, key: tuple[str, ...]) -> Any:
+    """The destination's insert of rows on their own key: a row the destination has is
+    kept, or updated as :data:`~.plan.UPSERT_UPDATES` says for its table."""
+    table = table_of(target)
+    ins = dialect.insert(table)
+    updates = UPSERT_UPDATES.get(table.name)
+    if updates is None:
+        return ins.on_conflict_do_nothing(index_elements=list(key))
+    set_, where = updates(ins, table)
+    return ins.on_conflict_do_update(index_elements=list(key), set_=set_, where=where)
 
 
 class _Page:

@@ -52,10 +52,13 @@ NOT_COPIED = {
 SILENT = frozenset({"schema_version", paths.VERSION_TABLE, bigram.TABLE, bigram.DIRTY_TABLE})
 #: ``state_meta`` keys describing the source file itself (see the module docstring).
 PER_FILE_META_KEYS = frozenset({*FTS_BOOKKEEPING_KEYS, bigram.HIGH_WATER_KEY, "last_auto_prune"})
-#: On a merge a generation counter only moves up (Hermes never lets one go back).
-UPSERT_UPDATES = {
-    "conversation_generations":
-        "generation = excluded.generation WHERE excluded.generation > conversation_generations.generation",
+#: On a merge a generation counter only moves up (Hermes never lets one go back): per
+#: table, what a clash on the key updates, as ``(set_, where)`` of ``on_conflict_do_update``
+#: given the dialect's insert construct and the table (other tables keep their row).
+UPSERT_UPDATES: dict[str, Callable[[Any, Any], tuple[dict[str, Any], Any]]] = {
+    "conversation_generations": lambda ins, table: (
+        {"generation": ins.excluded.generation}, ins.excluded.generation > table.c.generation,
+    ),
 }
 #: Python's side of the same rule: whether a source row should replace the destination's.
 NEWER: dict[str, Callable[[dict[str, Any], dict[str, Any]], bool]] = {

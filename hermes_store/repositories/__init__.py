@@ -11,6 +11,7 @@ from .messages import MessageRepository
 from .records import MessageRecord, MessageWindow, SearchHit, SessionRecord, UsageRow
 from .search import SearchRepository
 from .sessions import SessionRepository
+from .state_meta import StateMetaRepository
 from .telegram import TelegramTopicRepository
 from .usage import UsageRepository
 
@@ -29,6 +30,7 @@ __all__ = [
     "SearchRepository",
     "SessionRecord",
     "SessionRepository",
+    "StateMetaRepository",
     "TelegramTopicRepository",
     "UsageRepository",
     "UsageRow",

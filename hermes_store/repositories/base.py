@@ -2,7 +2,10 @@
 
 Repositories never commit or roll back; the caller (or :class:`UnitOfWork`) owns the
 transaction. Statements are Core/text SQL on a Connection so the same repository
-serves an ORM Session, a plain Connection, or a fake in tests.
+serves an ORM Session, a plain Connection, or a fake in tests. Upserts are Core too:
+the dialect's own ``insert`` construct (:meth:`Dialect.insert`) with
+``on_conflict_do_update`` / ``on_conflict_do_nothing``, built once per dialect
+(:func:`per_dialect`).
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import sys
 import time
 import weakref
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, Sequence, TypeVar
 
-from sqlalchemy import Connection, bindparam, column, insert, literal, select, table, text
+from sqlalchemy import Connection, Engine, bindparam, column, insert, literal, select, table, text
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.sql.elements import TextClause
+from sqlalchemy.sql.expression import TableClause
 
 from .. import errors
 from ..dialects import Dialect, for_connection
@@ -36,7 +40,9 @@ MESSAGES = Base.metadata.tables["messages"]
 _SCHEMA_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], frozenset[str]]]" = weakref.WeakKeyDictionary()
 _OBJECT_SQL_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], str]]" = weakref.WeakKeyDictionary()
 _INFO_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], Any]]" = weakref.WeakKeyDictionary()
-_INSERTS: dict[tuple[str, str, str | None, tuple[str, ...]], tuple[str, tuple[str, ...]]] = {}
+#: Per SQLAlchemy dialect instance (one per engine; its driver fixes the parameter
+#: style), then per (table, schema, columns): compiled INSERTs for the DB-API cursor.
+_INSERTS: "weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[str, tuple[str, ...]]]]" = weakref.WeakKeyDictionary()
 #: Raw statements rendered per schema (``{table}`` placeholders → qualified names).
 #: Bounded: search assembles statements whose text depends on the query's shape.
 _RENDERED: dict[tuple[str, str | None], TextClause] = {}
@@ -46,6 +52,77 @@ ID_CHUNK = 500
 
 
 UnknownFieldError = errors.UnknownFieldError  # re-exported: repositories raise it
+T = TypeVar("T")
+
+
+class per_dialect(Generic[T]):  # noqa: N801 - used as a decorator
+    """A statement built once per dialect (and per extra key), then reused.
+
+    Decorate ``build(dialect, *key) -> statement``; call the result with a Connection
+    (or a :class:`Dialect`) and the same ``*key`` (hashable: column names, flags...).
+    Upserts need this: each dialect's ``insert`` construct compiles only for it.
+    Values always travel as bind parameters, never in the statement.
+    """
+
+    #: Distinct keys kept per builder before the cache starts over (column sets vary
+    #: with what callers pass; a few dozen is normal).
+    LIMIT = 512
+
+    def __init__(self, build: Callable[..., T]) -> None:
+        self.build = build
+        self.built: dict[tuple[Any, ...], T] = {}
+        self.__doc__ = build.__doc__
+
+    def __call__(self, target: "Connection | Engine | Dialect", *key: Hashable) -> T:
+        dialect = for_connection(target) if isinstance(target, (Connection, Engine)) else target
+        full = (dialect, *key)
+        found = self.built.get(full)
+        if found is None:
+            if len(self.built) >= self.LIMIT:
+                self.built.clear()
+            found = self.built[full] = self.build(dialect, *key)
+        return found
+
+
+#: Where :func:`table_of` finds a table: the models' metadata (``schema_translate_map``
+#: names the tenant schema), or else a ``table()`` construct in the schema the key holds.
+IN_MODELS = "<models>"
+#: (table name, column names, schema or IN_MODELS): a hashable stand-in for a table.
+TableKey = tuple[str, tuple[str, ...], str | None]
+
+
+def table_key(conn: Connection, table_name: str, names: Iterable[str]) -> TableKey:
+    """The model's table when it has every one of ``names`` (and they include every
+    column the model would fill with a Python-side default: an INSERT of the model's
+    table adds those, and the database at hand may lack them); else a ``table()`` of
+    those columns in ``conn``'s tenant schema (``schema_translate_map`` does not
+    rewrite those)."""
+    names = tuple(names)
+    model = Base.metadata.tables.get(table_name)
+    if model is not None and all(n in model.c for n in names) \
+            and all(c.name in names for c in model.c if c.default is not None):
+        return (table_name, (), IN_MODELS)
+    return (table_name, names, schema_of_connection(conn))
+
+
+def table_of(key: TableKey) -> TableClause:
+    name, names, schema = key
+    if schema == IN_MODELS:
+        return Base.metadata.tables[name]
+    return table(name, *(column(n) for n in names), schema=schema)
+
+
+@per_dialect
+def _insert_or_skip(dialect: Dialect, key: TableKey, conflict: tuple[str, ...]) -> Any:
+    stmt = dialect.insert(table_of(key)).on_conflict_do_nothing(index_elements=list(conflict) or None)
+    return stmt.execution_options(preserve_rowcount=True)  # callers ask whether the row went in
+
+
+def insert_or_skip(conn: Connection, table_name: str, names: Iterable[str], conflict: Sequence[str] = ()) -> Any:
+    """``INSERT … ON CONFLICT [(conflict)] DO NOTHING`` into ``table_name``, the values
+    given as bind parameters named after the columns (``names``: the columns they fill).
+    No ``conflict``: a clash on any unique key skips the row."""
+    return _insert_or_skip(conn, table_key(conn, table_name, names), tuple(conflict))
 
 @contextmanager
 def driver_errors() -> Iterator[None]:
@@ -95,15 +172,6 @@ def schema_text(conn: Connection, template: str) -> TextClause:
     return found
 
 
-def upsert_text(conn: Connection, table_name: str, names: Sequence[str], conflict: Sequence[str],
-                updates: str | None) -> TextClause:
-    """The dialect's upsert of ``table_name`` in ``conn``'s schema. ``updates`` may name
-    the target table bare (``state_meta.value``): PostgreSQL resolves the target by its
-    own name whatever schema qualifies it."""
-    sql = for_connection(conn).upsert_sql("{" + table_name + "}", names, conflict, updates)
-    return schema_text(conn, sql)
-
-
 class Repository:
     """Base class: holds the connection and offers tiny query helpers.
 
@@ -123,10 +191,6 @@ class Repository:
 
     def _sql(self, template: str) -> TextClause:
         return schema_text(self.conn, template)
-
-    def _upsert(self, table_name: str, names: Sequence[str], conflict: Sequence[str],
-                updates: str | None) -> TextClause:
-        return upsert_text(self.conn, table_name, names, conflict, updates)
 
     def _all(self, sql: str | TextClause, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         result = self.conn.execute(self._sql(sql) if isinstance(sql, str) else sql, params or {})
@@ -239,8 +303,11 @@ def driver_insert(conn: Connection, table_name: str, names: Sequence[str], *, sc
     """
     if schema is None:
         schema = schema_of_connection(conn)
-    key = (conn.dialect.name, table_name, schema, tuple(names))
-    found = _INSERTS.get(key)
+    per_dialect_ = _INSERTS.get(conn.dialect)
+    if per_dialect_ is None:
+        per_dialect_ = _INSERTS.setdefault(conn.dialect, {})
+    key = (table_name, schema, tuple(names))
+    found = per_dialect_.get(key)
     if found is None:
         model = Base.metadata.tables.get(table_name)
         if schema is None and model is not None and all(n in model.c for n in names):
@@ -249,7 +316,7 @@ def driver_insert(conn: Connection, table_name: str, names: Sequence[str], *, sc
             target = table(table_name, *(column(n) for n in names), schema=schema)
         compiled = insert(target).compile(dialect=conn.dialect, column_keys=list(names))
         order = tuple(compiled.positiontup or ()) if compiled.positional else tuple(names)
-        found = _INSERTS[key] = (str(compiled), order)
+        found = per_dialect_[key] = (str(compiled), order)
     return found
 
 

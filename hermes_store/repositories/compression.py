@@ -1,6 +1,7 @@
 """Compression guards: the per-session compression lease, failure cooldowns and the
-fallback streak (Hermes v23). SQLAlchemy Core on the model tables; the one upsert comes
-from the dialect (``INSERT … ON CONFLICT DO NOTHING`` on both SQLite and PostgreSQL).
+fallback streak (Hermes v23). SQLAlchemy Core on the model tables; the one upsert is the
+dialect's own insert construct (``INSERT … ON CONFLICT DO NOTHING`` on both SQLite and
+PostgreSQL).
 
 The lease is correct under concurrency on both backends because each acquire is one
 transaction: on SQLite the writer lock (BEGIN IMMEDIATE) serializes acquirers; on
@@ -14,10 +15,17 @@ from typing import Any
 
 from sqlalchemy import delete, select, update
 
+from ..dialects import Dialect
 from ..models import Base
-from .base import SESSIONS, Repository, now
+from .base import SESSIONS, Repository, now, per_dialect
 
 LOCKS = Base.metadata.tables["compression_locks"]
+
+
+@per_dialect
+def _take_lease(dialect: Dialect) -> Any:
+    """Insert a lease unless the session has one (whoever holds it keeps it)."""
+    return dialect.insert(LOCKS).on_conflict_do_nothing(index_elements=[LOCKS.c.session_id])
 
 
 class CompressionRepository(Repository):
@@ -71,11 +79,9 @@ class CompressionRepository(Repository):
         current = now()
         expires = current + ttl_seconds
         self.conn.execute(delete(LOCKS).where(LOCKS.c.session_id == session_id, LOCKS.c.expires_at < current))
-        sql = self._upsert(
-            "compression_locks", ["session_id", "holder", "acquired_at", "expires_at"], ["session_id"], None
-        )
         self.conn.execute(
-            sql, {"session_id": session_id, "holder": holder, "acquired_at": current, "expires_at": expires}
+            _take_lease(self.conn),
+            {"session_id": session_id, "holder": holder, "acquired_at": current, "expires_at": expires},
         )
         stored = self.conn.execute(select(LOCKS.c.holder).where(LOCKS.c.session_id == session_id)).scalar()
         return stored == holder

@@ -4,7 +4,7 @@ Peer columns live on ``sessions`` (``session_key``, ``chat_id``, ``chat_type``,
 ``thread_id``, ``display_name``, ``origin_json``, ``expiry_finalized``); routing entries
 are opaque JSON strings in ``gateway_routing``, keyed by ``(scope, session_key)``.
 SQLAlchemy Core on the model tables, the same statements on SQLite and PostgreSQL; the
-one upsert comes from the dialect (``INSERT … ON CONFLICT``, shared syntax).
+one upsert is the dialect's own insert construct (``INSERT … ON CONFLICT``).
 
 Session rows are read as ``s.*`` (every column the database has, like Hermes'
 ``SELECT *``), so a file opened read-only at an older revision still reads.
@@ -26,11 +26,22 @@ from sqlalchemy import (
     update,
 )
 
+from ..dialects import Dialect
 from ..models import Base
-from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, now
+from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, now, per_dialect
 from .sessions import SessionRepository
 
 ROUTING = Base.metadata.tables["gateway_routing"]
+
+
+@per_dialect
+def _save_entry(dialect: Dialect) -> Any:
+    """One routing entry: a clash on (scope, session_key) takes the new entry and stamp."""
+    ins = dialect.insert(ROUTING)
+    return ins.on_conflict_do_update(
+        index_elements=[ROUTING.c.scope, ROUTING.c.session_key],
+        set_={"entry_json": ins.excluded.entry_json, "updated_at": ins.excluded.updated_at},
+    )
 
 #: Ends a gateway may still resume from (Hermes v23): closed by the agent, or reaped
 #: as a websocket orphan. Anything else (compression, reset, user end) is final.
@@ -61,14 +72,9 @@ class GatewayRepository(Repository):
 
     def save_routing_entry(self, scope: str, session_key: str, entry_json: str) -> None:
         """Upsert one entry, stamping ``updated_at``."""
-        sql = self._upsert(
-            "gateway_routing",
-            ["scope", "session_key", "entry_json", "updated_at"],
-            ["scope", "session_key"],
-            "entry_json = excluded.entry_json, updated_at = excluded.updated_at",
-        )
         self.conn.execute(
-            sql, {"scope": scope, "session_key": session_key, "entry_json": entry_json, "updated_at": now()}
+            _save_entry(self.conn),
+            {"scope": scope, "session_key": session_key, "entry_json": entry_json, "updated_at": now()},
         )
 
     def replace_routing_entries(self, scope: str, entries: Sequence[tuple[str, str]]) -> int:

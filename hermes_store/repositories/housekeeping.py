@@ -2,7 +2,7 @@
 
 Every statement is SQLAlchemy Core against the model tables, the same on SQLite and
 PostgreSQL. Transcript files of deleted sessions are queued on the connection and
-removed only after the transaction commits (see ``maintenance.remove_committed_files``).
+removed only after the transaction commits (see ``transcripts.remove_committed_files``).
 
 Where Hermes' SQL would match more than the caller asked for, this module is stricter:
 the ``*_like`` filters and ``cwd_prefix`` take ``_``/``%`` literally, and ``cwd_prefix``
@@ -23,9 +23,11 @@ from sqlalchemy.sql.elements import ColumnElement
 from .. import errors
 from ..codec import clean_text
 from ..models import Base
-from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, missing_sessions, now
+from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, insert_or_skip, missing_sessions, now
+from .lineage import LineageRepository
 from .messages import MessageRepository
 from .sessions import SessionRepository
+from .transcripts import queue_transcript_files
 
 DAY = 86_400.0
 USAGE = Base.metadata.tables["session_model_usage"]
@@ -252,9 +254,7 @@ class HousekeepingRepository(Repository):
         """Queue the transcript files of deleted sessions for removal after commit."""
         if sessions_dir is None:
             return
-        from .maintenance import MaintenanceRepository
-
-        MaintenanceRepository(self.conn)._remove_files(list(ids), sessions_dir)
+        queue_transcript_files(self.conn, list(ids), sessions_dir, self.session_exists)
 
     def delegate_children(self, parent_ids: Iterable[str]) -> list[str]:
         """Every delegate child of ``parent_ids``, recursively, the parents left out.
@@ -394,8 +394,6 @@ class HousekeepingRepository(Repository):
 
     def export_lineage(self, session_id: str) -> list[dict[str, Any]]:
         """:meth:`export_session` of each session of the compression lineage, root first."""
-        from .lineage import LineageRepository
-
         return self.export_sessions(LineageRepository(self.conn).compression_lineage(session_id))
 
     # ------------------------------------------------------------------ import (Hermes v23)
@@ -470,13 +468,13 @@ class HousekeepingRepository(Repository):
             cleared = True
         try:
             with self.conn.begin_nested():
-                done = self._exec(self._upsert("sessions", list(row), ["id"], None), row)
+                done = self._exec(insert_or_skip(self.conn, "sessions", row, ["id"]), row)
         except IntegrityError:
             if "title" not in row or not self._title_taken(row["title"]):
                 raise
             row.pop("title")
             cleared = True
-            done = self._exec(self._upsert("sessions", list(row), ["id"], None), row)
+            done = self._exec(insert_or_skip(self.conn, "sessions", row, ["id"]), row)
         return done == 1, cleared
 
     def _ancestors(self, session_id: str) -> set[str]:

@@ -1,22 +1,37 @@
-"""Export/import, deletion and pruning, state_meta, FTS upkeep, usage reports."""
+"""Export/import, deletion and pruning, state_meta, FTS upkeep, usage reports.
+
+The front door of several rooms: ``state_meta`` lives in :mod:`.state_meta`, the
+transcript files in :mod:`.transcripts`, deletes and prunes in :mod:`.housekeeping`
+and the FTS upkeep in :mod:`.fts_upkeep`; this module imports them, never the reverse.
+"""
 
 from __future__ import annotations
 
-import logging
-import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
-from sqlalchemy import Connection, bindparam
+from sqlalchemy import bindparam
 
 from .. import errors
 from ..codec import check_key
 from ..search import bigram
 from ..tenancy import SchemaSQL
-from .base import Repository, now
+from . import fts_upkeep
+from .base import Repository, insert_or_skip, now
+from .housekeeping import HousekeepingRepository
 from .messages import MessageRepository, decode_row, encode_message
-from .sessions import SessionRepository
 from .records import UsageRow
+from .sessions import SessionRepository
+from .state_meta import get_meta, set_meta
+from .transcripts import (  # noqa: F401 - importable from here since v1 (the CLI, tests)
+    DUMP_PREFIX,
+    PENDING_FILES,
+    queue_transcript_files,
+    remove_committed_files,
+    transcript_files,
+    transcript_files_many,
+    unsafe_file_id,
+)
 
 DAY = 86_400.0
 _TAKEN = SchemaSQL("SELECT 1 FROM {messages} WHERE id IN :ids LIMIT 1", bindparam("ids", expanding=True))
@@ -36,8 +51,6 @@ _ORPHANED_COMPRESSION = SchemaSQL(
     " AND p.end_reason = 'compression'"
     " AND EXISTS (SELECT 1 FROM {messages} m WHERE m.session_id = c.id))"
 )
-DUMP_PREFIX = "request_dump_"
-log = logging.getLogger(__name__)
 
 
 def _dict_rows(cursor: Any) -> list[dict[str, Any]]:
@@ -45,157 +58,14 @@ def _dict_rows(cursor: Any) -> list[dict[str, Any]]:
     return [dict(zip(keys, r)) for r in cursor]
 
 
-# ---------------------------------------------------------------------- transcript files
-#
-# A session id comes from the database, and the database from anyone who could write an
-# export: it must never become a path. Files are found by listing the folder and
-# comparing names, never by joining the id into a path or a glob pattern, and an id that
-# could not be a plain file name in that folder is skipped with a warning.
-
-
-def unsafe_file_id(session_id: Any) -> str | None:
-    """Why ``session_id`` cannot name a file inside the sessions folder, or None if it can."""
-    if not isinstance(session_id, str) or not session_id:
-        return "is not a non-empty string"
-    if "\x00" in session_id:
-        return "holds a NUL character"
-    if any(sep and sep in session_id for sep in ("/", os.sep, os.altsep)):
-        return "holds a path separator"
-    if session_id in (".", ".."):
-        return "is a relative path component"
-    if os.path.isabs(session_id) or os.path.splitdrive(session_id)[0]:
-        return "is an absolute path"
-    try:
-        os.fsencode(session_id)
-    except UnicodeEncodeError:
-        return "cannot be encoded as a file name"
-    return None
-
-
-def _name_max(folder: Path) -> int:
-    try:
-        return int(os.pathconf(folder, "PC_NAME_MAX"))
-    except (AttributeError, OSError, ValueError):
-        return 255
-
-
-class _TranscriptFolder:
-    """One listing of the sessions folder, indexed by the session id each file belongs to.
-
-    ``<id>.json`` and ``<id>.jsonl`` belong to ``id``; ``request_dump_<id>_<rest>.json``
-    is filed under every prefix of ``<id>_<rest>`` that ends before an underscore, so a
-    lookup is exact string equality (no glob, ``*?[`` in ids are plain characters).
-    """
-
-    def __init__(self, folder: str | os.PathLike[str]) -> None:
-        self.base = Path(folder)
-        self.by_id: dict[str, list[str]] = {}
-        self.dump_owners: dict[str, list[str]] = {}  # dump file → every id it could belong to
-        self.name_max = 255
-        try:
-            with os.scandir(self.base) as it:
-                entries = [e for e in it if _is_file(e)]
-        except OSError:  # no folder (or unreadable): no files to find
-            return
-        self.name_max = _name_max(self.base)
-        for entry in entries:
-            name = entry.name
-            if name.endswith(".jsonl"):
-                self.by_id.setdefault(name[:-6], []).append(name)
-            elif name.endswith(".json"):
-                self.by_id.setdefault(name[:-5], []).append(name)
-                if name.startswith(DUMP_PREFIX):
-                    middle = name[len(DUMP_PREFIX):-5]
-                    owners = []
-                    pos = middle.find("_")
-                    while pos > 0:
-                        owners.append(middle[:pos])
-                        self.by_id.setdefault(middle[:pos], []).append(name)
-                        pos = middle.find("_", pos + 1)
-                    self.dump_owners[name] = owners
-
-    def files(self, session_id: Any, is_session: Callable[[str], bool] | None = None) -> list[Path]:
-        """This session's transcript files, each checked to be an entry of the folder.
-
-        A dump name cannot say where the id ends (``request_dump_a_b_1.json`` may be
-        session ``a``'s or ``a_b``'s); given ``is_session``, a dump that could belong to a
-        longer id that is a live session is left to that session.
-        """
-        reason = unsafe_file_id(session_id)
-        if reason is None and len(os.fsencode(f"{session_id}.json")) > self.name_max:
-            reason = "is too long to be a file name"
-        if reason is not None:
-            log.warning("transcript files of session %r are left alone: the id %s", session_id, reason)
-            return []
-        out = []
-        for name in dict.fromkeys(self.by_id.get(session_id, ())):
-            owners = self.dump_owners.get(name, ())
-            if is_session is not None and any(
-                len(other) > len(session_id) and is_session(other) for other in owners
-            ):
-                continue
-            path = self.base / name
-            # Belt and braces: the name came from listing this folder, so it is one entry.
-            if path.parent == self.base and os.path.basename(name) == name:
-                out.append(path)
-        return out
-
-
-def _is_file(entry: os.DirEntry[str]) -> bool:
-    try:
-        return entry.is_file()
-    except OSError:
-        return False
-
-
-def transcript_files(folder: str | Path, session_id: str) -> list[Path]:
-    """Files Hermes keeps per session: ``<id>.json``, ``<id>.jsonl``, ``request_dump_<id>_*.json``.
-
-    Only entries of ``folder`` itself; an id that cannot be a file name gets [] (and a
-    logged warning), whatever it holds (``..``, ``/``, NUL, glob characters...).
-    """
-    return _TranscriptFolder(folder).files(session_id)
-
-
-def transcript_files_many(folder: str | Path, session_ids: Iterable[str]) -> dict[str, list[Path]]:
-    """:func:`transcript_files` for many sessions with one listing of the folder."""
-    listing = _TranscriptFolder(folder)
-    return {sid: listing.files(sid) for sid in session_ids}
-
-
-#: ``Connection.info`` key of transcript files waiting for their transaction to commit.
-PENDING_FILES = "hermes_store.pending_transcript_files"
-
-
-def remove_committed_files(conn: Connection, *, committed: bool = True) -> int:
-    """After a commit, delete the transcript files the transaction's deletes queued.
-
-    Call with ``committed=False`` after a rollback to forget them instead. Returns how
-    many files were removed.
-    """
-    queue = conn.info.pop(PENDING_FILES, [])
-    removed = 0
-    for path in queue if committed else ():
-        try:
-            path.unlink()  # a symlink is removed itself, never its target
-            removed += 1
-        except OSError:
-            pass  # a file we cannot remove must not undo the committed database work
-    return removed
-
-
 class MaintenanceRepository(Repository):
     # ------------------------------------------------------------------ state_meta
 
     def get_meta(self, key: str) -> str | None:
-        return self._scalar("SELECT value FROM {state_meta} WHERE key = :k", {"k": key})
+        return get_meta(self.conn, key)
 
     def set_meta(self, key: str, value: Any) -> None:
-        # Plain upsert (never INSERT OR REPLACE, which deletes and re-inserts).
-        self._exec(
-            self._upsert("state_meta", ["key", "value"], ["key"], "value = excluded.value"),
-            {"key": key, "value": None if value is None else str(value)},
-        )
+        set_meta(self.conn, key, value)  # a plain upsert, never a delete and re-insert
 
     # ------------------------------------------------------------------ export / import
 
@@ -233,7 +103,7 @@ class MaintenanceRepository(Repository):
             if not page:
                 return
             SessionRepository(self.conn).resolve_prompts(page)
-            if self.conn.dialect.name != "sqlite":
+            if not self.dialect.is_file:
                 for row in page:
                     row["messages"] = MessageRepository(self.conn).get_messages(row["id"], include_inactive=True)
                     if ledger:
@@ -323,7 +193,7 @@ class MaintenanceRepository(Repository):
                 u = {k: v for k, v in u.items() if k in ledger_cols}
                 u["session_id"] = cols["id"]
                 names = list(u)
-                self._exec(self._upsert("session_model_usage", names, [], None), u)
+                self._exec(insert_or_skip(self.conn, "session_model_usage", names), u)
         return True
 
     def _free_ids_or_renumber(self, rows: list[dict[str, Any]]) -> None:
@@ -370,13 +240,9 @@ class MaintenanceRepository(Repository):
     def delete_session(self, session_id: str, sessions_dir: str | Path | None = None) -> bool:
         """Delete a session, its messages and (recursively) its delegate children; other
         children stay, orphaned (Hermes v23: see HousekeepingRepository.delete_sessions)."""
-        from .housekeeping import HousekeepingRepository
-
         return HousekeepingRepository(self.conn).delete_sessions([session_id], sessions_dir) == 1
 
     def _delete_ids(self, ids: list[str]) -> None:
-        from .housekeeping import HousekeepingRepository
-
         HousekeepingRepository(self.conn).delete_rows(ids)
 
     def _remove_files(self, ids: Iterable[str], folder: str | Path) -> None:
@@ -386,17 +252,12 @@ class MaintenanceRepository(Repository):
         has committed (SessionDB and UnitOfWork do it for you): a rolled-back delete
         must not have taken the files with it. Ids that cannot be a file name are
         skipped with a warning (their rows are deleted all the same); a request dump
-        that may belong to another live session is kept. See :class:`_TranscriptFolder`.
+        that may belong to another live session is kept. See :class:`.transcripts.TranscriptFolder`.
         """
-        listing = _TranscriptFolder(folder)
-        queue = self.conn.info.setdefault(PENDING_FILES, [])
-        for sid in ids:
-            queue.extend(listing.files(sid, self.session_exists))
+        queue_transcript_files(self.conn, ids, folder, self.session_exists)
 
     def prune_candidates(self, older_than_days: float = 90, source: str | None = None) -> list[dict[str, Any]]:
         """What :meth:`prune_sessions` would delete: ended sessions started before the cutoff."""
-        from .housekeeping import HousekeepingRepository
-
         columns = ("id", "source", "title", "started_at", "ended_at", "end_reason", "message_count")
         return HousekeepingRepository(self.conn).candidates(older_than_days, source, {}, columns=columns)
 
@@ -414,8 +275,6 @@ class MaintenanceRepository(Repository):
         **filters: Any,
     ) -> int:
         """Delete ended sessions matching Hermes' prune filters; children are orphaned."""
-        from .housekeeping import HousekeepingRepository
-
         return HousekeepingRepository(self.conn).prune(older_than_days, source, sessions_dir, filters)
 
     def prune_empty_ghost_sessions(self, sessions_dir: str | Path | None = None) -> int:
@@ -465,15 +324,11 @@ class MaintenanceRepository(Repository):
 
     def fts_rebuild(self) -> list[str]:
         """Re-read every message into each full-text index; returns the indexes rebuilt."""
-        from .fts_upkeep import FtsUpkeepRepository
-
-        return FtsUpkeepRepository(self.conn).rebuild_each()
+        return fts_upkeep.FtsUpkeepRepository(self.conn).rebuild_each()
 
     def fts_optimize(self) -> list[str]:
         """Merge each full-text index's segments into one; returns the indexes optimized."""
-        from .fts_upkeep import FtsUpkeepRepository
-
-        return FtsUpkeepRepository(self.conn).optimize_each()
+        return fts_upkeep.FtsUpkeepRepository(self.conn).optimize_each()
 
     def fts_integrity_check(self) -> dict[str, str | None]:
         """Per index: None when healthy, else the error text."""

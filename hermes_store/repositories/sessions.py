@@ -6,14 +6,27 @@ import hashlib
 import json
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import bindparam, func, or_, select, update
+from sqlalchemy import bindparam, case, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from .. import errors
 from ..codec import check_key, clean_text, text_from_bytes
-from ..titles import sanitize_title, split_title_number
+from ..dialects import Dialect
+from ..models import Base
 from ..tenancy import SchemaSQL
-from .base import Repository, UnknownFieldError, MESSAGES, SESSIONS, like_prefix, now
+from ..titles import sanitize_title, split_title_number
+from .base import (
+    MESSAGES,
+    SESSIONS,
+    Repository,
+    TableKey,
+    UnknownFieldError,
+    like_prefix,
+    now,
+    per_dialect,
+    table_key,
+    table_of,
+)
 from .records import SessionRecord
 
 _PROMPTS = SchemaSQL("SELECT hash, prompt FROM {system_prompts} WHERE hash IN :hashes",
@@ -38,6 +51,38 @@ RESETTABLE_END_REASONS = ("agent_close", "ws_orphan_reap")
 ACTIVITY_DESCRIPTION_CHARS = 120
 #: Title provenance, lowest rank first: an automatic title never replaces a user one (v25).
 TITLE_SOURCES = ("derived", "llm", "user")
+
+
+PROMPTS = Base.metadata.tables["system_prompts"]
+
+
+@per_dialect
+def _create(dialect: Dialect, target: TableKey, names: tuple[str, ...], prompt_stored: bool) -> Any:
+    """Hermes v23's create upsert of these columns: on an existing id, every given column
+    but :data:`NEVER_REFILLED` fills a NULL only. ``prompt_stored``: the prompt's hash
+    was stored just now (v25), and fills only a row that has no inline prompt either."""
+    sessions = table_of(target)
+    ins = dialect.insert(sessions)
+    fills: dict[str, Any] = {}
+    for c in names[3:]:  # id, source and started_at come first
+        if c in NEVER_REFILLED:
+            continue
+        if c == "system_prompt_hash" and prompt_stored:
+            fills[c] = func.coalesce(
+                sessions.c.system_prompt_hash,
+                case((sessions.c.system_prompt.is_(None), ins.excluded.system_prompt_hash)),
+            )
+        else:
+            fills[c] = func.coalesce(sessions.c[c], ins.excluded[c])
+    if not fills:
+        return ins.on_conflict_do_nothing(index_elements=["id"])
+    return ins.on_conflict_do_update(index_elements=["id"], set_=fills)
+
+
+@per_dialect
+def _store_prompt(dialect: Dialect) -> Any:
+    """A prompt is stored once per distinct text: a clash (same hash) keeps the row."""
+    return dialect.insert(PROMPTS).on_conflict_do_nothing()
 
 
 def _json_field(value: Any) -> Any:
@@ -87,18 +132,10 @@ class SessionRepository(Repository):
             stored = self.store_prompt(cols.pop("system_prompt"))
             cols["system_prompt_hash"] = stored
         started = cols.pop("started_at", None) or now()  # before the names: listed once
-        names = ["id", "source", "started_at", *cols]
+        names = ("id", "source", "started_at", *cols)
         values = {"id": session_id, "source": source, "started_at": started, **cols}
-        fills = []
-        for c in cols:
-            if c in NEVER_REFILLED:
-                continue
-            if c == "system_prompt_hash" and stored is not None:
-                fills.append("system_prompt_hash = COALESCE(sessions.system_prompt_hash, "
-                             "CASE WHEN sessions.system_prompt IS NULL THEN excluded.system_prompt_hash END)")
-            else:
-                fills.append(f"{c} = COALESCE(sessions.{c}, excluded.{c})")
-        self._exec(self._upsert("sessions", names, ["id"], ", ".join(fills) or None), values)
+        target = table_key(self.conn, "sessions", (*names, "system_prompt") if stored is not None else names)
+        self._exec(_create(self.conn, target, names, stored is not None), values)
         if stored is not None:
             self.drop_unused_prompts([stored])  # the session already had one
         if parent:
@@ -134,7 +171,7 @@ class SessionRepository(Repository):
         """Keep ``prompt`` in system_prompts (once per distinct text); returns its hash."""
         text = _prompt_text(prompt)
         digest = prompt_hash(text)
-        self._exec(self._upsert("system_prompts", ["hash", "prompt"], [], None), {"hash": digest, "prompt": text})
+        self._exec(_store_prompt(self.conn), {"hash": digest, "prompt": text})
         return digest
 
     def drop_unused_prompts(self, hashes: Iterable[str | None] | None = None) -> int:

@@ -34,21 +34,21 @@ from sqlalchemy import (
     MetaData,
     Table,
     delete,
+    func,
     literal,
     select,
     text,
     update,
 )
 
-from ..models import Base
+from ..dialects import Dialect
 from ..models.tables import DOUBLE
-from .base import Repository, now, session_exists
+from .base import Repository, now, per_dialect, session_exists
+from .state_meta import stamp_meta
 
 #: The ``state_meta`` key Hermes stamps when the topic tables exist, and our version.
 SCHEMA_KEY = "telegram_dm_topic_schema_version"
 SCHEMA_VERSION = 1
-
-STATE_META = Base.metadata.tables["state_meta"]
 
 #: Ours alone: the opt-in tables, plus a stand-in ``sessions`` so the foreign key
 #: resolves. Only the two topic tables are ever created from it.
@@ -80,6 +80,31 @@ TOPIC_TABLES = (TOPIC_MODE.name, TOPIC_BINDINGS.name)
 _OPTIONAL_BINDING_COLUMNS = ("title", "created_at", "updated_at")
 
 
+@per_dialect
+def _set_mode(dialect: Dialect) -> Any:
+    """The chat's mode row: a clash on the chat takes the new flag and stamp."""
+    ins = dialect.insert(TOPIC_MODE)
+    return ins.on_conflict_do_update(
+        index_elements=[TOPIC_MODE.c.chat_id],
+        set_={"enabled": ins.excluded.enabled, "updated_at": ins.excluded.updated_at},
+    )
+
+
+@per_dialect
+def _bind(dialect: Dialect, has_title: bool, has_updated_at: bool) -> Any:
+    """A topic's binding: a rebind takes the new session, keeps ``created_at``, keeps the
+    title unless a new one is given, and moves ``updated_at`` (the columns a Hermes-made
+    table may lack are left out)."""
+    ins = dialect.insert(TOPIC_BINDINGS)
+    t = TOPIC_BINDINGS.c
+    sets: dict[str, Any] = {"session_id": ins.excluded.session_id}
+    if has_title:
+        sets["title"] = func.coalesce(ins.excluded.title, t.title)
+    if has_updated_at:
+        sets["updated_at"] = ins.excluded.updated_at
+    return ins.on_conflict_do_update(index_elements=[t.chat_id, t.thread_id], set_=sets)
+
+
 class TelegramTopicRepository(Repository):
     """Reads and writes of the topic tables; every method copes with them being absent."""
 
@@ -103,10 +128,7 @@ class TelegramTopicRepository(Repository):
         have written its own): the upsert's row lock makes a concurrent apply on
         PostgreSQL wait for this one, then find the tables and create nothing.
         """
-        self.conn.execute(
-            self._upsert("state_meta", ["key", "value"], ["key"], "value = state_meta.value"),
-            {"key": SCHEMA_KEY, "value": str(SCHEMA_VERSION)},
-        )
+        stamp_meta(self.conn, SCHEMA_KEY, SCHEMA_VERSION)
         missing = [t for t in (TOPIC_MODE, TOPIC_BINDINGS) if not self._columns(t)]
         if missing:
             TOPIC_METADATA.create_all(self.conn, tables=missing, checkfirst=False)
@@ -121,11 +143,8 @@ class TelegramTopicRepository(Repository):
         return bool(value)
 
     def _upsert_mode(self, chat_id: str, enabled: bool) -> None:
-        sql = self._upsert(
-            TOPIC_MODE.name, ["chat_id", "enabled", "updated_at"], ["chat_id"],
-            "enabled = excluded.enabled, updated_at = excluded.updated_at",
-        )
-        self.conn.execute(sql, {"chat_id": chat_id, "enabled": 1 if enabled else 0, "updated_at": now()})
+        values = {"chat_id": chat_id, "enabled": 1 if enabled else 0, "updated_at": now()}
+        self.conn.execute(_set_mode(self.conn), values)
 
     def set_topic_mode(self, chat_id: str, enabled: bool) -> int:
         if not self._columns(TOPIC_MODE):
@@ -151,13 +170,7 @@ class TelegramTopicRepository(Repository):
         values: dict[str, Any] = {"chat_id": chat_id, "thread_id": thread_id, "session_id": session_id,
                                   "title": title, "created_at": stamp, "updated_at": stamp}
         names = [n for n in values if n in have or n not in _OPTIONAL_BINDING_COLUMNS]
-        updates = ["session_id = excluded.session_id"]
-        if "title" in have:
-            updates.append(f"title = COALESCE(excluded.title, {TOPIC_BINDINGS.name}.title)")
-        if "updated_at" in have:
-            updates.append("updated_at = excluded.updated_at")
-        sql = self._upsert(TOPIC_BINDINGS.name, names, ["chat_id", "thread_id"], ", ".join(updates))
-        self.conn.execute(sql, {n: values[n] for n in names})
+        self.conn.execute(_bind(self.conn, "title" in have, "updated_at" in have), {n: values[n] for n in names})
         return 1
 
     def _binding_columns(self) -> list[Any]:

@@ -13,10 +13,13 @@ from typing import Any
 from sqlalchemy import and_, case, func, literal, or_, select, update
 
 from .. import errors
-from .base import SESSIONS, Repository, now
+from ..dialects import Dialect
+from ..models import Base
+from .base import SESSIONS, Repository, now, per_dialect
 from .sessions import SessionRepository
 
 LEDGER = "session_model_usage"
+LEDGER_TABLE = Base.metadata.tables[LEDGER]
 COUNTERS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
 ROUTE = ("billing_provider", "billing_base_url", "billing_mode")
 _KEY = ("session_id", "model", *ROUTE, "task")
@@ -192,9 +195,16 @@ class UsageRepository(Repository):
             "estimated_cost_usd": float(estimated or 0.0), "actual_cost_usd": float(actual or 0.0),
             "cost_status": cost_status, "cost_source": cost_source, "first_seen": t, "last_seen": t,
         }
-        added = [*counts, "estimated_cost_usd", "actual_cost_usd"]
-        # Target columns qualified: PostgreSQL sees the table and ``excluded`` at once.
-        sets = [f"{c} = {LEDGER}.{c} + excluded.{c}" for c in added]
-        sets += [f"{c} = COALESCE(excluded.{c}, {LEDGER}.{c})" for c in ("cost_status", "cost_source")]
-        sets.append("last_seen = excluded.last_seen")
-        self._exec(self._upsert(LEDGER, list(q), list(_KEY), ", ".join(sets)), q)
+        self._exec(_ledger_upsert(self.conn, tuple(counts)), q)
+
+
+@per_dialect
+def _ledger_upsert(dialect: Dialect, counts: tuple[str, ...]) -> Any:
+    """The ledger upsert: a clash on the key adds the counters and costs to the row,
+    takes a cost status/source when the call has one, and moves ``last_seen``."""
+    ins = dialect.insert(LEDGER_TABLE)
+    t = LEDGER_TABLE.c
+    sets: dict[str, Any] = {c: t[c] + ins.excluded[c] for c in (*counts, "estimated_cost_usd", "actual_cost_usd")}
+    sets.update({c: func.coalesce(ins.excluded[c], t[c]) for c in ("cost_status", "cost_source")})
+    sets["last_seen"] = ins.excluded.last_seen
+    return ins.on_conflict_do_update(index_elements=list(_KEY), set_=sets)

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ..facade import SessionDB
+from typing import Any
 
 
 class AsyncSessionDB:
@@ -15,9 +12,12 @@ class AsyncSessionDB:
 
     Non-callables (``db_path``, ``read_only``...) pass through. The wrapped store
     stays reachable as ``_db``: Hermes' gateway unwraps it in 15 places.
+
+    ``db`` is a :class:`hermes_store.facade.SessionDB` (or anything shaped like one):
+    not imported here, since the facade imports this module to serve it.
     """
 
-    def __init__(self, db: "SessionDB") -> None:
+    def __init__(self, db: Any) -> None:
         self._db = db
 
     def __getattr__(self, name: str) -> Any:
