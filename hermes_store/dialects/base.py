@@ -7,15 +7,19 @@ itself, so ``hermes_store.dialects`` can import them all at its top without a cy
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
 from .. import errors
+from .fts5 import Fts5Storage
 
 #: Tables every migrated database has; missing one means "not migrated", not a bug.
 OUR_TABLES = frozenset({"sessions", "messages", "state_meta", "schema_version", "session_model_usage"})
+#: Message rows to insert, as runs of rows sharing one column set: (column names,
+#: [values in that order, one tuple per row]); the runs are in input order.
+MessageRuns = Sequence[tuple[tuple[str, ...], Sequence[tuple[Any, ...]]]]
 
 
 @runtime_checkable
@@ -35,6 +39,9 @@ class Dialect(Protocol):
     #: Whether a non-INTEGER primary-key column may hold NULL (as Hermes' SQLite DDL
     #: says); a server makes key columns NOT NULL whatever the DDL says.
     keys_may_be_null: bool
+    #: Hermes' FTS5 tables (rebuild windows, legacy layouts, trash) where full-text
+    #: search runs on them; None where the server keeps its own indexes complete.
+    fts5: Fts5Storage | None
 
     # -------------------------------------------------------------- engines and errors
 
@@ -82,6 +89,52 @@ class Dialect(Protocol):
     def upsert_sql(self, table: str, names: Sequence[str], conflict: Sequence[str], updates: str | None) -> str:
         """INSERT of ``names`` (``:name`` binds); on a ``conflict`` clash run ``updates``
         (SQL using ``excluded.col``), or do nothing when ``updates`` is None."""
+
+    # -------------------------------------------------------------- message writes
+
+    def append_message(self, conn: Connection, row: Mapping[str, Any], calls: int) -> int:
+        """Insert one encoded message ``row`` and add 1 message and ``calls`` tool calls
+        to its session's counters, in the caller's transaction; returns the new id.
+        An unknown session raises UnknownSessionError with nothing written; driver
+        failures come out typed."""
+
+    def bump_message_counts(self, conn: Connection, counts: Iterable[tuple[str, int, int]]) -> None:
+        """Add ``(session id, messages, tool calls)`` to each session's counters."""
+
+    def insert_messages(self, conn: Connection, runs: MessageRuns,
+                        column_defaults: Callable[[], Mapping[str, str | None]]) -> None:
+        """Insert encoded message rows (see :data:`MessageRuns`) so ids follow the input
+        order; no counters are touched. ``column_defaults`` gives the declared
+        defaults (SQL) of ``messages``' columns, asked only when a path needs them."""
+
+    # -------------------------------------------------------------- search routes
+
+    #: The operator of a substring test that ignores case (SQLite's LIKE folds ASCII
+    #: letters; PostgreSQL's LIKE folds nothing, its ILIKE folds every letter).
+    caseless_like: str
+    #: Whether :attr:`caseless_like` folds letters beyond ASCII (search narrows it to
+    #: ASCII folding where SQLite's answer must be matched).
+    caseless_like_folds_non_ascii: bool
+    #: Whether CJK queries are answered by substring over the messages (a trigram
+    #: index of the server's serves LIKE) rather than by a trigram full-text index.
+    cjk_by_substring: bool
+    #: Written after ``messages AS m`` in a block-range read, to keep the planner on
+    #: the id range ('' where the planner needs no hint).
+    rowid_walk_hint: str
+
+    def word_match(self, conn: Connection, match: str) -> tuple[Any, Any]:
+        """For a sanitized FTS5 MATCH string: the ``:q`` value :meth:`match_sql` and
+        :meth:`top_sql` take, and what a snippet cut in Python needs (a
+        :class:`hermes_store.search.postgresql.WordQuery`), or None when the index
+        cuts the snippets itself."""
+
+    def cjk_sessions(self, conn: Connection, params: dict[str, Any], object_sql: Callable[[str], str]) -> str:
+        """Conditions on ``sessions s`` (``" AND ..."``, or '') keeping the sessions
+        the trigram index holds, any values bound into ``params``. ``object_sql``
+        reads a schema object's stored definition (the caller caches it)."""
+
+    def has_table(self, conn: Connection, name: str) -> bool:
+        """Whether the connection's schema has a table of that name."""
 
     # -------------------------------------------------------------- full-text search
 
@@ -131,20 +184,28 @@ class Dialect(Protocol):
     def table_counts(self, conn: Connection) -> tuple[list[tuple[str, int]], list[str]]:
         """Plain tables with their row counts, and the full-text index names."""
 
-    # FTS upkeep of Hermes v23 (rebuild windows, legacy layouts); no-ops on a server.
-    def checkpoint_truncate(self, engine: Engine) -> None: ...
-    def fts_tables(self, conn: Connection) -> dict[str, str]: ...
-    def fts_table_exists(self, conn: Connection, name: str) -> bool: ...
-    def fts_queryable(self, conn: Connection, name: str) -> bool: ...
-    def fts_search_available(self, conn: Connection) -> bool: ...
-    def fts_trigram_available(self, conn: Connection) -> bool: ...
-    def fts_layout_is_legacy(self, conn: Connection) -> bool: ...
-    def fts_backfill(self, conn: Connection, index: str, lo: int, hi: int, *, sweep: bool = False) -> int: ...
-    def fts_rebuild_from_source(self, conn: Connection, index: str) -> None: ...
-    def fts_trash_tables(self, conn: Connection) -> list[str]: ...
-    def fts_trash_rows(self, conn: Connection) -> int: ...
-    def fts_trash_delete(self, conn: Connection, name: str, rows: int) -> int: ...
-    def fts_demote_legacy(self, conn: Connection) -> list[str]: ...
+    def checkpoint_truncate(self, engine: Engine) -> None:
+        """Fold the whole write-ahead log into the file and truncate it (before a
+        VACUUM; best effort). Nothing to do where the server keeps its own log."""
+
+    def fts_search_available(self, conn: Connection) -> bool:
+        """Full-text search can be served here."""
+
+    def fts_trigram_available(self, conn: Connection) -> bool:
+        """The index serving substring and CJK search is there and answers."""
+
+
+def translate_python_error(exc: BaseException) -> "errors.HermesStoreError | None":
+    """The typed error for what Python raises while a driver binds a value (any driver):
+    a lone surrogate, an int out of range. None for anything else."""
+    if isinstance(exc, UnicodeEncodeError):
+        return errors.InvalidInputError(
+            "text with a lone surrogate (U+D800-U+DFFF) cannot be stored: "
+            f"{exc.object[exc.start:exc.end]!r} at position {exc.start}"
+        )
+    if isinstance(exc, OverflowError):
+        return errors.InvalidInputError(f"value out of range for SQLite: {exc}")
+    return None
 
 
 def on_conflict_upsert(table: str, names: Sequence[str], conflict: Sequence[str], updates: str | None) -> str:

@@ -14,18 +14,20 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from sqlalchemy import Connection, Engine, bindparam, text
+from sqlalchemy import Connection, Engine, bindparam, column, func, inspect, insert, table, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 
 from .. import errors
 from ..codec import pg_decode_nul, pg_encode_nul
+from ..models import Base
 from ..search import postgresql as pg_search
 from ..tenancy import qualified, quote_ident, schema_of_connection
 from . import pg_engine
-from .base import on_conflict_upsert
+from .base import MessageRuns, on_conflict_upsert
+from .fts5 import Fts5Storage
 from .pg_tenants import tenant_table_names
 
 #: serialization_failure, deadlock_detected, lock_not_available: worth another try.
@@ -62,6 +64,29 @@ _BASE_TABLES = text(
     f"SELECT table_name FROM information_schema.tables WHERE table_schema = {_IN_SCHEMA}"
     " AND table_type = 'BASE TABLE' ORDER BY table_name"
 )
+
+
+_MESSAGES = Base.metadata.tables["messages"]
+_SESSIONS = Base.metadata.tables["sessions"]
+#: Counter update of one append / one session of a bulk append, done in SQL so
+#: concurrent appends to one session never lose a count.
+_BUMP = (
+    update(_SESSIONS)
+    .where(_SESSIONS.c.id == bindparam("sid"))
+    .values(
+        message_count=func.coalesce(_SESSIONS.c.message_count, 0) + bindparam("n"),
+        tool_call_count=func.coalesce(_SESSIONS.c.tool_call_count, 0) + bindparam("calls"),
+    )
+)
+
+
+def _messages_target(names: Sequence[str], schema: str | None) -> Any:
+    """The model's ``messages`` when it has every column (``schema_translate_map`` then
+    names the tenant), else a lightweight table of ``names`` in ``schema``, the
+    connection's tenant: the map only rewrites the models' tables."""
+    if all(n in _MESSAGES.c for n in names):
+        return _MESSAGES
+    return table("messages", *(column(n) for n in names), schema=schema)
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -110,6 +135,16 @@ class PostgreSQLDialect:
     is_file = False
     replays_hermes_history = False
     keys_may_be_null = False
+    #: No FTS5 tables: search runs on GIN indexes the server keeps complete on every
+    #: write (no rebuild window to backfill, no pre-v23 layout, no trash to tear down).
+    fts5: Fts5Storage | None = None
+    # Search routes: ILIKE folds every letter (narrowed to ASCII where SQLite's LIKE
+    # must be matched); CJK queries go by substring over the pg_trgm index; the planner
+    # keeps a block read on the id range by itself.
+    caseless_like = "ILIKE"
+    caseless_like_folds_non_ascii = True
+    cjk_by_substring = True
+    rowid_walk_hint = ""
 
     def insert(self, table: Any) -> Any:
         return pg_insert(table)
@@ -166,6 +201,53 @@ class PostgreSQLDialect:
     # -------------------------------------------------------------- upserts
 
     upsert_sql = staticmethod(on_conflict_upsert)
+
+    # -------------------------------------------------------------- message writes
+
+    def append_message(self, conn: Connection, row: Mapping[str, Any], calls: int) -> int:
+        """The counters bumped first, then INSERT … RETURNING id. The bump doubles as
+        the existence check: no row updated, no such session, and nothing was written
+        (one round trip fewer than asking first); its row lock orders the appends of
+        one session."""
+        if not conn.execute(_BUMP, {"n": 1, "calls": calls, "sid": row["session_id"]}).rowcount:
+            raise errors.UnknownSessionError(f"unknown session {row['session_id']!r}: no such session (FOREIGN KEY)")
+        target = _messages_target(tuple(row), schema_of_connection(conn))
+        return int(conn.execute(insert(target).returning(_MESSAGES.c.id), row).scalar_one())
+
+    def bump_message_counts(self, conn: Connection, counts: Iterable[tuple[str, int, int]]) -> None:
+        conn.execute(_BUMP, [{"n": n, "calls": calls, "sid": sid} for sid, n, calls in counts])
+
+    def insert_messages(self, conn: Connection, runs: MessageRuns,
+                        column_defaults: Callable[[], Mapping[str, str | None]]) -> None:
+        """Core executemany per column set (psycopg batches it), input order kept; the
+        server fills in column defaults itself."""
+        schema = schema_of_connection(conn) if runs else None
+        for names, values in runs:
+            conn.execute(insert(_messages_target(names, schema)), [dict(zip(names, v)) for v in values])
+
+    # -------------------------------------------------------------- search routes
+
+    def word_match(self, conn: Connection, match: str) -> tuple[Any, Any]:
+        """Terms are folded by the function that built the index (one round trip at
+        most), so both sides cut and fold words alike; snippets are cut in Python."""
+        words = pg_search.word_query(conn, match)
+        return words.tsquery, words
+
+    def cjk_sessions(self, conn: Connection, params: dict[str, Any], object_sql: Callable[[str], str]) -> str:
+        """v30's trigram-index sessions (the head schema): not cron, not sub-agents.
+
+        The delegated sessions are read once per search and bound as one array, however
+        many statements (candidate blocks, unindexed tail, tool rows) repeat the clause.
+        """
+        clause = " AND s.source NOT IN ('cron', 'subagent')"
+        delegated = pg_search.delegated_sessions(conn)
+        if delegated:
+            params["dlg"] = delegated
+            clause += " AND s.id <> ALL(CAST(:dlg AS text[]))"
+        return clause
+
+    def has_table(self, conn: Connection, name: str) -> bool:
+        return inspect(conn).has_table(name, schema=schema_of_connection(conn))
 
     # -------------------------------------------------------------- full-text search
 
@@ -234,21 +316,6 @@ class PostgreSQLDialect:
     def checkpoint_truncate(self, engine: Engine) -> None:
         return None  # no WAL file of ours to truncate: the server manages its own
 
-    # -------------------------------------------------------------- FTS5 storage upkeep
-    #
-    # Hermes' optimize-storage machinery is about SQLite FTS5 tables. Here search runs
-    # on GIN indexes the server keeps complete on every write: there is no FTS5 table,
-    # no rebuild window to backfill, no pre-v23 layout and no trash to tear down.
-
-    def fts_tables(self, conn: Connection) -> dict[str, str]:
-        return {}
-
-    def fts_table_exists(self, conn: Connection, name: str) -> bool:
-        return False
-
-    def fts_queryable(self, conn: Connection, name: str) -> bool:
-        return False
-
     def fts_search_available(self, conn: Connection) -> bool:
         return True  # the tsvector column is always there; its index only makes it fast
 
@@ -256,27 +323,6 @@ class PostgreSQLDialect:
         """The pg_trgm index that serves substring and CJK search exists."""
         trigram = sorted(i for i in SEARCH_INDEXES if "trgm" in i)
         return any(name in trigram for name in self.fts_indexes(conn))
-
-    def fts_layout_is_legacy(self, conn: Connection) -> bool:
-        return False
-
-    def fts_backfill(self, conn: Connection, index: str, lo: int, hi: int, *, sweep: bool = False) -> int:
-        return 0
-
-    def fts_rebuild_from_source(self, conn: Connection, index: str) -> None:
-        self.fts_command(conn, index, "rebuild")
-
-    def fts_trash_tables(self, conn: Connection) -> list[str]:
-        return []
-
-    def fts_trash_rows(self, conn: Connection) -> int:
-        return 0
-
-    def fts_trash_delete(self, conn: Connection, name: str, rows: int) -> int:
-        return 0
-
-    def fts_demote_legacy(self, conn: Connection) -> list[str]:
-        return []
 
     def defer_foreign_keys(self, conn: Connection) -> None:
         conn.exec_driver_sql("SET CONSTRAINTS ALL DEFERRED")

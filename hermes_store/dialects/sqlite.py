@@ -7,24 +7,30 @@ Everything here is SQLite-only syntax or behaviour: PRAGMAs, ``sqlite_master``,
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 import sys
-from typing import Any, Sequence
-
-import functools
-from contextlib import AbstractContextManager, nullcontext
-import re
-import tempfile
-from pathlib import Path
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import OperationalError
 
 from .. import errors
-from .base import OUR_TABLES, on_conflict_upsert
-from ..search.fts import fts5
+from .base import OUR_TABLES, MessageRuns, on_conflict_upsert, translate_python_error
+# The FTS5 names stay importable from here (the copier, Hermes-facing modules).
+from .fts5 import (
+    CJK_FTS,  # noqa: F401
+    FTS_SHADOWS,
+    FTS_TRASH_PREFIX,  # noqa: F401
+    HERMES_FTS_TABLES,  # noqa: F401
+    TRIGRAM_FTS,
+    WORD_FTS,
+    Fts5Storage,
+)
+from ..search.fts import TRIGRAM_SOURCE_VIEW, fts5 as fts5_statements, trigram_sessions
 
 # Warnings keep the facade's logger name: that is where users have filters for them.
 log = logging.getLogger("hermes_store.facade")
@@ -34,56 +40,11 @@ log = logging.getLogger("hermes_store.facade")
 _WAL_FALLBACK_CAUSES = ("locking protocol", "not authorized")
 _wal_warned: set[str] = set()
 _LOCKED = ("database is locked", "database is busy", "database table is locked")
-#: Suffixes of the shadow tables FTS5 keeps next to each virtual table.
-FTS_SHADOWS = ("_data", "_idx", "_content", "_docsize", "_config")
-#: Hermes' FTS5 tables (v23 ``_FTS_TABLES``): word, trigram, and the optional CJK one.
-WORD_FTS, TRIGRAM_FTS, CJK_FTS = HERMES_FTS_TABLES = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
-#: Name prefix of the plain tables a demoted pre-v23 index leaves (Hermes' ``_FTS_TRASH_PREFIX``).
-FTS_TRASH_PREFIX = "fts_v22_trash_"
-_OPTION = r"\b{}\s*=\s*(?:'([^']*)'|\"([^\"]*)\"|([^\s,)]+))"
 
 
 def _quote(name: str) -> str:
     """A double-quoted SQLite identifier."""
     return '"' + name.replace('"', '""') + '"'
-
-
-def _like_prefix(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-
-
-def _fts_option(sql: str, option: str) -> str | None:
-    """An option (``content``, ``content_rowid``...) of a stored ``CREATE VIRTUAL TABLE``."""
-    found = re.search(_OPTION.format(re.escape(option)), sql, re.I)
-    return None if found is None else next(g for g in found.groups() if g is not None)
-
-
-@functools.lru_cache(maxsize=1)
-def head_fts_objects() -> tuple[tuple[str, str, str], ...]:
-    """(type, name, CREATE) of every FTS object our head schema has, in creation order.
-
-    Read from a database our migrations build (once per process), so the layout a
-    demotion creates is exactly what a fresh file gets: views, then the virtual
-    tables, then the triggers that feed them (the CJK index is not ours).
-    """
-    from .. import migrations
-
-    with tempfile.TemporaryDirectory(prefix="hermes-store-fts-") as tmp:
-        path = Path(tmp) / "head.db"
-        migrations.upgrade(path)
-        raw = sqlite3.connect(str(path))
-        try:
-            rows = raw.execute(
-                "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL"
-                " AND name LIKE 'messages\\_fts%' ESCAPE '\\' ORDER BY rowid"
-            ).fetchall()
-        finally:
-            raw.close()
-    rows = [r for r in rows if not r[1].startswith(CJK_FTS)]
-    views = [r for r in rows if r[0] == "view"]
-    tables = [r for r in rows if r[0] == "table" and r[2].upper().startswith("CREATE VIRTUAL TABLE")]
-    triggers = [r for r in rows if r[0] == "trigger"]
-    return tuple(views + tables + triggers)
 
 
 def apply_wal_with_fallback(conn: sqlite3.Connection, *, db_label: str = "state.db") -> str:
@@ -184,6 +145,57 @@ def install_begin_hook(target: Engine | Connection) -> None:
         event.listen(target, "begin", _emit_begin)
 
 
+#: The file's FTS5 tables (``SQLiteDialect.fts5``).
+_STORAGE = Fts5Storage()
+#: Batches at least this large go through a staging table (see SQLiteDialect._insert_staged).
+BULK_STAGE_MIN = 64
+STAGE = "hermes_store_bulk_stage"
+#: Counter update of one append, and of one session of a bulk append.
+_BUMP_ONE = (
+    "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1, "
+    "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?"
+)
+_BUMP_N = (
+    "UPDATE sessions SET message_count = COALESCE(message_count, 0) + ?, "
+    "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?"
+)
+#: INSERTs for the DB-API cursor by (table, schema, column names); the column sets are
+#: bounded (only known columns get this far).
+_INSERTS: dict[tuple[str, str | None, tuple[str, ...]], str] = {}
+
+
+def _insert_sql(table_name: str, schema: str | None, names: tuple[str, ...]) -> str:
+    """``INSERT INTO [schema.]table (names...) VALUES (?, ...)``: values in ``names`` order."""
+    key = (table_name, schema, names)
+    sql = _INSERTS.get(key)
+    if sql is None:
+        target = _quote(table_name) if schema is None else f"{schema}.{_quote(table_name)}"
+        sql = _INSERTS[key] = (
+            f"INSERT INTO {target} ({', '.join(_quote(n) for n in names)}) VALUES ({', '.join('?' * len(names))})"
+        )
+    return sql
+
+
+def _typed(exc: BaseException) -> errors.HermesStoreError | None:
+    """What the engine's error hook would make of an error of a raw DB-API call."""
+    return translate_python_error(exc) or DIALECT.translate_error(exc)
+
+
+@contextmanager
+def _driver_errors() -> Iterator[None]:
+    """Typed errors for statements sent straight to the DB-API connection (they bypass
+    SQLAlchemy's ``handle_error`` hook)."""
+    try:
+        yield
+    except errors.HermesStoreError:
+        raise
+    except (sqlite3.Error, UnicodeEncodeError, OverflowError) as exc:
+        typed = _typed(exc)
+        if typed is None:
+            raise
+        raise typed from exc
+
+
 def _outside_transaction(engine: Engine, sql: str) -> None:
     """Run a statement that must not sit inside BEGIN (VACUUM, checkpoints)."""
     with engine.connect() as conn:
@@ -199,6 +211,14 @@ class SQLiteDialect:
     is_file = True
     replays_hermes_history = True
     keys_may_be_null = True
+    #: Hermes' FTS5 tables live in the file (see :mod:`hermes_store.dialects.fts5`).
+    fts5: Fts5Storage | None = _STORAGE
+    # Search routes: LIKE folds ASCII letters only; CJK queries use the trigram FTS5
+    # index; NOT INDEXED keeps a block read on the rowid range.
+    caseless_like = "LIKE"
+    caseless_like_folds_non_ascii = False
+    cjk_by_substring = False
+    rowid_walk_hint = " NOT INDEXED"
 
     def insert(self, table: Any) -> Any:
         return sqlite_insert(table)
@@ -286,19 +306,117 @@ class SQLiteDialect:
 
     upsert_sql = staticmethod(on_conflict_upsert)
 
+    # -------------------------------------------------------------- message writes
+    #
+    # The hot path of every agent turn: plain statements on the DB-API connection,
+    # inside the caller's transaction (SQLAlchemy's execution machinery would cost
+    # more than the statements themselves).
+
+    def append_message(self, conn: Connection, row: Mapping[str, Any], calls: int) -> int:
+        """Two statements: the INSERT, then the counter UPDATE. The session is looked
+        up only when the foreign key refuses the row."""
+        raw = conn.connection.driver_connection
+        session_id = row["session_id"]
+        try:
+            new_id = raw.execute(_insert_sql("messages", None, tuple(row)), tuple(row.values())).lastrowid
+            raw.execute(_BUMP_ONE, (calls, session_id))
+        except sqlite3.IntegrityError as exc:
+            if "FOREIGN KEY" in str(exc) and raw.execute(
+                    "SELECT 1 FROM sessions WHERE id = ? LIMIT 1", (session_id,)).fetchone() is None:
+                raise errors.UnknownSessionError(f"unknown session {session_id!r}: {exc}") from exc
+            raise
+        except (sqlite3.Error, OverflowError) as exc:
+            typed = _typed(exc)
+            if typed is None:
+                raise
+            raise typed from exc
+        return int(new_id)
+
+    def bump_message_counts(self, conn: Connection, counts: Iterable[tuple[str, int, int]]) -> None:
+        with _driver_errors():
+            conn.connection.driver_connection.executemany(_BUMP_N, [(n, calls, sid) for sid, n, calls in counts])
+
+    def insert_messages(self, conn: Connection, runs: MessageRuns,
+                        column_defaults: Callable[[], Mapping[str, str | None]]) -> None:
+        """One executemany per run; batches of ``BULK_STAGE_MIN`` rows or more go through
+        a staging table (see :meth:`_insert_staged`)."""
+        if not runs:
+            return
+        with _driver_errors():
+            cursor = conn.connection.driver_connection.cursor()
+            try:
+                if sum(len(values) for _names, values in runs) >= BULK_STAGE_MIN:
+                    self._insert_staged(cursor, runs, column_defaults)
+                else:
+                    for names, values in runs:
+                        cursor.executemany(_insert_sql("messages", None, names), values)
+            finally:
+                cursor.close()
+
+    @staticmethod
+    def _insert_staged(cursor: Any, runs: MessageRuns,
+                       column_defaults: Callable[[], Mapping[str, str | None]]) -> None:
+        """Stage rows in a TEMP table, then move them with one INSERT … SELECT.
+
+        FTS5 keeps its pending index changes across the rows of one statement but
+        flushes them between statements, so one statement for the batch indexes 2–3×
+        faster than executemany. Columns a row leaves out get the column's default.
+        """
+        cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {STAGE} AS SELECT * FROM main.messages WHERE 0")
+        staged = {r[1] for r in cursor.execute(f"PRAGMA temp.table_info({STAGE})")}
+        columns: list[str] = []
+        for names, _rows in runs:
+            columns += [n for n in names if n not in columns]
+        if not set(columns) <= staged:  # the schema grew since this connection staged
+            cursor.execute(f"DROP TABLE temp.{STAGE}")
+            cursor.execute(f"CREATE TEMP TABLE {STAGE} AS SELECT * FROM main.messages WHERE 0")
+        for names, rows in runs:
+            cursor.executemany(_insert_sql(STAGE, "temp", names), rows)
+        defaults = column_defaults()
+        exprs = [f"COALESCE({c}, {defaults[c]})" if defaults.get(c) is not None else c for c in columns]
+        cursor.execute(
+            f"INSERT INTO main.messages ({', '.join(columns)}) SELECT {', '.join(exprs)} "
+            f"FROM temp.{STAGE} ORDER BY rowid"
+        )
+        cursor.execute(f"DELETE FROM temp.{STAGE}")
+
+    # -------------------------------------------------------------- search routes
+
+    def word_match(self, conn: Connection, match: str) -> tuple[Any, Any]:
+        return match, None  # FTS5 reads the MATCH string itself and cuts the snippets
+
+    def cjk_sessions(self, conn: Connection, params: dict[str, Any], object_sql: Callable[[str], str]) -> str:
+        """Read from the trigram index's source view the file really has (the sessions
+        it leaves out depend on the file's revision: none, cron, cron and sub-agents)."""
+        indexed = trigram_sessions(object_sql(TRIGRAM_SOURCE_VIEW))
+        return f" AND {indexed}" if indexed else ""
+
+    def has_table(self, conn: Connection, name: str) -> bool:
+        return conn.execute(
+            text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :n"), {"n": name}
+        ).first() is not None
+
     # -------------------------------------------------------------- full-text search
 
     def fts_indexes(self, conn: Connection) -> list[str]:
-        return fts5.existing_indexes(conn)
+        return fts5_statements.existing_indexes(conn)
+
+    def fts_search_available(self, conn: Connection) -> bool:
+        """Full-text search can be served: FTS5 is compiled in and the word index answers."""
+        return _STORAGE.queryable(conn, WORD_FTS)
+
+    def fts_trigram_available(self, conn: Connection) -> bool:
+        """The trigram (substring/CJK) index answers (SQLite 3.34+ has the tokenizer)."""
+        return _STORAGE.queryable(conn, TRIGRAM_FTS)
 
     def fts_command(self, conn: Connection, index: str, cmd: str) -> None:
-        fts5.command(conn, index, cmd)
+        fts5_statements.command(conn, index, cmd)
 
     def match_sql(self, index: str) -> str:
-        return fts5.match_sql(index)
+        return fts5_statements.match_sql(index)
 
     def top_sql(self, index: str) -> str:
-        return fts5.top_sql(index)
+        return fts5_statements.top_sql(index)
 
     # -------------------------------------------------------------- maintenance
 
@@ -324,186 +442,6 @@ class SQLiteDialect:
 
     def defer_foreign_keys(self, conn: Connection) -> None:
         conn.exec_driver_sql("PRAGMA defer_foreign_keys = ON")
-
-    # -------------------------------------------------------------- FTS5 storage upkeep
-    #
-    # Hermes v23's optimize-storage machinery (see repositories/fts_upkeep.py for the
-    # portable half): which FTS5 tables exist and answer, chunked backfill of an
-    # external-content index, the pre-v23 ("legacy", inline) layout and its demotion
-    # to plain ``fts_v22_trash_*`` tables, and the chunked teardown of those.
-
-    def fts_tables(self, conn: Connection) -> dict[str, str]:
-        """Hermes' FTS5 tables this file has (word, trigram, CJK), with their stored CREATE."""
-        rows = conn.exec_driver_sql(
-            "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name IN (?, ?, ?)", HERMES_FTS_TABLES
-        ).fetchall()
-        found = {name: sql or "" for name, sql in rows}
-        return {name: found[name] for name in HERMES_FTS_TABLES if name in found}
-
-    def fts_table_exists(self, conn: Connection, name: str) -> bool:
-        """A table (virtual, shadow or trash) of that name is in the schema."""
-        return conn.exec_driver_sql(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
-        ).first() is not None
-
-    def fts_queryable(self, conn: Connection, name: str) -> bool:
-        """Whether FTS5 table ``name`` exists and can be read here (its module and
-        tokenizer are loaded: a missing one fails when a statement is prepared)."""
-        if name not in self.fts_tables(conn):
-            return False
-        try:
-            conn.exec_driver_sql(f"SELECT 1 FROM {_quote(name)} LIMIT 0").fetchall()
-        except (DBAPIError, sqlite3.Error):
-            return False
-        return True
-
-    def fts_search_available(self, conn: Connection) -> bool:
-        """Full-text search can be served: FTS5 is compiled in and the word index answers."""
-        return self.fts_queryable(conn, WORD_FTS)
-
-    def fts_trigram_available(self, conn: Connection) -> bool:
-        """The trigram (substring/CJK) index answers (SQLite 3.34+ has the tokenizer)."""
-        return self.fts_queryable(conn, TRIGRAM_FTS)
-
-    def fts_layout_is_legacy(self, conn: Connection) -> bool:
-        """The word index has Hermes' pre-v23 inline shape (one column, no ``tool_name``)."""
-        sql = self.fts_tables(conn).get(WORD_FTS)
-        return sql is not None and "tool_name" not in sql
-
-    def fts_backfill(self, conn: Connection, index: str, lo: int, hi: int, *, sweep: bool = False) -> int:
-        """Index the rows ``lo < id <= hi`` of ``index``'s own content source.
-
-        Rows the index already holds (its ``_docsize`` shadow table lists every indexed
-        rowid) are skipped: FTS5 would silently index a rowid twice, which breaks the
-        index. Without that table nothing can be told apart, so a ``sweep`` (repair of
-        rows that should be there) does nothing, and a backfill inserts every row.
-        Returns how many rows were inserted; an index without external content (no
-        source to read back) gets none.
-        """
-        sql = self.fts_tables(conn).get(index)
-        source = _fts_option(sql or "", "content")
-        if not source:
-            return 0
-        key = _fts_option(sql or "", "content_rowid") or "rowid"
-        columns = [r[1] for r in conn.exec_driver_sql(f"PRAGMA table_info({_quote(index)})")]
-        docsize = f"{index}_docsize"
-        known = self.fts_table_exists(conn, docsize)
-        if sweep and not known:
-            return 0
-        skip = (
-            f" AND {_quote(key)} NOT IN (SELECT id FROM {_quote(docsize)} WHERE id > :lo AND id <= :hi)"
-            if known else ""
-        )
-        cols = ", ".join(_quote(c) for c in columns)
-        return conn.execute(
-            text(
-                f"INSERT INTO {_quote(index)}(rowid, {cols}) SELECT {_quote(key)}, {cols} FROM {_quote(source)}"
-                f" WHERE {_quote(key)} > :lo AND {_quote(key)} <= :hi{skip} ORDER BY {_quote(key)}"
-            ),
-            {"lo": int(lo), "hi": int(hi)},
-        ).rowcount
-
-    def fts_rebuild_from_source(self, conn: Connection, index: str) -> None:
-        """FTS5 ``'rebuild'``: the index is dropped and made again from its content."""
-        fts5.command(conn, index, "rebuild")
-
-    def fts_trash_tables(self, conn: Connection) -> list[str]:
-        """Plain tables left by a demotion (``fts_v22_trash_*``), by name."""
-        return [
-            r[0]
-            for r in conn.exec_driver_sql(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE ? ESCAPE '\\' ORDER BY name",
-                (_like_prefix(FTS_TRASH_PREFIX),),
-            )
-        ]
-
-    def fts_trash_rows(self, conn: Connection) -> int:
-        """Rows still held by the trash tables (progress of a teardown)."""
-        return sum(
-            int(conn.exec_driver_sql(f"SELECT count(*) FROM {_quote(name)}").scalar() or 0)
-            for name in self.fts_trash_tables(conn)
-        )
-
-    def fts_trash_delete(self, conn: Connection, name: str, rows: int) -> int:
-        """Delete up to ``rows`` rows of trash table ``name``; drop it once empty.
-
-        Returns the rows deleted (0 when the table was empty and is now gone). Only
-        ``fts_v22_trash_*`` tables are ever touched.
-        """
-        if not name.startswith(FTS_TRASH_PREFIX):
-            raise errors.InvalidInputError(f"{name!r} is not an FTS trash table")
-        sql = conn.exec_driver_sql(
-            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
-        ).scalar()
-        if sql is None:
-            return 0
-        if "WITHOUT ROWID" in sql.upper():
-            info = conn.exec_driver_sql(f"PRAGMA table_info({_quote(name)})").fetchall()
-            key = ", ".join(_quote(r[1]) for r in sorted((r for r in info if r[5]), key=lambda r: r[5]))
-        else:
-            key = "rowid"
-        deleted = conn.execute(
-            text(f"DELETE FROM {_quote(name)} WHERE ({key}) IN (SELECT {key} FROM {_quote(name)} LIMIT :n)"),
-            {"n": max(1, int(rows))},
-        ).rowcount
-        if not deleted:
-            conn.exec_driver_sql(f"DROP TABLE {_quote(name)}")
-        return deleted
-
-    def fts_demote_legacy(self, conn: Connection) -> list[str]:
-        """Replace Hermes' pre-v23 inline FTS tables with our head layout, cheaply.
-
-        As Hermes' ``_demote_legacy_fts_to_trash``: the old indexes' triggers go, their
-        shadow tables are renamed to plain ``fts_v22_trash_*`` tables (emptied later in
-        small chunks, so a big index never holds the write lock for long), the virtual
-        table definitions are removed from the schema, and the head FTS objects (views,
-        tables, gated triggers) are created empty. The caller sets the rebuild window
-        markers in the same transaction; the backfill then fills the new indexes.
-        Where the schema cannot be edited (a defensive-mode connection), the old table
-        is dropped outright instead. Returns the demoted tables ([] when not legacy).
-        """
-        if not self.fts_layout_is_legacy(conn):
-            return []
-        tables = self.fts_tables(conn)
-        demoted = [name for name in (WORD_FTS, TRIGRAM_FTS) if name in tables]
-        for name, kind in conn.exec_driver_sql(
-            "SELECT name, type FROM sqlite_master WHERE type IN ('trigger', 'view')"
-            " AND name LIKE 'messages\\_fts%' ESCAPE '\\' AND name NOT LIKE 'messages\\_fts\\_cjk%' ESCAPE '\\'"
-        ).fetchall():
-            conn.exec_driver_sql(f"DROP {kind.upper()} IF EXISTS {_quote(name)}")
-        for name in demoted:
-            try:
-                with conn.begin_nested():
-                    self._move_shadows_to_trash(conn, name)
-            except (DBAPIError, sqlite3.Error) as exc:
-                log.warning("%s: could not keep the old index's pages for a chunked teardown (%s); dropping it", name, exc)
-                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {_quote(name)}")
-        for _kind, _name, sql in head_fts_objects():
-            conn.exec_driver_sql(sql)
-        return demoted
-
-    def _move_shadows_to_trash(self, conn: Connection, name: str) -> None:
-        """Rename ``name``'s shadow tables to trash names and forget the virtual table."""
-        existing = {r[0] for r in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        for suffix in FTS_SHADOWS:
-            shadow = name + suffix
-            if shadow not in existing:
-                continue
-            target = FTS_TRASH_PREFIX + shadow
-            n = 2
-            while target in existing:
-                target = f"{FTS_TRASH_PREFIX}{shadow}_{n}"
-                n += 1
-            conn.exec_driver_sql(f"ALTER TABLE {_quote(shadow)} RENAME TO {_quote(target)}")
-            existing.add(target)
-        # The module would drop the (now renamed) shadow tables with the table, and
-        # cannot even be constructed without them: remove the definition itself, as
-        # SQLite documents for a virtual table that can no longer be dropped.
-        conn.exec_driver_sql("PRAGMA writable_schema = ON")
-        try:
-            conn.exec_driver_sql("DELETE FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
-        finally:
-            conn.exec_driver_sql("PRAGMA writable_schema = RESET")  # off, and the schema is read again
 
     def ping(self, conn: Connection) -> None:
         conn.exec_driver_sql("SELECT 1")

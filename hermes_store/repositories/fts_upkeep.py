@@ -11,9 +11,9 @@ indexes :meth:`FtsUpkeepRepository.demote_legacy` replaces.
 
 This module is the portable half: markers are read and moved with Core statements
 on the ``state_meta`` model table, so the same code runs on PostgreSQL, where the
-dialect reports no FTS5 table (search runs on GIN indexes the server keeps complete)
-and any window left in ``state_meta`` simply closes. What an FTS5 table needs is
-behind the dialect (:mod:`hermes_store.dialects.sqlite`).
+dialect has no FTS5 storage (``Dialect.fts5`` is None: search runs on GIN indexes the
+server keeps complete) and any window left in ``state_meta`` simply closes. What an
+FTS5 table needs is behind the dialect (:mod:`hermes_store.dialects.fts5`).
 """
 
 from __future__ import annotations
@@ -25,15 +25,16 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, select, update
 from sqlalchemy.exc import OperationalError
 
+from ..dialects.fts5 import Fts5Storage
 from ..hermes_names import FTS_CJK_STALE_KEY
 from ..models import Base
+from ..search.fts_head import head_fts_objects
 from ..tenancy import qualified
 from .base import MESSAGES, Repository
-from .maintenance import MaintenanceRepository
+from .state_meta import STATE_META, add_meta, get_meta, set_meta
 
 log = logging.getLogger(__name__)
 
-STATE_META = Base.metadata.tables["state_meta"]
 SCHEMA_VERSION = Base.metadata.tables["schema_version"]
 
 REBUILD_HIGH_WATER = "fts_rebuild_high_water"
@@ -80,7 +81,7 @@ def set_meta_on_cursor(cursor: Any, key: str, value: Any, *, schema: str | None 
     """
     stored = None if value is None else str(value)
     if isinstance(cursor, Connection):
-        MaintenanceRepository(cursor).set_meta(key, stored)
+        set_meta(cursor, key, stored)
         return
     owner = getattr(cursor, "connection", cursor)
     mark = "?" if isinstance(cursor, (sqlite3.Cursor, sqlite3.Connection)) or isinstance(owner, sqlite3.Connection) \
@@ -95,13 +96,27 @@ def set_meta_on_cursor(cursor: Any, key: str, value: Any, *, schema: str | None 
 class FtsUpkeepRepository(Repository):
     """The rebuild windows, index-wide FTS commands and optimize-storage, on one connection."""
 
+    @property
+    def fts5(self) -> Fts5Storage | None:
+        """The database's FTS5 storage; None where search needs none (a server)."""
+        return self.dialect.fts5
+
+    def _fts_tables(self) -> dict[str, str]:
+        """Hermes' FTS5 tables here, with their stored CREATE ({} without FTS5 storage)."""
+        fts5 = self.fts5
+        return {} if fts5 is None else fts5.tables(self.conn)
+
+    def _queryable(self, name: str) -> bool:
+        fts5 = self.fts5
+        return fts5 is not None and fts5.queryable(self.conn, name)
+
     # ------------------------------------------------------------------ state_meta
 
     def meta(self, key: str) -> str | None:
-        return self.conn.execute(select(STATE_META.c.value).where(STATE_META.c.key == key)).scalar()
+        return get_meta(self.conn, key)
 
     def _set(self, key: str, value: str) -> None:
-        MaintenanceRepository(self.conn).set_meta(key, value)
+        set_meta(self.conn, key, value)
 
     def _forget(self, *keys: str) -> None:
         self.conn.execute(delete(STATE_META).where(STATE_META.c.key.in_(keys)))
@@ -109,8 +124,7 @@ class FtsUpkeepRepository(Repository):
     def _claim(self, key: str, seen: str | None, new: str) -> bool:
         """Compare-and-set: move ``key`` from ``seen`` to ``new``; False if it changed meanwhile."""
         if seen is None:
-            sql = self._upsert("state_meta", ["key", "value"], ["key"], None)
-            return self._exec(sql, {"key": key, "value": new}) == 1
+            return add_meta(self.conn, key, new)  # the dialect's INSERT … ON CONFLICT DO NOTHING
         found = self.conn.execute(
             update(STATE_META).where(STATE_META.c.key == key, STATE_META.c.value == seen).values(value=new)
         )
@@ -121,8 +135,8 @@ class FtsUpkeepRepository(Repository):
     def maintained_indexes(self) -> list[str]:
         """The search indexes upkeep commands act on: Hermes' FTS5 tables that answer
         here (a missing tokenizer makes one unreadable), or the server's GIN indexes."""
-        tables = self.dialect.fts_tables(self.conn)
-        names = [n for n in tables if self.dialect.fts_queryable(self.conn, n)]
+        tables = self._fts_tables()
+        names = [n for n in tables if self._queryable(n)]
         names += [n for n in self.dialect.fts_indexes(self.conn) if n not in tables]
         return names
 
@@ -157,12 +171,12 @@ class FtsUpkeepRepository(Repository):
         for name in self.maintained_indexes():
             try:
                 with self.conn.begin_nested():
-                    self.dialect.fts_rebuild_from_source(self.conn, name)
+                    self.dialect.fts_command(self.conn, name, "rebuild")
             except Exception as exc:  # noqa: BLE001 - Hermes: logged, rolled back, next index
                 log.warning("search index %s: rebuild failed (%s); left as it was", name, exc)
                 continue
             done.append(name)
-        present = self.dialect.fts_tables(self.conn)
+        present = self._fts_tables()
         for hw_key, progress_key, names in WINDOWS.values():
             covered = [n for n in names if n in present]
             if covered and all(n in done for n in covered):
@@ -195,9 +209,10 @@ class FtsUpkeepRepository(Repository):
         raw_hw = self.meta(hw_key)
         if raw_hw is None:
             return False
-        present = self.dialect.fts_tables(self.conn)
-        targets = [n for n in names if self.dialect.fts_queryable(self.conn, n)]
-        if not targets:
+        fts5 = self.fts5
+        present = self._fts_tables()
+        targets = [n for n in names if self._queryable(n)]
+        if fts5 is None or not targets:
             if not any(n in present for n in names):
                 self._forget(hw_key, progress_key)  # nothing the window could be about
             return False  # present but unreadable here (no tokenizer): left for a capable host
@@ -205,7 +220,7 @@ class FtsUpkeepRepository(Repository):
         if hw is None:
             log.warning("%s=%r is not an id; rebuilding %s whole", hw_key, raw_hw, ", ".join(targets))
             for name in targets:
-                self.dialect.fts_rebuild_from_source(self.conn, name)
+                fts5.rebuild_from_source(self.conn, name)
             self._forget(hw_key, progress_key)
             return False
         if hw <= 0:
@@ -218,11 +233,11 @@ class FtsUpkeepRepository(Repository):
             if not self._claim(progress_key, raw_progress, str(upper)):
                 return True  # another process took this chunk: look again
             for name in targets:
-                self.dialect.fts_backfill(self.conn, name, progress, upper)
+                fts5.backfill(self.conn, name, progress, upper)
             if upper < hw:
                 return True
         for name in targets:
-            self.dialect.fts_backfill(
+            fts5.backfill(
                 self.conn, name, max(hw - BOUNDARY_SWEEP_IDS, 0), hw + BOUNDARY_SWEEP_IDS, sweep=True
             )
         self._forget(hw_key, progress_key)
@@ -232,26 +247,32 @@ class FtsUpkeepRepository(Repository):
 
     def cjk_index_available(self) -> bool:
         """Hermes' CJK index answers here (its tokenizer is loaded on our connections)."""
-        return self.dialect.fts_queryable(self.conn, WINDOWS["cjk"][2][0])
+        return self._queryable(WINDOWS["cjk"][2][0])
 
     def optimize_available(self) -> bool:
         """Whether optimize-storage has work: a pre-v23 layout, an open window, CJK work a
         loaded tokenizer could do, or trash tables of a demotion still to tear down."""
-        if self.dialect.fts_layout_is_legacy(self.conn) or self.meta(REBUILD_HIGH_WATER) is not None:
+        fts5 = self.fts5
+        if fts5 is None:  # no FTS5 storage: only an open window (it closes at the first step)
+            return self.meta(REBUILD_HIGH_WATER) is not None
+        if fts5.layout_is_legacy(self.conn) or self.meta(REBUILD_HIGH_WATER) is not None:
             return True
         cjk_keys = (CJK_REBUILD_HIGH_WATER, CJK_REBUILD_PROGRESS, FTS_CJK_STALE_KEY)
         if self.cjk_index_available() and any(self.meta(k) is not None for k in cjk_keys):
             return True
-        return bool(self.dialect.fts_trash_tables(self.conn))
+        return bool(fts5.trash_tables(self.conn))
 
     def demote_legacy(self) -> list[str]:
         """Replace pre-v23 inline indexes by the head layout and open a window over every
-        message (see :meth:`SQLiteDialect.fts_demote_legacy`). Nothing happens while a
-        window is open (an interrupted optimize resumes instead) or when the layout is
-        current. Returns the demoted tables."""
-        if self.meta(REBUILD_HIGH_WATER) is not None:
+        message (see :meth:`Fts5Storage.demote_legacy`). Nothing happens while a
+        window is open (an interrupted optimize resumes instead), when the layout is
+        current, or without FTS5 storage. Returns the demoted tables."""
+        fts5 = self.fts5
+        if fts5 is None or self.meta(REBUILD_HIGH_WATER) is not None:
             return []
-        demoted = self.dialect.fts_demote_legacy(self.conn)
+        if not fts5.layout_is_legacy(self.conn):
+            return []
+        demoted = fts5.demote_legacy(self.conn, head_fts_objects())
         if not demoted:
             return []
         top = int(self.conn.execute(select(func.max(MESSAGES.c.id))).scalar() or 0)
@@ -262,16 +283,18 @@ class FtsUpkeepRepository(Repository):
         return demoted
 
     def trash_rows(self) -> int:
-        return self.dialect.fts_trash_rows(self.conn)
+        fts5 = self.fts5
+        return 0 if fts5 is None else fts5.trash_rows(self.conn)
 
     def teardown_chunk(self, rows: int) -> tuple[int, bool]:
         """Delete up to ``rows`` rows of the first trash table (dropping it once empty).
 
         Returns (rows deleted, whether trash remains)."""
-        tables = self.dialect.fts_trash_tables(self.conn)
-        if not tables:
+        fts5 = self.fts5
+        tables = [] if fts5 is None else fts5.trash_tables(self.conn)
+        if fts5 is None or not tables:
             return 0, False
-        deleted = self.dialect.fts_trash_delete(self.conn, tables[0], rows)
+        deleted = fts5.trash_delete(self.conn, tables[0], rows)
         return deleted, bool(deleted) or len(tables) > 1
 
     def finish_storage_optimize(self, layout: int = HEAD_FTS_LAYOUT) -> None:
@@ -296,4 +319,5 @@ class FtsUpkeepRepository(Repository):
     def fts_table_exists(self, name: str) -> bool:
         """Hermes' ``_fts_table_exists``: a table of that name is in the SQLite schema
         (its FTS5 tables, their shadows, trash). A server has no FTS5 table at all."""
-        return self.dialect.fts_table_exists(self.conn, name)
+        fts5 = self.fts5
+        return fts5 is not None and fts5.table_exists(self.conn, name)

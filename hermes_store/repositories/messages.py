@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import math
 import operator
-import sqlite3
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
-from sqlalchemy import bindparam, case, column, delete, func, insert, literal, select, table, update
+from sqlalchemy import bindparam, case, delete, func, literal, select, update
 
 from .. import errors
 from ..errors import MessageNotFoundError, UnknownSessionError  # noqa: F401 - raised here, importable here
@@ -40,9 +39,8 @@ from ..codec import (
     text_from_bytes,
     tool_call_increment,
 )
-from ..engine import translate_driver_error
 from ..hermes_names import _strip_background_review_harness
-from .base import MESSAGES, SESSIONS, Repository, UnknownFieldError, driver_errors, driver_insert, missing_sessions, now
+from .base import MESSAGES, SESSIONS, Repository, UnknownFieldError, missing_sessions, now
 from .lineage import LineageRepository
 from .records import MessageRecord, MessageWindow, RecentUserMessage, RewindResult
 
@@ -51,9 +49,6 @@ from .records import MessageRecord, MessageWindow, RecentUserMessage, RewindResu
 JSON_COLUMNS = ("tool_calls", "reasoning_details", "codex_reasoning_items", "codex_message_items")
 #: Binary columns: bytes are stored as they are (v30's display identity digest).
 BLOB_COLUMNS = frozenset({"display_identity"})
-#: Batches at least this large go through a staging table (see _insert_staged).
-BULK_STAGE_MIN = 64
-STAGE = "hermes_store_bulk_stage"
 _BYTES = (bytes, bytearray, memoryview)
 _Runs = list[tuple[tuple[str, ...], list[tuple[Any, ...]]]]
 
@@ -76,15 +71,6 @@ def _timestamp(value: Any) -> float:
     if not math.isfinite(ts):
         raise errors.InvalidInputError(f"timestamp must be finite, not {value!r}")
     return ts
-
-
-def _target(table_name: str, names: Sequence[str], schema: str | None) -> Any:
-    """The model's table when it has every column, else a lightweight table of ``names``
-    in ``schema`` (the connection's tenant: ``schema_translate_map`` only rewrites the
-    models' tables, not lightweight ones)."""
-    if table_name == "messages" and all(n in MESSAGES.c for n in names):
-        return MESSAGES
-    return table(table_name, *(column(n) for n in names), schema=schema)
 
 
 def _label(index: int | None) -> str:
@@ -284,15 +270,6 @@ def replacement_rows(
     return rows, calls
 
 
-#: Counter update of one append / one session of a bulk append.
-_BUMP = (
-    update(SESSIONS)
-    .where(SESSIONS.c.id == bindparam("sid"))
-    .values(
-        message_count=func.coalesce(SESSIONS.c.message_count, 0) + bindparam("n"),
-        tool_call_count=func.coalesce(SESSIONS.c.tool_call_count, 0) + bindparam("calls"),
-    )
-)
 #: Counters set to what a replace / compaction inserted.
 _SET_COUNTS = (
     update(SESSIONS)
@@ -465,39 +442,9 @@ class MessageRepository(Repository):
         ts = coerce_timestamp(timestamp)
         row, calls = hermes_row(session_id, role, content, now() if ts is None else ts,
                                 known=self._known(), **fields)
-        if self.conn.dialect.name != "sqlite":
-            return self._append_portable(session_id, row, calls)
-        sql, order = driver_insert(self.conn, "messages", tuple(row))
-        # The hot path of every agent turn: two plain statements on the DB-API
-        # connection, inside the caller's transaction.
-        raw = self.conn.connection.driver_connection
-        try:
-            new_id = raw.execute(sql, tuple([row[k] for k in order])).lastrowid
-            raw.execute(
-                "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1, "
-                "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?",
-                (calls, session_id),
-            )
-        except sqlite3.IntegrityError as exc:
-            if "FOREIGN KEY" in str(exc) and not self.session_exists(session_id):
-                raise UnknownSessionError(f"unknown session {session_id!r}: {exc}") from exc
-            raise
-        except (sqlite3.Error, OverflowError) as exc:
-            typed = translate_driver_error(exc)
-            if typed is None:
-                raise
-            raise typed from exc
-        return int(new_id)
-
-    def _append_portable(self, session_id: str, row: dict[str, Any], calls: int) -> int:
-        """Append through SQLAlchemy Core (servers): the counters bumped in SQL (so
-        concurrent appends to one session never lose a count), then INSERT … RETURNING
-        id. The bump doubles as the existence check: no row updated, no such session,
-        and nothing was written (one round trip fewer than asking first)."""
-        if not self.conn.execute(_BUMP, {"n": 1, "calls": calls, "sid": session_id}).rowcount:
-            raise UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
-        new_id = self.conn.execute(insert(_target("messages", tuple(row), self.schema)).returning(M.id), row).scalar_one()
-        return int(new_id)
+        # The hot path of every agent turn: on SQLite two plain statements on the
+        # DB-API connection, inside the caller's transaction (see the dialects).
+        return self.dialect.append_message(self.conn, row, calls)
 
     def bulk_append(self, messages: Iterable[Mapping[str, Any]], *, update_counters: bool = True) -> int:
         """Insert many messages with one executemany per column set; counters once per session.
@@ -526,15 +473,8 @@ class MessageRepository(Repository):
                 + (f" and {len(missing) - 1} more unknown sessions" if len(missing) > 1 else "")
             )
         self.insert_rows(rows)
-        if update_counters and per_session and self.conn.dialect.name != "sqlite":
-            self.conn.execute(_BUMP, [{"n": n, "calls": c, "sid": sid} for sid, (n, c) in per_session.items()])
-        elif update_counters and per_session:
-            with driver_errors():
-                self.conn.connection.driver_connection.executemany(
-                    "UPDATE sessions SET message_count = COALESCE(message_count, 0) + ?, "
-                    "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?",
-                    [(n, calls, sid) for sid, (n, calls) in per_session.items()],
-                )
+        if update_counters and per_session:
+            self.dialect.bump_message_counts(self.conn, [(sid, n, c) for sid, (n, c) in per_session.items()])
         return len(rows)
 
     def insert_rows(self, rows: Sequence[dict[str, Any]]) -> None:
@@ -548,58 +488,8 @@ class MessageRepository(Repository):
             names = tuple(row)
             if not runs or runs[-1][0] != names:
                 runs.append((names, []))
-            runs[-1][1].append(tuple(row.values()))  # in ``names`` order; see _insert_run
-        if not runs:
-            return
-        if self.conn.dialect.name != "sqlite":
-            # Servers: Core executemany per column set (psycopg batches it), input order kept.
-            for names, values in runs:
-                self.conn.execute(insert(_target("messages", names, self.schema)), [dict(zip(names, v)) for v in values])
-            return
-        with driver_errors():
-            cursor = self.conn.connection.driver_connection.cursor()
-            try:
-                if len(rows) >= BULK_STAGE_MIN:
-                    self._insert_staged(cursor, runs)
-                else:
-                    for names, values in runs:
-                        self._insert_run(cursor, "messages", None, names, values)
-            finally:
-                cursor.close()
-
-    def _insert_staged(self, cursor: Any, runs: _Runs) -> None:
-        """Stage rows in a TEMP table, then move them with one INSERT … SELECT.
-
-        FTS5 keeps its pending index changes across the rows of one statement but
-        flushes them between statements, so one statement for the batch indexes 2–3×
-        faster than executemany. Columns a row leaves out get the column's default.
-        """
-        cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {STAGE} AS SELECT * FROM main.messages WHERE 0")
-        staged = {r[1] for r in cursor.execute(f"PRAGMA temp.table_info({STAGE})")}
-        columns: list[str] = []
-        for names, _rows in runs:
-            columns += [n for n in names if n not in columns]
-        if not set(columns) <= staged:  # the schema grew since this connection staged
-            cursor.execute(f"DROP TABLE temp.{STAGE}")
-            cursor.execute(f"CREATE TEMP TABLE {STAGE} AS SELECT * FROM main.messages WHERE 0")
-        for names, rows in runs:
-            self._insert_run(cursor, STAGE, "temp", names, rows)
-        defaults = self.column_defaults("messages")
-        exprs = [f"COALESCE({c}, {defaults[c]})" if defaults.get(c) is not None else c for c in columns]
-        cursor.execute(
-            f"INSERT INTO main.messages ({', '.join(columns)}) SELECT {', '.join(exprs)} "
-            f"FROM temp.{STAGE} ORDER BY rowid"
-        )
-        cursor.execute(f"DELETE FROM temp.{STAGE}")
-
-    def _insert_run(self, cursor: Any, table: str, schema: str | None, names: tuple[str, ...],
-                    values: list[tuple[Any, ...]]) -> None:
-        """One executemany of rows sharing ``names`` (values in ``names`` order)."""
-        sql, order = driver_insert(self.conn, table, names, schema=schema)
-        if order != names:
-            pos = [names.index(k) for k in order]
-            values = [tuple([v[i] for i in pos]) for v in values]
-        cursor.executemany(sql, values)
+            runs[-1][1].append(tuple(row.values()))  # in ``names`` order
+        self.dialect.insert_messages(self.conn, runs, lambda: self.column_defaults("messages"))
 
     # ------------------------------------------------------------------ reads
 

@@ -40,9 +40,7 @@ from ..search.fts import (
     SNIPPET_ELLIPSIS,
     SNIPPET_OPEN,
     TRIGRAM_INDEX,
-    TRIGRAM_SOURCE_VIEW,
     WORD_INDEX,
-    trigram_sessions,
 )
 from ..search.query import escape_like, plan_search, split_on
 from ..tenancy import SchemaSQL
@@ -193,18 +191,12 @@ class SearchRepository(Repository):
         # CJK queries are answered from the trigram index or by substring; every one
         # of those routes leaves out the sessions that index leaves out (v29: cron,
         # v30: cron and sub-agents), so a query's answer does not depend on its length.
-        pg = self.dialect.name == "postgresql"
-        if plan.kind == "word":
-            cjk_filter = ""
-        elif pg:
-            cjk_filter = self._pg_indexed_sessions(params)
-        else:
-            indexed = trigram_sessions(self.object_sql(TRIGRAM_SOURCE_VIEW))
-            cjk_filter = f" AND {indexed}" if indexed else ""
+        dialect = self.dialect
+        cjk_filter = "" if plan.kind == "word" else dialect.cjk_sessions(self.conn, params, self.object_sql)
         # Every route below applies cjk_filter to the rows it returns: the visibility rule too.
         visible = "" if include_inactive or "compacted" not in self.columns_of("messages") else VISIBLE
         cjk_filter += visible
-        if pg and plan.kind == "trigram":
+        if plan.kind == "trigram" and dialect.cjk_by_substring:
             # PostgreSQL answers every CJK query by substring (ILIKE over the pg_trgm
             # index), with the query's own AND/OR/NOT meaning, on every row.
             sql, flat = self._substring_select(trigram_groups(plan.match), filters + cjk_filter, params,
@@ -217,13 +209,8 @@ class SearchRepository(Repository):
             # From v30 the trigram index holds no tool_calls: a row with tool calls is
             # matched by substring over all its columns instead (see _with_tool_rows).
             calls_by_like = plan.kind == "trigram" and "tool_calls" not in self.object_sql(TRIGRAM_INDEX)
-            if pg:
-                # Terms are folded by the function that built the index (one round trip
-                # at most), so both sides cut and fold words alike.
-                words = pg_search.word_query(self.conn, plan.match)
-                params["q"] = words.tsquery
-            else:
-                params["q"] = plan.match
+            # Where the index does not cut snippets, ``words`` is what cuts them here.
+            params["q"], words = dialect.word_match(self.conn, plan.match)
             params["window"] = window
             try:
                 ranked = self._index_hits(
@@ -271,7 +258,7 @@ class SearchRepository(Repository):
         if high <= 0 or low >= high:
             return []
         gap: dict[str, Any] = {**params, "gap_lo": low, "gap_hi": high, "gap_n": params["limit"] - len(found)}
-        like = self._like_clause([(list(terms), [])], gap, "ILIKE" if self.dialect.name == "postgresql" else "LIKE")
+        like = self._like_clause([(list(terms), [])], gap, self.dialect.caseless_like)
         rows = self._all(
             f"SELECT {HIT_COLUMNS.format(snippet='NULL', rank='0.0')} FROM {{messages}} m "
             f"JOIN {{sessions}} s ON s.id = m.session_id WHERE m.id > :gap_lo AND m.id <= :gap_hi AND ({like}){filters} "
@@ -280,19 +267,6 @@ class SearchRepository(Repository):
         )
         seen = {r["id"] for r in found}
         return [r for r in rows if r["id"] not in seen]
-
-    def _pg_indexed_sessions(self, params: dict[str, Any]) -> str:
-        """v30's trigram-index sessions on PostgreSQL (head schema): not cron, not sub-agents.
-
-        The delegated sessions are read once per search and bound as one array, however
-        many statements (candidate blocks, unindexed tail, tool rows) repeat the clause.
-        """
-        clause = " AND s.source NOT IN ('cron', 'subagent')"
-        delegated = pg_search.delegated_sessions(self.conn)
-        if delegated:
-            params["dlg"] = delegated
-            clause += " AND s.id <> ALL(CAST(:dlg AS text[]))"
-        return clause
 
     def _index_hits(
         self, index: str, filters: str, params: dict[str, Any], sort: str | None, order: dict[str, str],
@@ -418,10 +392,11 @@ class SearchRepository(Repository):
         timestamp order and stop early (good for common terms); the indexed form reads
         candidate blocks plus the rows the index does not cover yet (good for rare ones).
         """
-        pg = self.dialect.name == "postgresql"
-        like = self._like_clause(groups, params, "ILIKE" if pg else "LIKE", ascii_case=pg and ascii_case)
+        dialect = self.dialect
+        like = self._like_clause(groups, params, dialect.caseless_like,
+                                 ascii_case=ascii_case and dialect.caseless_like_folds_non_ascii)
         # NOT INDEXED keeps SQLite on the rowid range (see below); PostgreSQL plans it itself.
-        not_indexed = "" if pg else " NOT INDEXED"
+        not_indexed = dialect.rowid_walk_hint
         columns = HIT_COLUMNS.format(snippet="NULL", rank="0.0")
         scan = (
             f"SELECT {columns} FROM {{messages}} m JOIN {{sessions}} s ON s.id = m.session_id WHERE ({like}){filters}"

@@ -20,8 +20,9 @@ import re
 import weakref
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import inspect, text
+from sqlalchemy import text
 
+from ..dialects import for_connection
 from ..tenancy import SchemaSQL, render, schema_of_connection
 from .query import CJK_CLASS
 
@@ -87,11 +88,8 @@ def high_water(conn: Any) -> int:
 
 
 def installed(conn: Any) -> bool:
-    if conn.dialect.name == "sqlite":
-        return conn.execute(
-            text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :n"), {"n": TABLE}
-        ).first() is not None
-    return inspect(conn).has_table(TABLE, schema=schema_of_connection(conn))
+    """Whether the connection's schema has the bigram index table."""
+    return for_connection(conn).has_table(conn, TABLE)
 
 
 def pending(conn: Any) -> int:

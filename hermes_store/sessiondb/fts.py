@@ -30,7 +30,7 @@ from sqlalchemy.exc import DBAPIError
 
 from .. import errors
 from ..engine import schema_of
-from ..dialects.sqlite import FTS_TRASH_PREFIX, HERMES_FTS_TABLES
+from ..dialects.fts5 import FTS_TRASH_PREFIX, HERMES_FTS_TABLES
 from ..repositories import MaintenanceRepository
 from ..repositories.base import driver_errors
 from ..repositories.fts_upkeep import FtsUpkeepRepository, set_meta_on_cursor
@@ -232,7 +232,7 @@ class FtsMixin(Host):
         if self.read_only:
             raise errors.ReadOnlyDatabaseError(f"{self._label()}: opened with read_only=True")  # type: ignore[attr-defined]
         with driver_errors():
-            self._dialect.checkpoint_truncate(engine)  # type: ignore[attr-defined]
+            self._dialect.checkpoint_truncate(engine)
             self._dialect.vacuum(engine)
         return optimized
 
@@ -385,7 +385,7 @@ class FtsMixin(Host):
             try:
                 engine = self._open_engine()
                 with driver_errors():
-                    self._dialect.checkpoint_truncate(engine)  # type: ignore[attr-defined]
+                    self._dialect.checkpoint_truncate(engine)
                     self._dialect.vacuum(engine)
                 vacuumed = True
             except Exception as exc:  # noqa: BLE001 - Hermes: a failed VACUUM is not fatal

@@ -1,0 +1,103 @@
+"""What differs per database kind, asked of the dialect: FTS5 storage as an optional
+capability, the message write paths, the search-route differences."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from sqlalchemy import Engine
+
+from hermes_store import errors
+from hermes_store.dialects import Dialect, all_dialects, fts5, postgresql, sqlite
+from hermes_store.repositories.messages import MessageRepository
+from hermes_store.search.fts_head import head_fts_objects
+
+#: What only a SQLite file with FTS5 tables can do: on ``Dialect.fts5``, nowhere else.
+FTS5_ONLY = ("fts_tables", "fts_table_exists", "fts_queryable", "fts_layout_is_legacy", "fts_backfill",
+             "fts_rebuild_from_source", "fts_trash_tables", "fts_trash_rows", "fts_trash_delete",
+             "fts_demote_legacy")
+
+
+def test_fts5_storage_is_a_capability_of_sqlite_only() -> None:
+    assert isinstance(sqlite.DIALECT.fts5, fts5.Fts5Storage)
+    assert postgresql.DIALECT.fts5 is None
+    for dialect in all_dialects():
+        assert isinstance(dialect, Dialect)
+        assert not [name for name in FTS5_ONLY if hasattr(dialect, name)], dialect.name
+    assert not [name for name in FTS5_ONLY if hasattr(Dialect, name)]
+
+
+def test_search_route_differences() -> None:
+    lite, pg = sqlite.DIALECT, postgresql.DIALECT
+    assert (lite.caseless_like, lite.caseless_like_folds_non_ascii, lite.cjk_by_substring) == ("LIKE", False, False)
+    assert (pg.caseless_like, pg.caseless_like_folds_non_ascii, pg.cjk_by_substring) == ("ILIKE", True, True)
+    assert lite.rowid_walk_hint.strip() == "NOT INDEXED" and pg.rowid_walk_hint == ""
+    assert lite.word_match(None, '"otter"') == ('"otter"', None)  # FTS5 reads MATCH and cuts snippets
+
+
+def test_head_fts_objects_are_what_our_migrations_build() -> None:
+    objects = head_fts_objects()
+    kinds = [kind for kind, _name, _sql in objects]
+    assert kinds == sorted(kinds, key=["view", "table", "trigger"].index)  # views, tables, triggers
+    names = {name for _kind, name, _sql in objects}
+    assert {"messages_fts", "messages_fts_trigram"} <= names
+    assert not any(name.startswith(fts5.CJK_FTS) for name in names)
+    assert all(sql.upper().startswith("CREATE") for _kind, _name, sql in objects)
+
+
+def _with_session(engine: Engine, sid: str = "s") -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO sessions (id, source, started_at) VALUES (?, 'cli', 0)", (sid,))
+
+
+def test_sqlite_append_is_two_statements_on_the_driver_connection(engine: Engine) -> None:
+    _with_session(engine)
+    with engine.begin() as conn:
+        repo = MessageRepository(conn)
+        repo.append("s", "user", "warm")  # the column list is read once per engine
+        seen: list[str] = []
+        raw = conn.connection.driver_connection
+        raw.set_trace_callback(seen.append)
+        try:
+            new_id = repo.append("s", "assistant", "hi", tool_calls=[{"id": "c", "function": {"name": "f"}}])
+        finally:
+            raw.set_trace_callback(None)
+    # SQLite reports each trigger step too: as the outer statement again, or as "-- ...".
+    statements = list(dict.fromkeys(s for s in seen if not s.startswith("--")))
+    assert [s.split()[0] for s in statements] == ["INSERT", "UPDATE"]
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT message_count, tool_call_count FROM sessions").one() == (2, 1)
+        assert conn.exec_driver_sql("SELECT max(id) FROM messages").scalar() == new_id
+
+
+def test_sqlite_append_to_an_unknown_session_is_typed_and_writes_nothing(engine: Engine) -> None:
+    with engine.begin() as conn:
+        with pytest.raises(errors.UnknownSessionError) as caught:
+            MessageRepository(conn).append("nobody", "user", "hi")
+        assert isinstance(caught.value, sqlite3.IntegrityError)  # what Hermes' callers catch
+        assert conn.exec_driver_sql("SELECT count(*) FROM messages").scalar() == 0
+
+
+@pytest.mark.parametrize("rows", [3, 100])  # executemany, and the TEMP staging table
+def test_sqlite_bulk_paths_keep_input_order_and_counters(engine: Engine, rows: int) -> None:
+    _with_session(engine, "a")
+    _with_session(engine, "b")
+    items = [{"session_id": "ab"[i % 2], "role": "user", "content": f"m{i}", **({"tool_name": "t"} if i % 3 else {})}
+             for i in range(rows)]
+    with engine.begin() as conn:
+        assert MessageRepository(conn).bulk_append(items) == rows
+    with engine.connect() as conn:
+        stored = [r[0] for r in conn.exec_driver_sql("SELECT content FROM messages ORDER BY id")]
+        counts = dict(conn.exec_driver_sql("SELECT id, message_count FROM sessions").fetchall())
+        active = conn.exec_driver_sql("SELECT count(*) FROM messages WHERE active = 1").scalar()
+    assert stored == [f"m{i}" for i in range(rows)]
+    assert counts == {"a": (rows + 1) // 2, "b": rows // 2}
+    assert active == rows  # a column a row leaves out gets its default on every path
+
+
+def test_sqlite_bulk_overflow_is_typed(engine: Engine) -> None:
+    _with_session(engine)
+    with engine.begin() as conn:
+        with pytest.raises(errors.InvalidInputError, match="out of range"):
+            MessageRepository(conn).bulk_append([{"session_id": "s", "role": "user", "token_count": 2**70}])
