@@ -10,7 +10,7 @@ import tokenize
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import Column, MetaData, String, Table, create_engine
 
 import hermes_store
 from hermes_store import errors
@@ -107,17 +107,154 @@ def test_sqlite_dialect_upsert_and_retry_rules(tmp_path: Path) -> None:
     from sqlalchemy.exc import OperationalError
 
     d = sqlite_dialect.DIALECT
-    conn = sqlite3.connect(tmp_path / "u.db")
-    conn.execute("CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT)")
-    up = d.upsert_sql("kv", ["k", "v"], ["k"], "v = excluded.v")
-    ignore = d.upsert_sql("kv", ["k", "v"], [], None)
-    conn.execute(up, {"k": "a", "v": "1"})
-    conn.execute(up, {"k": "a", "v": "2"})
-    conn.execute(ignore, {"k": "a", "v": "3"})
-    assert conn.execute("SELECT k, v FROM kv").fetchall() == [("a", "2")]
-    conn.close()
+    engine = create_engine(f"sqlite:///{tmp_path / 'u.db'}")
+    kv = Table("kv", MetaData(), Column("k", String, primary_key=True), Column("v", String))
+    with engine.begin() as conn:
+        kv.create(conn)
+        ins = d.insert(kv)
+        up = ins.on_conflict_do_update(index_elements=[kv.c.k], set_={"v": ins.excluded.v})
+        ignore = d.insert(kv).on_conflict_do_nothing()
+        conn.execute(up, {"k": "a", "v": "1"})
+        conn.execute(up, {"k": "a", "v": "2"})
+        conn.execute(ignore, {"k": "a", "v": "3"})
+        assert conn.execute(kv.select()).fetchall() == [("a", "2")]
+    engine.dispose()
     assert d.is_retryable(sqlite3.OperationalError("database is locked"))
     assert d.is_retryable(OperationalError("BEGIN", {}, sqlite3.OperationalError("database is busy")))
     assert not d.is_retryable(sqlite3.OperationalError("no such table: x"))
     assert not d.is_retryable(ValueError("database is locked"))
     assert d.begin_options(True) != d.begin_options(False)
+
+
+# --------------------------------------------------------------------- the import graph
+#
+# Rooms import one way. A cycle hidden by an import inside a function still is one, so
+# such imports of the package are refused outright, and the graph (every import, at any
+# depth) must have no cycle. What differs per database kind is asked of the dialect
+# modules: nothing outside hermes_store/dialects/ looks at a dialect or driver name.
+
+_NAME_CHECKS = re.compile(r"\bdialect\.name\b|get_backend_name\(\)|get_driver_name\(\)|\.driver\b")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(path: Path, modules: dict[str, Path], source: str | None = None) -> list[tuple[str, int, bool]]:
+    """(imported module of ours, line, inside a function) for every import in ``path``
+    (whose text is ``source`` when given)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: list[tuple[str, int, bool]] = []  # appended to by visit()
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno, in_function) for a in child.names
+                             if a.name.split(".")[0] == PACKAGE.name)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (child.level - 1)]
+                    target = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    target = child.module or ""
+                if target.split(".")[0] == PACKAGE.name:
+                    subs = [f"{target}.{a.name}" for a in child.names if f"{target}.{a.name}" in modules]
+                    for t in subs if len(subs) == len(child.names) else [target, *subs]:
+                        found.append((t, child.lineno, in_function))
+            visit(child, nested)
+
+    visit(ast.parse(path.read_text(encoding="utf-8") if source is None else source), False)
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _package_modules()
+    return {
+        name: {t for t, _line, _inner in _imports(path, modules) if t in modules and t != name}
+        for name, path in modules.items()
+    }
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_no_package_imports_inside_functions() -> None:
+    modules = _package_modules()
+    inner = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {target}"
+        for path in modules.values()
+        for target, line, in_function in _imports(path, modules)
+        if in_function
+    ]
+    assert inner == []
+
+
+def test_no_dialect_or_driver_checks_outside_the_dialects() -> None:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "dialects":
+            continue
+        source = path.read_text(encoding="utf-8")
+        docstrings = _docstring_nodes(ast.parse(source))
+        for i, line in enumerate(source.splitlines(), 1):
+            if i not in docstrings and _NAME_CHECKS.search(line.split("#", 1)[0]):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{i}: {line.strip()}")
+    assert found == []
+
+
+def test_the_graph_checks_see_what_they_refuse() -> None:
+    """The three checks above would pass on anything if they were blind."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    probe = PACKAGE / "dialects" / "_probe.py"  # never written: its text is given
+    source = "from . import sqlite\ndef f():\n    from .. import errors\n    import hermes_store.engine\n"
+    found = _imports(probe, _package_modules(), source)
+    assert ("hermes_store.dialects.sqlite", 1, False) in found
+    assert ("hermes_store.errors", 3, True) in found and ("hermes_store.engine", 4, True) in found
+    assert _NAME_CHECKS.search('if conn.dialect.name == "sqlite":')
+    assert _NAME_CHECKS.search("url.get_backend_name() != 'postgresql'")
+    assert not _NAME_CHECKS.search("for_connection(conn).has_schemas")

@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL
 
 from .. import errors
 from . import postgresql, sqlite
-from .base import Dialect, on_conflict_upsert
+from .base import Dialect
 
 #: Dialect modules by SQLAlchemy dialect name.
 _REGISTRY: Mapping[str, Dialect] = {sqlite.DIALECT.name: sqlite.DIALECT, postgresql.DIALECT.name: postgresql.DIALECT}
@@ -64,5 +64,4 @@ def backend_name(target: URL | Connection | Engine) -> str:
 
 __all__ = [
     "Dialect", "all_dialects", "backend_name", "find", "find_for", "for_connection", "for_dialect", "for_url",
-    "on_conflict_upsert",
 ]

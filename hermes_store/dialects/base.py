@@ -86,10 +86,6 @@ class Dialect(Protocol):
         / ``on_conflict_do_nothing`` and ``.excluded`` (SQLite 3.24+ and PostgreSQL share
         the syntax). ``table`` is a model table or a ``table()`` construct."""
 
-    def upsert_sql(self, table: str, names: Sequence[str], conflict: Sequence[str], updates: str | None) -> str:
-        """INSERT of ``names`` (``:name`` binds); on a ``conflict`` clash run ``updates``
-        (SQL using ``excluded.col``), or do nothing when ``updates`` is None."""
-
     # -------------------------------------------------------------- message writes
 
     def append_message(self, conn: Connection, row: Mapping[str, Any], calls: int) -> int:
@@ -206,17 +202,3 @@ def translate_python_error(exc: BaseException) -> "errors.HermesStoreError | Non
     if isinstance(exc, OverflowError):
         return errors.InvalidInputError(f"value out of range for SQLite: {exc}")
     return None
-
-
-def on_conflict_upsert(table: str, names: Sequence[str], conflict: Sequence[str], updates: str | None) -> str:
-    """``INSERT … ON CONFLICT`` in the syntax SQLite (3.24+) and PostgreSQL share.
-
-    ``updates`` must qualify target columns (``table.col``): PostgreSQL sees
-    ``excluded`` and the table at once.
-    """
-    target = f"({', '.join(conflict)})" if conflict else ""
-    action = "DO NOTHING" if updates is None else f"DO UPDATE SET {updates}"
-    return (
-        f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)}) "
-        f"ON CONFLICT{target} {action}"
-    )

@@ -26,7 +26,7 @@ from ..models import Base
 from ..search import postgresql as pg_search
 from ..tenancy import qualified, quote_ident, schema_of_connection
 from . import pg_engine
-from .base import MessageRuns, on_conflict_upsert
+from .base import MessageRuns
 from .fts5 import Fts5Storage
 from .pg_tenants import tenant_table_names
 
@@ -200,7 +200,6 @@ class PostgreSQLDialect:
 
     # -------------------------------------------------------------- upserts
 
-    upsert_sql = staticmethod(on_conflict_upsert)
 
     # -------------------------------------------------------------- message writes
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
 from .. import errors
-from .base import OUR_TABLES, MessageRuns, on_conflict_upsert, translate_python_error
+from .base import OUR_TABLES, MessageRuns, translate_python_error
 # The FTS5 names stay importable from here (the copier, Hermes-facing modules).
 from .fts5 import (
     CJK_FTS,  # noqa: F401
@@ -304,7 +304,6 @@ class SQLiteDialect:
 
     # -------------------------------------------------------------- upserts
 
-    upsert_sql = staticmethod(on_conflict_upsert)
 
     # -------------------------------------------------------------- message writes
     #
