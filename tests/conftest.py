@@ -54,6 +54,15 @@ def integrity_check(conn: sqlite3.Connection) -> None:
         conn.execute(f"INSERT INTO {table}({table}, rank) VALUES('integrity-check', 1)")
 
 
+@pytest.fixture(autouse=True)
+def _not_the_developers_shell(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tests never depend on the shell they run in: ``$HERMES_STORE_URL`` is unset and
+    ``$HERMES_HOME`` is a fresh empty folder for every test (and the processes it starts),
+    unless the test sets them itself."""
+    monkeypatch.delenv("HERMES_STORE_URL", raising=False)
+    monkeypatch.setenv("HERMES_HOME", str(tmp_path_factory.mktemp("hermes-home")))
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "state.db"
