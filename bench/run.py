@@ -539,6 +539,17 @@ def bench_writes(rep: Report, bk: Backend, src: str, size: str, quick: bool, pro
             return items
 
         batch_len = batch_sessions * per_session
+
+        def append_batch(name: str, items: list[dict[str, Any]]) -> None:
+            """One bulk append of ``items`` by implementation ``name``."""
+            if name == "facade":
+                env.db.append_messages(items)
+            elif name == "repo":
+                with env.uow() as u:
+                    u.messages.bulk_append(items)
+            else:
+                env.base.append_messages(items)
+
         samples = {n: [] for n in impls_order}
         for r in range(bulk_rounds + 1):  # first round is the warm-up
             order = list(impls_order[r % 3:] + impls_order[:r % 3])
@@ -546,13 +557,7 @@ def bench_writes(rep: Report, bk: Backend, src: str, size: str, quick: bool, pro
                 items = make_batch(name)
                 gc.collect()
                 t = time.perf_counter_ns()
-                if name == "facade":
-                    env.db.append_messages(items)
-                elif name == "repo":
-                    with env.uow() as u:
-                        u.messages.bulk_append(items)
-                else:
-                    env.base.append_messages(items)
+                append_batch(name, items)
                 dt = time.perf_counter_ns() - t
                 if r:
                     samples[name].append(dt)
@@ -563,14 +568,7 @@ def bench_writes(rep: Report, bk: Backend, src: str, size: str, quick: bool, pro
             batches = [make_batch(name) for _ in range(n)]
 
             def call() -> None:
-                items = batches.pop()
-                if name == "facade":
-                    env.db.append_messages(items)
-                elif name == "repo":
-                    with env.uow() as u:
-                        u.messages.bulk_append(items)
-                else:
-                    env.base.append_messages(items)
+                append_batch(name, batches.pop())
             return call
 
         cpu_calls = 1 if bk.pg else 2

@@ -27,6 +27,7 @@ from sqlalchemy.engine import URL, ExceptionContext, make_url
 from sqlalchemy.exc import DBAPIError
 
 from . import dialects, errors
+from .dialects.base import translate_python_error
 from .dialects.sqlite import BEGIN_MODE, install_begin_hook
 from .tenancy import SCHEMA_OPTION, SCHEMA_PARAM, check_schema, schema_in_query
 
@@ -164,13 +165,9 @@ def translate_driver_error(exc: BaseException) -> errors.HermesStoreError | None
         exc = exc.orig
     if isinstance(exc, errors.HermesStoreError):
         return None  # already typed
-    if isinstance(exc, UnicodeEncodeError):
-        return errors.InvalidInputError(
-            "text with a lone surrogate (U+D800-U+DFFF) cannot be stored: "
-            f"{exc.object[exc.start:exc.end]!r} at position {exc.start}"
-        )
-    if isinstance(exc, OverflowError):
-        return errors.InvalidInputError(f"value out of range for SQLite: {exc}")
+    typed = translate_python_error(exc)
+    if typed is not None:
+        return typed
     for dialect in dialects.all_dialects():
         typed = dialect.translate_error(exc)
         if typed is not None:
