@@ -182,7 +182,7 @@ def _typed(exc: BaseException) -> errors.HermesStoreError | None:
 
 
 @contextmanager
-def _driver_errors() -> Iterator[None]:
+def driver_errors() -> Iterator[None]:
     """Typed errors for statements sent straight to the DB-API connection (they bypass
     SQLAlchemy's ``handle_error`` hook)."""
     try:
@@ -332,7 +332,7 @@ class SQLiteDialect:
         return int(new_id)
 
     def bump_message_counts(self, conn: Connection, counts: Iterable[tuple[str, int, int]]) -> None:
-        with _driver_errors():
+        with driver_errors():
             conn.connection.driver_connection.executemany(_BUMP_N, [(n, calls, sid) for sid, n, calls in counts])
 
     def insert_messages(self, conn: Connection, runs: MessageRuns,
@@ -341,7 +341,7 @@ class SQLiteDialect:
         a staging table (see :meth:`_insert_staged`)."""
         if not runs:
             return
-        with _driver_errors():
+        with driver_errors():
             cursor = conn.connection.driver_connection.cursor()
             try:
                 if sum(len(values) for _names, values in runs) >= BULK_STAGE_MIN:

@@ -10,12 +10,10 @@ the dialect's own ``insert`` construct (:meth:`Dialect.insert`) with
 
 from __future__ import annotations
 
-import sqlite3
 import sys
 import time
 import weakref
-from contextlib import contextmanager
-from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterable, Sequence, TypeVar
 
 from sqlalchemy import Connection, Engine, bindparam, column, insert, literal, select, table, text
 from sqlalchemy.orm import Session as OrmSession
@@ -23,8 +21,8 @@ from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.sql.expression import TableClause
 
 from .. import errors
+from ..dialects.sqlite import driver_errors  # noqa: F401 - the raw-cursor paths' one error table
 from ..dialects import Dialect, for_connection
-from ..engine import translate_driver_error
 from ..models import Base
 from ..tenancy import render, schema_of_connection
 
@@ -123,22 +121,6 @@ def insert_or_skip(conn: Connection, table_name: str, names: Iterable[str], conf
     given as bind parameters named after the columns (``names``: the columns they fill).
     No ``conflict``: a clash on any unique key skips the row."""
     return _insert_or_skip(conn, table_key(conn, table_name, names), tuple(conflict))
-
-@contextmanager
-def driver_errors() -> Iterator[None]:
-    """Typed errors for statements sent straight to the DB-API connection.
-
-    SQLAlchemy's ``handle_error`` hook (engine.py) translates what goes through
-    SQLAlchemy; raw-cursor fast paths get the same table here.
-    """
-    try:
-        yield
-    except (sqlite3.Error, UnicodeEncodeError, OverflowError) as exc:
-        typed = translate_driver_error(exc)
-        if typed is None:
-            raise
-        raise typed from exc
-
 
 def as_connection(executor: Executor) -> Connection:
     """The Connection behind an ORM Session (joined to its transaction), or itself."""
