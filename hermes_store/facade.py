@@ -368,7 +368,8 @@ class SessionDB(HermesSurface):
         if not kept:
             # The pool pre-pings what it hands out; a kept connection skips that check.
             conn = engine.connect()
-            conn.execution_options(**self._dialect.begin_options(write))
+            conn.execution_options(**(self._dialect.begin_options(True) if write
+                                       else self._dialect.read_call_options()))
         try:
             yield conn, kept
         except BaseException:

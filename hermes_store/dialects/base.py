@@ -69,6 +69,13 @@ class Dialect(Protocol):
     def begin_options(self, write: bool) -> dict[str, Any]:
         """Execution options that make ``begin()`` take the right lock for a reader/writer."""
 
+    def read_call_options(self) -> dict[str, Any]:
+        """Execution options of the connections ``SessionDB`` keeps for its read calls.
+
+        A read call is a few statements that need no transaction around them on a
+        server (each READ COMMITTED statement has its own snapshot anyway), while a
+        SQLite reader wants one snapshot for the whole call."""
+
     def is_retryable(self, exc: BaseException) -> bool:
         """Whether a failed transaction is worth retrying (lock held, serialization failure)."""
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 
+import functools
 import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from sqlalchemy import Connection, Engine, bindparam, column, func, inspect, insert, table, text, update
+from sqlalchemy import Connection, Engine, bindparam, cast, column, func, inspect, insert, select, table, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 
@@ -80,6 +81,24 @@ _BUMP = (
 )
 
 
+@functools.lru_cache(maxsize=64)
+def _append_stmt(names: tuple[str, ...]) -> Any:
+    """One append in one statement: the counter bump as a CTE, the INSERT fed by its row.
+
+    No session, no bumped row, nothing inserted (no id comes back): the bump is the
+    existence check, and its row lock still orders the appends of one session. Built
+    once per column set; the values are bind parameters (``v_<column>``), cast to the
+    column's type because a SELECT list gives an untyped parameter no type of its own.
+    """
+    bump = _BUMP.returning(_SESSIONS.c.id).cte("bump")
+    values = [cast(bindparam(f"v_{n}"), _MESSAGES.c[n].type) for n in names]
+    return (
+        insert(_MESSAGES)
+        .from_select([_MESSAGES.c[n] for n in names], select(*values).select_from(bump))
+        .returning(_MESSAGES.c.id)
+    )
+
+
 def _messages_target(names: Sequence[str], schema: str | None) -> Any:
     """The model's ``messages`` when it has every column (``schema_translate_map`` then
     names the tenant), else a lightweight table of ``names`` in ``schema``, the
@@ -87,6 +106,10 @@ def _messages_target(names: Sequence[str], schema: str | None) -> Any:
     if all(n in _MESSAGES.c for n in names):
         return _MESSAGES
     return table("messages", *(column(n) for n in names), schema=schema)
+
+
+def _unknown_session(session_id: Any) -> errors.UnknownSessionError:
+    return errors.UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -180,6 +203,11 @@ class PostgreSQLDialect:
         # table lock is needed up front.
         return {}
 
+    def read_call_options(self) -> dict[str, Any]:
+        # Autocommit: no BEGIN and ROLLBACK around a read (two round trips of a
+        # one-statement call), and nothing held open between statements behind a pooler.
+        return {"isolation_level": "AUTOCOMMIT"}
+
     def is_retryable(self, exc: BaseException) -> bool:
         return _sqlstate(exc) in RETRYABLE_SQLSTATES
 
@@ -204,13 +232,20 @@ class PostgreSQLDialect:
     # -------------------------------------------------------------- message writes
 
     def append_message(self, conn: Connection, row: Mapping[str, Any], calls: int) -> int:
-        """The counters bumped first, then INSERT … RETURNING id. The bump doubles as
-        the existence check: no row updated, no such session, and nothing was written
-        (one round trip fewer than asking first); its row lock orders the appends of
-        one session."""
+        """The counter bump and the INSERT … RETURNING id as one statement (one round trip:
+        the floor's own count). A column the models lack (a Hermes-added one) takes the
+        two-statement path: bump first, so the row lock and the existence check come first too."""
+        names = tuple(row)
+        if all(n in _MESSAGES.c for n in names):
+            params = {f"v_{n}": v for n, v in row.items()}
+            found = conn.execute(_append_stmt(names), {**params, "n": 1, "calls": calls, "sid": row["session_id"]})
+            mid = found.scalar()
+            if mid is None:
+                raise _unknown_session(row["session_id"])
+            return int(mid)
         if not conn.execute(_BUMP, {"n": 1, "calls": calls, "sid": row["session_id"]}).rowcount:
-            raise errors.UnknownSessionError(f"unknown session {row['session_id']!r}: no such session (FOREIGN KEY)")
-        target = _messages_target(tuple(row), schema_of_connection(conn))
+            raise _unknown_session(row["session_id"])
+        target = _messages_target(names, schema_of_connection(conn))
         return int(conn.execute(insert(target).returning(_MESSAGES.c.id), row).scalar_one())
 
     def bump_message_counts(self, conn: Connection, counts: Iterable[tuple[str, int, int]]) -> None:

@@ -285,6 +285,9 @@ class SQLiteDialect:
         # through on a lock upgrade.
         return {BEGIN_MODE: "IMMEDIATE" if write else "DEFERRED"}
 
+    def read_call_options(self) -> dict[str, Any]:
+        return self.begin_options(False)  # one WAL snapshot for the whole read call
+
     def is_retryable(self, exc: BaseException) -> bool:
         if not isinstance(exc, (OperationalError, sqlite3.OperationalError)):
             return False
