@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
+from functools import lru_cache
 from typing import Any, Iterable, Sequence
 
 from sqlalchemy import bindparam
@@ -170,6 +171,10 @@ class SearchRepository(Repository):
         Hermes v23: the query is cut to MAX_FTS5_QUERY_CHARS before sanitizing, and
         unless ``include_inactive`` every route keeps only visible rows (``active = 1
         OR compacted = 1``: rewound rows hidden, rows archived by compaction found).
+
+        Statements: a word search on PostgreSQL is one (page, sessions, snippet texts
+        and context); a substring route is one more, :meth:`_marks`, which the choice
+        of plan needs. SQLite's FTS5 routes rank inside the index first.
         """
         if not isinstance(query, str):
             return []
@@ -182,29 +187,37 @@ class SearchRepository(Repository):
         words: pg_search.WordQuery | None = None
         where = source_clauses("s", _as_list(source_filter), _as_list(exclude_sources), params,
                               prefixes=("src", "xsrc"))
+        by_source = bool(where)
         roles = _as_list(role_filter)
         if roles:
             where.append(in_filter("m.role", roles, "role", params))
         filters = "".join(f" AND {w}" for w in where)
         order = {"newest": "m.timestamp DESC, m.id DESC", "oldest": "m.timestamp ASC, m.id ASC"}
         window = min(params["limit"] + params["offset"], MAX_ROWS)
+        dialect = self.dialect
+        visible = "" if include_inactive or "compacted" not in self.columns_of("messages") else VISIBLE
+        by_substring = plan.kind == "substring" or (plan.kind == "trigram" and dialect.cjk_by_substring)
+        groups: Groups = []
+        marks: Marks | None = None
+        if by_substring:
+            # PostgreSQL answers every CJK query by substring (LIKE/ILIKE over the pg_trgm
+            # index), with the query's own AND/OR/NOT meaning; the substring route ORs its terms.
+            groups = trigram_groups(plan.match) if plan.kind == "trigram" else [([t], []) for t in plan.terms]
+            marks = self._marks(groups, delegated=dialect.cjk_by_substring, gap=dialect.fts5 is not None)
         # CJK queries are answered from the trigram index or by substring; every one
         # of those routes leaves out the sessions that index leaves out (v29: cron,
         # v30: cron and sub-agents), so a query's answer does not depend on its length.
-        dialect = self.dialect
-        cjk_filter = "" if plan.kind == "word" else dialect.cjk_sessions(self.conn, params, self.object_sql)
+        cjk_filter = "" if plan.kind == "word" else self._cjk_sessions(params, marks)
         # Every route below applies cjk_filter to the rows it returns: the visibility rule too.
-        visible = "" if include_inactive or "compacted" not in self.columns_of("messages") else VISIBLE
         cjk_filter += visible
-        if plan.kind == "trigram" and dialect.cjk_by_substring:
-            # PostgreSQL answers every CJK query by substring (ILIKE over the pg_trgm
-            # index), with the query's own AND/OR/NOT meaning, on every row.
-            sql, flat = self._substring_select(trigram_groups(plan.match), filters + cjk_filter, params,
-                                               window, flat=True)
+        if by_substring:
+            # SQLite's LIKE folds ASCII letters only; so does the 2-char route on PostgreSQL.
+            sql, flat = self._substring_select(groups, filters + cjk_filter, params, window, flat=True,
+                                               ascii_case=plan.kind == "substring", marks=marks)
             ordering = order.get(sort or "", order["newest"])
-            sql = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
-            rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
-        elif plan.kind in ("word", "trigram"):
+            page = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
+            rows = self._all(_with_context(page + " LIMIT :limit OFFSET :offset", ordering), params)
+        else:
             index = WORD_INDEX if plan.kind == "word" else TRIGRAM_INDEX
             # From v30 the trigram index holds no tool_calls: a row with tool calls is
             # matched by substring over all its columns instead (see _with_tool_rows).
@@ -212,11 +225,13 @@ class SearchRepository(Repository):
             # Where the index does not cut snippets, ``words`` is what cuts them here.
             params["q"], words = dialect.word_match(self.conn, plan.match)
             params["window"] = window
+            exclude = cjk_filter + (" AND m.tool_calls IS NULL" if calls_by_like else "")
             try:
-                ranked = self._index_hits(
-                    index, filters, params, sort, order,
-                    exclude=cjk_filter + (" AND m.tool_calls IS NULL" if calls_by_like else ""),
-                )
+                if words is not None:
+                    rows = self._word_page(by_source, filters + exclude,
+                                           params, order.get(sort or "", pg_search.RANK_ORDER))
+                else:
+                    ranked = self._index_hits(index, filters, params, sort, order, exclude=exclude)
             except (OperationalError, sqlite3.OperationalError) as exc:
                 if not is_query_syntax_error(exc):
                     raise
@@ -224,35 +239,84 @@ class SearchRepository(Repository):
                 # the tests fail if it is reached; say so rather than stay silent.
                 log.warning("search: FTS5 refused sanitized query %r: %s", plan.match, getattr(exc, "orig", exc))
                 return []
-            if plan.kind == "word":
+            if words is not None:
+                pass  # the page is cut already
+            elif plan.kind == "word":
                 rows = ranked[params["offset"]:window]
             else:
                 rows = self._with_tool_rows(ranked, plan, filters + cjk_filter, params, window, sort, calls_by_like)
-        else:
-            any_term: Groups = [([t], []) for t in plan.terms]  # the substring route ORs its terms
-            # SQLite's LIKE folds ASCII letters only; so does this route on PostgreSQL.
-            sql, flat = self._substring_select(any_term, filters + cjk_filter, params, window, flat=True,
-                                               ascii_case=True)
-            ordering = order.get(sort or "", order["newest"])
-            sql = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
-            rows = self._all(sql + " LIMIT :limit OFFSET :offset", params)
-        if len(rows) < params["limit"]:
-            rows += self._rebuild_gap(plan.terms, filters + visible, params, rows)
+        if len(rows) < params["limit"] and dialect.fts5 is not None:
+            # Only FTS5 tables have a rebuild window; PostgreSQL's indexes never skip a row.
+            rows += self._rebuild_gap(plan.terms, filters + visible, params, rows, marks)
         return self._finish(rows, plan.terms, words)
 
+    def _marks(self, groups: Groups, *, delegated: bool, gap: bool) -> Marks | None:
+        """What a substring route reads before it can choose its plan, in one statement.
+
+        The newest id and the bigram index's high-water mark (the plan's cost and the
+        indexed range), the counts of the query's pairs not cached for the mark last
+        seen (:func:`bigram.missing_pairs`), the FTS5 backfill markers (for
+        :meth:`_rebuild_gap`) and, with ``delegated``, the sessions that may be
+        sub-agent transcripts (decided in Python: PostgreSQL 15 has no safe JSON test).
+        None when there is nothing to read.
+        """
+        grams = [sorted({g for t in positives for g in bigram.term_bigrams(t)}) for positives, _neg in groups]
+        indexed = bool(groups) and all(grams) and self.has_table(bigram.TABLE)
+        if not (indexed or delegated or gap):
+            return None
+        missing = bigram.missing_pairs(self.conn, grams) if indexed else []
+        key = (indexed, len(missing), delegated, gap)
+        found = self.conn.execute(self._sql(_marks_sql(*key)), {
+            "bg_k": bigram.HIGH_WATER_KEY, "hw": GAP_HIGH_WATER, "pr": GAP_PROGRESS,
+            **{f"pc{i}": g for i, g in enumerate(missing)},
+        }).fetchall()
+        marks = Marks(grams if indexed else None)
+        for kind, name, number, value in found:
+            if kind == 0:
+                marks.total, marks.high_water = int(number or 0), bigram.parse_high_water(value)
+            elif kind == 1:
+                marks.counts[name] = int(number)
+            elif kind == 2:
+                marks.delegated.append((name, value))
+            else:
+                marks.gap[name] = value
+        if indexed:
+            marks.counts.update({g: 0 for g in missing if g not in marks.counts})
+        return marks
+
+    def _cjk_sessions(self, params: dict[str, Any], marks: Marks | None) -> str:
+        """The dialect's CJK session condition; sub-agent candidates already read by
+        :meth:`_marks` are handed over, so the dialect reads none itself."""
+        if marks is None or not self.dialect.cjk_by_substring:
+            return self.dialect.cjk_sessions(self.conn, params, self.object_sql)
+        with pg_search.delegated_rows_read(self.conn, marks.delegated):
+            return self.dialect.cjk_sessions(self.conn, params, self.object_sql)
+
+    def _word_page(self, join_sessions: bool, where: str, params: dict[str, Any], ordering: str
+                   ) -> list[dict[str, Any]]:
+        """PostgreSQL's word route in one statement: the ranked page (the index cuts no
+        snippets, so nothing is gained by ranking first), its sessions, the texts a
+        snippet is cut from, and each hit's context."""
+        page = (
+            f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank='h.rank')} FROM ({pg_search.page_sql(join_sessions, where, ordering)}) h "
+            "JOIN {messages} m ON m.id = h.id JOIN {sessions} s ON s.id = m.session_id"
+        )
+        return self._all(_with_context(page, ordering), params)
+
     def _rebuild_gap(self, terms: Sequence[str], filters: str, params: dict[str, Any],
-                     found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                     found: list[dict[str, Any]], marks: Marks | None = None) -> list[dict[str, Any]]:
         """Rows an interrupted FTS backfill has not indexed yet (Hermes v23's supplement).
 
         While ``fts_rebuild_high_water`` is set (> 0), messages with ids in
         ``(fts_rebuild_progress, high_water]`` are in no index (the triggers skip them
         until the backfill reaches them). A short page is topped up from them by
-        substring, every term required, newest first, without repeating a hit.
+        substring, every term required, newest first, without repeating a hit. The
+        markers come from :meth:`_marks` when it ran.
         """
-        marks = dict(self.conn.execute(_GAP_SQL.on(self.conn)).fetchall())
+        values = marks.gap if marks is not None else dict(self.conn.execute(_GAP_SQL.on(self.conn)).fetchall())
         try:
-            high = int(marks.get(GAP_HIGH_WATER) or 0)
-            low = int(marks.get(GAP_PROGRESS) or 0)
+            high = int(values.get(GAP_HIGH_WATER) or 0)
+            low = int(values.get(GAP_PROGRESS) or 0)
         except (TypeError, ValueError):
             return []
         if high <= 0 or low >= high:
@@ -260,7 +324,7 @@ class SearchRepository(Repository):
         gap: dict[str, Any] = {**params, "gap_lo": low, "gap_hi": high, "gap_n": params["limit"] - len(found)}
         like = self._like_clause([(list(terms), [])], gap, self.dialect.caseless_like)
         rows = self._all(
-            f"SELECT {HIT_COLUMNS.format(snippet='NULL', rank='0.0')} FROM {{messages}} m "
+            f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank='0.0')} FROM {{messages}} m "
             f"JOIN {{sessions}} s ON s.id = m.session_id WHERE m.id > :gap_lo AND m.id <= :gap_hi AND ({like}){filters} "
             f"ORDER BY m.timestamp DESC, m.id DESC LIMIT :gap_n",
             gap,
@@ -272,7 +336,8 @@ class SearchRepository(Repository):
         self, index: str, filters: str, params: dict[str, Any], sort: str | None, order: dict[str, str],
         exclude: str = "",
     ) -> list[dict[str, Any]]:
-        """The first ``offset + limit`` hits of an FTS index, in the requested order.
+        """The first ``offset + limit`` hits of an FTS5 index, in the requested order,
+        each with its context.
 
         Unfiltered, rank-ordered searches let FTS5 rank, cut and snippet the page
         first and join only that; otherwise every hit is joined for the filters and
@@ -281,13 +346,14 @@ class SearchRepository(Repository):
         ``window`` kept rows or the index has no more hits.
         """
         if filters or sort is not None:
+            ordering = order.get(sort or "", "h.rank, m.timestamp DESC, m.id DESC")
             sql = (
-                f"SELECT {HIT_COLUMNS.format(snippet='h.snippet', rank='h.rank')} "
+                f"SELECT {PAGE_COLUMNS.format(snippet='h.snippet', rank='h.rank')} "
                 f"FROM ({self.dialect.match_sql(index)}) h JOIN {{messages}} m ON m.id = h.id "
                 f"JOIN {{sessions}} s ON s.id = m.session_id WHERE 1=1{filters}{exclude} "
-                f"ORDER BY {order.get(sort or '', 'h.rank, m.timestamp DESC, m.id DESC')} LIMIT :window"
+                f"ORDER BY {ordering} LIMIT :window"
             )
-            return self._all(sql, params)
+            return self._all(_with_context(sql, ordering), params)
         window = params["window"]
         fetch = window
         while True:
@@ -300,11 +366,13 @@ class SearchRepository(Repository):
             for start in range(0, len(top), 500):
                 chunk = top[start:start + 500]
                 ids = {f"h{i}": mid for i, (mid, _r, _s) in enumerate(chunk)}
-                rows += self._all(
-                    f"SELECT {HIT_COLUMNS.format(snippet='NULL', rank='0.0')} FROM {{messages}} m "
-                    f"JOIN {{sessions}} s ON s.id = m.session_id WHERE m.id IN ({', '.join(':' + k for k in ids)}){exclude}",
-                    ids,
+                sql = (
+                    f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank='0.0')} FROM {{messages}} m "
+                    f"JOIN {{sessions}} s ON s.id = m.session_id WHERE m.id IN ({', '.join(':' + k for k in ids)}){exclude}"
                 )
+                # Context with the first page only: a widened one holds rows no page shows
+                # (the few shown get theirs in _finish).
+                rows += self._all(_with_context(sql) if fetch == window else sql, ids)
             if len(rows) >= window or len(top) < fetch or fetch >= MAX_ROWS:
                 break
             fetch = min(fetch * 4, MAX_ROWS)
@@ -330,12 +398,13 @@ class SearchRepository(Repository):
         if sort is None and len(ranked) >= window:
             return ranked[params["offset"]:window]
         rows_kind = " AND (m.role = 'tool' OR m.tool_calls IS NOT NULL)" if calls_by_like else " AND m.role = 'tool'"
-        tool_sql, flat = self._substring_select(trigram_groups(plan.match), rows_kind + filters,
-                                                params, window, flat=True)
+        groups = trigram_groups(plan.match)
+        tool_sql, flat = self._substring_select(groups, rows_kind + filters, params, window, flat=True,
+                                                marks=self._marks(groups, delegated=False, gap=False))
         direction = "ASC" if sort == "oldest" else "DESC"
         ordering = f"m.timestamp {direction}, m.id {direction}"
         tool_sql = f"{tool_sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({tool_sql}) m ORDER BY {ordering}"
-        tools = self._all(tool_sql + " LIMIT :window", params)
+        tools = self._all(_with_context(tool_sql + " LIMIT :window", ordering), params)
         if sort is None:
             merged = ranked + tools
         else:
@@ -349,6 +418,8 @@ class SearchRepository(Repository):
         ``like`` is ILIKE on PostgreSQL, whose LIKE is case-sensitive (SQLite's folds ASCII).
         ILIKE folds every letter the locale knows; ``ascii_case`` narrows it to SQLite's
         LIKE, which folds ASCII letters only (ILIKE stays first, for the pg_trgm index).
+        A term without a cased letter (CJK, digits) needs no folding: plain LIKE, which
+        spares pg_trgm's recheck the case folding and keeps the newest-first walk.
         """
         names: dict[str, str] = {}
 
@@ -359,9 +430,7 @@ class SearchRepository(Repository):
                 if ascii_case:
                     params[names[term] + "a"] = params[names[term]].translate(_ASCII_LOWER)
             n = names[term]
-            if ascii_case and not any(ch.lower() != ch or ch.upper() != ch for ch in term):
-                # No cased letter (CJK, digits): case folding cannot matter, and plain LIKE
-                # keeps the newest-first index walk (lower() would force a full scan).
+            if not _cased(term):
                 return (f"(m.content LIKE :{n} ESCAPE '\\' OR m.tool_name LIKE :{n} ESCAPE '\\' "
                         f"OR m.tool_calls LIKE :{n} ESCAPE '\\')")
             if ascii_case:
@@ -384,35 +453,35 @@ class SearchRepository(Repository):
 
     def _substring_select(
         self, groups: Groups, filters: str, params: dict[str, Any], window: int, *, flat: bool,
-        ascii_case: bool = False,
+        ascii_case: bool = False, marks: Marks | None = None,
     ) -> tuple[str, bool]:
         """A SELECT of substring hits; uses the CJK bigram index when it beats a scan.
 
         Returns (sql, is_flat). A flat query is a single scan that SQLite can walk in
         timestamp order and stop early (good for common terms); the indexed form reads
         candidate blocks plus the rows the index does not cover yet (good for rare ones).
+        ``marks`` (:meth:`_marks`) says whether the index applies, and its state.
         """
         dialect = self.dialect
         like = self._like_clause(groups, params, dialect.caseless_like,
                                  ascii_case=ascii_case and dialect.caseless_like_folds_non_ascii)
         # NOT INDEXED keeps SQLite on the rowid range (see below); PostgreSQL plans it itself.
         not_indexed = dialect.rowid_walk_hint
-        columns = HIT_COLUMNS.format(snippet="NULL", rank="0.0")
+        columns = PAGE_COLUMNS.format(snippet="NULL", rank="0.0")
         scan = (
             f"SELECT {columns} FROM {{messages}} m JOIN {{sessions}} s ON s.id = m.session_id WHERE ({like}){filters}"
         )
         # A row of a group holds every positive term, so any of their pairs narrow it;
         # NOT-ed units narrow nothing. A group without pairs means a full scan.
-        grams = [sorted({g for t in positives for g in bigram.term_bigrams(t)}) for positives, _neg in groups]
-        if not all(grams) or not self.has_table(bigram.TABLE):
+        if marks is None or marks.grams is None:
             return scan, flat
-        # The newest id and the high-water mark, in one round trip, read once per search.
-        row = self.conn.execute(_MARKS_SQL.on(self.conn), {"k": bigram.HIGH_WATER_KEY}).one()
-        total, params["bg_hw"] = row[0] or 0, bigram.parse_high_water(row[1])
+        grams = marks.grams
+        total, params["bg_hw"] = marks.total, marks.high_water
         if flat:
             # Choose: candidates E rows vs. a newest-first walk of about window*N/E rows.
             # The rows above the high-water mark are scanned either way: count them in.
-            estimate = bigram.estimate_blocks(self.conn, grams, mark=params["bg_hw"]) * bigram.BLOCK + max(total - params["bg_hw"], 0)
+            blocks = bigram.estimate_blocks(self.conn, grams, mark=params["bg_hw"], counts=marks.counts)
+            estimate = blocks * bigram.BLOCK + max(total - params["bg_hw"], 0)
             if estimate * estimate > max(window, 1) * total:
                 return scan, True
         params["bg_block"] = bigram.BLOCK
@@ -434,33 +503,60 @@ class SearchRepository(Repository):
         self, rows: list[dict[str, Any]], terms: Sequence[str], words: pg_search.WordQuery | None = None
     ) -> list[SearchHit]:
         """Snippets the index did not give (substring hits; PostgreSQL word hits, marked
-        by their folded ``words``) and each hit's context."""
+        by their folded ``words``) and each hit's context (read with the page, or here
+        for the rows that came without it)."""
         if not rows:
             return []
-        context, texts = self._context([r["id"] for r in rows], texts=any(r["snippet"] is None for r in rows))
+        missing = [r["id"] for r in rows if CONTEXT_KEY not in r]
+        context = self._context(missing) if missing else {}
         hits: list[SearchHit] = []
         for r in rows:
             r.pop("rank", None)
+            content, tool_calls = r.pop("content"), r.pop("tool_calls")
             if r["snippet"] is None:
-                found = texts.get(r["id"], ())
+                found = (content, r["tool_name"], tool_calls)
                 r["snippet"] = pg_search.snippet(found, words) if words else _substring_snippet(found, terms)
-            r["context"] = context.get(r["id"], [])
+            if CONTEXT_KEY in r:
+                prev_id, prev_role, prev_content = r.pop("p_id"), r.pop("p_role"), r.pop("p_content")
+                next_id, next_role, next_content = r.pop("n_id"), r.pop("n_role"), r.pop("n_content")
+                ctx = [] if prev_id is None else [{"role": prev_role, "content": _cut(prev_content)}]
+                ctx.append({"role": r["role"], "content": _cut(content)})
+                if next_id is not None:
+                    ctx.append({"role": next_role, "content": _cut(next_content)})
+                r["context"] = ctx
+            else:
+                r["context"] = context.get(r["id"], [])
             hits.append(r)  # type: ignore[arg-type]
         return hits
 
-    def _context(self, ids: list[int], *, texts: bool
-                 ) -> tuple[dict[int, list[dict[str, Any]]], dict[int, tuple[Any, ...]]]:
+    def _context(self, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
         """Previous message, the hit, next message (same session, by timestamp then id),
-        and (``texts``) each hit's own (content, tool name, tool calls) for a snippet cut
-        here, in one statement."""
-        rows = self.conn.execute((_CONTEXT_AND_TEXTS_SQL if texts else _CONTEXT_SQL).on(self.conn), {"ids": ids}).fetchall()
+        for hits that came without it (merged from two statements), in one statement."""
+        rows = self.conn.execute(_CONTEXT_SQL.on(self.conn), {"ids": ids}).fetchall()
         out: dict[int, list[dict[str, Any]]] = {}
-        own: dict[int, tuple[Any, ...]] = {}
-        for hid, pos, role, content, tool_name, tool_calls in rows:
+        for hid, _pos, role, content in rows:
             out.setdefault(hid, []).append({"role": role, "content": _cut(content)})
-            if pos == 0:
-                own[hid] = (content, tool_name, tool_calls)
-        return out, own
+        return out
+
+
+class Marks:
+    """What :meth:`SearchRepository._marks` read (see there)."""
+
+    __slots__ = ("grams", "total", "high_water", "counts", "delegated", "gap")
+
+    def __init__(self, grams: list[list[str]] | None) -> None:
+        #: The query's pairs per group, or None when the bigram index cannot help.
+        self.grams = grams
+        self.total = 0
+        self.high_water = -1
+        self.counts: dict[str, int] = {}
+        self.delegated: list[tuple[str, Any]] = []
+        self.gap: dict[str, Any] = {}
+
+
+def _cased(term: str) -> bool:
+    """Whether case folding can change what ``term`` matches (it has a cased letter)."""
+    return any(ch.lower() != ch or ch.upper() != ch for ch in term)
 
 
 #: Hermes v23's search visibility (conditions on ``m``): live rows and compaction archives.
@@ -470,35 +566,68 @@ GAP_HIGH_WATER, GAP_PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
 _GAP_SQL = SchemaSQL("SELECT key, value FROM {state_meta} WHERE key IN (:hw, :pr)", hw=GAP_HIGH_WATER, pr=GAP_PROGRESS)
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
-#: Portable statement (named, expanding binds) for the page's context and snippet texts.
-#: The neighbour conditions repeat ``timestamp <=`` / ``>=`` on their own so both
-#: planners walk the (session_id, timestamp) index from the hit: the OR alone made
-#: PostgreSQL walk the timestamp index from the newest row of every session.
-def _context_sql(texts: bool) -> SchemaSQL:
-    """Previous message, hit, next message per hit; with ``texts``, the hit's tool name
-    and tool calls too (what a snippet cut in Python reads), else NULLs."""
-    own = "m.tool_name, m.tool_calls" if texts else "NULL, NULL"
-    return SchemaSQL(
-        "WITH hit AS (SELECT id, session_id, timestamp FROM {messages} WHERE id IN :ids) "
-        "SELECT hit.id, x.pos, x.role, x.content, x.tool_name, x.tool_calls FROM hit "
-        "JOIN (SELECT hit.id AS hid, -1 AS pos, p.role, p.content, CAST(NULL AS TEXT) AS tool_name,"
-        "   CAST(NULL AS TEXT) AS tool_calls FROM hit JOIN {messages} p ON p.id = ("
-        "   SELECT q.id FROM {messages} q WHERE q.session_id = hit.session_id AND q.timestamp <= hit.timestamp"
-        "   AND (q.timestamp < hit.timestamp OR q.id < hit.id)"
-        "   ORDER BY q.timestamp DESC, q.id DESC LIMIT 1)"
-        f" UNION ALL SELECT hit.id, 0, m.role, m.content, {own} FROM hit JOIN {{messages}} m ON m.id = hit.id"
-        " UNION ALL SELECT hit.id, 1, n.role, n.content, NULL, NULL FROM hit JOIN {messages} n ON n.id = ("
-        "   SELECT q.id FROM {messages} q WHERE q.session_id = hit.session_id AND q.timestamp >= hit.timestamp"
-        "   AND (q.timestamp > hit.timestamp OR q.id > hit.id)"
-        "   ORDER BY q.timestamp, q.id LIMIT 1)"
-        ") x ON x.hid = hit.id ORDER BY hit.id, x.pos",
-        bindparam("ids", expanding=True),
+#: A page row: the hit's columns plus the texts a snippet is cut from and the context shows.
+PAGE_COLUMNS = HIT_COLUMNS + ", m.content AS content, m.tool_calls AS tool_calls"
+#: The column that says a page row came with its context (:func:`_with_context`).
+CONTEXT_KEY = "p_id"
+#: The neighbours of a hit ``h0`` (same session, by timestamp then id). Each condition
+#: repeats ``timestamp <=`` / ``>=`` on its own so both planners walk the
+#: (session_id, timestamp) index from the hit: the OR alone made PostgreSQL walk the
+#: timestamp index from the newest row of every session.
+_PREVIOUS = (
+    "SELECT q.id FROM {{messages}} q WHERE q.session_id = {h}.session_id AND q.timestamp <= {h}.timestamp"
+    " AND (q.timestamp < {h}.timestamp OR q.id < {h}.id) ORDER BY q.timestamp DESC, q.id DESC LIMIT 1"
+)
+_NEXT = (
+    "SELECT q.id FROM {{messages}} q WHERE q.session_id = {h}.session_id AND q.timestamp >= {h}.timestamp"
+    " AND (q.timestamp > {h}.timestamp OR q.id > {h}.id) ORDER BY q.timestamp, q.id LIMIT 1"
+)
+
+
+def _with_context(page: str, ordering: str | None = None) -> str:
+    """``page`` (a SELECT of PAGE_COLUMNS, in order) with each row's previous and next
+    message joined, as the floor does it: one statement for page and context. Each
+    neighbour is looked up once per row of the (already cut) page, by key.
+    ``ordering`` (on ``m``) keeps the page's order."""
+    outer = f" ORDER BY {ordering.replace('m.', 'h.')}" if ordering else ""
+    return (
+        "SELECT h.*, p.id AS p_id, p.role AS p_role, p.content AS p_content, n.id AS n_id, n.role AS n_role,"
+        f" n.content AS n_content FROM ({page}) h LEFT JOIN {{messages}} p ON p.id = ({_PREVIOUS.format(h='h')})"
+        f" LEFT JOIN {{messages}} n ON n.id = ({_NEXT.format(h='h')}){outer}"
     )
 
 
-_CONTEXT_SQL = _context_sql(texts=False)
-_CONTEXT_AND_TEXTS_SQL = _context_sql(texts=True)
-_MARKS_SQL = SchemaSQL("SELECT (SELECT max(id) FROM {messages}), (SELECT value FROM {state_meta} WHERE key = :k)")
+#: Portable statement (named, expanding binds) for context of hits read without it.
+_CONTEXT_SQL = SchemaSQL(
+    "WITH hit AS (SELECT id, session_id, timestamp FROM {messages} WHERE id IN :ids) "
+    "SELECT hit.id, x.pos, x.role, x.content FROM hit "
+    "JOIN (SELECT hit.id AS hid, -1 AS pos, p.role, p.content FROM hit JOIN {messages} p ON p.id = ("
+    + _PREVIOUS.format(h="hit").replace("{{", "{").replace("}}", "}") + ")"
+    " UNION ALL SELECT hit.id, 0, m.role, m.content FROM hit JOIN {messages} m ON m.id = hit.id"
+    " UNION ALL SELECT hit.id, 1, n.role, n.content FROM hit JOIN {messages} n ON n.id = ("
+    + _NEXT.format(h="hit").replace("{{", "{").replace("}}", "}") + ")"
+    ") x ON x.hid = hit.id ORDER BY hit.id, x.pos",
+    bindparam("ids", expanding=True),
+)
+
+
+@lru_cache(maxsize=64)
+def _marks_sql(indexed: bool, pairs: int, delegated: bool, gap: bool) -> str:
+    """The statement of :meth:`SearchRepository._marks`, per shape: rows of
+    (kind, name, number, text); kind 0 the newest id and high-water mark, 1 a pair's
+    block count, 2 a possibly delegated session, 3 a backfill marker."""
+    parts = []
+    if indexed:
+        parts.append("SELECT 0 AS kind, NULL AS name, (SELECT max(id) FROM {messages}) AS number,"
+                     " (SELECT value FROM {state_meta} WHERE key = :bg_k) AS value")
+    if pairs:
+        parts.append(bigram.pair_counts_sql(pairs))
+    if delegated:
+        parts.append(f"SELECT 2, id, NULL, model_config FROM {{sessions}} WHERE {pg_search.DELEGATED_CANDIDATE}")
+    if gap:
+        parts.append("SELECT 3, key, NULL, value FROM {state_meta} WHERE key IN (:hw, :pr)")
+    return " UNION ALL ".join(parts)
+
 
 def _substring_snippet(texts: Sequence[Any], terms: Sequence[str]) -> str:
     """A snippet like FTS5's for hits found by substring: first term occurrence marked."""

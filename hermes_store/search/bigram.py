@@ -184,31 +184,58 @@ def candidate_blocks_sql(term_grams: Sequence[Sequence[str]], params: dict[str, 
     return " UNION ".join(parts)
 
 
-def estimate_blocks(conn: Any, term_grams: Sequence[Sequence[str]], *, mark: int | None = None) -> int:
+def _cached(conn: Any) -> tuple[dict[str | None, tuple[int, dict[str, int]]], str | None]:
+    """The pair counts kept for ``conn``'s engine (per schema), and its schema."""
+    engine = getattr(conn, "engine", None)
+    per_schema = _COUNTS.setdefault(engine, {}) if engine is not None else {}
+    return per_schema, schema_of_connection(conn)
+
+
+def missing_pairs(conn: Any, term_grams: Sequence[Sequence[str]]) -> list[str]:
+    """The pairs whose counts are not kept for the mark last seen: what a caller that
+    reads the high-water mark anyway reads with it (:func:`pair_counts_sql`)."""
+    per_schema, schema = _cached(conn)
+    cached = per_schema.get(schema)
+    known = cached[1] if cached is not None else {}
+    return sorted({g for grams in term_grams for g in grams} - known.keys())
+
+
+def pair_counts_sql(n: int) -> str:
+    """Rows ``(1, gram, block count, NULL)`` of the pairs bound as ``:pc0`` … ``:pc{n-1}``,
+    to be read in the same statement as the high-water mark. A template, as above."""
+    names = ", ".join(f":pc{i}" for i in range(n))
+    return f"SELECT 1, gram, count(*), NULL FROM {{{TABLE}}} WHERE gram IN ({names}) GROUP BY gram"
+
+
+def estimate_blocks(conn: Any, term_grams: Sequence[Sequence[str]], *, mark: int | None = None,
+                    counts: dict[str, int] | None = None) -> int:
     """Upper bound of candidate blocks: per term, the rarest pair's block count.
 
     Pair counts only change when the index catches up, which moves the high-water mark,
     so they are kept per engine for the mark they were read at: a search reads only the
     pairs it has not seen yet, all in one query. A count that went stale otherwise (a
     dirty block re-indexed) only steers the choice between two correct plans. A caller
-    that read the high-water mark already passes it as ``mark`` (one round trip fewer).
+    that read the high-water mark already passes it as ``mark``, and the ``counts`` it
+    read with it (:func:`missing_pairs`), saving the round trips.
     """
     if mark is None:
         mark = high_water(conn)
-    engine = getattr(conn, "engine", None)
-    schema = schema_of_connection(conn)
-    per_schema = _COUNTS.setdefault(engine, {}) if engine is not None else {}
+    per_schema, schema = _cached(conn)
     cached = per_schema.get(schema)
-    counts = cached[1] if cached is not None and cached[0] == mark else {}
-    missing = sorted({g for grams in term_grams for g in grams} - counts.keys())
+    known = cached[1] if cached is not None and cached[0] == mark else {}
+    if counts:
+        known.update(counts)
+    missing = sorted({g for grams in term_grams for g in grams} - known.keys())
     if missing:
-        if len(counts) + len(missing) > _MAX_CACHED:
-            counts = {}
+        if len(known) + len(missing) > _MAX_CACHED:
+            known = {g: n for g, n in known.items() if any(g in grams for grams in term_grams)}
         names = {f"g{i}": g for i, g in enumerate(missing)}
         found = dict(conn.execute(text(render(
             f"SELECT gram, count(*) FROM {{{TABLE}}} WHERE gram IN ({', '.join(':' + n for n in names)}) GROUP BY gram",
             schema,
         )), names).all())
-        counts.update({g: int(found.get(g, 0)) for g in missing})
-    per_schema[schema] = (mark, counts)
-    return sum(min(counts[g] for g in grams) for grams in term_grams if grams)
+        known.update({g: int(found.get(g, 0)) for g in missing})
+    if len(known) > _MAX_CACHED:
+        known = {g: known[g] for grams in term_grams for g in grams}
+    per_schema[schema] = (mark, known)
+    return sum(min(known[g] for g in grams) for grams in term_grams if grams)

@@ -22,8 +22,10 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from itertools import islice
+from typing import Any, Iterator, Mapping, Sequence
 
 from ..tenancy import SchemaSQL
 from .fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN, SNIPPET_TOKENS, WORD_INDEX
@@ -32,9 +34,11 @@ from .query import split_on
 __all__ = [
     "NO_MATCH",
     "WordQuery",
+    "delegated_rows_read",
     "delegated_sessions",
     "fold_terms",
     "match_sql",
+    "page_sql",
     "snippet",
     "top_sql",
     "tsquery_text",
@@ -52,9 +56,10 @@ _ASCII_WORD = re.compile(r"[a-z0-9]+")
 _FOLD_SQL = SchemaSQL(
     "SELECT t.term, {hermes_store_search_words}(t.term) FROM unnest(CAST(:terms AS text[])) AS t(term)"
 )
-_DELEGATED_SQL = SchemaSQL(
-    "SELECT id, model_config FROM {sessions} WHERE model_config LIKE '%\\_delegate\\_from%' ESCAPE '\\'"
-)
+#: Sessions that may be sub-agent transcripts: the marker as a substring (the JSON
+#: itself is read in Python, :func:`delegated_sessions`).
+DELEGATED_CANDIDATE = "model_config LIKE '%\\_delegate\\_from%' ESCAPE '\\'"
+_DELEGATED_SQL = SchemaSQL(f"SELECT id, model_config FROM {{sessions}} WHERE {DELEGATED_CANDIDATE}")
 
 
 def _body(item: str) -> tuple[str, bool]:
@@ -194,6 +199,23 @@ def match_sql(index: str) -> str:
     )
 
 
+#: The word route's order (lower rank is better), on the page's ``m``.
+RANK_ORDER = "rank, m.timestamp DESC, m.id DESC"
+
+
+def page_sql(join_sessions: bool, where: str, ordering: str) -> str:
+    """One page of word hits (``:limit`` from ``:offset``) as (id, rank, timestamp):
+    the filters (``where``: conditions on ``m`` and, with ``join_sessions``, ``s``) are
+    applied before the page is cut, so nothing is fetched twice or widened. A template,
+    as :func:`match_sql`."""
+    join = " JOIN {sessions} s ON s.id = m.session_id" if join_sessions else ""
+    return (
+        f"SELECT m.id AS id, -ts_rank_cd(m.search_vector, {_QUERY}) AS rank, m.timestamp AS timestamp "
+        f"FROM {{messages}} m{join} WHERE m.search_vector @@ {_QUERY}{where} "
+        f"ORDER BY {ordering} LIMIT :limit OFFSET :offset"
+    )
+
+
 def top_sql(index: str) -> str:
     """The ``:window`` best-ranked hits of ``:q`` as (id, rank, snippet); snippet NULL as
     above. A template, as :func:`match_sql`."""
@@ -216,8 +238,10 @@ _NON_ASCII = re.compile(r"[^\x00-\x7f]")
 _FOLD = str.maketrans("µſςϐϑϕϖϰϱϵẛι", "μsσβθφπκρεsι")
 _MARKS = re.compile(r"[\u0300-\u036f]")
 _ONE_MARK = re.compile(r"([a-z])[\u0300-\u036f](?![\u0300-\u036f])")
-#: Characters of context cut into words on each side of a hit (more only when needed).
-_REACH = 256
+#: Characters cut into words before a hit and after it (more only when needed): enough
+#: for the two words before it and the eight after it that a snippet shows.
+_REACH_BEFORE = 40
+_REACH = 160
 
 
 def _words(text: str, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
@@ -285,7 +309,8 @@ def _first_hit(value: str, spaced: str, query: WordQuery) -> tuple[int, int] | N
     # The next candidate of each kind, searched again only once passed: each of these
     # searches reads the text once in all.
     ahead = {w: low.find(w) for w in (*query.words, *query.prefixes) if w and w.isascii()}
-    other = _next_non_ascii(spaced, 0)
+    ascii_only = spaced.isascii()  # then no candidate of the second kind, and no regex scan for one
+    other = -1 if ascii_only else _next_non_ascii(spaced, 0)
     while True:
         candidates = [at for at in (*ahead.values(), other) if at >= 0]
         if not candidates:
@@ -322,10 +347,11 @@ def _scan(value: str, spaced: str, query: WordQuery) -> tuple[int, int] | None:
 def _marked(value: str, query: WordQuery) -> str | None:
     """FTS5-style snippet of one column: about ten words around the first match.
 
-    The first hit is found by :func:`_first_hit` and only the words within
-    :data:`_REACH` characters of it are cut, so a long column costs little more than a
-    short one; the result is :func:`_marked_full`'s, which answers when the stretch
-    holds too few words.
+    The first hit is found by :func:`_first_hit`, and only the few words a snippet
+    shows are cut around it: up to :data:`_REACH_BEFORE` characters before it and the
+    next :data:`SNIPPET_TOKENS` words from it (a wider stretch only when that holds too
+    few), so a long column costs little more than a short one; the result is
+    :func:`_marked_full`'s.
     """
     if any(not w or not _WORD.fullmatch(w) for w in (*query.words, *query.prefixes)):
         return _marked_full(value, query)  # not words as the fold makes them: no shortcut
@@ -333,20 +359,27 @@ def _marked(value: str, query: WordQuery) -> str | None:
     hit = _first_hit(value, spaced, query)
     if hit is None:
         return None
-    lo, hi = max(0, hit[0] - _REACH), min(len(value), hit[1] + _REACH)
-    spans = _words(spaced, lo, hi)
-    before, after = lo > 0, hi < len(value)
-    if before and _WORD.match(spaced, lo - 1, lo) and spans[0][0] == lo:
-        spans.pop(0)  # a word cut by the stretch's start
-    if after and _WORD.match(spaced, hi, hi + 1) and spans[-1][1] == hi:
-        spans.pop()  # ... or by its end
-    first = spans.index(hit)
-    # Enough words on a side that has more text beyond the stretch: at least ten before
-    # the hit, and more than ten from it on (exactly ten would end the snippet in "..."
-    # even when only separators follow).
-    if (before and first < SNIPPET_TOKENS) or (after and len(spans) - first <= SNIPPET_TOKENS):
-        return _marked_full(value, query)  # words longer than the stretch: read them all
-    return _cut(value, spans, first, before=before, after=after, query=query)
+    back, reach = _REACH_BEFORE, _REACH
+    while True:
+        lo, hi = max(0, hit[0] - back), min(len(value), hit[1] + reach)
+        spans = _words(spaced, lo, hit[0])  # no word spans the hit's start
+        if lo > 0 and spans and _WORD.match(spaced, lo - 1, lo) and spans[0][0] == lo:
+            spans.pop(0)  # a word cut by the stretch's start
+        first = len(spans)
+        ahead = [m.span() for m in islice(_WORD.finditer(spaced, hit[0], hi), SNIPPET_TOKENS + 1)]
+        if len(ahead) > SNIPPET_TOKENS:
+            hi = ahead[-1][1]  # enough words: the stretch ends with the last one
+        elif hi < len(value) and _WORD.match(spaced, hi, hi + 1) and ahead[-1][1] == hi:
+            ahead.pop()  # a word cut by the stretch's end
+        spans += ahead
+        before, after = lo > 0, hi < len(value)
+        # The snippet's words, as _cut picks them: the stretch answers as the whole text
+        # would when they start after its first word (or at the text's start) and end
+        # before its last word (or at the text's end); else read a wider stretch.
+        start = max(0, min(first - 2, len(spans) - SNIPPET_TOKENS))
+        if (not before or start >= 1) and (not after or start + SNIPPET_TOKENS < len(spans)):
+            return _cut(value, spans, first, before=before, after=after, query=query)
+        back, reach = back * 4, reach * 4
 
 
 def snippet(texts: Sequence[Any], query: WordQuery) -> str:
@@ -364,15 +397,34 @@ def snippet(texts: Sequence[Any], query: WordQuery) -> str:
 # ------------------------------------------------------------------ sessions left out of CJK routes
 
 
+#: Candidate rows a search read with its first statement, handed to the next
+#: :func:`delegated_sessions` on that connection (see :func:`delegated_rows_read`).
+_HANDED: dict[int, list[tuple[str, Any]]] = {}
+
+
+@contextmanager
+def delegated_rows_read(conn: Any, rows: list[tuple[str, Any]]) -> Iterator[None]:
+    """Within the block, :func:`delegated_sessions` on ``conn`` answers from ``rows``
+    (``(id, model_config)`` of :data:`DELEGATED_CANDIDATE` sessions, read by the caller
+    with other things in one statement) instead of a round trip of its own."""
+    _HANDED[id(conn)] = rows
+    try:
+        yield
+    finally:
+        _HANDED.pop(id(conn), None)
+
+
 def delegated_sessions(conn: Any) -> list[str]:
     """Sessions whose ``model_config`` names a ``_delegate_from`` (sub-agent transcripts).
 
     SQLite decides this with ``json_extract`` over valid JSON only; PostgreSQL 15 has
     no safe JSON cast for text that may be malformed, so the few candidate rows (the
-    marker as a substring) are parsed here with the same rule. Read once per search.
+    marker as a substring) are parsed here with the same rule. Read once per search,
+    with the search's first statement when it handed them over.
     """
+    handed = _HANDED.pop(id(conn), None)
     out = []
-    for sid, config in conn.execute(_DELEGATED_SQL.on(conn)):
+    for sid, config in handed if handed is not None else conn.execute(_DELEGATED_SQL.on(conn)):
         try:
             value = json.loads(config)
         except (TypeError, ValueError):
