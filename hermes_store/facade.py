@@ -36,6 +36,7 @@ from .paths import create_private_database  # noqa: F401 - kept importable from 
 from .repositories import MaintenanceRepository
 from .repositories.base import driver_errors
 from .repositories.transcripts import remove_committed_files
+from .upkeep import Upkeep
 from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served by the swap
     DDL_NAMES,
     FTS_CJK_STALE_KEY,
@@ -82,6 +83,9 @@ BUSY_TIMEOUT_MS = 100
 MAX_IDLE_CONNECTIONS = 4
 #: Rows the short-CJK index catches up on at open and at each checkpoint interval.
 BIGRAM_CATCH_UP_ROWS = 20_000
+#: Rows one background catch-up transaction indexes: it holds the index's upkeep lock,
+#: so it stays short, and the next one starts right after it.
+BACKGROUND_CATCH_UP_ROWS = 2_000
 
 #: The ``schema_version`` our head revision writes (Hermes v30's file format).
 SCHEMA_VERSION = 30
@@ -263,6 +267,8 @@ class SessionDB(HermesSurface):
         # writers (each stack's connections carry their BEGIN flavour). Checking a
         # connection out of the pool for every append costs as much as the append.
         self._idle: dict[bool, list[Connection]] = {False: [], True: []}
+        #: Where upkeep runs when the dialect keeps it off the caller's path.
+        self._upkeep = Upkeep(target.name if isinstance(target, Path) else (self.url.database or "server"))
         if self.db_path is not None and self.read_only:
             # As it is on disk: must exist; nothing created, migrated or switched.
             paths.check_target(self.db_path, write=False, create=False, make_parents=False)
@@ -303,6 +309,8 @@ class SessionDB(HermesSurface):
 
         with self._engine.connect() as conn:
             dialect.ping(conn)
+        # Opening catches the short-CJK index up (bounded; skipped while another process
+        # is at it), so a store opened after a bulk load searches at full speed at once.
         self._catch_up_search_index()
 
     # ------------------------------------------------------------------ plumbing
@@ -331,6 +339,7 @@ class SessionDB(HermesSurface):
             engine.dispose()
 
     def close(self) -> None:
+        self._upkeep.close()  # a catch-up under way ends its transaction first
         self._close_raw()
         if getattr(self, "_engine", None) is None:
             return
@@ -483,17 +492,32 @@ class SessionDB(HermesSurface):
         try:
             if due:
                 self._checkpoint()
-                self._catch_up_search_index()
+                self._schedule("short-CJK index catch-up", self._catch_up_search_index)
             self._after_write(writes)
         except Exception:  # noqa: BLE001 - the caller's write succeeded; upkeep is best effort
             log.warning("%s: search index upkeep after a committed write failed; retried later",
                         self._label(), exc_info=True)
 
+    def _schedule(self, name: str, job: Callable[[], Any]) -> None:
+        """Run upkeep ``job`` now (one writer at a time: SQLite) or on this store's upkeep
+        thread (writers side by side: a server), never failing the caller either way."""
+        if self._dialect.upkeep_in_background:
+            self._upkeep.submit(name, job)
+        else:
+            job()
+
+    def wait_for_upkeep(self, timeout: float | None = None) -> bool:
+        """Wait until this store's background upkeep has nothing left to do (tests, tools);
+        False when ``timeout`` ran out first. Always True where upkeep runs inline."""
+        return self._upkeep.wait_idle(timeout)
+
     def _catch_up_search_index(self, limit: int | None = BIGRAM_CATCH_UP_ROWS) -> int:
         """Extend the short-CJK index over rows written since (by us or by Hermes).
 
         Bounded per call so opening a huge, never-indexed file stays quick; rows not
-        covered yet are still found, by a direct scan.
+        covered yet are still found, by a direct scan. One process at a time does it
+        (an upkeep lock each transaction tries, and skips when held), in transactions of
+        BACKGROUND_CATCH_UP_ROWS on a server, until caught up, the limit or close.
         """
         try:
             with self._open_engine().connect() as conn:
@@ -501,12 +525,21 @@ class SessionDB(HermesSurface):
                     return 0
         except (OperationalError, errors.DatabaseUnavailableError):
             return 0  # best effort: runs after a committed write, which must not look failed
+        step = limit
+        if self._dialect.upkeep_in_background:
+            step = BACKGROUND_CATCH_UP_ROWS if limit is None else min(limit, BACKGROUND_CATCH_UP_ROWS)
+        done = 0
         try:
-            return self._write(
-                lambda c: MaintenanceRepository(c).catch_up_search_index(limit), budget=1.0, _maintenance=True
-            )
+            while True:
+                n = self._write(
+                    lambda c: MaintenanceRepository(c).catch_up_search_index(step, single_owner=True),
+                    budget=1.0, _maintenance=True,
+                )
+                done += n
+                if step is None or n < step or (limit is not None and done >= limit) or self._upkeep.closing:
+                    return done
         except (errors.DatabaseLockedError, errors.DatabaseUnavailableError):
-            return 0  # someone else is writing (or the disk is full); the next interval will do it
+            return done  # someone else is writing (or the disk is full); the next interval will do it
         except Exception:  # noqa: BLE001 - rows not indexed yet are still found by a direct scan
             log.warning("%s: short-CJK index catch-up failed; retried later", self._label(), exc_info=True)
-            return 0
+            return done

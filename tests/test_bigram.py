@@ -20,7 +20,7 @@ from sqlalchemy import event, text
 
 from hermes_store import SessionDB
 from hermes_store.repositories import search as search_mod
-from hermes_store.search import bigram
+from hermes_store.search import bigram, bigram_upkeep
 
 pytestmark = pytest.mark.both_backends
 
@@ -127,7 +127,7 @@ def test_index_matches_substring_scan(db: SessionDB, backend: str, strategy: str
     assert db.index_search() > 0
     check()  # after catching up
     with db.engine.connect() as c:
-        assert bigram.pending(c) == 0
+        assert bigram_upkeep.pending(c) == 0
     db.rebuild_fts()
     check()
 

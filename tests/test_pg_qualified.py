@@ -27,7 +27,7 @@ from sqlalchemy import text
 from hermes_store import SessionDB, migrations
 from hermes_store import facade
 from hermes_store.repositories import MaintenanceRepository
-from hermes_store.search import bigram
+from hermes_store.search import bigram, bigram_upkeep
 
 from .conftest import hostile_search_path, server_database, via_pooler
 
@@ -403,8 +403,8 @@ def _boom(*_a: Any, **_k: Any) -> Any:
 def test_upkeep_after_a_commit_never_fails_the_write(store: SessionDB, monkeypatch: pytest.MonkeyPatch,
                                                      caplog: pytest.LogCaptureFixture, broken: str) -> None:
     if broken == "catch_up":  # inside the maintenance transaction
-        monkeypatch.setattr(bigram, "catch_up", _boom)
-        monkeypatch.setattr(bigram, "pending", lambda _c: 1)
+        monkeypatch.setattr(bigram_upkeep, "catch_up", _boom)
+        monkeypatch.setattr(bigram_upkeep, "pending", lambda _c: 1)
     elif broken == "catch_up_call":  # the facade's own catch-up step
         monkeypatch.setattr(facade.SessionDB, "_catch_up_search_index", _boom)
     else:  # Hermes' periodic optimize
@@ -413,6 +413,7 @@ def test_upkeep_after_a_commit_never_fails_the_write(store: SessionDB, monkeypat
     store._writes = every - 1  # this append is the one that runs the upkeep
     with caplog.at_level("WARNING"):
         mid = store.append_message("s", "user", "数据 still committed")
+        assert store.wait_for_upkeep(30)  # a server runs it on the store's upkeep thread
     assert isinstance(mid, int) and mid > 0
     assert [m["id"] for m in store.get_messages("s")] == [mid]
     assert store.get_session("s")["message_count"] == 1

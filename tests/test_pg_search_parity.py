@@ -47,7 +47,7 @@ from hermes_store import migrations
 from hermes_store.engine import create_engine
 from hermes_store.models import Base
 from hermes_store.repositories.search import SearchRepository
-from hermes_store.search import bigram, plan_search
+from hermes_store.search import bigram, bigram_upkeep, plan_search
 
 SESSIONS = Base.metadata.tables["sessions"]
 MESSAGES = Base.metadata.tables["messages"]
@@ -133,7 +133,7 @@ def _load(engine: Engine, rows: list[dict]) -> None:
             conn.execute(insert(SESSIONS).values(id=sid, source=source, started_at=1_700_000_000.0,
                                                  model_config=config))
         conn.execute(insert(MESSAGES), rows[:200])
-        bigram.catch_up(conn)
+        bigram_upkeep.catch_up(conn)
         conn.execute(insert(MESSAGES), rows[200:])
         conn.execute(update(MESSAGES).where(MESSAGES.c.timestamp == rows[3]["timestamp"])
                      .values(content="数据 edited 迁移 kubectl"))

@@ -19,7 +19,7 @@ from ..repositories.maintenance import MaintenanceRepository
 from ..repositories.messages import MessageRepository
 from ..repositories.sessions import SessionRepository
 from ..repositories.state_meta import set_meta
-from ..search import bigram
+from ..search import bigram, bigram_upkeep
 from ..tenancy import schema_of_connection
 from ..titles import split_title_number
 from .plan import (AFTER_SESSIONS, BEFORE_SESSIONS, COPIED_TABLES, INDEX_CHUNK, MARKER_KEY, NEWER, NOT_COPIED,
@@ -374,7 +374,7 @@ class Copier(Verifier):
     def index(self) -> None:
         """Short-CJK index caught up in bounded transactions; full-text indexes checked."""
         repo = MaintenanceRepository(self.dst)
-        total = bigram.pending(self.dst) if bigram.installed(self.dst) else 0
+        total = bigram_upkeep.pending(self.dst) if bigram.installed(self.dst) else 0
         self.dst.commit()
         done = 0
         while total:

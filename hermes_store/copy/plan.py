@@ -10,7 +10,7 @@ from typing import Any, Callable
 from .. import errors, paths
 from ..adopt.work import FTS_BOOKKEEPING_KEYS
 from ..models import Base
-from ..search import bigram
+from ..search import bigram, bigram_upkeep
 
 #: Messages per destination transaction (and rows per page of the smaller tables).
 DEFAULT_BATCH = 1000
@@ -51,7 +51,8 @@ NOT_COPIED = {
 #: Not copied and not worth a line in a report: rewritten or rebuilt on the destination.
 SILENT = frozenset({"schema_version", paths.VERSION_TABLE, bigram.TABLE, bigram.DIRTY_TABLE})
 #: ``state_meta`` keys describing the source file itself (see the module docstring).
-PER_FILE_META_KEYS = frozenset({*FTS_BOOKKEEPING_KEYS, bigram.HIGH_WATER_KEY, "last_auto_prune"})
+PER_FILE_META_KEYS = frozenset({*FTS_BOOKKEEPING_KEYS, bigram.HIGH_WATER_KEY, bigram_upkeep.SETTLE_KEY,
+                                "last_auto_prune"})
 #: On a merge a generation counter only moves up (Hermes never lets one go back): per
 #: table, what a clash on the key updates, as ``(set_, where)`` of ``on_conflict_do_update``
 #: given the dialect's insert construct and the table (other tables keep their row).

@@ -69,6 +69,22 @@ class Dialect(Protocol):
     def begin_options(self, write: bool) -> dict[str, Any]:
         """Execution options that make ``begin()`` take the right lock for a reader/writer."""
 
+    #: Whether index upkeep (short-CJK catch-up, index merges) runs on a worker thread
+    #: of the store instead of after the caller's write: where writers run side by side
+    #: (a server), one caller must not wait on housekeeping every other writer also tries.
+    upkeep_in_background: bool
+
+    def try_upkeep_lock(self, conn: Connection, purpose: str) -> bool:
+        """In a write transaction: whether this transaction is the one doing ``purpose``'s
+        upkeep now (held until it ends). False: another process is at it; skip."""
+
+    def writers_in_progress(self, conn: Connection, table: str) -> list[str] | None:
+        """The transactions that may be inserting into ``table`` now, or None where no
+        other writer can run beside this write transaction (SQLite's write lock)."""
+
+    def still_running(self, conn: Connection, writers: Sequence[str]) -> bool:
+        """Whether any of the transactions :meth:`writers_in_progress` listed is still open."""
+
     def read_call_options(self) -> dict[str, Any]:
         """Execution options of the connections ``SessionDB`` keeps for its read calls.
 

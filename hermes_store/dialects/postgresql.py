@@ -26,7 +26,7 @@ from ..codec import pg_decode_nul, pg_encode_nul
 from ..models import Base
 from ..search import postgresql as pg_search
 from ..tenancy import qualified, quote_ident, schema_of_connection
-from . import pg_engine
+from . import pg_engine, pg_tenants
 from .base import MessageRuns
 from .fts5 import Fts5Storage
 from .pg_tenants import tenant_table_names
@@ -66,6 +66,15 @@ _BASE_TABLES = text(
     " AND table_type = 'BASE TABLE' ORDER BY table_name"
 )
 
+#: Transactions of other backends that hold or wait for a write lock on a table.
+_WRITERS = text(
+    "SELECT DISTINCT l.virtualtransaction FROM pg_locks l WHERE l.locktype = 'relation'"
+    " AND l.relation = to_regclass(:t) AND l.mode = 'RowExclusiveLock' AND l.pid IS DISTINCT FROM pg_backend_pid()"
+)
+#: Whether any of those transactions is still open (each holds its own virtualxid lock).
+_RUNNING = text(
+    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'virtualxid' AND virtualxid = ANY(:v))"
+)
 
 _MESSAGES = Base.metadata.tables["messages"]
 _SESSIONS = Base.metadata.tables["sessions"]
@@ -202,6 +211,23 @@ class PostgreSQLDialect:
         # READ COMMITTED and row locks: counters are updated in SQL (x = x + n), so no
         # table lock is needed up front.
         return {}
+
+    upkeep_in_background = True
+
+    def try_upkeep_lock(self, conn: Connection, purpose: str) -> bool:
+        return pg_tenants.try_transaction_lock(conn, purpose, schema_of_connection(conn) or "")
+
+    def writers_in_progress(self, conn: Connection, table: str) -> list[str] | None:
+        """Every other transaction holding (or queued for) a write lock on the table.
+
+        A transaction takes RowExclusiveLock on ``messages`` before its INSERT draws an
+        id, and keeps it until it ends, so once these are gone every id drawn before
+        this call is committed or gone for good (how CREATE INDEX CONCURRENTLY waits)."""
+        name = qualified(schema_of_connection(conn), table)
+        return list(conn.execute(_WRITERS, {"t": name}).scalars())
+
+    def still_running(self, conn: Connection, writers: Sequence[str]) -> bool:
+        return bool(writers) and bool(conn.execute(_RUNNING, {"v": list(writers)}).scalar())
 
     def read_call_options(self) -> dict[str, Any]:
         # Autocommit: no BEGIN and ROLLBACK around a read (two round trips of a

@@ -285,6 +285,19 @@ class SQLiteDialect:
         # through on a lock upgrade.
         return {BEGIN_MODE: "IMMEDIATE" if write else "DEFERRED"}
 
+    # One writer at a time (BEGIN IMMEDIATE): upkeep after the write costs no other
+    # writer anything, and a worker thread would only take the lock from the caller.
+    upkeep_in_background = False
+
+    def try_upkeep_lock(self, conn: Connection, purpose: str) -> bool:
+        return True  # the write transaction's file lock already makes it the only one
+
+    def writers_in_progress(self, conn: Connection, table: str) -> list[str] | None:
+        return None  # no other writer runs beside a write transaction
+
+    def still_running(self, conn: Connection, writers: Sequence[str]) -> bool:
+        return False
+
     def read_call_options(self) -> dict[str, Any]:
         return self.begin_options(False)  # one WAL snapshot for the whole read call
 

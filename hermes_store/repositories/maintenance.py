@@ -14,7 +14,7 @@ from sqlalchemy import bindparam
 
 from .. import errors
 from ..codec import check_key
-from ..search import bigram
+from ..search import bigram, bigram_upkeep
 from ..tenancy import SchemaSQL
 from . import fts_upkeep
 from .base import Repository, insert_or_skip, now
@@ -306,17 +306,24 @@ class MaintenanceRepository(Repository):
         """
         done = self.fts_rebuild()
         if self._bigram():
-            bigram.rebuild(self.conn)
+            bigram_upkeep.rebuild(self.conn)
             done.append(bigram.TABLE)
         return done
 
     def search_index_behind(self) -> bool:
         """Whether the short-CJK index has rows to catch up on (False when absent)."""
-        return self._bigram() and bool(bigram.pending(self.conn))
+        return self._bigram() and bool(bigram_upkeep.pending(self.conn))
 
-    def catch_up_search_index(self, limit: int | None = None) -> int:
-        """Extend the short-CJK index over up to ``limit`` new rows; returns rows indexed."""
-        return bigram.catch_up(self.conn, limit) if self._bigram() else 0
+    def catch_up_search_index(self, limit: int | None = None, *, single_owner: bool = False) -> int:
+        """Extend the short-CJK index over up to ``limit`` new rows; returns rows indexed.
+
+        ``single_owner``: only when no other transaction is doing it right now (0 when
+        one is: periodic upkeep of many processes must not all index the same rows)."""
+        if not self._bigram():
+            return 0
+        if single_owner and not self.dialect.try_upkeep_lock(self.conn, "cjk-bigram"):
+            return 0
+        return bigram_upkeep.catch_up(self.conn, limit)
 
     def _bigram(self) -> bool:
         """Whether this database has the short-CJK index (both dialects may)."""

@@ -427,6 +427,10 @@ class FtsMixin(Host):
         every = self._OPTIMIZE_EVERY_N_WRITES
         if not every or writes <= 0 or writes % every:
             return
+        self._schedule("search index merge", self._periodic_optimize)
+
+    def _periodic_optimize(self) -> None:
+        """The periodic :meth:`optimize_fts` call (after the write, or on the upkeep thread)."""
         _PERIODIC.active = True  # per thread: an explicit optimize elsewhere stays full
         try:
             self.optimize_fts()

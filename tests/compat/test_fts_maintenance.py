@@ -729,6 +729,7 @@ def test_after_write_optimizes_every_n_writes(db) -> None:
     db._OPTIMIZE_EVERY_N_WRITES = 3
     for n in range(1, 8):
         db._after_write(n)
+        assert db.wait_for_upkeep(30)  # on a server it runs on the store's upkeep thread
     assert len(calls) == 2  # after writes 3 and 6
     db._OPTIMIZE_EVERY_N_WRITES = 0  # off
     db._after_write(6)
@@ -761,6 +762,7 @@ def test_the_periodic_optimize_is_bounded_and_an_explicit_one_is_full(db, backen
         db._OPTIMIZE_EVERY_N_WRITES = 3
         for i in range(3):
             db.append_message("s", "user", f"words {i}")  # the third write runs the upkeep
+        assert db.wait_for_upkeep(30)  # (on a server, on the store's upkeep thread)
         periodic, seen[:] = list(seen), []
         assert db.optimize_fts() == len(periodic) > 0
         explicit = list(seen)
@@ -780,6 +782,7 @@ def test_the_write_path_optimizes_every_n_writes(db) -> None:
     db._OPTIMIZE_EVERY_N_WRITES = 3
     for i in range(6):
         db.set_meta("k", str(i))
+        assert db.wait_for_upkeep(30)  # on a server it runs on the store's upkeep thread
     assert len(calls) == 2
 
     def broken() -> int:
@@ -788,6 +791,7 @@ def test_the_write_path_optimizes_every_n_writes(db) -> None:
     db.optimize_fts = broken
     for i in range(3):
         db.set_meta("k", "after")  # a failing optimize never fails the write
+    assert db.wait_for_upkeep(30)
     assert db.get_meta("k") == "after"
 
 

@@ -1,0 +1,159 @@
+"""Keeping the short-CJK index (:mod:`.bigram`) current: catch-up, rebuild, coverage.
+
+Each call runs inside a write transaction of the caller's (a store's upkeep, an
+import, ``index_search``). Rows the index does not cover yet are still found, by a
+direct scan, so this is about speed, never about results, except for one rule:
+the high-water mark may only pass ids that can no longer appear below it.
+
+Where writers run side by side (PostgreSQL), an id is drawn when an INSERT runs, but
+the row only shows when its transaction commits: id 100 can appear after 101 was
+indexed, under the mark and outside the index. So a catch-up notes the newest committed
+id together with the transactions writing into ``messages`` at that moment
+(``SETTLE_KEY``). Once those have all ended, every id up to the note is final, and the
+mark may move up to it; a later catch-up (or the same one, when no writer was busy)
+does so. With one writer at a time (SQLite's write lock) every id is final at once.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Sequence
+
+from ..dialects import for_connection
+from ..tenancy import SchemaSQL
+from .bigram import BLOCK, CHUNK, DIRTY_TABLE, HIGH_WATER_KEY, TABLE, bigrams, high_water, installed
+
+#: ``"<settled> <top>:<transaction>,…"``: the id every id up to which is final, then the
+#: newest committed id when last noted and the transactions writing then, waiting to
+#: settle (``"<settled> :"`` when nothing waits; see the module docstring).
+SETTLE_KEY = "hermes_store.cjk_bigram_settling"
+_NOTE = re.compile(r"(-?[0-9]{1,18}) (-?[0-9]{1,18})?:([0-9/,]*)")
+
+_TAIL = SchemaSQL("SELECT count(*) FROM {messages} WHERE id > :hw")
+_TOP = SchemaSQL("SELECT max(id) FROM {messages}")
+_META = SchemaSQL("SELECT value FROM {state_meta} WHERE key = :k")
+_DIRTY_COUNT = SchemaSQL(f"SELECT count(*) FROM {{{DIRTY_TABLE}}}")
+_DIRTY_BLOCKS = SchemaSQL(f"SELECT block FROM {{{DIRTY_TABLE}}}")
+_CLEAR_DIRTY = SchemaSQL(f"DELETE FROM {{{DIRTY_TABLE}}}")
+_CLEAR_INDEX = SchemaSQL(f"DELETE FROM {{{TABLE}}}")
+_ADD_PAIRS = SchemaSQL(f"INSERT INTO {{{TABLE}}} (gram, block) VALUES (:g, :b) ON CONFLICT DO NOTHING")
+_DROP_BLOCK = SchemaSQL(f"DELETE FROM {{{TABLE}}} WHERE block = :b")
+_BLOCK_ROWS = SchemaSQL(
+    "SELECT id, content, tool_name, tool_calls FROM {messages} WHERE id BETWEEN :lo AND :hi AND id <= :hw"
+)
+_TAIL_ROWS = SchemaSQL(
+    "SELECT id, content, tool_name, tool_calls FROM {messages} WHERE id > :hw AND id <= :top ORDER BY id LIMIT :n"
+)
+_SET_META = SchemaSQL(
+    "INSERT INTO {state_meta} (key, value) VALUES (:k, :v) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+)
+#: An id larger than any: no cap (every committed id is final).
+_NO_CAP = 2**62
+
+
+def pending(conn: Any) -> int:
+    """How many messages the index does not cover yet (tail rows + dirty blocks' rows)."""
+    hw = high_water(conn)
+    tail = conn.execute(_TAIL.on(conn), {"hw": hw}).scalar()
+    dirty = conn.execute(_DIRTY_COUNT.on(conn)).scalar()
+    return int(tail) + int(dirty) * BLOCK
+
+
+def _index_rows(conn: Any, rows: Iterable[Sequence[Any]]) -> int:
+    pairs: set[tuple[str, int]] = set()
+    top = -1
+    for mid, *texts in rows:
+        block = mid // BLOCK
+        for value in texts:
+            if value:
+                pairs.update((g, block) for g in bigrams(value))
+        top = max(top, mid)
+    if pairs:
+        conn.execute(_ADD_PAIRS.on(conn), [{"g": g, "b": b} for g, b in pairs])
+    return top
+
+
+def _meta(conn: Any, key: str) -> str | None:
+    row = conn.execute(_META.on(conn), {"k": key}).first()
+    return row[0] if row else None
+
+
+def _set_meta(conn: Any, key: str, value: str) -> None:
+    conn.execute(_SET_META.on(conn), {"k": key, "v": value})
+
+
+def _read_note(value: str | None) -> tuple[int, int | None, list[str]]:
+    """``(settled, noted top or None, its writers)`` of a stored note (junk: nothing settled)."""
+    note = _NOTE.fullmatch(value or "")
+    if note is None:
+        return -1, None, []
+    pending = None if note.group(2) is None else int(note.group(2))
+    return int(note.group(1)), pending, [w for w in note.group(3).split(",") if w]
+
+
+def settled_top(conn: Any) -> int:
+    """The highest id below which no new row can appear any more (see the module docstring).
+
+    The note holds what settled already and what waits to: the top noted last time,
+    with its writers. Once they have ended it settles and a new top is noted, settled
+    at once when nobody is writing now.
+    """
+    dialect = for_connection(conn)
+    if dialect.writers_in_progress(conn, "messages") is None:
+        return _NO_CAP
+    stored = _meta(conn, SETTLE_KEY)
+    settled, noted, writers = _read_note(stored)
+    if noted is not None:
+        if dialect.still_running(conn, writers):
+            return settled
+        settled = max(settled, noted)
+    top = conn.execute(_TOP.on(conn)).scalar()
+    top = -1 if top is None else int(top)
+    writers = dialect.writers_in_progress(conn, "messages") or []  # read after the top: see above
+    if writers:
+        value = f"{settled} {top}:{','.join(writers)}"
+    else:
+        settled, value = max(settled, top), f"{max(settled, top)} :"
+    if value != stored:
+        _set_meta(conn, SETTLE_KEY, value)
+    return settled
+
+
+def catch_up(conn: Any, limit: int | None = None) -> int:
+    """Index dirty blocks and settled rows above the high-water mark; returns rows indexed.
+
+    ``limit`` bounds the number of tail rows handled in this call (None: all).
+    """
+    if not installed(conn):
+        return 0
+    done = 0
+    dirty = [r[0] for r in conn.execute(_DIRTY_BLOCKS.on(conn))]
+    hw = high_water(conn)
+    for block in dirty:
+        conn.execute(_DROP_BLOCK.on(conn), {"b": block})
+        rows = conn.execute(
+            _BLOCK_ROWS.on(conn), {"lo": block * BLOCK, "hi": block * BLOCK + BLOCK - 1, "hw": hw}
+        ).fetchall()
+        _index_rows(conn, rows)
+        done += len(rows)
+    if dirty:
+        conn.execute(_CLEAR_DIRTY.on(conn))
+    top = settled_top(conn)
+    while limit is None or done < limit:
+        rows = conn.execute(_TAIL_ROWS.on(conn), {"hw": hw, "top": top, "n": CHUNK}).fetchall()
+        if not rows:
+            break
+        hw = _index_rows(conn, rows)
+        done += len(rows)
+        _set_meta(conn, HIGH_WATER_KEY, str(hw))
+    return done
+
+
+def rebuild(conn: Any) -> int:
+    """Drop and rebuild the whole index from the messages table."""
+    if not installed(conn):
+        return 0
+    conn.execute(_CLEAR_INDEX.on(conn))
+    conn.execute(_CLEAR_DIRTY.on(conn))
+    _set_meta(conn, HIGH_WATER_KEY, "-1")
+    return catch_up(conn)
