@@ -12,6 +12,11 @@ Two kinds of walk:
   both backends the same answer with no dialect code, and the walk keeps Hermes'
   exact per-step preference order and cycle rule.
 
+Each statement is built once, on first use, with the ids as bind parameters, so a call
+pays neither its construction nor its compilation. A node row is lean: source and end
+reason as 0/1 flags, ``model_config`` only where a marker substring can be, and the
+walk runs over the rows themselves (a 1000-deep chain is 1000 dict lookups).
+
 The forward compression edge (Hermes v23): parent ``end_reason='compression'`` →
 child without ``_branched_from``, without ``_delegate_from`` and ``source != 'tool'``.
 Unlike v11 there is no ``child.started_at >= parent.ended_at`` condition.
@@ -19,6 +24,7 @@ Unlike v11 there is no ``child.started_at >= parent.ended_at`` condition.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Iterable, Sequence
 
@@ -27,6 +33,8 @@ from sqlalchemy import (
     Float,
     Integer,
     String,
+    bindparam,
+    case,
     cast,
     exists,
     func,
@@ -35,7 +43,7 @@ from sqlalchemy import (
     or_,
     select,
 )
-from sqlalchemy.sql import Select
+from sqlalchemy.sql import ColumnElement, Select
 from sqlalchemy.sql.selectable import CTE
 
 from .base import MESSAGES, SESSIONS, Repository
@@ -60,13 +68,21 @@ _M = MESSAGES
 _ZERO = literal_column("0", Integer)
 _ONE = literal_column("1", Integer)
 
+#: ``kind`` of the rows of :func:`_chain_stmt` that list the ancestors (the others are 0).
+_UP = 1
+#: Statements below are built once (lazily, on first use) with bind parameters: the
+#: session id is ``:sid``, id lists are the expanding ``:ids``. Reusing the object also
+#: reuses its cache key, so SQLAlchemy's compiled cache hits without re-walking it.
+SID = bindparam("sid", type_=String)
+IDS = bindparam("ids", type_=String, expanding=True)
+
 
 # --------------------------------------------------------------------- plain parent links
 
 
-def _up(session_id: str) -> CTE:
+def _up(seed_id: Any = SID) -> CTE:
     """``up(id, parent, depth)``: the session and every parent above it, depth-bounded."""
-    seed = select(_S.c.id, _S.c.parent_session_id.label("parent"), _ZERO.label("depth")).where(_S.c.id == session_id)
+    seed = select(_S.c.id, _S.c.parent_session_id.label("parent"), _ZERO.label("depth")).where(_S.c.id == seed_id)
     up = seed.cte("up", recursive=True)
     step = (
         select(_S.c.id, _S.c.parent_session_id, up.c.depth + _ONE)
@@ -76,14 +92,16 @@ def _up(session_id: str) -> CTE:
     return up.union_all(step)
 
 
-def _ancestors_stmt(session_id: str) -> Select:
-    up = _up(session_id)
+@functools.cache
+def _ancestors_stmt() -> Select:
+    up = _up()
     depth = func.min(up.c.depth).label("d")
     return select(up.c.id, depth).group_by(up.c.id).order_by(depth.desc())
 
 
-def _descendants_stmt(session_id: str) -> Select:
-    seed = select(_S.c.id, _ZERO.label("depth")).where(_S.c.id == session_id)
+@functools.cache
+def _descendants_stmt() -> Select:
+    seed = select(_S.c.id, _ZERO.label("depth")).where(_S.c.id == SID)
     down = seed.cte("down", recursive=True)
     step = (
         select(_S.c.id, down.c.depth + _ONE)
@@ -119,18 +137,16 @@ def _forward(seed: Select, name: str = "fwd", *, skip_tool: bool = True) -> CTE:
     return fwd.union(step)
 
 
-def _seed(ids: Select | Sequence[str] | str) -> Select:
-    if isinstance(ids, str):
-        where = _S.c.id == ids
-    else:
-        where = _S.c.id.in_(ids)
+def _seed(ids: Select | Any = SID) -> Select:
+    """The seed of a forward walk: ``:sid`` (default), the expanding ``IDS`` or a select of ids."""
+    where = _S.c.id.in_(ids) if isinstance(ids, Select) or ids is IDS else _S.c.id == ids
     return select(_S.c.id, _S.c.end_reason).where(where)
 
 
-def _climb(ids: Sequence[str], *, skip_tool: bool) -> CTE:
-    """``climb(id, parent, source)``: the sessions and each parent that ended 'compression'
-    above them (through non-tool children when ``skip_tool``). UNION: cycle-safe."""
-    seed = select(_S.c.id, _S.c.parent_session_id.label("parent"), _S.c.source).where(_S.c.id.in_(list(ids)))
+def _climb(*, skip_tool: bool) -> CTE:
+    """``climb(id, parent, source)``: the sessions ``:ids`` and each parent that ended
+    'compression' above them (through non-tool children when ``skip_tool``). UNION: cycle-safe."""
+    seed = select(_S.c.id, _S.c.parent_session_id.label("parent"), _S.c.source).where(_S.c.id.in_(IDS))
     climb = seed.cte("climb", recursive=True)
     parent = _S.alias("climb_p")
     cond = [parent.c.end_reason == COMPRESSION]
@@ -144,24 +160,95 @@ def _climb(ids: Sequence[str], *, skip_tool: bool) -> CTE:
     return climb.union(step)
 
 
-def _node_columns(kind: str) -> list[Any]:
-    """What a walk needs of each session: links, end state, markers, latest activity."""
+def marker_text(t: Any) -> ColumnElement[Any]:
+    """``model_config`` only where it may hold a lineage marker (a superset: ``_`` is a
+    LIKE wildcard, SQLite's LIKE ignores case), else NULL: Python parses the few rows
+    that can matter and the rest never travel."""
+    mc = t.c.model_config
+    return case((or_(mc.like(f"%{BRANCH_MARKER}%"), mc.like(f"%{DELEGATE_MARKER}%")), mc), else_=null())
+
+
+def link_columns(t: Any) -> list[Any]:
+    """``id, parent, tool, started_at, ended_at, compressed`` of ``t``: the walk's links and
+    end state. Source and end reason travel as 0/1 flags: a walk only asks "a tool run?"
+    and "ended 'compression'?", and a number is cheaper to send and read than a string."""
     return [
-        literal_column(f"'{kind}'", String).label("kind"),
-        _S.c.id,
-        _S.c.parent_session_id,
-        _S.c.source,
-        _S.c.started_at,
-        _S.c.ended_at,
-        _S.c.end_reason,
-        _S.c.model_config,
-        select(func.max(_M.c.timestamp)).where(_M.c.session_id == _S.c.id).scalar_subquery().label("activity"),
-        exists().where(_M.c.session_id == _S.c.id).label("has_messages"),
+        t.c.id,
+        t.c.parent_session_id,
+        case((t.c.source == "tool", 1), else_=0).label("tool"),
+        t.c.started_at,
+        t.c.ended_at,
+        case((t.c.end_reason == COMPRESSION, 1), else_=0).label("compressed"),
     ]
 
 
-def _nodes(ids_select: Select, kind: str = "node") -> Select:
-    return select(*_node_columns(kind)).where(_S.c.id.in_(ids_select))
+def _node_columns(kind: int, t: Any = _S, *, messages: bool = False) -> list[Any]:
+    """What a walk needs of each session: links, end state, markers, latest activity
+    (the shape :class:`Graph` reads, after the leading ``kind``). ``has_messages`` only
+    with ``messages`` (the resume walk): the EXISTS per node is a quarter of the work."""
+    has = exists().where(_M.c.session_id == t.c.id) if messages else cast(null(), Boolean)
+    return [
+        literal_column(str(kind), Integer).label("kind"),
+        *link_columns(t),
+        marker_text(t).label("markers"),
+        select(func.max(_M.c.timestamp)).where(_M.c.session_id == t.c.id).scalar_subquery().label("activity"),
+        has.label("has_messages"),
+    ]
+
+
+def _nodes(ids_select: Select, kind: int = 0, *, messages: bool = False) -> Select:
+    return select(*_node_columns(kind, messages=messages)).where(_S.c.id.in_(ids_select))
+
+
+@functools.cache
+def _tip_stmt() -> Select:
+    """The forward subgraph of ``:sid``."""
+    fwd = _forward(_seed())
+    return _nodes(select(fwd.c.id))
+
+
+@functools.cache
+def _resume_stmt() -> Select:
+    """The forward subgraph of ``:sid``, plus what lies up to 32 levels below its members
+    that did not end 'compression' (where the tip can be)."""
+    fwd = _forward(_seed())
+    seed = select(fwd.c.id, _ZERO.label("depth")).where(
+        or_(fwd.c.end_reason.is_(None), fwd.c.end_reason != COMPRESSION)
+    )
+    below = seed.cte("below", recursive=True)
+    child = _S.alias("below_c")
+    below = below.union_all(
+        select(child.c.id, below.c.depth + _ONE)
+        .join_from(below, child, child.c.parent_session_id == below.c.id)
+        .where(child.c.source != "tool", below.c.depth < RESUME_HOPS)
+    )
+    return _nodes(select(fwd.c.id).union(select(below.c.id)), messages=True)
+
+
+@functools.cache
+def _lineage_stmt() -> Select:
+    climb = _climb(skip_tool=False)
+    fwd = _forward(_seed(select(climb.c.id)), skip_tool=False)
+    return _nodes(select(fwd.c.id))
+
+
+@functools.cache
+def _tips_stmt() -> Select:
+    climb = _climb(skip_tool=True)
+    fwd = _forward(_seed(select(climb.c.id)))
+    return _nodes(select(fwd.c.id))
+
+
+@functools.cache
+def _chain_stmt() -> Select:
+    up = _up()
+    fwd = _forward(_seed())
+    text_null, real_null, int_null = cast(null(), String), cast(null(), Float), cast(null(), Integer)
+    ups = select(
+        literal_column(str(_UP), Integer).label("kind"), up.c.id, text_null, int_null,
+        cast(func.min(up.c.depth), Float), real_null, int_null, text_null, real_null, cast(null(), Boolean),
+    ).group_by(up.c.id)
+    return _nodes(select(fwd.c.id)).union_all(ups)
 
 
 # --------------------------------------------------------------------- the walks (Python side)
@@ -190,57 +277,57 @@ def _num(value: Any) -> float:
         return float("-inf")
 
 
+#: Positions in a node row (after ``kind``): see :func:`_node_columns`.
+_ID, _PARENT, _TOOL, _STARTED, _ENDED, _COMPRESSED, _MARKERS, _ACTIVITY, _HAS = range(1, 10)
+
+
+def _marked(row: Any) -> bool:
+    """Whether the row is a branch or a delegate (NULL ``markers``: surely neither)."""
+    config = row[_MARKERS]
+    return config is not None and (_marker(config, BRANCH_MARKER) or _marker(config, DELEGATE_MARKER))
+
+
+def _rank(row: Any) -> tuple[int, float, float, str]:
+    """Hermes v23 per-step order of forward children: compressed, then live, then the rest;
+    then latest activity (newest message, else start), start, id (the max wins)."""
+    tier = 0 if row[_COMPRESSED] else (1 if row[_ENDED] is None else 2)
+    active = row[_ACTIVITY] if row[_ACTIVITY] is not None else row[_STARTED]
+    return (-tier, _num(active), _num(row[_STARTED]), row[_ID])
+
+
 class Node:
-    """One fetched session: links, end state, lineage markers, latest activity."""
+    """One fetched session (a view of its row in a :class:`Graph`)."""
 
-    __slots__ = ("id", "parent", "source", "started_at", "ended_at", "end_reason", "activity", "has_messages",
-                 "branched", "delegated", "children")
+    __slots__ = ("graph", "row", "id", "parent", "tool", "started_at", "ended_at", "compressed", "activity",
+                 "has_messages", "branched", "delegated")
 
-    def __init__(self, sid: str, parent: str | None, source: str | None, started_at: Any, ended_at: Any,
-                 end_reason: str | None, model_config: Any, activity: Any, has_messages: Any) -> None:
-        self.id = sid
-        self.parent = parent
-        self.source = source
-        self.started_at = started_at
-        self.ended_at = ended_at
-        self.end_reason = end_reason
-        self.activity = activity
-        self.has_messages = bool(has_messages)
-        self.branched = _marker(model_config, BRANCH_MARKER)
-        self.delegated = _marker(model_config, DELEGATE_MARKER)
-        self.children: list[Node] = []
+    def __init__(self, graph: "Graph", row: Any) -> None:
+        self.graph = graph
+        self.row = row
+        self.id = row[_ID]
+        self.parent = row[_PARENT]
+        self.tool = bool(row[_TOOL])  # source = 'tool'
+        self.started_at = row[_STARTED]
+        self.ended_at = row[_ENDED]
+        self.compressed = bool(row[_COMPRESSED])  # end_reason = 'compression'
+        self.activity = row[_ACTIVITY]
+        self.has_messages = bool(row[_HAS])
+        config = row[_MARKERS]  # NULL when no marker can be there (most rows)
+        self.branched = config is not None and _marker(config, BRANCH_MARKER)
+        self.delegated = config is not None and _marker(config, DELEGATE_MARKER)
 
     @property
-    def compressed(self) -> bool:
-        return self.end_reason == COMPRESSION
-
-    def _walkable(self) -> list["Node"]:
-        return [c for c in self.children if c.source != "tool" and not c.branched and not c.delegated]
+    def children(self) -> list["Node"]:
+        return [self.graph.node(r) for r in self.graph.kids.get(self.id, ())]
 
     def continues_as(self) -> "Node | None":
-        """The preferred forward compression child (Hermes v23 per-step order).
-
-        Children that ended 'compression' first, then live ones, then the rest; ties by
-        latest activity (newest message, else start), then start, then id, newest first.
-        """
-        if not self.compressed:
-            return None
-        kids = self._walkable()
-        if not kids:
-            return None
-        if len(kids) == 1:
-            return kids[0]
-
-        def rank(c: Node) -> tuple[int, float, float, str]:
-            tier = 0 if c.compressed else (1 if c.ended_at is None else 2)
-            active = c.activity if c.activity is not None else c.started_at
-            return (-tier, _num(active), _num(c.started_at), c.id)
-
-        return max(kids, key=rank)
+        """The preferred forward compression child (Hermes v23 per-step order)."""
+        row = self.graph.step(self.row)
+        return None if row is None else self.graph.node(row)
 
     def newest_child(self) -> "Node | None":
         """The most recently started child that is neither a branch, a delegate nor a tool run."""
-        kids = self._walkable()
+        kids = [c for c in self.children if not c.tool and not c.branched and not c.delegated]
         return max(kids, key=lambda c: (_num(c.started_at), c.id)) if kids else None
 
     def first_non_branch_child(self) -> "Node | None":
@@ -250,21 +337,52 @@ class Node:
 
 
 class Graph:
-    """The fetched sessions (rows shaped like :func:`_node_columns`), linked parent → children."""
+    """The fetched sessions (rows shaped like :func:`_node_columns`), linked parent → children.
+
+    Kept as the rows themselves (a dict by id, children lists by parent id): a forward
+    walk over a 1000-deep chain then costs dict lookups, not 1000 objects; a
+    :class:`Node` is made only for the sessions a caller asks about.
+    """
 
     def __init__(self, rows: Iterable[Any]) -> None:
-        self.nodes: dict[str, Node] = {}
-        for _kind, sid, *fields in rows:
-            if sid not in self.nodes:
-                self.nodes[sid] = Node(sid, *fields)
-        nodes = self.nodes
-        for node in nodes.values():
-            parent = nodes.get(node.parent) if node.parent is not None else None
-            if parent is not None:
-                parent.children.append(node)
+        self.rows: dict[str, Any] = {}
+        found = self.rows
+        for row in rows:
+            if row[_ID] not in found:
+                found[row[_ID]] = row
+        self.kids: dict[str, list[Any]] = {}
+        kids = self.kids
+        for row in found.values():
+            parent = row[_PARENT]
+            if parent is not None and parent in found:
+                if parent in kids:
+                    kids[parent].append(row)
+                else:
+                    kids[parent] = [row]
+        self._nodes: dict[str, Node] = {}
+
+    def node(self, row: Any) -> Node:
+        found = self._nodes.get(row[_ID])
+        if found is None:
+            found = self._nodes[row[_ID]] = Node(self, row)
+        return found
 
     def get(self, session_id: str) -> Node | None:
-        return self.nodes.get(session_id)
+        row = self.rows.get(session_id)
+        return None if row is None else self.node(row)
+
+    def step(self, row: Any) -> Any:
+        """The row the forward walk takes after ``row`` (None: the walk ends there)."""
+        if not row[_COMPRESSED]:
+            return None
+        kids = self.kids.get(row[_ID])
+        if not kids:
+            return None
+        if len(kids) == 1:  # a plain chain: no list, no ranking
+            kid = kids[0]
+            return None if kid[_TOOL] or _marked(kid) else kid
+        walkable = [k for k in kids if not k[_TOOL] and not _marked(k)]
+        return max(walkable, key=_rank) if walkable else None
 
     def tip(self, session_id: str) -> str:
         """Where the forward walk from the session ends (the id itself when unknown)."""
@@ -274,33 +392,34 @@ class Graph:
     def forward_path(self, session_id: str) -> list[str]:
         """The session, then each preferred forward compression step, until none is left or
         the next one would revisit a session (a corrupt cycle)."""
-        node = self.nodes.get(session_id)
-        if node is None:
+        row = self.rows.get(session_id)
+        if row is None:
             return []
-        path = [node.id]
-        seen = {node.id}
+        path = [row[_ID]]
+        seen = {row[_ID]}
+        step = self.step
         for _ in range(MAX_DEPTH):
-            nxt = node.continues_as()
-            if nxt is None or nxt.id in seen:
+            row = step(row)
+            if row is None or row[_ID] in seen:
                 break
-            node = nxt
-            seen.add(node.id)
-            path.append(node.id)
+            seen.add(row[_ID])
+            path.append(row[_ID])
         return path
 
     def compression_root(self, session_id: str) -> str:
         """Climb while the session is a forward compression child of its parent."""
-        node = self.nodes[session_id]
-        seen = {node.id}
+        rows = self.rows
+        row = rows[session_id]
+        seen = {row[_ID]}
         for _ in range(MAX_DEPTH):
-            parent = self.nodes.get(node.parent) if node.parent is not None else None
-            if parent is None or parent.id in seen or not parent.compressed:
+            parent = rows.get(row[_PARENT]) if row[_PARENT] is not None else None
+            if parent is None or parent[_ID] in seen or not parent[_COMPRESSED]:
                 break
-            if node.source == "tool" or node.branched or node.delegated:
+            if row[_TOOL] or _marked(row):
                 break
-            node = parent
-            seen.add(node.id)
-        return node.id
+            row = parent
+            seen.add(row[_ID])
+        return row[_ID]
 
 
 # --------------------------------------------------------------------- repository
@@ -311,12 +430,12 @@ class LineageRepository(Repository):
 
     def ancestors(self, session_id: str, *, include_self: bool = True) -> list[str]:
         """Root first, ending with the session itself (or its parent); each id once."""
-        ids = [r[0] for r in self.conn.execute(_ancestors_stmt(session_id)).fetchall()]
+        ids = [r[0] for r in self.conn.execute(_ancestors_stmt(), {"sid": session_id}).fetchall()]
         return ids if include_self else ids[:-1]
 
     def descendants(self, session_id: str) -> list[str]:
         """Every session below this one (breadth order: depth, then start time)."""
-        return [r[0] for r in self.conn.execute(_descendants_stmt(session_id)).fetchall()]
+        return [r[0] for r in self.conn.execute(_descendants_stmt(), {"sid": session_id}).fetchall()]
 
     def conversation_root(self, session_id: str) -> str:
         """The farthest ancestor through every parent link; the id itself when it has none
@@ -327,9 +446,7 @@ class LineageRepository(Repository):
     # ------------------------------------------------------------- compression walks
 
     def _forward_graph(self, session_id: str) -> Graph:
-        fwd = _forward(_seed(session_id))
-        return Graph(self.conn.execute(_nodes(select(fwd.c.id))).fetchall())
-
+        return Graph(self.conn.execute(_tip_stmt(), {"sid": session_id}).fetchall())
     def compression_tip(self, session_id: str) -> str:
         """The end of the forward compression walk from ``session_id`` (Hermes v23 rules);
         the id itself when nothing continues it or it is unknown."""
@@ -343,18 +460,7 @@ class LineageRepository(Repository):
         One statement: the forward subgraph, plus what lies up to 32 levels below its
         members that did not end 'compression' (where the tip can be).
         """
-        fwd = _forward(_seed(session_id))
-        seed = select(fwd.c.id, _ZERO.label("depth")).where(
-            or_(fwd.c.end_reason.is_(None), fwd.c.end_reason != COMPRESSION)
-        )
-        below = seed.cte("below", recursive=True)
-        child = _S.alias("below_c")
-        below = below.union_all(
-            select(child.c.id, below.c.depth + _ONE)
-            .join_from(below, child, child.c.parent_session_id == below.c.id)
-            .where(child.c.source != "tool", below.c.depth < RESUME_HOPS)
-        )
-        graph = Graph(self.conn.execute(_nodes(select(fwd.c.id).union(select(below.c.id)))).fetchall())
+        graph = Graph(self.conn.execute(_resume_stmt(), {"sid": session_id}).fetchall())
         tip = graph.tip(session_id)
         node = graph.get(tip)
         if node is None:
@@ -380,9 +486,7 @@ class LineageRepository(Repository):
         Down from that root: while the node ended 'compression', its earliest-started
         non-branch child (delegates and tool runs count here), past the session to the end.
         """
-        climb = _climb([session_id], skip_tool=False)
-        fwd = _forward(_seed(select(climb.c.id)), skip_tool=False)
-        graph = Graph(self.conn.execute(_nodes(select(fwd.c.id))).fetchall())
+        graph = Graph(self.conn.execute(_lineage_stmt(), {"ids": [session_id]}).fetchall())
         me = graph.get(session_id)
         if me is None:
             return []
@@ -409,19 +513,12 @@ class LineageRepository(Repository):
 
     def chain(self, session_id: str) -> list[str]:
         """Root → ... → session (every parent link) → ... → compression tip, one statement."""
-        up = _up(session_id)
-        fwd = _forward(_seed(session_id))
-        text_null, real_null = cast(null(), String), cast(null(), Float)
-        ups = select(
-            literal_column("'up'", String).label("kind"), up.c.id, text_null, text_null,
-            cast(func.min(up.c.depth), Float), real_null, text_null, text_null, real_null, cast(null(), Boolean),
-        ).group_by(up.c.id)
-        rows = self.conn.execute(_nodes(select(fwd.c.id), "fwd").union_all(ups)).fetchall()
+        rows = self.conn.execute(_chain_stmt(), {"sid": session_id}).fetchall()
         # the 'up' rows carry their distance from the session in started_at: farthest first
-        above = [r.id for r in sorted((r for r in rows if r.kind == "up"), key=lambda r: (-r.started_at, r.id))]
+        above = [r[1] for r in sorted((r for r in rows if r[0] == _UP), key=lambda r: (-r[4], r[1]))]
         if not above:
             return []
-        below = Graph(r for r in rows if r.kind == "fwd").forward_path(session_id)[1:]
+        below = Graph(r for r in rows if r[0] != _UP).forward_path(session_id)[1:]
         listed = set(above)
         return above + [sid for sid in below if sid not in listed]  # a cycle lists each id once
 
@@ -435,9 +532,7 @@ class LineageRepository(Repository):
         ids = list(dict.fromkeys(ids))
         if not ids:
             return {}
-        climb = _climb(ids, skip_tool=True)
-        fwd = _forward(_seed(select(climb.c.id)))
-        graph = Graph(self.conn.execute(_nodes(select(fwd.c.id))).fetchall())
+        graph = Graph(self.conn.execute(_tips_stmt(), {"ids": ids}).fetchall())
         tips: dict[str, str] = {}
         roots: dict[str, str] = {}
         for sid in ids:

@@ -2,6 +2,9 @@
 ``list_cron_job_runs``, ``search_sessions_by_id``, ``search_sessions``).
 
 SQLAlchemy Core against the model tables, the same statements on SQLite and PostgreSQL.
+Each statement is built once per shape (which columns the file has, which filters are
+given, compact or not) with bind parameters for every value, so a call pays neither
+the construction of 60-odd column proxies nor a fresh compile.
 
 Lineage markers. Which children are listed, and which children continue a compression
 chain, depends on the ``_branched_from`` / ``_delegate_from`` keys inside the
@@ -9,33 +12,67 @@ chain, depends on the ``_branched_from`` / ``_delegate_from`` keys inside the
 whose JSON is malformed, so, as in :mod:`.lineage`, they are decided in Python with
 :func:`.lineage._marker`: a substring ``LIKE`` finds every row that may carry a
 marker, and the few such rows that do not really carry it (malformed JSON, a JSON null,
-a nested key, the words inside a string) are read once per call and named in the
-statement as exceptions. Only the rows where a marker can change the answer are read:
-children (branch marker), and for the delegate marker roots, children of a
-'compression' or 'branched' parent and branch-marked rows.
+a nested key, the words inside a string) are named in the statement as exceptions.
+Only the rows where a marker can change the answer are read: children (branch marker),
+and for the delegate marker roots, children of a 'compression' or 'branched' parent and
+branch-marked rows. They travel in the same statement as the page, which is first run
+with no exceptions; only when one of them turns out to be an exception (rare: it takes
+a malformed or odd ``model_config``) is the statement run again, naming them.
 
 Compression chains (Hermes v23 forward edge, no timestamp condition): parent
 ``end_reason='compression'`` → child that is not a tool run, not a branch and not a
 delegate. Ordering by chain activity and the ``id_query`` / ``search_query`` filters
 use every session reachable that way (a recursive UNION, so a corrupt cycle ends by
 itself); the projected tip is where :class:`.lineage.Graph` walks, Hermes' per-step
-preference order (the same rule as ``get_compression_tip``).
+preference order (the same rule as ``get_compression_tip``). The page's forward
+subgraph comes with the page, and with it the full rows of the sessions that can end
+a walk (a session with a child the walk surely takes cannot); only a tip that is not
+among them (a corrupt cycle) costs a second statement.
 """
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
-from sqlalchemy import and_, case, exists, false, func, literal, not_, or_, select, union_all
+from sqlalchemy import (
+    Float,
+    Integer,
+    String,
+    and_,
+    bindparam,
+    case,
+    cast,
+    exists,
+    false,
+    func,
+    literal_column,
+    not_,
+    null,
+    or_,
+    select,
+    union_all,
+)
 from sqlalchemy.sql import ColumnElement, Select
 from sqlalchemy.sql.selectable import Alias
 
 from .. import errors
 from ..codec import clean_text, decode_content
+from ..models import Base
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository
-from .housekeeping import cwd_prefix_condition, like_escape
-from .lineage import BRANCH_MARKER, COMPRESSION, DELEGATE_MARKER, Graph, _forward, _marker, _nodes, _seed
+from .housekeeping import like_escape
+from .lineage import (
+    BRANCH_MARKER,
+    COMPRESSION,
+    DELEGATE_MARKER,
+    IDS,
+    Graph,
+    _forward,
+    _marker,
+    link_columns,
+    marker_text,
+)
 from .records import SessionRecord
 from .sessions import SessionRepository
 
@@ -54,10 +91,34 @@ _COMPACT_RE = re.compile("[" + re.escape("".join(_COMPACT)) + "]")
 
 _S = SESSIONS
 _M = MESSAGES
+_SP = Base.metadata.tables["system_prompts"]
 #: Aliases built once: each one's column collection (60-odd proxies) costs milliseconds.
 _LISTED, _PARENT = _S.alias("s"), _S.alias("p")
 _MARKED, _MARKED_PARENT = _S.alias("mk"), _S.alias("mk_p")
 _ROW, _CHILD, _MEMBER = _S.alias("t"), _S.alias("chain_c"), _S.alias("mem")
+_NODE, _FULL, _CAND = _S.alias("n"), _S.alias("f"), _S.alias("cand_c")
+
+#: Bind parameters of the listing statements (values travel in the params dict). The
+#: exceptions have one parameter for IN and another for NOT IN: SQLAlchemy renders an
+#: empty expanding list per parameter name, and PostgreSQL's empty-IN form is not the
+#: empty-NOT-IN form.
+_EXCEPTIONS = {key: bindparam(f"exc_{key.strip('_')}", type_=String, expanding=True)
+               for key in (BRANCH_MARKER, DELEGATE_MARKER)}
+_NOT_EXCEPTIONS = {key: bindparam(f"not_exc_{key.strip('_')}", type_=String, expanding=True)
+                   for key in (BRANCH_MARKER, DELEGATE_MARKER)}
+_INCLUDE = bindparam("inc", type_=String, expanding=True)
+_EXCLUDE = bindparam("exc", type_=String, expanding=True)
+_CWD, _CWD_SLASH, _CWD_BACKSLASH = (bindparam(n, type_=String) for n in ("cwd", "cwd_slash", "cwd_backslash"))
+_LEAST = bindparam("least", type_=Integer)
+_LIMIT, _OFFSET = bindparam("limit", type_=Integer), bindparam("offset", type_=Integer)
+_IDS_PAT, _TEXT_PAT, _SQUEEZED_PAT = (bindparam(n, type_=String) for n in ("ids_pat", "text_pat", "squeezed_pat"))
+_PREFIX = bindparam("prefix", type_=String)
+
+#: Row kinds in a listing statement: a page row, a node of the page's forward
+#: subgraph, a row whose marker substring must be checked in Python.
+PAGE, NODE, MARKED, COUNTED = 0, 1, 2, 3
+#: Where the full session columns start in a listing row (kind + the 9 node columns).
+_FULL_AT = 10
 
 
 # --------------------------------------------------------------------------- arguments
@@ -131,6 +192,7 @@ def _first_user_content(t: Alias | Any) -> ColumnElement[Any]:
         .where(_M.c.session_id == t.c.id, _M.c.role == "user")
         .order_by(_M.c.timestamp, _M.c.id)
         .limit(1)
+        .correlate(t)
         .scalar_subquery()
     )
 
@@ -141,25 +203,259 @@ def _compact(expr: ColumnElement[Any]) -> ColumnElement[Any]:
     return expr
 
 
-class Markers:
-    """Exact SQL tests of the lineage markers, for the rows a listing can be changed by.
+def _has(t: Any, key: str) -> ColumnElement[bool]:
+    """``model_config`` holds the key as a substring and the row is not an exception."""
+    return and_(t.c.model_config.like(_contains(key), escape="\\"), t.c.id.not_in(_NOT_EXCEPTIONS[key]))
 
-    ``has(t, key)``: ``model_config`` holds the key as a substring and the row is not
-    one of the exceptions read in Python (substring present, marker absent).
+
+def _lacks(t: Any, key: str) -> ColumnElement[bool]:
+    """The negation of :func:`_has` (NULL ``model_config`` lacks every marker)."""
+    return or_(t.c.model_config.is_(None), not_(t.c.model_config.like(_contains(key), escape="\\")),
+               t.c.id.in_(_EXCEPTIONS[key]))
+
+
+def _marker_scope() -> Select:
+    """``(id, model_config)`` of the rows whose marker substring can change a listing.
+
+    The substring tests come first, so the parent is looked up only for the rows that
+    mention a delegate marker.
     """
+    s, p = _MARKED, _MARKED_PARENT
+    mc = s.c.model_config
+    branch_like = mc.like(_contains(BRANCH_MARKER), escape="\\")
+    delegate_like = mc.like(_contains(DELEGATE_MARKER), escape="\\")
+    parent_elsewhere = exists().where(  # a parent row that neither compressed nor branched
+        p.c.id == s.c.parent_session_id,
+        or_(p.c.end_reason.is_(None), p.c.end_reason.not_in((COMPRESSION, "branched"))),
+    )
+    scope = or_(
+        and_(branch_like, s.c.parent_session_id.is_not(None)),
+        and_(delegate_like, or_(s.c.parent_session_id.is_(None), branch_like, not_(parent_elsewhere))),
+    )
+    return select(s.c.id, mc).where(scope)
 
-    def __init__(self, exceptions: dict[str, set[str]]) -> None:
-        self.exceptions = exceptions
 
-    def has(self, t: Any, key: str) -> ColumnElement[bool]:
-        cond = t.c.model_config.like(_contains(key), escape="\\")
-        exc = sorted(self.exceptions.get(key, ()))
-        return and_(cond, t.c.id.not_in(exc)) if exc else cond
+def exceptions_of(marked: Iterable[tuple[str, Any]]) -> dict[str, list[str]]:
+    """Per marker key, the ids whose ``model_config`` has the substring but not the marker."""
+    found: dict[str, list[str]] = {BRANCH_MARKER: [], DELEGATE_MARKER: []}
+    for sid, config in marked:
+        for key, ids in found.items():
+            if not isinstance(config, str):
+                ids.append(sid)  # a LIKE may match bytes; they never carry a marker
+            elif key.lower() in config.lower() and not _marker(config, key):
+                ids.append(sid)
+    return found
 
-    def lacks(self, t: Any, key: str) -> ColumnElement[bool]:
-        cond = or_(t.c.model_config.is_(None), not_(t.c.model_config.like(_contains(key), escape="\\")))
-        exc = sorted(self.exceptions.get(key, ()))
-        return or_(cond, t.c.id.in_(exc)) if exc else cond
+
+def _exception_params(found: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+    found = found or {}
+    params = {_EXCEPTIONS[key].key: sorted(found.get(key, ())) for key in _EXCEPTIONS}
+    params.update((_NOT_EXCEPTIONS[key].key, params[_EXCEPTIONS[key].key]) for key in _EXCEPTIONS)
+    return params
+
+
+# --------------------------------------------------------------------------- statement shapes
+
+
+class Shape(NamedTuple):
+    """What decides a listing statement's text (never a value: values are parameters)."""
+
+    cols: tuple[str, ...]      # session columns shown, in model order
+    activity: bool             # the file has last_activity_at
+    prompts: bool              # resolve system_prompt through system_prompts in the statement
+    chain: bool                # order_by_last_active
+    children: bool             # include_children (no marker test on the listed rows)
+    markers: bool              # the statement needs the marker exceptions
+    project: bool              # project compression tips
+    include: bool = False
+    exclude: bool = False
+    cwd: int = 0               # 0: no filter, 1: the condition, 2: the file has no cwd (nothing matches)
+    least: bool = False
+    archived: str = ""         # "only", "hide", "none" (asked for archived only, no column) or ""
+    ids_needle: bool = False
+    text_needle: bool = False
+    squeezed: bool = False
+
+
+def _full_columns(f: Any, cols: Sequence[str], activity: bool, prompts: bool) -> list[Any]:
+    """The session columns of ``f`` (the prompt text resolved when ``prompts``), then the
+    preview's source and last_active."""
+    out = [
+        func.coalesce(_SP.c.prompt, f.c.system_prompt).label("system_prompt")
+        if prompts and name == "system_prompt" else f.c[name]
+        for name in cols
+    ]
+    return out + [_first_user_content(f).label("_preview"), last_active(f, activity).label("last_active")]
+
+
+def _with_prompts(frm: Any, f: Any, prompts: bool) -> Any:
+    return frm.outerjoin(_SP, _SP.c.hash == f.c.system_prompt_hash) if prompts else frm
+
+
+def _filters(s: Any, p: Any, shape: Shape) -> list[ColumnElement[bool]]:
+    """Hermes v23's listing filters on ``s`` (``p``: its parent, outer-joined)."""
+    conds: list[ColumnElement[bool]] = []
+    if shape.include:
+        conds.append(s.c.source.in_(_INCLUDE))
+    if shape.exclude:
+        conds.append(s.c.source.not_in(_EXCLUDE))
+    if shape.cwd == 1:  # housekeeping.cwd_prefix_condition, its values as parameters
+        conds.append(or_(
+            s.c.cwd == _CWD,
+            *(func.substr(s.c.cwd, 1, func.length(b)) == b for b in (_CWD_SLASH, _CWD_BACKSLASH)),
+        ))
+    elif shape.cwd == 2:
+        conds.append(false())
+    if shape.least:
+        conds.append(s.c.message_count >= _LEAST)
+    if shape.archived == "only":
+        conds.append(s.c.archived != 0)
+    elif shape.archived == "hide":
+        conds.append(func.coalesce(s.c.archived, 0) == 0)
+    elif shape.archived == "none":
+        conds.append(false())
+    if not shape.children:
+        listable = or_(
+            s.c.parent_session_id.is_(None),
+            p.c.id.is_(None),  # the parent row is gone: nothing to hang it under
+            _has(s, BRANCH_MARKER),
+            and_(p.c.end_reason == "branched", p.c.ended_at.is_not(None), s.c.started_at >= p.c.ended_at),
+        )
+        conds.append(and_(listable, _lacks(s, DELEGATE_MARKER)))
+    return conds
+
+
+def _page(shape: Shape) -> Select:
+    """``(id, end_reason, k1, k2)`` of the page's rows; the order is (k1, k2, id), newest first."""
+    s, p = _LISTED, _PARENT
+    conds = _filters(s, p, shape)
+    base = s.outerjoin(p, p.c.id == s.c.parent_session_id)
+    if not shape.chain:
+        stmt = (
+            select(s.c.id, s.c.end_reason, cast(null(), Float).label("k1"), s.c.started_at.label("k2"))
+            .select_from(base).where(*conds)
+            .order_by(s.c.started_at.desc(), s.c.id.desc())
+        )
+    else:
+        ranked = _ranked(s, base, conds, shape)
+        t = _ROW
+        stmt = (
+            select(t.c.id, t.c.end_reason, ranked.c.chain_last.label("k1"), t.c.started_at.label("k2"))
+            .join_from(ranked, t, t.c.id == ranked.c.root_id)
+            .order_by(ranked.c.chain_last.desc(), t.c.started_at.desc(), t.c.id.desc())
+        )
+    return stmt.limit(_LIMIT).offset(_OFFSET)
+
+
+def _ranked(s: Any, base: Any, conds: list[ColumnElement[bool]], shape: Shape) -> Any:
+    """``(root_id, chain_last)`` per listed row: the newest activity of its compression
+    chain, only the chains the needles match."""
+    roots = select(s.c.id.label("root_id"), s.c.end_reason.label("end_reason"), s.c.id.label("id")) \
+        .select_from(base).where(*conds).cte("roots")
+    chain = select(roots.c.root_id, roots.c.id, roots.c.end_reason).cte("chain", recursive=True)
+    child = _CHILD
+    chain = chain.union(
+        select(chain.c.root_id, child.c.id, child.c.end_reason)
+        .join_from(chain, child, child.c.parent_session_id == chain.c.id)
+        .where(
+            chain.c.end_reason == COMPRESSION,
+            child.c.source != "tool",
+            _lacks(child, BRANCH_MARKER),
+            _lacks(child, DELEGATE_MARKER),
+        )
+    )
+    mem = _MEMBER
+    stats = (
+        select(chain.c.root_id, func.max(last_active(mem, shape.activity)).label("chain_last"))
+        .join_from(chain, mem, mem.c.id == chain.c.id)
+        .group_by(chain.c.root_id)
+    )
+    if shape.ids_needle:
+        stats = stats.having(func.max(case(
+            (func.lower(mem.c.id).like(_IDS_PAT, escape="\\"), 1), else_=0)) == 1)
+    if shape.text_needle:
+        title = func.lower(mem.c.title)
+        hits = [title.like(_TEXT_PAT, escape="\\"), func.lower(mem.c.id).like(_TEXT_PAT, escape="\\")]
+        if shape.squeezed:
+            hits.append(_compact(title).like(_SQUEEZED_PAT, escape="\\"))
+        stats = stats.having(func.max(case((or_(*hits), 1), else_=0)) == 1)
+    return stats.subquery("ranked")
+
+
+@functools.cache
+def _listing_stmt(shape: Shape) -> Select:
+    """One statement for a whole listing page (see the module docstring).
+
+    Rows ``(kind, <the 9 node columns of lineage.Graph>, <full columns>)``: the page's
+    rows (kind PAGE, full columns, in page order), the page's forward compression
+    subgraph (kind NODE; full columns only for the sessions that can end a walk: those
+    without a child the walk surely takes, i.e. a non-tool child with no marker
+    substring at all), and the marker rows to check (kind MARKED).
+    """
+    page = _page(shape).cte("pg")
+    parts = [select(page.c.id, literal_column(str(PAGE), Integer).label("kind"), page.c.k1, page.c.k2,
+                    literal_column("1", Integer).label("full"))]
+    if shape.project:
+        fwd = _forward(select(page.c.id, page.c.end_reason).where(page.c.end_reason == COMPRESSION), "lfwd")
+        c = _CAND
+        clean = or_(c.c.model_config.is_(None), and_(not_(c.c.model_config.like(f"%{BRANCH_MARKER}%")),
+                                                      not_(c.c.model_config.like(f"%{DELEGATE_MARKER}%"))))
+        goes_on = and_(fwd.c.end_reason == COMPRESSION,
+                       exists().where(c.c.parent_session_id == fwd.c.id, c.c.source != "tool", clean))
+        parts.append(select(fwd.c.id, literal_column(str(NODE), Integer), cast(null(), Float),
+                            cast(null(), Float), case((goes_on, 0), else_=1)))
+    if shape.markers:
+        scope = _marker_scope().subquery("mks")
+        parts.append(select(scope.c.id, literal_column(str(MARKED), Integer), cast(null(), Float),
+                            cast(null(), Float), literal_column("0", Integer)))
+    want = union_all(*parts).subquery("want")
+    n, f = _NODE, _FULL
+    frm = want.join(n, n.c.id == want.c.id).outerjoin(f, and_(f.c.id == want.c.id, want.c.full == 1))
+    frm = _with_prompts(frm, f, shape.prompts)
+    is_node = want.c.kind == NODE
+    newest = select(func.max(_M.c.timestamp)).where(_M.c.session_id == n.c.id).correlate(n).scalar_subquery()
+    node = [
+        want.c.kind, *link_columns(n),
+        case((want.c.kind != PAGE, marker_text(n)), else_=null()).label("markers"),
+        case((is_node, newest), else_=null()).label("activity"),
+        cast(null(), Integer).label("has_messages"),
+    ]
+    return (
+        select(*node, *_full_columns(f, shape.cols, shape.activity, shape.prompts))
+        .select_from(frm)
+        .order_by(want.c.kind, want.c.k1.desc(), want.c.k2.desc(), want.c.id.desc())
+    )
+
+
+@functools.cache
+def _count_stmt(shape: Shape) -> Select:
+    """``(COUNTED, count, NULL, NULL)`` and, when children are excluded, ``(MARKED, NULL,
+    id, model_config)`` per marker row to check: one statement."""
+    s, p = _LISTED, _PARENT
+    conds = _filters(s, p, shape)
+    frm = s.outerjoin(p, p.c.id == s.c.parent_session_id) if not shape.children else s
+    counted = select(literal_column(str(COUNTED), Integer).label("kind"), func.count().label("n"),
+                     cast(null(), String).label("id"), cast(null(), String).label("config")) \
+        .select_from(frm).where(*conds)
+    if not shape.markers:
+        return counted
+    scope = _marker_scope().subquery("mks")
+    return union_all(counted, select(literal_column(str(MARKED), Integer), cast(null(), Integer), scope.c.id,
+                                     scope.c.model_config))
+
+
+@functools.cache
+def _rows_stmt(cols: tuple[str, ...], activity: bool, prompts: bool, where: str) -> Select:
+    """Full listing rows: of ``:ids`` (``where='ids'``) or of one cron job (``'cron'``)."""
+    t = _ROW
+    stmt = select(*_full_columns(t, cols, activity, prompts)).select_from(_with_prompts(t, t, prompts))
+    if where == "ids":
+        return stmt.where(t.c.id.in_(IDS))
+    return (
+        stmt.where(t.c.source == "cron", func.substr(t.c.id, 1, func.length(_PREFIX)) == _PREFIX)
+        .order_by(t.c.started_at.desc(), t.c.id.desc())
+        .limit(_LIMIT).offset(_OFFSET)
+    )
 
 
 # --------------------------------------------------------------------------- repository
@@ -174,97 +470,85 @@ class ListingRepository(Repository):
     def _has_activity(self) -> bool:
         return "last_activity_at" in self.columns_of("sessions")
 
-    def _row_columns(self, t: Any, compact: bool) -> list[Any]:
-        """The session columns (as the file has them), then preview and last_active."""
+    def _cols(self, compact: bool) -> tuple[str, ...]:
         present = self.columns_of("sessions")
-        cols = [t.c[c.name] for c in _S.columns if c.name in present and not (compact and c.name == "system_prompt")]
-        activity = last_active(t, self._has_activity).label("last_active")
-        return cols + [_first_user_content(t).label("_preview"), activity]
+        return tuple(c.name for c in _S.columns
+                     if c.name in present and not (compact and c.name == "system_prompt"))
 
-    def _rows(self, stmt: Select, compact: bool) -> list[SessionRecord]:
-        out: list[SessionRecord] = []
-        for row in self.conn.execute(stmt).mappings():
-            item = dict(row)
-            preview = item.pop("_preview")
-            item["preview"] = make_preview(preview)
-            out.append(item)  # type: ignore[arg-type]
-        if not compact:
-            SessionRepository(self.conn).resolve_prompts(out)  # type: ignore[arg-type]
-        return out
+    def _prompts_in_sql(self, cols: Sequence[str]) -> bool:
+        """Whether the statement itself resolves the prompt (``COALESCE(prompt, system_prompt)``)."""
+        return "system_prompt" in cols and "system_prompt_hash" in cols and self.has_table("system_prompts")
+
+    @staticmethod
+    def _record(cols: Sequence[str], values: Sequence[Any]) -> SessionRecord:
+        """A listing row: the columns, then last_active and preview (Hermes' key order)."""
+        n = len(cols)
+        item: dict[str, Any] = dict(zip(cols, values[:n]))
+        item["last_active"] = values[n + 1]
+        item["preview"] = make_preview(values[n])
+        return item  # type: ignore[return-value]
+
+    def _resolve(self, rows: list[SessionRecord], compact: bool, prompts: bool) -> None:
+        if not compact and not prompts:
+            SessionRepository(self.conn).resolve_prompts(rows)  # type: ignore[arg-type]
 
     def _rows_by_id(self, ids: Sequence[str], compact: bool) -> dict[str, SessionRecord]:
-        t = _ROW
-        found: dict[str, SessionRecord] = {}
+        cols = self._cols(compact)
+        prompts = not compact and self._prompts_in_sql(cols)
+        stmt = _rows_stmt(cols, self._has_activity, prompts, "ids")
+        found: list[SessionRecord] = []
         for start in range(0, len(ids), ID_CHUNK):
-            chunk = list(ids[start:start + ID_CHUNK])
-            stmt = select(*self._row_columns(t, compact)).where(t.c.id.in_(chunk))
-            found.update((r["id"], r) for r in self._rows(stmt, compact))
-        return found
+            found += [self._record(cols, r) for r in
+                      self.conn.execute(stmt, {"ids": list(ids[start:start + ID_CHUNK])}).fetchall()]
+        self._resolve(found, compact, prompts)
+        return {r["id"]: r for r in found}
 
-    def markers(self) -> Markers:
-        """Read the rows whose marker substring is not a marker (usually none).
-
-        The substring tests come first, so the parent is looked up only for the rows
-        that mention a delegate marker.
-        """
-        s, p = _MARKED, _MARKED_PARENT
-        mc = s.c.model_config
-        branch_like = mc.like(_contains(BRANCH_MARKER), escape="\\")
-        delegate_like = mc.like(_contains(DELEGATE_MARKER), escape="\\")
-        parent_elsewhere = exists().where(  # a parent row that neither compressed nor branched
-            p.c.id == s.c.parent_session_id,
-            or_(p.c.end_reason.is_(None), p.c.end_reason.not_in((COMPRESSION, "branched"))),
-        )
-        scope = or_(
-            and_(branch_like, s.c.parent_session_id.is_not(None)),
-            and_(delegate_like, or_(s.c.parent_session_id.is_(None), branch_like, not_(parent_elsewhere))),
-        )
-        stmt = select(s.c.id, mc).where(scope)
-        exceptions: dict[str, set[str]] = {BRANCH_MARKER: set(), DELEGATE_MARKER: set()}
-        for sid, config in self.conn.execute(stmt):
-            for key, found in exceptions.items():
-                if not isinstance(config, str):
-                    found.add(sid)  # a LIKE may match bytes; they never carry a marker
-                elif key.lower() in config.lower() and not _marker(config, key):
-                    found.add(sid)
-        return Markers(exceptions)
-
-    def _conditions(
-        self, s: Any, p: Any, *, source: Any, exclude_sources: Any, cwd_prefix: Any, min_message_count: Any,
-        include_archived: bool, archived_only: bool, children: bool, markers: Markers | None,
-    ) -> list[ColumnElement[bool]]:
-        """Hermes v23's listing filters on ``s`` (``p``: its parent, outer-joined)."""
+    def _filter_params(
+        self, *, source: Any, exclude_sources: Any, cwd_prefix: Any, min_message_count: Any,
+        include_archived: bool, archived_only: bool,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(shape fields, params)`` of Hermes v23's listing filters."""
         present = self.columns_of("sessions")
-        conds: list[ColumnElement[bool]] = []
+        fields: dict[str, Any] = {}
+        params: dict[str, Any] = {}
         include, exclude = _listed(source), _listed(exclude_sources)
         if include:
-            conds.append(s.c.source.in_(include))
+            fields["include"], params["inc"] = True, include
         if exclude:
-            conds.append(s.c.source.not_in(exclude))
+            fields["exclude"], params["exc"] = True, exclude
         if cwd_prefix:
             if not isinstance(cwd_prefix, str):
                 raise errors.InvalidInputError(f"cwd_prefix must be a string, not {type(cwd_prefix).__name__}")
-            conds.append(cwd_prefix_condition(s.c.cwd, clean_text(cwd_prefix)) if "cwd" in present else false())
+            if "cwd" in present:
+                base = clean_text(cwd_prefix).rstrip("/\\")
+                fields["cwd"] = 1
+                params.update(cwd=base, cwd_slash=base + "/", cwd_backslash=base + "\\")
+            else:
+                fields["cwd"] = 2
         least = _count_arg(min_message_count, "min_message_count")
         if least > 0:
-            conds.append(s.c.message_count >= least)
+            fields["least"], params["least"] = True, least
         if "archived" in present:
             if archived_only:
-                conds.append(s.c.archived != 0)
+                fields["archived"] = "only"
             elif not include_archived:
-                conds.append(func.coalesce(s.c.archived, 0) == 0)
+                fields["archived"] = "hide"
         elif archived_only:
-            conds.append(false())
-        if not children:
-            assert markers is not None
-            listable = or_(
-                s.c.parent_session_id.is_(None),
-                p.c.id.is_(None),  # the parent row is gone: nothing to hang it under
-                markers.has(s, BRANCH_MARKER),
-                and_(p.c.end_reason == "branched", p.c.ended_at.is_not(None), s.c.started_at >= p.c.ended_at),
-            )
-            conds.append(and_(listable, markers.lacks(s, DELEGATE_MARKER)))
-        return conds
+            fields["archived"] = "none"
+        return fields, params
+
+    def _run(self, stmt: Any, params: dict[str, Any], markers: bool, kind: int, mid: int, config: int) -> list[Any]:
+        """Run a statement that carries its marker rows; again, naming the exceptions, when
+        any of those rows turns out not to carry its marker."""
+        params.update(_exception_params())
+        rows = self.conn.execute(stmt, params).fetchall()
+        if not markers:
+            return rows
+        found = exceptions_of((r[mid], r[config]) for r in rows if r[kind] == MARKED)
+        if any(found.values()):
+            params.update(_exception_params(found))
+            rows = self.conn.execute(stmt, params).fetchall()
+        return rows
 
     # ------------------------------------------------------------------ list_sessions_rich
 
@@ -292,98 +576,60 @@ class ListingRepository(Repository):
         id; only then are ``id_query`` / ``search_query`` applied (a row is kept when
         any session of its chain matches). A listed session that ended 'compression'
         is shown as its chain's tip: the tip's TIP_COLUMNS over the row, and
-        ``_lineage_root_id`` naming the listed session.
+        ``_lineage_root_id`` naming the listed session. One statement (see the module
+        docstring for the rare second one).
         """
         limit_n, offset_n = _count_arg(limit, "limit"), _count_arg(offset, "offset")
         compact = bool(compact_rows)
-        project = bool(project_compression_tips) and not include_children
-        ids_needle = _needle(id_query) if order_by_last_active else ""
-        text_needle = _needle(search_query) if order_by_last_active else ""
+        children = bool(include_children)
+        project = bool(project_compression_tips) and not children
+        chain = bool(order_by_last_active)
+        ids_needle = _needle(id_query) if chain else ""
+        text_needle = _needle(search_query) if chain else ""
         if not limit_n:
             return []
-        markers = self.markers() if not include_children or order_by_last_active else None
-        s, p = _LISTED, _PARENT
-        conds = self._conditions(
-            s, p, source=source, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
-            min_message_count=min_message_count, include_archived=include_archived,
-            archived_only=archived_only, children=bool(include_children), markers=markers,
+        fields, params = self._filter_params(
+            source=source, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
+            min_message_count=min_message_count, include_archived=include_archived, archived_only=archived_only,
         )
-        base = s.outerjoin(p, p.c.id == s.c.parent_session_id)
-        if order_by_last_active:
-            assert markers is not None
-            stmt = self._by_chain_activity(s, base, conds, markers, ids_needle, text_needle, compact)
-        else:
-            stmt = (
-                select(*self._row_columns(s, compact)).select_from(base).where(*conds)
-                .order_by(s.c.started_at.desc(), s.c.id.desc())
-            )
-        rows = self._rows(stmt.limit(limit_n).offset(offset_n), compact)
-        if project:
-            self._project_tips(rows, compact)
-        return rows
-
-    def _by_chain_activity(
-        self, s: Any, base: Any, conds: list[ColumnElement[bool]], markers: Markers, ids_needle: str,
-        text_needle: str, compact: bool,
-    ) -> Select:
-        """Rows ordered by the newest activity of their compression chains (and filtered by them)."""
-        roots = select(s.c.id.label("root_id"), s.c.end_reason.label("end_reason"), s.c.id.label("id")) \
-            .select_from(base).where(*conds).cte("roots")
-        chain = select(roots.c.root_id, roots.c.id, roots.c.end_reason).cte("chain", recursive=True)
-        child = _CHILD
-        chain = chain.union(
-            select(chain.c.root_id, child.c.id, child.c.end_reason)
-            .join_from(chain, child, child.c.parent_session_id == chain.c.id)
-            .where(
-                chain.c.end_reason == COMPRESSION,
-                child.c.source != "tool",
-                markers.lacks(child, BRANCH_MARKER),
-                markers.lacks(child, DELEGATE_MARKER),
-            )
-        )
-        mem = _MEMBER
-        stats = (
-            select(chain.c.root_id, func.max(last_active(mem, self._has_activity)).label("chain_last"))
-            .join_from(chain, mem, mem.c.id == chain.c.id)
-            .group_by(chain.c.root_id)
-        )
+        params.update(limit=limit_n, offset=offset_n)
         if ids_needle:
-            stats = stats.having(func.max(case(
-                (func.lower(mem.c.id).like(_contains(ids_needle), escape="\\"), 1), else_=0)) == 1)
+            fields["ids_needle"], params["ids_pat"] = True, _contains(ids_needle)
         if text_needle:
-            title = func.lower(mem.c.title)
-            hits = [title.like(_contains(text_needle), escape="\\"),
-                    func.lower(mem.c.id).like(_contains(text_needle), escape="\\")]
+            fields["text_needle"], params["text_pat"] = True, _contains(text_needle)
             squeezed = _COMPACT_RE.sub("", text_needle)
             if squeezed:
-                hits.append(_compact(title).like(_contains(squeezed), escape="\\"))
-            stats = stats.having(func.max(case((or_(*hits), 1), else_=0)) == 1)
-        ranked = stats.subquery("ranked")
-        t = _ROW
-        return (
-            select(*self._row_columns(t, compact))
-            .join_from(ranked, t, t.c.id == ranked.c.root_id)
-            .order_by(ranked.c.chain_last.desc(), t.c.started_at.desc(), t.c.id.desc())
-        )
+                fields["squeezed"], params["squeezed_pat"] = True, _contains(squeezed)
+        cols = self._cols(compact)
+        prompts = not compact and self._prompts_in_sql(cols)
+        markers = not children or chain
+        shape = Shape(cols, self._has_activity, prompts, chain, children, markers, project, **fields)
+        rows = self._run(_listing_stmt(shape), params, markers, 0, 1, 7)
+        page = [self._record(cols, r[_FULL_AT:]) for r in rows if r[0] == PAGE]
+        if project:
+            self._project_tips(page, [r for r in rows if r[0] == NODE], compact, prompts)
+        else:
+            self._resolve(page, compact, prompts)
+        return page
 
-    def _project_tips(self, rows: list[SessionRecord], compact: bool) -> None:
+    def _project_tips(self, page: list[SessionRecord], nodes: list[Any], compact: bool, prompts: bool) -> None:
         """Show each listed session that ended 'compression' as its chain's tip (in place)."""
-        compressed = [r["id"] for r in rows if r.get("end_reason") == COMPRESSION]
-        if not compressed:
-            return
+        compressed = [r["id"] for r in page if r.get("end_reason") == COMPRESSION]
         tips: dict[str, str] = {}
-        for start in range(0, len(compressed), ID_CHUNK):
-            chunk = compressed[start:start + ID_CHUNK]
-            fwd = _forward(_seed(chunk))
-            graph = Graph(self.conn.execute(_nodes(select(fwd.c.id))).fetchall())
-            for sid in chunk:
+        if compressed:
+            graph = Graph(nodes)
+            for sid in compressed:
                 tip = graph.tip(sid)
                 if tip != sid:
                     tips[sid] = tip
-        if not tips:
-            return
-        tip_rows = self._rows_by_id(sorted(set(tips.values())), compact)
-        for row in rows:
+        cols = self._cols(compact)
+        tip_rows = {r[1]: self._record(cols, r[_FULL_AT:]) for r in nodes
+                    if r[1] in tips.values() and r[_FULL_AT + cols.index("id")] is not None} if tips else {}
+        self._resolve(page + list(tip_rows.values()), compact, prompts)
+        missing = sorted(set(tips.values()) - set(tip_rows))
+        if missing:  # a tip the statement did not expect (a corrupt cycle)
+            tip_rows.update(self._rows_by_id(missing, compact))
+        for row in page:
             tip = tip_rows.get(tips.get(row["id"], ""))  # type: ignore[arg-type]
             if tip is None:
                 continue
@@ -406,16 +652,15 @@ class ListingRepository(Repository):
         exclude_sources: Iterable[str] | None = None,
     ) -> int:
         """Hermes v23 ``session_count``: the listing's filters, no projection (a chain counts
-        once, through its root, when children are excluded)."""
-        markers = self.markers() if exclude_children else None
-        s, p = _LISTED, _PARENT
-        conds = self._conditions(
-            s, p, source=source, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
-            min_message_count=min_message_count, include_archived=include_archived,
-            archived_only=archived_only, children=not exclude_children, markers=markers,
+        once, through its root, when children are excluded). One statement."""
+        fields, params = self._filter_params(
+            source=source, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
+            min_message_count=min_message_count, include_archived=include_archived, archived_only=archived_only,
         )
-        frm = s.outerjoin(p, p.c.id == s.c.parent_session_id) if exclude_children else s
-        return int(self.conn.execute(select(func.count()).select_from(frm).where(*conds)).scalar() or 0)
+        markers = bool(exclude_children)
+        shape = Shape((), False, False, False, not markers, markers, False, **fields)
+        rows = self._run(_count_stmt(shape), params, markers, 0, 2, 3)
+        return next((int(r[1] or 0) for r in rows if r[0] == COUNTED), 0)
 
     def cron_job_runs(self, job_id: Any, limit: int = 20, offset: int = 0) -> list[SessionRecord]:
         """Runs of one cron job: ``source='cron'`` sessions whose id starts ``cron_<job_id>_``.
@@ -425,16 +670,14 @@ class ListingRepository(Repository):
         here directly so a PostgreSQL collation cannot reorder the range. Newest first;
         no child, archive or chain handling.
         """
-        prefix = clean_text(f"cron_{job_id}_")
-        t = _ROW
-        stmt = (
-            select(*self._row_columns(t, False))
-            .where(t.c.source == "cron", func.substr(t.c.id, 1, func.length(literal(prefix))) == literal(prefix))
-            .order_by(t.c.started_at.desc(), t.c.id.desc())
-            .limit(_count_arg(limit, "limit"))
-            .offset(_count_arg(offset, "offset"))
-        )
-        return self._rows(stmt, False)
+        cols = self._cols(False)
+        prompts = self._prompts_in_sql(cols)
+        params = {"prefix": clean_text(f"cron_{job_id}_"), "limit": _count_arg(limit, "limit"),
+                  "offset": _count_arg(offset, "offset")}
+        rows = [self._record(cols, r) for r in
+                self.conn.execute(_rows_stmt(cols, self._has_activity, prompts, "cron"), params).fetchall()]
+        self._resolve(rows, False, prompts)
+        return rows
 
     def search_by_id(self, query: Any, limit: Any = 20, include_archived: bool = True) -> list[SessionRecord]:
         """Hermes v23 ``search_sessions_by_id``: chains whose ids contain the query, exact
@@ -476,4 +719,4 @@ class ListingRepository(Repository):
         return self._rows_by_id([session_id], False).get(session_id)
 
 
-__all__ = ["ListingRepository", "Markers", "last_active", "make_preview"]
+__all__ = ["ListingRepository", "Shape", "exceptions_of", "last_active", "make_preview"]
