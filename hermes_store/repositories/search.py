@@ -231,7 +231,8 @@ class SearchRepository(Repository):
                     rows = self._word_page(by_source, filters + exclude,
                                            params, order.get(sort or "", pg_search.RANK_ORDER))
                 else:
-                    ranked = self._index_hits(index, filters, params, sort, order, exclude=exclude)
+                    ranked = self._index_hits(index, filters, params, sort, order, exclude=exclude,
+                                              context=plan.kind == "word")
             except (OperationalError, sqlite3.OperationalError) as exc:
                 if not is_query_syntax_error(exc):
                     raise
@@ -334,16 +335,17 @@ class SearchRepository(Repository):
 
     def _index_hits(
         self, index: str, filters: str, params: dict[str, Any], sort: str | None, order: dict[str, str],
-        exclude: str = "",
+        exclude: str = "", context: bool = True,
     ) -> list[dict[str, Any]]:
-        """The first ``offset + limit`` hits of an FTS5 index, in the requested order,
-        each with its context.
+        """The first ``offset + limit`` hits of an FTS5 index, in the requested order.
 
         Unfiltered, rank-ordered searches let FTS5 rank, cut and snippet the page
         first and join only that; otherwise every hit is joined for the filters and
         sorted by SQLite. ``exclude`` (conditions on ``m``/``s``) drops rows the
         caller answers another way; the ranked page is then widened until it holds
-        ``window`` kept rows or the index has no more hits.
+        ``window`` kept rows or the index has no more hits. With ``context`` the first
+        ranked page comes with each row's context (the trigram route, which often
+        widens and merges, asks for it once its page is known).
         """
         if filters or sort is not None:
             ordering = order.get(sort or "", "h.rank, m.timestamp DESC, m.id DESC")
@@ -372,7 +374,7 @@ class SearchRepository(Repository):
                 )
                 # Context with the first page only: a widened one holds rows no page shows
                 # (the few shown get theirs in _finish).
-                rows += self._all(_with_context(sql) if fetch == window else sql, ids)
+                rows += self._all(_with_context(sql) if context and fetch == window else sql, ids)
             if len(rows) >= window or len(top) < fetch or fetch >= MAX_ROWS:
                 break
             fetch = min(fetch * 4, MAX_ROWS)
