@@ -24,9 +24,10 @@ What a meter counts (the same rule for the library and the floor of one backend)
   stored as ``stmts_sa_per_call``: the rest is what it sent to the driver directly.
 * PostgreSQL (``round trips``): library: one per ``before_cursor_execute`` (an
   ``executemany`` once: psycopg pipelines it), plus the ``BEGIN`` psycopg sends before
-  the first statement of a transaction (its own round trip) and the ``COMMIT`` /
-  ``ROLLBACK`` that ends a transaction that ran a statement (SQLAlchemy's ``begin``,
-  ``commit`` and ``rollback`` events; nothing for a driver connection in autocommit).
+  the first statement of a transaction (its own round trip; none in driver autocommit,
+  where the library sends its own BEGIN as a statement) and the ``COMMIT`` /
+  ``ROLLBACK`` psycopg sends when SQLAlchemy ends a transaction the server has open
+  (read from the driver's transaction status at the ``commit`` / ``rollback`` event).
   Floor: a counting wrapper around ``PgBaseline.conn`` for the probe: one per
   ``execute`` / ``cursor().execute`` / ``cursor().executemany``, two per
   ``transaction()`` block (``BEGIN``/``SAVEPOINT`` and ``COMMIT``/``RELEASE``/``ROLLBACK``).
@@ -49,6 +50,8 @@ import sqlite3
 import time
 from typing import Any, Callable, Iterator
 
+#: libpq's PQTRANS_IDLE: no transaction open at the server.
+_IDLE = 0
 #: FTS5 reading its config while a statement is prepared (not sent by anyone).
 _FTS_PREPARE = re.compile(r"^(PRAGMA 'main'\.|SELECT .* FROM 'main'\.')")
 
@@ -123,8 +126,6 @@ class EngineMeter(Meter):
         self.sa = 0
         self.trace = _Trace(self)
         self._traced: list[sqlite3.Connection] = []
-        self._pending: set[int] = set()  # transactions begun, BEGIN not sent yet
-        self._open: set[int] = set()  # transactions that sent BEGIN
         self._listeners: list[tuple[str, Callable[..., Any]]] = []
 
     # -- events
@@ -132,25 +133,17 @@ class EngineMeter(Meter):
         self.sa += 1  # type: ignore[operator]
         if self.sqlite:
             return  # the trace callback counts every statement, this one included
-        key = id(conn)
-        if key in self._pending:
-            self._pending.discard(key)
-            driver = conn.connection.driver_connection
-            if not getattr(driver, "autocommit", False):
-                self._open.add(key)
-                self.count += 1  # psycopg's BEGIN
+        driver = conn.connection.driver_connection
+        if not driver.autocommit and driver.info.transaction_status == _IDLE:
+            self.count += 1  # psycopg sends BEGIN first
         self.count += 1
 
-    def _begin(self, conn: Any) -> None:
-        self._pending.add(id(conn))
-
     def _end(self, conn: Any) -> None:
-        key = id(conn)
-        self._pending.discard(key)
-        if key in self._open:
-            self._open.discard(key)
-            if not self.sqlite:
-                self.count += 1  # COMMIT / ROLLBACK
+        if self.sqlite:
+            return
+        driver = conn.connection.driver_connection
+        if driver.info.transaction_status != _IDLE:
+            self.count += 1  # psycopg sends COMMIT / ROLLBACK (autocommit or not)
 
     def _install(self, dbapi_conn: Any) -> None:
         if isinstance(dbapi_conn, sqlite3.Connection) and dbapi_conn not in self._traced:
@@ -164,10 +157,7 @@ class EngineMeter(Meter):
         from sqlalchemy import event
 
         self.trace.last = None
-        self._pending.clear()
-        self._open.clear()
-        self._listeners = [("before_cursor_execute", self._before), ("begin", self._begin),
-                           ("commit", self._end), ("rollback", self._end)]
+        self._listeners = [("before_cursor_execute", self._before), ("commit", self._end), ("rollback", self._end)]
         if self.sqlite:
             self._listeners.append(("checkout", self._checkout))
         for name, fn in self._listeners:

@@ -377,8 +377,7 @@ class SessionDB(HermesSurface):
         if not kept:
             # The pool pre-pings what it hands out; a kept connection skips that check.
             conn = engine.connect()
-            conn.execution_options(**(self._dialect.begin_options(True) if write
-                                       else self._dialect.read_call_options()))
+            conn.execution_options(**self._dialect.call_options(write))
         try:
             yield conn, kept
         except BaseException:
@@ -429,7 +428,7 @@ class SessionDB(HermesSurface):
 
         ``budget`` defaults to :data:`WRITE_BUDGET_S`, read at call time so an
         application can change it. On a server, lock waits inside the transaction are
-        bounded by what is left of the budget too (:meth:`Dialect.bound_lock_wait`).
+        bounded by what is left of the budget too (:meth:`Dialect.begin_write`).
         """
         if budget is None:
             budget = WRITE_BUDGET_S
@@ -443,7 +442,7 @@ class SessionDB(HermesSurface):
                     try:
                         with conn.begin():
                             try:
-                                self._dialect.bound_lock_wait(conn, deadline - time.monotonic())
+                                self._dialect.begin_write(conn, deadline - time.monotonic())
                             except Exception as exc:
                                 # Nothing of ``fn`` ran yet, so a kept connection the server
                                 # dropped is simply replaced (a write is never repeated

@@ -85,12 +85,13 @@ class Dialect(Protocol):
     def still_running(self, conn: Connection, writers: Sequence[str]) -> bool:
         """Whether any of the transactions :meth:`writers_in_progress` listed is still open."""
 
-    def read_call_options(self) -> dict[str, Any]:
-        """Execution options of the connections ``SessionDB`` keeps for its read calls.
+    def call_options(self, write: bool) -> dict[str, Any]:
+        """Execution options of the connections ``SessionDB`` keeps for its calls.
 
         A read call is a few statements that need no transaction around them on a
         server (each READ COMMITTED statement has its own snapshot anyway), while a
-        SQLite reader wants one snapshot for the whole call."""
+        SQLite reader wants one snapshot for the whole call; a write call's transaction
+        starts as :meth:`begin_write` says."""
 
     def is_retryable(self, exc: BaseException) -> bool:
         """Whether a failed transaction is worth retrying (lock held, serialization failure)."""
@@ -98,9 +99,11 @@ class Dialect(Protocol):
     def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
         """Per-connection setup a long-lived store wants; returns the journal mode in use."""
 
-    def bound_lock_wait(self, conn: Connection, seconds: float) -> None:
-        """In a write transaction just begun: stop waiting for other writers' locks after
-        ``seconds`` with an error :meth:`is_retryable` accepts (the caller's budget)."""
+    def begin_write(self, conn: Connection, seconds: float) -> None:
+        """In a ``SessionDB`` write transaction just begun (on a connection with
+        :meth:`call_options`): start it at the server where that is still to do, and
+        stop waiting for other writers' locks after ``seconds`` with an error
+        :meth:`is_retryable` accepts (the caller's budget)."""
 
     # -------------------------------------------------------------- upserts
 

@@ -229,24 +229,29 @@ class PostgreSQLDialect:
     def still_running(self, conn: Connection, writers: Sequence[str]) -> bool:
         return bool(writers) and bool(conn.execute(_RUNNING, {"v": list(writers)}).scalar())
 
-    def read_call_options(self) -> dict[str, Any]:
-        # Autocommit: no BEGIN and ROLLBACK around a read (two round trips of a
-        # one-statement call), and nothing held open between statements behind a pooler.
+    def call_options(self, write: bool) -> dict[str, Any]:
+        # Autocommit at the driver: no BEGIN and ROLLBACK around a read (two round trips
+        # of a one-statement call), and a write's BEGIN goes with its lock budget in
+        # one round trip (begin_write); COMMIT/ROLLBACK are still sent by the driver.
         return {"isolation_level": "AUTOCOMMIT"}
 
     def is_retryable(self, exc: BaseException) -> bool:
         return _sqlstate(exc) in RETRYABLE_SQLSTATES
 
-    def bound_lock_wait(self, conn: Connection, seconds: float) -> None:
-        """A writer waits in the server's (fair) lock queue, but not past the budget.
+    def begin_write(self, conn: Connection, seconds: float) -> None:
+        """BEGIN and the lock budget in one round trip (a parameterless statement goes
+        by the simple protocol, which takes several), on a connection in driver autocommit.
 
+        A writer waits in the server's (fair) lock queue, but not past the budget.
         Without it a write behind a transaction left open elsewhere (an idle session
         holding a row lock) would hang forever; with it the wait ends in
         lock_not_available (55P03), which the facade turns into DatabaseLockedError.
-        Transaction-local, so nothing leaks to the connection's next user.
+        ``SET LOCAL``: nothing outlives the transaction, so nothing leaks to the server
+        connection's next user behind a pooler. The driver sees the open transaction and
+        sends COMMIT or ROLLBACK when SQLAlchemy ends it.
         """
         ms = max(1, math.ceil(seconds * 1000))
-        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
+        conn.exec_driver_sql(f"BEGIN; SET LOCAL lock_timeout = {ms}")
 
     def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
         install_nul_adapters(dbapi_conn)

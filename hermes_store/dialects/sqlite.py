@@ -298,8 +298,8 @@ class SQLiteDialect:
     def still_running(self, conn: Connection, writers: Sequence[str]) -> bool:
         return False
 
-    def read_call_options(self) -> dict[str, Any]:
-        return self.begin_options(False)  # one WAL snapshot for the whole read call
+    def call_options(self, write: bool) -> dict[str, Any]:
+        return self.begin_options(write)  # BEGIN IMMEDIATE / one WAL snapshot per read call
 
     def is_retryable(self, exc: BaseException) -> bool:
         if not isinstance(exc, (OperationalError, sqlite3.OperationalError)):
@@ -307,7 +307,7 @@ class SQLiteDialect:
         text = str(exc).lower()
         return any(marker in text for marker in _LOCKED)
 
-    def bound_lock_wait(self, conn: Connection, seconds: float) -> None:
+    def begin_write(self, conn: Connection, seconds: float) -> None:
         return None  # BEGIN IMMEDIATE already holds the write lock; waits end at busy_timeout
 
     def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
