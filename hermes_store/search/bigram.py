@@ -10,15 +10,15 @@ scan, so stale entries cost time but never correctness.
 Coverage: the index holds messages up to ``state_meta[HIGH_WATER_KEY]``.
 Newer rows (for example written by Hermes itself) are scanned directly; older rows
 that changed are listed by triggers in ``messages_cjk_bigram_dirty`` and scanned until
-:func:`catch_up` re-indexes their blocks. :func:`catch_up` runs inside the caller's
-write transaction.
+a catch-up re-indexes their blocks. Keeping the index current (catch-up, rebuild, and
+when the mark may move) is :mod:`.bigram_upkeep`; this module is the search side.
 """
 
 from __future__ import annotations
 
 import re
 import weakref
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from sqlalchemy import text
 
@@ -30,7 +30,6 @@ BLOCK = 64
 HIGH_WATER_KEY = "hermes_store.cjk_bigram_high_water"
 TABLE = "messages_cjk_bigram"
 DIRTY_TABLE = "messages_cjk_bigram_dirty"
-CHUNK = 5000
 
 _RUN = re.compile(f"[{CJK_CLASS}]{{2,}}")
 #: A high-water value that reads as a number (the PostgreSQL trigger of hs0003 reads
@@ -43,20 +42,6 @@ _MAX_CACHED = 4096
 
 # Every statement names its tables in the connection's tenant schema (bare on SQLite).
 _HIGH_WATER = SchemaSQL("SELECT value FROM {state_meta} WHERE key = :k")
-_TAIL = SchemaSQL("SELECT count(*) FROM {messages} WHERE id > :hw")
-_DIRTY_COUNT = SchemaSQL(f"SELECT count(*) FROM {{{DIRTY_TABLE}}}")
-_DIRTY_BLOCKS = SchemaSQL(f"SELECT block FROM {{{DIRTY_TABLE}}}")
-_CLEAR_DIRTY = SchemaSQL(f"DELETE FROM {{{DIRTY_TABLE}}}")
-_CLEAR_INDEX = SchemaSQL(f"DELETE FROM {{{TABLE}}}")
-_ADD_PAIRS = SchemaSQL(f"INSERT INTO {{{TABLE}}} (gram, block) VALUES (:g, :b) ON CONFLICT DO NOTHING")
-_DROP_BLOCK = SchemaSQL(f"DELETE FROM {{{TABLE}}} WHERE block = :b")
-_BLOCK_ROWS = SchemaSQL(
-    "SELECT id, content, tool_name, tool_calls FROM {messages} WHERE id BETWEEN :lo AND :hi AND id <= :hw"
-)
-_TAIL_ROWS = SchemaSQL("SELECT id, content, tool_name, tool_calls FROM {messages} WHERE id > :hw ORDER BY id LIMIT :n")
-_SET_HIGH_WATER = SchemaSQL(
-    "INSERT INTO {state_meta} (key, value) VALUES (:k, :v) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
-)
 
 
 def bigrams(text: str | None) -> set[str]:
@@ -90,78 +75,6 @@ def high_water(conn: Any) -> int:
 def installed(conn: Any) -> bool:
     """Whether the connection's schema has the bigram index table."""
     return for_connection(conn).has_table(conn, TABLE)
-
-
-def pending(conn: Any) -> int:
-    """How many messages the index does not cover yet (tail rows + dirty blocks' rows)."""
-    hw = high_water(conn)
-    tail = conn.execute(_TAIL.on(conn), {"hw": hw}).scalar()
-    dirty = conn.execute(_DIRTY_COUNT.on(conn)).scalar()
-    return int(tail) + int(dirty) * BLOCK
-
-
-def _index_rows(conn: Any, rows: Iterable[Sequence[Any]]) -> int:
-    pairs: set[tuple[str, int]] = set()
-    top = -1
-    for mid, *texts in rows:
-        block = mid // BLOCK
-        for value in texts:
-            if value:
-                pairs.update((g, block) for g in bigrams(value))
-        top = max(top, mid)
-    if pairs:
-        conn.execute(_ADD_PAIRS.on(conn), [{"g": g, "b": b} for g, b in pairs])
-    return top
-
-
-def catch_up(conn: Any, limit: int | None = None) -> int:
-    """Index dirty blocks and rows above the high-water mark; returns rows indexed.
-
-    ``limit`` bounds the number of tail rows handled in this call (None: all).
-    """
-    if not installed(conn):
-        return 0
-    done = 0
-    dirty = [r[0] for r in conn.execute(_DIRTY_BLOCKS.on(conn))]
-    hw = high_water(conn)
-    for block in dirty:
-        conn.execute(_DROP_BLOCK.on(conn), {"b": block})
-        rows = conn.execute(
-            _BLOCK_ROWS.on(conn),
-            {"lo": block * BLOCK, "hi": block * BLOCK + BLOCK - 1, "hw": hw},
-        ).fetchall()
-        _index_rows(conn, rows)
-        done += len(rows)
-    if dirty:
-        conn.execute(_CLEAR_DIRTY.on(conn))
-    while limit is None or done < limit:
-        rows = conn.execute(
-            _TAIL_ROWS.on(conn),
-            {"hw": hw, "n": CHUNK},
-        ).fetchall()
-        if not rows:
-            break
-        hw = _index_rows(conn, rows)
-        done += len(rows)
-        _set_high_water(conn, hw)
-    return done
-
-
-def _set_high_water(conn: Any, value: int) -> None:
-    conn.execute(
-        _SET_HIGH_WATER.on(conn),
-        {"k": HIGH_WATER_KEY, "v": str(value)},
-    )
-
-
-def rebuild(conn: Any) -> int:
-    """Drop and rebuild the whole index from the messages table."""
-    if not installed(conn):
-        return 0
-    conn.execute(_CLEAR_INDEX.on(conn))
-    conn.execute(_CLEAR_DIRTY.on(conn))
-    _set_high_water(conn, -1)
-    return catch_up(conn)
 
 
 def candidate_blocks_sql(term_grams: Sequence[Sequence[str]], params: dict[str, Any]) -> str:

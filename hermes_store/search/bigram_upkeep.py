@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 from ..dialects import for_connection
 from ..tenancy import SchemaSQL
-from .bigram import BLOCK, CHUNK, DIRTY_TABLE, HIGH_WATER_KEY, TABLE, bigrams, high_water, installed
+from .bigram import BLOCK, DIRTY_TABLE, HIGH_WATER_KEY, TABLE, bigrams, high_water, installed
 
 #: ``"<settled> <top>:<transaction>,…"``: the id every id up to which is final, then the
 #: newest committed id when last noted and the transactions writing then, waiting to
@@ -47,6 +47,8 @@ _TAIL_ROWS = SchemaSQL(
 _SET_META = SchemaSQL(
     "INSERT INTO {state_meta} (key, value) VALUES (:k, :v) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
 )
+#: Tail rows read per statement.
+CHUNK = 5000
 #: An id larger than any: no cap (every committed id is final).
 _NO_CAP = 2**62
 

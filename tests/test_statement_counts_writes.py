@@ -1,0 +1,78 @@
+"""Statements per call of SessionDB's hot writes and one-statement reads, both backends.
+
+Counted by the bench's own meter (``tests/statements.py``): statements on SQLite,
+round trips on PostgreSQL (the BEGIN and COMMIT the driver sends included). What the
+figures say:
+
+* an append is BEGIN IMMEDIATE, INSERT, UPDATE, COMMIT on SQLite, and on PostgreSQL
+  three round trips where plain psycopg needs four: BEGIN with the lock budget, one
+  statement that bumps the counters and inserts the row, COMMIT;
+* a one-statement read is that statement alone on PostgreSQL (autocommit: no BEGIN or
+  ROLLBACK), and BEGIN, SELECT, ROLLBACK on SQLite (one WAL snapshot per call);
+* the periodic upkeep adds nothing to the due write's own count on PostgreSQL (it
+  runs on the store's upkeep thread).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hermes_store import SessionDB, facade
+
+from .statements import count, steady
+
+pytestmark = pytest.mark.both_backends
+
+#: (SQLite statements, PostgreSQL round trips) per call.
+APPEND = {"sqlite": 4, "postgresql": 3}
+ONE_STATEMENT_READ = {"sqlite": 3, "postgresql": 1}
+SMALL_WRITE = {"sqlite": 3, "postgresql": 3}
+#: Hermes' usage update: make sure the session exists, bump it, read its billing route,
+#: upsert the per-model ledger row (plus BEGIN and COMMIT).
+USAGE = {"sqlite": 6, "postgresql": 6}
+
+
+@pytest.fixture
+def store(db: SessionDB) -> SessionDB:
+    db.create_session("s", "cli")
+    for i in range(3):
+        db.append_message("s", "user", f"warm {i} 数据")
+    return db
+
+
+def test_an_append(store: SessionDB, backend: str) -> None:
+    assert steady(store, lambda: store.append_message("s", "assistant", "hello 数据", token_count=3)) == APPEND[backend]
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    assert steady(store, lambda: store.append_message("s", "assistant", None, tool_calls=calls)) == APPEND[backend]
+    assert store.get_session("s")["tool_call_count"] == 3
+
+
+@pytest.mark.parametrize("read", ["get_session", "get_messages", "get_messages_as_conversation", "message_count"])
+def test_a_one_statement_read(store: SessionDB, backend: str, read: str) -> None:
+    assert steady(store, lambda: getattr(store, read)("s")) == ONE_STATEMENT_READ[backend]
+
+
+@pytest.mark.parametrize("write", ["set_meta", "end_session"])
+def test_a_small_write(store: SessionDB, backend: str, write: str) -> None:
+    calls = {
+        "set_meta": lambda: store.set_meta("k", "v"),
+        "end_session": lambda: store.end_session("s", "user_exit"),
+    }
+    assert steady(store, calls[write]) == SMALL_WRITE[backend]
+
+
+def test_a_usage_update(store: SessionDB, backend: str) -> None:
+    assert steady(store, lambda: store.update_token_counts("s", input_tokens=1, output_tokens=2)) == USAGE[backend]
+
+
+def test_the_due_append_does_not_pay_for_upkeep_on_a_server(store: SessionDB, backend: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    steady(store, lambda: store.append_message("s", "user", "warm"))
+    handed: list[str] = []
+    monkeypatch.setattr(store._upkeep, "submit", lambda name, job: handed.append(name))
+    store._writes = facade.CHECKPOINT_EVERY - 1
+    n, _ = count(store, lambda: store.append_message("s", "user", "数据 due"))
+    if backend == "postgresql":
+        assert n == APPEND[backend] and handed == ["short-CJK index catch-up"]  # for the upkeep thread
+    else:
+        assert n > APPEND[backend] and handed == []  # one writer at a time: the catch-up follows the write
