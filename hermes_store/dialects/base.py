@@ -150,10 +150,13 @@ class Dialect(Protocol):
         :class:`hermes_store.search.postgresql.WordQuery`), or None when the index
         cuts the snippets itself."""
 
-    def cjk_sessions(self, conn: Connection, params: dict[str, Any], object_sql: Callable[[str], str]) -> str:
+    def cjk_sessions(self, conn: Connection, params: dict[str, Any], object_sql: Callable[[str], str],
+                     candidates: Sequence[tuple[str, Any]] | None = None) -> str:
         """Conditions on ``sessions s`` (``" AND ..."``, or '') keeping the sessions
         the trigram index holds, any values bound into ``params``. ``object_sql``
-        reads a schema object's stored definition (the caller caches it)."""
+        reads a schema object's stored definition (the caller caches it);
+        ``candidates``: the ``(id, model_config)`` rows of possible sub-agent sessions,
+        when the caller read them already (where the dialect decides those in Python)."""
 
     def has_table(self, conn: Connection, name: str) -> bool:
         """Whether the connection's schema has a table of that name."""

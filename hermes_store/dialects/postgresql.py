@@ -298,14 +298,15 @@ class PostgreSQLDialect:
         words = pg_search.word_query(conn, match)
         return words.tsquery, words
 
-    def cjk_sessions(self, conn: Connection, params: dict[str, Any], object_sql: Callable[[str], str]) -> str:
+    def cjk_sessions(self, conn: Connection, params: dict[str, Any], object_sql: Callable[[str], str],
+                     candidates: Sequence[tuple[str, Any]] | None = None) -> str:
         """v30's trigram-index sessions (the head schema): not cron, not sub-agents.
 
         The delegated sessions are read once per search and bound as one array, however
         many statements (candidate blocks, unindexed tail, tool rows) repeat the clause.
         """
         clause = " AND s.source NOT IN ('cron', 'subagent')"
-        delegated = pg_search.delegated_sessions(conn)
+        delegated = pg_search.delegated_sessions(conn, candidates)
         if delegated:
             params["dlg"] = delegated
             clause += " AND s.id <> ALL(CAST(:dlg AS text[]))"

@@ -400,7 +400,8 @@ class SQLiteDialect:
     def word_match(self, conn: Connection, match: str) -> tuple[Any, Any]:
         return match, None  # FTS5 reads the MATCH string itself and cuts the snippets
 
-    def cjk_sessions(self, conn: Connection, params: dict[str, Any], object_sql: Callable[[str], str]) -> str:
+    def cjk_sessions(self, conn: Connection, params: dict[str, Any], object_sql: Callable[[str], str],
+                     candidates: Sequence[tuple[str, Any]] | None = None) -> str:
         """Read from the trigram index's source view the file really has (the sessions
         it leaves out depend on the file's revision: none, cron, cron and sub-agents)."""
         indexed = trigram_sessions(object_sql(TRIGRAM_SOURCE_VIEW))

@@ -288,10 +288,8 @@ class SearchRepository(Repository):
     def _cjk_sessions(self, params: dict[str, Any], marks: Marks | None) -> str:
         """The dialect's CJK session condition; sub-agent candidates already read by
         :meth:`_marks` are handed over, so the dialect reads none itself."""
-        if marks is None or not self.dialect.cjk_by_substring:
-            return self.dialect.cjk_sessions(self.conn, params, self.object_sql)
-        with pg_search.delegated_rows_read(self.conn, marks.delegated):
-            return self.dialect.cjk_sessions(self.conn, params, self.object_sql)
+        candidates = marks.delegated if marks is not None and self.dialect.cjk_by_substring else None
+        return self.dialect.cjk_sessions(self.conn, params, self.object_sql, candidates)
 
     def _word_page(self, join_sessions: bool, where: str, params: dict[str, Any], ordering: str
                    ) -> list[dict[str, Any]]:

@@ -22,10 +22,9 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..tenancy import SchemaSQL
 from .fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN, SNIPPET_TOKENS, WORD_INDEX
@@ -34,7 +33,6 @@ from .query import split_on
 __all__ = [
     "NO_MATCH",
     "WordQuery",
-    "delegated_rows_read",
     "delegated_sessions",
     "fold_terms",
     "match_sql",
@@ -397,34 +395,17 @@ def snippet(texts: Sequence[Any], query: WordQuery) -> str:
 # ------------------------------------------------------------------ sessions left out of CJK routes
 
 
-#: Candidate rows a search read with its first statement, handed to the next
-#: :func:`delegated_sessions` on that connection (see :func:`delegated_rows_read`).
-_HANDED: dict[int, list[tuple[str, Any]]] = {}
-
-
-@contextmanager
-def delegated_rows_read(conn: Any, rows: list[tuple[str, Any]]) -> Iterator[None]:
-    """Within the block, :func:`delegated_sessions` on ``conn`` answers from ``rows``
-    (``(id, model_config)`` of :data:`DELEGATED_CANDIDATE` sessions, read by the caller
-    with other things in one statement) instead of a round trip of its own."""
-    _HANDED[id(conn)] = rows
-    try:
-        yield
-    finally:
-        _HANDED.pop(id(conn), None)
-
-
-def delegated_sessions(conn: Any) -> list[str]:
+def delegated_sessions(conn: Any, candidates: Sequence[tuple[str, Any]] | None = None) -> list[str]:
     """Sessions whose ``model_config`` names a ``_delegate_from`` (sub-agent transcripts).
 
     SQLite decides this with ``json_extract`` over valid JSON only; PostgreSQL 15 has
     no safe JSON cast for text that may be malformed, so the few candidate rows (the
     marker as a substring) are parsed here with the same rule. Read once per search,
-    with the search's first statement when it handed them over.
+    with the search's first statement when it passes them as ``candidates``
+    (``(id, model_config)`` rows of :data:`DELEGATED_CANDIDATE` sessions).
     """
-    handed = _HANDED.pop(id(conn), None)
     out = []
-    for sid, config in handed if handed is not None else conn.execute(_DELEGATED_SQL.on(conn)):
+    for sid, config in candidates if candidates is not None else conn.execute(_DELEGATED_SQL.on(conn)):
         try:
             value = json.loads(config)
         except (TypeError, ValueError):
