@@ -76,3 +76,39 @@ def test_the_due_append_does_not_pay_for_upkeep_on_a_server(store: SessionDB, ba
         assert n == APPEND[backend] and handed == ["short-CJK index catch-up"]  # for the upkeep thread
     else:
         assert n > APPEND[backend] and handed == []  # one writer at a time: the catch-up follows the write
+
+
+def _conversation(n: int) -> list[dict]:
+    """Rows of several shapes, as a conversation has them: turns, tool calls, tool results,
+    one rewound row."""
+    rows: list[dict] = []
+    for i in range(n):
+        row: dict = {"session_id": "s", "role": ("user", "assistant", "tool")[i % 3], "content": f"row {i}"}
+        if i % 3 == 1:
+            row.update(tool_calls=[{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                       finish_reason="tool_calls")
+        if i % 3 == 2:
+            row.update(tool_call_id=f"c{i - 1}", tool_name="f")
+        if i == 4:
+            row["active"] = 0
+        rows.append(row)
+    return rows
+
+
+#: A bulk append: BEGIN (with the budget), the sessions check, then on PostgreSQL one
+#: executemany whatever the shapes (SQLite's trace shows each of its rows), the counter
+#: bump, COMMIT.
+BULK = {"sqlite": lambda n: n + 4, "postgresql": lambda n: 5}
+
+
+@pytest.mark.parametrize("n", [10, 60])
+def test_a_bulk_append_of_mixed_rows_is_one_batch(store: SessionDB, backend: str, n: int) -> None:
+    before = store.message_count("s")
+    assert steady(store, lambda: store.append_messages(_conversation(n)), warm=1) == BULK[backend](n)
+    rows = store.get_messages("s", include_inactive=True)[before:]
+    assert len(rows) == 2 * n
+    want = _conversation(n)
+    for got, given in zip(rows, want + want):
+        assert (got["role"], got["content"], got["tool_name"]) == (given["role"], given["content"], given.get("tool_name"))
+        assert (got["active"], got["observed"], got["compacted"]) == (given.get("active", 1), 0, 0)
+    assert [r["id"] for r in rows] == sorted(r["id"] for r in rows)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from sqlalchemy import bindparam, case, delete, func, literal, select, update
@@ -51,6 +52,28 @@ JSON_COLUMNS = ("tool_calls", "reasoning_details", "codex_reasoning_items", "cod
 BLOB_COLUMNS = frozenset({"display_identity"})
 _BYTES = (bytes, bytearray, memoryview)
 _Runs = list[tuple[tuple[str, ...], list[tuple[Any, ...]]]]
+#: A declared default that is a constant: NULL, a number, a quoted string.
+_CONSTANT = re.compile(r"\(*\s*(?:(NULL)|([-+]?[0-9]+)|([-+]?[0-9]*\.[0-9]+(?:[eE][-+]?[0-9]+)?)|'((?:[^']|'')*)'"
+                       r"(?:::[a-z ]+)?)\s*\)*", re.I)
+
+
+def _constant_fills(columns: Sequence[str], defaults: Mapping[str, str | None]) -> dict[str, Any]:
+    """For each column (but ``id``) whose declared default is a constant, the value a row
+    that leaves it out gets (None where there is no default)."""
+    fills: dict[str, Any] = {}
+    for name in columns:
+        if name == "id" or name not in defaults:
+            continue
+        declared = defaults[name]
+        if declared is None:
+            fills[name] = None
+            continue
+        m = _CONSTANT.fullmatch(declared.strip())
+        if m is None:
+            continue  # an expression (a clock, a sequence): only the database can give it
+        null, integer, real, quoted = m.groups()
+        fills[name] = None if null else int(integer) if integer else float(real) if real else quoted.replace("''", "'")
+    return fills
 
 
 def _text(value: Any, key: str) -> Any:
@@ -480,15 +503,26 @@ class MessageRepository(Repository):
     def insert_rows(self, rows: Sequence[dict[str, Any]]) -> None:
         """Write rows made by :func:`encode_row` in input order; no counters are touched.
 
-        Consecutive rows with the same columns share one executemany; a change of
-        columns starts a new run, so ids always follow the input order.
+        A conversation's rows carry different columns (a tool call, a tool result, a
+        plain turn), so each row is widened to every column of the batch, a missing one
+        given the value its constant default would give (NULL, 0, 1…): the batch is then
+        one executemany, not one per change of shape. A row that lacks a column whose
+        default is not a constant (or an id, which the database numbers) keeps its own
+        shape. Consecutive rows of one shape share a run, so ids follow the input order.
         """
+        columns = list(dict.fromkeys(name for row in rows for name in row))
+        fills = _constant_fills(columns, self.column_defaults("messages")) if len(columns) > 1 else {}
         runs: _Runs = []
         for row in rows:
-            names = tuple(row)
+            if all(c in row or c in fills for c in columns):
+                names = tuple(columns)
+                values = tuple(row[c] if c in row else fills[c] for c in columns)
+            else:
+                names = tuple(row)
+                values = tuple(row.values())  # in ``names`` order
             if not runs or runs[-1][0] != names:
                 runs.append((names, []))
-            runs[-1][1].append(tuple(row.values()))  # in ``names`` order
+            runs[-1][1].append(values)
         self.dialect.insert_messages(self.conn, runs, lambda: self.column_defaults("messages"))
 
     # ------------------------------------------------------------------ reads
