@@ -22,7 +22,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 
 from .. import errors
-from ..codec import pg_decode_nul, pg_encode_nul
+from ..codec import PG_ESC, PG_NUL, pg_decode_nul, pg_encode_nul
 from ..models import Base
 from ..search import postgresql as pg_search
 from ..tenancy import qualified, quote_ident, schema_of_connection
@@ -146,8 +146,13 @@ def install_nul_adapters(dbapi_conn: Any) -> None:
             return super().dump(pg_encode_nul(obj))
 
     class NulLoader(TextLoader):  # type: ignore[misc,valid-type]
+        # Runs for every text value read: decode once, and reach pg_decode_nul only for
+        # the rare value that holds one of the two marker characters.
         def load(self, data: Any) -> Any:
-            return pg_decode_nul(super().load(data))
+            if not self._encoding:
+                return super().load(data)  # SQL_ASCII: bytes, as psycopg gives them
+            value = str(data, self._encoding)
+            return pg_decode_nul(value) if PG_NUL in value or PG_ESC in value else value
 
     adapters.register_dumper(str, NulDumper)
     for type_name in ("text", "varchar", "bpchar", "name"):
