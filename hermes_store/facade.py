@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio  # noqa: F401 - a hermes_state module global Hermes code reaches for
 import logging
+import math
 import os
 import random
 import sqlite3
@@ -30,6 +31,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from . import errors, migrations, paths
 from .dialects import backend_name, find_for, for_connection
+from .dialects.base import LOCK_BUDGET_OPTION
 from .dialects.sqlite import _wal_warned, apply_wal_with_fallback  # noqa: F401 - public here since v1
 from .engine import create_engine, default_db_path, schema_in_url, to_url, with_schema
 from .paths import create_private_database  # noqa: F401 - kept importable from here (CLI)
@@ -422,13 +424,17 @@ class SessionDB(HermesSurface):
                 continue  # each stale connection is dropped, so this ends with a fresh one
 
     def _write(
-        self, fn: Callable[[Connection], T], *, budget: float | None = None, _maintenance: bool = False
+        self, fn: Callable[[Connection], T], *, budget: float | None = None, _maintenance: bool = False,
+        one_statement: bool = False,
     ) -> T:
         """Run ``fn`` in one write transaction; retry on lock with jitter within ``budget``.
 
         ``budget`` defaults to :data:`WRITE_BUDGET_S`, read at call time so an
         application can change it. On a server, lock waits inside the transaction are
         bounded by what is left of the budget too (:meth:`Dialect.begin_write`).
+
+        ``one_statement``: ``fn`` sends a single statement (an append), which a server
+        runs as its own transaction, budget included (:attr:`Dialect.one_statement_writes`).
         """
         if budget is None:
             budget = WRITE_BUDGET_S
@@ -439,6 +445,9 @@ class SessionDB(HermesSurface):
         while True:
             try:
                 with self._borrow(write=True) as (conn, kept):
+                    if one_statement and self._dialect.one_statement_writes:
+                        result = self._one_statement(conn, kept, fn, deadline)
+                        break
                     try:
                         with conn.begin():
                             try:
@@ -481,6 +490,23 @@ class SessionDB(HermesSurface):
             writes = self._writes
             due = writes % CHECKPOINT_EVERY == 0
         self._upkeep_after_commit(writes, due)
+        return result
+
+    def _one_statement(self, conn: Connection, kept: bool, fn: Callable[[Connection], T], deadline: float) -> T:
+        """``fn``'s one statement, committed by itself (driver autocommit), carrying what is
+        left of the budget as its lock timeout. A kept connection the server had ended
+        before the statement arrived is replaced, and the statement sent again."""
+        ms = max(1, math.ceil((deadline - time.monotonic()) * 1000))
+        conn.execution_options(**{LOCK_BUDGET_OPTION: ms})
+        try:
+            result = fn(conn)
+        except Exception as exc:
+            if kept and self._dialect.never_ran(exc):
+                raise _StaleConnection from exc
+            if not conn.invalidated:
+                conn.rollback()  # ends SQLAlchemy's own bookkeeping; nothing is open at the server
+            raise
+        conn.commit()  # the same: the statement committed itself
         return result
 
     def _upkeep_after_commit(self, writes: int, due: bool) -> None:

@@ -8,7 +8,8 @@ On a server many processes append side by side. Shown here, with the faults inje
   wait, nothing indexed twice) and the appends go on;
 * a row whose transaction commits after a later row was indexed (a delayed second
   writer) is still found, and the high-water mark never passes it while it is open;
-* SQLite keeps doing its catch-up after the write, as before (one writer at a time).
+* SQLite keeps doing its catch-up after the write, as before (one writer at a time);
+* an append is one statement carrying its own lock budget, which ends with it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import pytest
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import text
 
-from hermes_store import SessionDB, facade
+from hermes_store import SessionDB, errors, facade
+from hermes_store.sessiondb import messages as sessiondb_messages
 from hermes_store.dialects.pg_tenants import try_transaction_lock
 from hermes_store.repositories.messages import MessageRepository
 from hermes_store.search import bigram, bigram_upkeep
@@ -127,3 +129,29 @@ def test_sqlite_catches_up_after_the_write_as_before(tmp_path: Path) -> None:
         mid = db.append_message("s", "user", "数据")
         assert _high_water(db) == mid  # done by the time the append returned
         assert db._upkeep._thread is None  # no upkeep thread on a file
+
+
+def test_a_one_statement_append_keeps_its_lock_budget(pg: SessionDB, pg_database: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The append is one round trip, its lock budget inside the statement: behind a row
+    lock held elsewhere it gives up at the budget, and the setting ends with it."""
+    monkeypatch.setattr(sessiondb_messages, "TRANSCRIPT_BUDGET_S", 1.0)
+    pg.append_message("s", "user", "warm")
+    other = sa_create_engine(pg_database)
+    try:
+        with other.connect() as holder:
+            holder.begin()
+            holder.execute(text("SELECT 1 FROM sessions WHERE id = 's' FOR UPDATE"))
+            start = time.monotonic()
+            with pytest.raises(errors.DatabaseLockedError):
+                pg.append_message("s", "user", "behind a lock")
+            assert 0.9 < time.monotonic() - start < 8
+            holder.rollback()
+    finally:
+        other.dispose()
+    assert pg.append_message("s", "user", "free again") > 0
+    assert [m["content"] for m in pg.get_messages("s")] == ["warm", "free again"]
+    assert pg.get_session("s")["message_count"] == 2
+    conn = pg._idle[True][-1]  # the kept writer: the statement's setting did not outlive it
+    assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == "0"
+    conn.rollback()

@@ -20,6 +20,9 @@ OUR_TABLES = frozenset({"sessions", "messages", "state_meta", "schema_version", 
 #: Message rows to insert, as runs of rows sharing one column set: (column names,
 #: [values in that order, one tuple per row]); the runs are in input order.
 MessageRuns = Sequence[tuple[tuple[str, ...], Sequence[tuple[Any, ...]]]]
+#: Execution option ``SessionDB`` sets on a connection for a one-statement write: the
+#: lock budget in milliseconds, which the statement then carries itself.
+LOCK_BUDGET_OPTION = "hermes_store_lock_budget_ms"
 
 
 @runtime_checkable
@@ -92,6 +95,16 @@ class Dialect(Protocol):
         server (each READ COMMITTED statement has its own snapshot anyway), while a
         SQLite reader wants one snapshot for the whole call; a write call's transaction
         starts as :meth:`begin_write` says."""
+
+    #: Whether a write that is one statement (an append) runs as that statement alone,
+    #: committed by itself, with its lock budget inside it: one round trip instead of
+    #: BEGIN, the statement and COMMIT. Where BEGIN costs nothing (SQLite), False.
+    one_statement_writes: bool
+
+    def never_ran(self, exc: BaseException) -> bool:
+        """Whether a failed one-statement write certainly did not run: the server had
+        ended the session before it arrived (a restart, an idle timeout), so sending it
+        again on a new connection cannot write it twice."""
 
     def is_retryable(self, exc: BaseException) -> bool:
         """Whether a failed transaction is worth retrying (lock held, serialization failure)."""

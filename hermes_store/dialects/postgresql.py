@@ -17,7 +17,10 @@ import functools
 import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from sqlalchemy import Connection, Engine, bindparam, cast, column, func, inspect, insert, select, table, text, update
+from sqlalchemy import (
+    Connection, Engine, Text, bindparam, cast, column, exists, func, inspect, insert, literal_column, select, table, text,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 
@@ -27,10 +30,14 @@ from ..models import Base
 from ..search import postgresql as pg_search
 from ..tenancy import qualified, quote_ident, schema_of_connection
 from . import pg_engine, pg_tenants
-from .base import MessageRuns
+from .base import LOCK_BUDGET_OPTION, MessageRuns
 from .fts5 import Fts5Storage
 from .pg_tenants import tenant_table_names
 
+#: libpq's PQTRANS_IDLE: no transaction open at the server.
+_IDLE = 0
+#: The server had ended the session before a statement arrived.
+SESSION_ENDED_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "57P05"})
 #: serialization_failure, deadlock_detected, lock_not_available: worth another try.
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
 #: Columns the search step adds to ``messages`` (not in the models, never returned).
@@ -90,16 +97,25 @@ _BUMP = (
 )
 
 
-@functools.lru_cache(maxsize=64)
-def _append_stmt(names: tuple[str, ...]) -> Any:
+@functools.lru_cache(maxsize=128)
+def _append_stmt(names: tuple[str, ...], budgeted: bool = False) -> Any:
     """One append in one statement: the counter bump as a CTE, the INSERT fed by its row.
 
     No session, no bumped row, nothing inserted (no id comes back): the bump is the
     existence check, and its row lock still orders the appends of one session. Built
     once per column set; the values are bind parameters (``v_<column>``), cast to the
     column's type because a SELECT list gives an untyped parameter no type of its own.
+
+    ``budgeted``: the statement sets its own ``lock_timeout`` (``:lt`` ms, local to its
+    transaction) before it locks the session row: a materialized CTE the bump's WHERE
+    tests, which the plan runs as a one-time filter ahead of the row scan.
     """
-    bump = _BUMP.returning(_SESSIONS.c.id).cte("bump")
+    bump = _BUMP
+    if budgeted:
+        setting = func.set_config(literal_column("'lock_timeout'"), cast(bindparam("lt"), Text), literal_column("true"))
+        budget = select(setting.label("v")).cte("budget")
+        bump = _BUMP.where(exists(select(budget.prefix_with("MATERIALIZED").c.v)))
+    bump = bump.returning(_SESSIONS.c.id).cte("bump")
     values = [cast(bindparam(f"v_{n}"), _MESSAGES.c[n].type) for n in names]
     return (
         insert(_MESSAGES)
@@ -115,6 +131,13 @@ def _messages_target(names: Sequence[str], schema: str | None) -> Any:
     if all(n in _MESSAGES.c for n in names):
         return _MESSAGES
     return table("messages", *(column(n) for n in names), schema=schema)
+
+
+def _own_transaction(conn: Connection) -> bool:
+    """Whether the next statement on ``conn`` is a transaction of its own (driver
+    autocommit, nothing open at the server)."""
+    driver = conn.connection.driver_connection
+    return bool(getattr(driver, "autocommit", False)) and driver.info.transaction_status == _IDLE
 
 
 def _unknown_session(session_id: Any) -> errors.UnknownSessionError:
@@ -234,6 +257,18 @@ class PostgreSQLDialect:
     def still_running(self, conn: Connection, writers: Sequence[str]) -> bool:
         return bool(writers) and bool(conn.execute(_RUNNING, {"v": list(writers)}).scalar())
 
+    one_statement_writes = True
+
+    def never_ran(self, exc: BaseException) -> bool:
+        # The server ended the session (admin_shutdown, crash_shutdown, cannot_connect_now,
+        # idle_session_timeout): its FATAL came back instead of the statement's result.
+        seen: BaseException | None = exc
+        while seen is not None:  # the driver's error, also under our typed one
+            if _sqlstate(seen) in SESSION_ENDED_SQLSTATES:
+                return True
+            seen = seen.__cause__
+        return False
+
     def call_options(self, write: bool) -> dict[str, Any]:
         # Autocommit at the driver: no BEGIN and ROLLBACK around a read (two round trips
         # of a one-statement call), and a write's BEGIN goes with its lock budget in
@@ -274,7 +309,14 @@ class PostgreSQLDialect:
         names = tuple(row)
         if all(n in _MESSAGES.c for n in names):
             params = {f"v_{n}": v for n, v in row.items()}
-            found = conn.execute(_append_stmt(names), {**params, "n": 1, "calls": calls, "sid": row["session_id"]})
+            params.update(n=1, calls=calls, sid=row["session_id"])
+            # A one-statement write (SessionDB's, no transaction open): the budget rides along.
+            budget = conn.get_execution_options().get(LOCK_BUDGET_OPTION)
+            if budget is not None and not _own_transaction(conn):
+                budget = None
+            if budget is not None:
+                params["lt"] = str(int(budget))
+            found = conn.execute(_append_stmt(names, budget is not None), params)
             mid = found.scalar()
             if mid is None:
                 raise _unknown_session(row["session_id"])

@@ -298,6 +298,11 @@ class SQLiteDialect:
     def still_running(self, conn: Connection, writers: Sequence[str]) -> bool:
         return False
 
+    one_statement_writes = False
+
+    def never_ran(self, exc: BaseException) -> bool:
+        return False  # no one-statement writes here
+
     def call_options(self, write: bool) -> dict[str, Any]:
         return self.begin_options(write)  # BEGIN IMMEDIATE / one WAL snapshot per read call
 

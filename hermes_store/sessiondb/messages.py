@@ -57,7 +57,7 @@ class MessagesMixin(Host):
         }
         return self._write(
             lambda c: MessageRepository(c).append(session_id, role, content, timestamp=timestamp, **fields),
-            budget=TRANSCRIPT_BUDGET_S,
+            budget=TRANSCRIPT_BUDGET_S, one_statement=True,
         )
 
     def append_messages(self, messages: Iterable[dict[str, Any]]) -> int:
