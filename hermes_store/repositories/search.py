@@ -477,15 +477,18 @@ class SearchRepository(Repository):
             return scan, flat
         grams = marks.grams
         total, params["bg_hw"] = marks.total, marks.high_water
+        params["bg_block"] = bigram.BLOCK
+        cand = bigram.candidate_blocks_sql(grams, params)
         if flat:
             # Choose: candidates E rows vs. a newest-first walk of about window*N/E rows.
             # The rows above the high-water mark are scanned either way: count them in.
             blocks = bigram.estimate_blocks(self.conn, grams, mark=params["bg_hw"], counts=marks.counts)
             estimate = blocks * bigram.BLOCK + max(total - params["bg_hw"], 0)
             if estimate * estimate > max(window, 1) * total:
-                return scan, True
-        params["bg_block"] = bigram.BLOCK
-        cand = bigram.candidate_blocks_sql(grams, params)
+                # The walk keeps the blocks as a prefilter: a row the index covers is
+                # tested with LIKE only when its block can hold the term.
+                prefilter = f" AND (m.id > :bg_hw OR m.id / :bg_block IN ({cand}))"
+                return scan + prefilter, True
         indexed = (
             f"SELECT {columns} FROM ({cand}) c JOIN {{messages}} AS m{not_indexed} "
             "ON m.id BETWEEN c.block * :bg_block AND c.block * :bg_block + :bg_block - 1 AND m.id <= :bg_hw "
