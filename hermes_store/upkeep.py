@@ -10,6 +10,7 @@ the next interval: rows the index does not cover yet are still found by a scan.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Callable
 
@@ -29,9 +30,12 @@ class Upkeep:
         self._thread: threading.Thread | None = None
         self._running: str | None = None
         self._closed = False
+        self._pid = os.getpid()
 
     def submit(self, name: str, job: Callable[[], object]) -> None:
         """Run ``job`` soon on the worker (once, however often it is asked for meanwhile)."""
+        if self._pid != os.getpid():
+            self._after_fork()
         with self._cv:
             if self._closed:
                 return
@@ -41,6 +45,15 @@ class Upkeep:
                                                 daemon=True)
                 self._thread.start()
             self._cv.notify_all()
+
+    def _after_fork(self) -> None:
+        """A forked child has none of the parent's threads (nor a usable lock state):
+        start from nothing, so its own upkeep still runs."""
+        self._cv = threading.Condition()
+        self._jobs = {}
+        self._thread = None
+        self._running = None
+        self._pid = os.getpid()
 
     @property
     def closing(self) -> bool:

@@ -14,6 +14,7 @@ On a server many processes append side by side. Shown here, with the faults inje
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from sqlalchemy import text
 
 from hermes_store import SessionDB, errors, facade
 from hermes_store.sessiondb import messages as sessiondb_messages
+from hermes_store.upkeep import Upkeep
 from hermes_store.dialects.pg_tenants import try_transaction_lock
 from hermes_store.repositories.messages import MessageRepository
 from hermes_store.search import bigram, bigram_upkeep
@@ -155,3 +157,19 @@ def test_a_one_statement_append_keeps_its_lock_budget(pg: SessionDB, pg_database
     conn = pg._idle[True][-1]  # the kept writer: the statement's setting did not outlive it
     assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == "0"
     conn.rollback()
+
+
+def test_a_forked_child_runs_its_own_upkeep() -> None:
+    """After a fork the parent's worker thread is gone; the child's first job starts one."""
+    upkeep = Upkeep("fork test")
+    ran = threading.Event()
+    upkeep.submit("first", ran.set)
+    assert ran.wait(10) and upkeep.wait_idle(10)
+    pid = os.fork()
+    if pid == 0:  # the child: its job must run, or it exits 1
+        done = threading.Event()
+        upkeep.submit("in the child", done.set)
+        os._exit(0 if done.wait(10) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    upkeep.close()
