@@ -37,6 +37,7 @@ import re
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from sqlalchemy import (
+    BigInteger,
     Float,
     Integer,
     String,
@@ -109,8 +110,8 @@ _NOT_EXCEPTIONS = {key: bindparam(f"not_exc_{key.strip('_')}", type_=String, exp
 _INCLUDE = bindparam("inc", type_=String, expanding=True)
 _EXCLUDE = bindparam("exc", type_=String, expanding=True)
 _CWD, _CWD_SLASH, _CWD_BACKSLASH = (bindparam(n, type_=String) for n in ("cwd", "cwd_slash", "cwd_backslash"))
-_LEAST = bindparam("least", type_=Integer)
-_LIMIT, _OFFSET = bindparam("limit", type_=Integer), bindparam("offset", type_=Integer)
+_LEAST = bindparam("least", type_=BigInteger)
+_LIMIT, _OFFSET = bindparam("limit", type_=BigInteger), bindparam("offset", type_=BigInteger)
 _IDS_PAT, _TEXT_PAT, _SQUEEZED_PAT = (bindparam(n, type_=String) for n in ("ids_pat", "text_pat", "squeezed_pat"))
 _PREFIX = bindparam("prefix", type_=String)
 
