@@ -101,8 +101,6 @@ def settled_top(conn: Any) -> int:
     at once when nobody is writing now.
     """
     dialect = for_connection(conn)
-    if dialect.writers_in_progress(conn, "messages") is None:
-        return _NO_CAP
     stored = _meta(conn, SETTLE_KEY)
     settled, noted, writers = _read_note(stored)
     if noted is not None:
@@ -111,7 +109,10 @@ def settled_top(conn: Any) -> int:
         settled = max(settled, noted)
     top = conn.execute(_TOP.on(conn)).scalar()
     top = -1 if top is None else int(top)
-    writers = dialect.writers_in_progress(conn, "messages") or []  # read after the top: see above
+    found = dialect.writers_in_progress(conn, "messages")  # read after the top: see above
+    if found is None:
+        return _NO_CAP  # no writer runs beside this transaction: every id is final
+    writers = found
     if writers:
         value = f"{settled} {top}:{','.join(writers)}"
     else:
