@@ -25,13 +25,13 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 
 from .. import errors
-from ..codec import PG_ESC, PG_NUL, pg_decode_nul, pg_encode_nul
 from ..models import Base
 from ..search import postgresql as pg_search
 from ..tenancy import qualified, quote_ident, schema_of_connection
 from . import pg_engine, pg_tenants
 from .base import LOCK_BUDGET_OPTION, MessageRuns
 from .fts5 import Fts5Storage
+from .pg_nul import install_nul_adapters
 from .pg_tenants import tenant_table_names
 
 #: libpq's PQTRANS_IDLE: no transaction open at the server.
@@ -147,44 +147,6 @@ def _unknown_session(session_id: Any) -> errors.UnknownSessionError:
 def _sqlstate(exc: BaseException) -> str | None:
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
     return getattr(orig, "sqlstate", None)
-
-
-def install_nul_adapters(dbapi_conn: Any) -> None:
-    """Make this psycopg connection encode U+0000 on the way in and decode it on the way out.
-
-    Applied to every ``str`` parameter and every text/varchar result, so content, JSON
-    columns, titles and query strings all use the same reversible mapping (see
-    :func:`hermes_store.codec.pg_encode_nul`); a search term is encoded like the stored
-    text it must match.
-    """
-    adapters = getattr(dbapi_conn, "adapters", None)
-    if adapters is None or getattr(dbapi_conn, "_hermes_store_nul", False):
-        return
-    from psycopg.types.string import StrDumperUnknown, TextLoader
-
-    # The pure-Python classes (the C ones cannot be subclassed); only strings that hold
-    # U+0000/U+E000/U+E001 are changed, everything else passes through as before.
-    class NulDumper(StrDumperUnknown):  # type: ignore[misc,valid-type]
-        def dump(self, obj: str) -> Any:
-            return super().dump(pg_encode_nul(obj))
-
-    class NulLoader(TextLoader):  # type: ignore[misc,valid-type]
-        # Runs for every text value read: decode once, and reach pg_decode_nul only for
-        # the rare value that holds one of the two marker characters.
-        def load(self, data: Any) -> Any:
-            if not self._encoding:
-                return super().load(data)  # SQL_ASCII: bytes, as psycopg gives them
-            value = str(data, self._encoding)
-            return pg_decode_nul(value) if PG_NUL in value or PG_ESC in value else value
-
-    adapters.register_dumper(str, NulDumper)
-    for type_name in ("text", "varchar", "bpchar", "name"):
-        adapters.register_loader(type_name, NulLoader)
-    # The default loader of unknown types (e.g. string literals) decodes to str too.
-    try:
-        dbapi_conn._hermes_store_nul = True
-    except AttributeError:
-        pass
 
 
 class PostgreSQLDialect:
