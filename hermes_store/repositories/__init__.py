@@ -13,9 +13,10 @@ from .search import SearchRepository
 from .sessions import SessionRepository
 from .state_meta import StateMetaRepository
 from .telegram import TelegramTopicRepository
-from .usage import UsageRepository
+from .usage import ApiCallUsage, UsageRepository
 
 __all__ = [
+    "ApiCallUsage",
     "CompressionRepository",
     "FtsUpkeepRepository",
     "GatewayRepository",

@@ -8,6 +8,7 @@ the session), and side tasks (vision, compression, title generation...), through
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, case, func, literal, or_, select, update
@@ -43,31 +44,36 @@ def _cost(value: Any, name: str) -> float | None:
         raise errors.InvalidInputError(f"{name} must be a number or None, not {value!r}") from exc
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiCallUsage:
+    """What one API call used and cost, and the route it went by: the figures of
+    ``UsageRepository.update_token_counts``, gathered so that the repository takes one
+    immutable value instead of sixteen parameters that are easy to pass in the wrong
+    place. Keyword-only, with Hermes' defaults; values are checked when written."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model: str | None = None
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+    estimated_cost_usd: float | None = None
+    actual_cost_usd: float | None = None
+    cost_status: str | None = None
+    cost_source: str | None = None
+    pricing_version: str | None = None
+    billing_provider: str | None = None
+    billing_base_url: str | None = None
+    billing_mode: str | None = None
+    api_call_count: int = 0
+    #: Ours: a non-empty task bills a side task on the ledger only.
+    task: str = ""
+
+
 class UsageRepository(Repository):
     """Writes to the session counters and the ``session_model_usage`` ledger."""
 
-    def update_token_counts(
-        self,
-        session_id: str,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-        model: str | None = None,
-        cache_read_tokens: int = 0,
-        cache_write_tokens: int = 0,
-        reasoning_tokens: int = 0,
-        estimated_cost_usd: float | None = None,
-        actual_cost_usd: float | None = None,
-        cost_status: str | None = None,
-        cost_source: str | None = None,
-        pricing_version: str | None = None,
-        billing_provider: str | None = None,
-        billing_base_url: str | None = None,
-        billing_mode: str | None = None,
-        api_call_count: int = 0,
-        absolute: bool = False,
-        *,
-        task: str = "",
-    ) -> None:
+    def update_token_counts(self, session_id: str, usage: ApiCallUsage, *, absolute: bool = False) -> None:
         """Hermes v23's accounting of one API call (or, with ``absolute``, a resync).
 
         - The session row is ensured first by the create upsert (source 'unknown'), so a
@@ -82,16 +88,31 @@ class UsageRepository(Repository):
           the ledger under task '' (both costs, None as 0); an actual cost alone does
           not, and absolute resyncs never do (they would count twice).
 
-        ``task`` (ours, keyword-only): a non-empty task bills a side task on the ledger
+        ``usage.task`` (ours): a non-empty task bills a side task on the ledger
         only, with the route it names (as record_auxiliary_usage does, but with the
         call count and billing mode given); the session's totals do not move.
+
+        The call's figures come as one ApiCallUsage rather than sixteen flat parameters
+        (Hermes' flat signature lives on in the facade); ``absolute`` stays apart because
+        it says how to apply them, not what was used.
         """
+        if not isinstance(usage, ApiCallUsage):
+            raise errors.InvalidInputError(
+                f"usage must be an ApiCallUsage, not {type(usage).__name__} (the flat form is SessionDB's)"
+            )
+        input_tokens, output_tokens = usage.input_tokens, usage.output_tokens
+        cache_read_tokens, cache_write_tokens = usage.cache_read_tokens, usage.cache_write_tokens
+        reasoning_tokens, api_call_count = usage.reasoning_tokens, usage.api_call_count
+        model, task = usage.model, usage.task
+        cost_status, cost_source, pricing_version = usage.cost_status, usage.cost_source, usage.pricing_version
+        billing_provider, billing_base_url = usage.billing_provider, usage.billing_base_url
+        billing_mode = usage.billing_mode
         counts = {c: _count(v, c) for c, v in zip(
             (*COUNTERS, "api_call_count"),
             (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, api_call_count),
         )}
-        estimated_cost_usd = _cost(estimated_cost_usd, "estimated_cost_usd")
-        actual_cost_usd = _cost(actual_cost_usd, "actual_cost_usd")
+        estimated_cost_usd = _cost(usage.estimated_cost_usd, "estimated_cost_usd")
+        actual_cost_usd = _cost(usage.actual_cost_usd, "actual_cost_usd")
         t = now()
         if task:
             if absolute:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..repositories import MaintenanceRepository
-from ..repositories.usage import UsageRepository
+from ..repositories.usage import ApiCallUsage, UsageRepository
 from ._host import Host
 
 
@@ -35,11 +35,19 @@ class UsageMixin(Host):
         """Count one API call's usage on the session and its per-model ledger (Hermes v23).
 
         See UsageRepository.update_token_counts for the rules. ``task`` (ours): bill a
-        side task on the ledger only; Hermes' own way is record_auxiliary_usage.
+        side task on the ledger only; Hermes' own way is record_auxiliary_usage. Hermes'
+        flat signature is kept here; the repository takes the figures as one ApiCallUsage.
         """
-        args = dict(locals())
-        args.pop("self")
-        self._write(lambda c: UsageRepository(c).update_token_counts(**args))
+        usage = ApiCallUsage(
+            input_tokens=input_tokens, output_tokens=output_tokens, model=model,
+            cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,
+            reasoning_tokens=reasoning_tokens, estimated_cost_usd=estimated_cost_usd,
+            actual_cost_usd=actual_cost_usd, cost_status=cost_status, cost_source=cost_source,
+            pricing_version=pricing_version, billing_provider=billing_provider,
+            billing_base_url=billing_base_url, billing_mode=billing_mode,
+            api_call_count=api_call_count, task=task,
+        )
+        self._write(lambda c: UsageRepository(c).update_token_counts(session_id, usage, absolute=absolute))
 
     def record_auxiliary_usage(
         self,
