@@ -29,6 +29,7 @@ from sqlalchemy.exc import DBAPIError
 from . import dialects, errors
 from .dialects.base import translate_python_error
 from .dialects.sqlite import BEGIN_MODE, install_begin_hook
+from .targets import refuse_async
 from .tenancy import SCHEMA_OPTION, SCHEMA_PARAM, check_schema, schema_in_query
 
 __all__ = [
@@ -231,6 +232,7 @@ def create_engine(
     a direct connection or a pooler that supports them.
     """
     url = with_schema(target, schema)
+    refuse_async(url, "create_engine")
     dialect = dialects.find_for(url)
     if dialect is None:  # not ours to set up (migrations and SessionDB refuse it with a clear error)
         kwargs.setdefault("pool_pre_ping", True)

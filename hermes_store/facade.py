@@ -38,6 +38,7 @@ from .paths import create_private_database  # noqa: F401 - kept importable from 
 from .repositories import MaintenanceRepository
 from .repositories.base import driver_errors
 from .repositories.transcripts import remove_committed_files
+from .targets import refuse_async
 from .upkeep import Upkeep
 from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served by the swap
     DDL_NAMES,
@@ -152,6 +153,8 @@ def _database_target(db_path: Any, url: str | URL | None, engine: Engine | None)
     gets one clear error, never a folder named ``sqlite:`` or ``mysql+…:``.
     """
     given = [x for x in (db_path, url, engine) if x is not None]
+    for each in given:
+        refuse_async(each, "SessionDB")
     if len(given) > 1:
         raise errors.InvalidInputError("give SessionDB one of db_path, url= or engine=, not several")
     target = given[0] if given else None
@@ -166,6 +169,7 @@ def _database_target(db_path: Any, url: str | URL | None, engine: Engine | None)
         target = target.url
     if isinstance(target, URL) or (isinstance(target, str) and "://" in target):
         parsed = to_url(target)
+        refuse_async(parsed, "SessionDB")
         dialect = find_for(parsed)
         if dialect is not None and not dialect.is_file:
             return parsed
@@ -270,12 +274,12 @@ class SessionDB(HermesSurface):
         # connection out of the pool for every append costs as much as the append.
         self._idle: dict[bool, list[Connection]] = {False: [], True: []}
         #: Where upkeep runs when the dialect keeps it off the caller's path.
-        self._upkeep = Upkeep(target.name if isinstance(target, Path) else (self.url.database or "server"))
+        self._upkeep = self._new_upkeep(target.name if isinstance(target, Path) else (self.url.database or "server"))
         if self.db_path is not None and self.read_only:
             # As it is on disk: must exist; nothing created, migrated or switched.
             paths.check_target(self.db_path, write=False, create=False, make_parents=False)
             ro_url = URL.create("sqlite", database=f"file:{self.db_path}", query={"mode": "ro", "uri": "true"})
-            self._engine = create_engine(ro_url, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
+            self._engine = self._new_engine(ro_url, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
             self._dialect = for_connection(self._engine)
             self.journal_mode = None
             with self._engine.connect() as conn:
@@ -288,9 +292,9 @@ class SessionDB(HermesSurface):
             paths.make_parents(real)
             # Creates the file 0600 when missing, finishes an interrupted adoption,
             # adopts a Hermes-made file, migrates our own older revisions.
-            migrations.upgrade(self.db_path)
+            self._migrate_file(self.db_path)
             # No pool cap: how many threads use one SessionDB is the application's call.
-            self._engine = create_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
+            self._engine = self._new_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
             label = self.db_path.name
         else:
             if self.read_only:
@@ -299,7 +303,7 @@ class SessionDB(HermesSurface):
                 )
             # A server: no file checks, adoption, WAL or PRAGMAs. Our own pooled
             # engine (pre-ping, NUL mapping, typed errors), never the caller's.
-            self._engine = create_engine(self.url, max_overflow=-1)
+            self._engine = self._new_engine(self.url, max_overflow=-1)
             migrations.upgrade(self._engine)
             label = self.url.database or backend_name(self.url)
         self._dialect = dialect = for_connection(self._engine)
@@ -316,6 +320,23 @@ class SessionDB(HermesSurface):
         self._catch_up_search_index()
 
     # ------------------------------------------------------------------ plumbing
+
+    # How this store reaches its database; hermes_store.aio's store replaces these four
+    # to run the same code on an event loop (async driver, loop-friendly waits).
+
+    def _new_engine(self, target: Any, **kwargs: Any) -> Engine:
+        return create_engine(target, **kwargs)
+
+    def _migrate_file(self, path: Path) -> None:
+        """Create, adopt or migrate the file before its engine opens it."""
+        migrations.upgrade(path)
+
+    def _new_upkeep(self, label: str) -> Upkeep:
+        return Upkeep(label)
+
+    def _sleep(self, seconds: float) -> None:
+        """The wait between two tries of a locked write."""
+        time.sleep(seconds)
 
     def _now(self) -> float:
         """The clock: this module's ``time`` looked up at call time.
@@ -482,7 +503,7 @@ class SessionDB(HermesSurface):
                         f"{self._label()}: database stayed locked for {budget:.3g}s; giving up"
                     ) from exc
                 low, high = EARLY_JITTER_S if now - start < EARLY_PHASE_S else LATE_JITTER_S
-                time.sleep(min(random.uniform(low, high), max(deadline - now, 0)))
+                self._sleep(min(random.uniform(low, high), max(deadline - now, 0)))
         if _maintenance:
             return result
         with self._lock:

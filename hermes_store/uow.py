@@ -20,6 +20,7 @@ from sqlalchemy import Connection, Engine
 from . import errors
 from .dialects import for_connection
 from .engine import schema_of, tenant_of
+from .targets import refuse_async
 from .tenancy import tenant_options
 from .repositories.transcripts import remove_committed_files
 from .repositories import (
@@ -63,6 +64,7 @@ class UnitOfWork:
     def __init__(self, engine: Engine, *, write: bool = True, schema: str | None = None) -> None:
         """``schema``: the PostgreSQL schema of one tenant (a bad name, a SQLite engine, or
         an engine bound to another schema is an InvalidInputError, raised here)."""
+        refuse_async(engine, "UnitOfWork")
         #: The tenant schema, or None for the engine's own (default) schema.
         self.schema = tenant_of(engine, schema)
         # An engine bound to the tenant names it in every statement already; any other

@@ -16,11 +16,14 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
 from .. import errors
-from . import postgresql, sqlite
+from . import pg_asyncpg, postgresql, sqlite
 from .base import Dialect
 
 #: Dialect modules by SQLAlchemy dialect name.
 _REGISTRY: Mapping[str, Dialect] = {sqlite.DIALECT.name: sqlite.DIALECT, postgresql.DIALECT.name: postgresql.DIALECT}
+#: Where one driver of a database speaks its protocol differently (asyncpg prepares
+#: every statement): (dialect name, driver name) -> module.
+_BY_DRIVER: Mapping[tuple[str, str], Dialect] = {("postgresql", "asyncpg"): pg_asyncpg.DIALECT}
 
 
 def find(name: str) -> Dialect | None:
@@ -44,17 +47,32 @@ def for_dialect(name: str) -> Dialect:
 
 def for_connection(conn: Connection | Engine) -> Dialect:
     """The module for whatever database ``conn`` (a Connection or Engine) talks to."""
-    return for_dialect(conn.dialect.name)
+    return _BY_DRIVER.get((conn.dialect.name, conn.dialect.driver)) or for_dialect(conn.dialect.name)
 
 
 def for_url(url: URL) -> Dialect:
     """The module for the database a URL names, before any driver is imported."""
-    return for_dialect(url.get_backend_name())
+    return _BY_DRIVER.get((url.get_backend_name(), url.get_driver_name())) or for_dialect(url.get_backend_name())
 
 
 def find_for(target: URL | Connection | Engine) -> Dialect | None:
     """The module for a URL, Engine or Connection; None when we have none for it."""
-    return _REGISTRY.get(backend_name(target))
+    driver = target.get_driver_name() if isinstance(target, URL) else target.dialect.driver
+    return _BY_DRIVER.get((backend_name(target), driver)) or _REGISTRY.get(backend_name(target))
+
+
+def with_driver(url: URL, *, asyncio: bool) -> URL:
+    """``url`` with a driver of the other flavour when it has the wrong one: for asyncio
+    the dialect's default async driver (``sqlite+aiosqlite``, ``postgresql+asyncpg``)
+    unless it names an accepted one; for sync code the dialect's sync driver."""
+    dialect = for_url(url)
+    driver = url.drivername.partition("+")[2]
+    if asyncio:
+        wanted = driver if driver in dialect.async_drivers else dialect.async_drivers[0]
+    else:
+        asyncio_only = set(dialect.async_drivers) - {dialect.sync_driver}
+        wanted = driver if driver and driver not in asyncio_only else dialect.sync_driver
+    return url.set(drivername=f"{dialect.name}+{wanted}")
 
 
 def backend_name(target: URL | Connection | Engine) -> str:
@@ -63,5 +81,5 @@ def backend_name(target: URL | Connection | Engine) -> str:
 
 
 __all__ = [
-    "Dialect", "all_dialects", "backend_name", "find", "find_for", "for_connection", "for_dialect", "for_url",
+    "Dialect", "all_dialects", "backend_name", "with_driver", "find", "find_for", "for_connection", "for_dialect", "for_url",
 ]

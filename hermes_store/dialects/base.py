@@ -31,6 +31,10 @@ class Dialect(Protocol):
 
     #: SQLAlchemy's dialect name this module serves ("sqlite", "postgresql"...).
     name: str
+    #: SQLAlchemy driver names: the sync one our facade opens a URL with, and the
+    #: asyncio ones ``hermes_store.aio`` accepts (the first is its default).
+    sync_driver: str
+    async_drivers: tuple[str, ...]
     #: Whether one database holds several stores, one per tenant schema.
     has_schemas: bool
     #: Whether the database is one file on this machine (paths, modes, flock, adoption)

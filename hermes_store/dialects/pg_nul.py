@@ -73,8 +73,25 @@ class _Decoding:
         return decode_rows(self, [super().__next__()])[0]  # type: ignore[misc]
 
 
+class _AsyncDecoding:
+    """The same for psycopg's asyncio cursors (SQLAlchemy's async psycopg dialect)."""
+
+    async def fetchone(self) -> Any:
+        row = await super().fetchone()  # type: ignore[misc]
+        return row if row is None else decode_rows(self, [row])[0]
+
+    async def fetchmany(self, size: int = 0) -> list[Any]:
+        return decode_rows(self, await super().fetchmany(size))  # type: ignore[misc]
+
+    async def fetchall(self) -> list[Any]:
+        return decode_rows(self, await super().fetchall())  # type: ignore[misc]
+
+    async def __anext__(self) -> Any:
+        return decode_rows(self, [await super().__anext__()])[0]  # type: ignore[misc]
+
+
 @functools.cache
-def _classes() -> tuple[type, type, type]:
+def _classes() -> dict[str, type]:
     # psycopg is an optional extra: its classes are subclassed on first use, not at import.
     import psycopg
     from psycopg.types.string import StrDumperUnknown
@@ -89,7 +106,15 @@ def _classes() -> tuple[type, type, type]:
     class NulServerCursor(_Decoding, psycopg.ServerCursor):  # type: ignore[misc]
         pass
 
-    return NulDumper, NulCursor, NulServerCursor
+    class AsyncNulCursor(_AsyncDecoding, psycopg.AsyncCursor):  # type: ignore[misc]
+        pass
+
+    class AsyncNulServerCursor(_AsyncDecoding, psycopg.AsyncServerCursor):  # type: ignore[misc]
+        pass
+
+    return {"dumper": NulDumper, "sync": NulCursor, "sync_server": NulServerCursor,
+            "async": AsyncNulCursor, "async_server": AsyncNulServerCursor,
+            "async_connection": psycopg.AsyncConnection}
 
 
 def install_nul_adapters(dbapi_conn: Any) -> None:
@@ -97,15 +122,18 @@ def install_nul_adapters(dbapi_conn: Any) -> None:
 
     Every ``str`` parameter and every text result (content, JSON columns, titles, ids and
     query strings alike) uses the same reversible mapping, so a search term is encoded
-    like the stored text it must match. Idempotent.
+    like the stored text it must match. ``dbapi_conn`` is psycopg's connection, or
+    SQLAlchemy's adapter over an asyncio one. Idempotent.
     """
-    if getattr(dbapi_conn, "adapters", None) is None or getattr(dbapi_conn, "_hermes_store_nul", False):
+    driver = getattr(dbapi_conn, "driver_connection", dbapi_conn)
+    if getattr(driver, "adapters", None) is None or getattr(driver, "_hermes_store_nul", False):
         return
-    dumper, cursor, server_cursor = _classes()
-    dbapi_conn.adapters.register_dumper(str, dumper)
-    dbapi_conn.cursor_factory = cursor
-    dbapi_conn.server_cursor_factory = server_cursor
+    kinds = _classes()
+    flavour = "async" if isinstance(driver, kinds["async_connection"]) else "sync"
+    driver.adapters.register_dumper(str, kinds["dumper"])
+    driver.cursor_factory = kinds[flavour]
+    driver.server_cursor_factory = kinds[f"{flavour}_server"]
     try:
-        dbapi_conn._hermes_store_nul = True
+        driver._hermes_store_nul = True
     except AttributeError:
         pass

@@ -153,6 +153,8 @@ class PostgreSQLDialect:
     """The :class:`hermes_store.dialects.Dialect` of PostgreSQL servers."""
 
     name = "postgresql"
+    sync_driver = "psycopg"
+    async_drivers = ("asyncpg", "psycopg")  # psycopg 3 runs on asyncio as it is
     has_schemas = True
     is_file = False
     replays_hermes_history = False

@@ -109,6 +109,22 @@ _BY_CODE: dict[int, type[errors.HermesStoreError]] = {
 _NO_SUCH_TABLE = re.compile(r"no such table: (?:main\.)?(\w+)")
 
 
+def dbapi(conn: Connection) -> Any:
+    """The DB-API connection under ``conn``, for the raw paths of this module.
+
+    With pysqlite it is the ``sqlite3.Connection`` itself. With aiosqlite it is
+    SQLAlchemy's adapter, whose ``execute``/``cursor`` run the driver's coroutines on
+    the caller's greenlet; the aiosqlite object (``driver_connection``) only has
+    coroutines, so raw calls never go to it.
+    """
+    return conn.connection.dbapi_connection
+
+
+def driver_in_transaction(conn: Connection, default: bool = False) -> bool:
+    """Whether SQLite itself has a transaction open on ``conn`` (both drivers report it)."""
+    return bool(getattr(conn.connection.driver_connection, "in_transaction", default))
+
+
 def _emit_begin(conn: Connection) -> None:
     """``begin`` hook: start a real SQLite transaction unless the driver already has one.
 
@@ -117,12 +133,11 @@ def _emit_begin(conn: Connection) -> None:
     also bypasses ``handle_error`` (SQLAlchemy runs this hook outside its own error
     handling), so failures are translated here.
     """
-    dbapi = conn.connection.driver_connection
-    if getattr(dbapi, "in_transaction", False):
+    if driver_in_transaction(conn):
         return
     mode = conn.get_execution_options().get(BEGIN_MODE, "DEFERRED")
     try:
-        dbapi.execute(f"BEGIN {mode}")
+        dbapi(conn).execute(f"BEGIN {mode}")
     except sqlite3.Error as exc:
         typed = DIALECT.translate_error(exc)
         if typed is None:
@@ -200,13 +215,15 @@ def _outside_transaction(engine: Engine, sql: str) -> None:
     """Run a statement that must not sit inside BEGIN (VACUUM, checkpoints)."""
     with engine.connect() as conn:
         # The DB-API connection is in autocommit (our engine issues BEGIN itself).
-        conn.connection.driver_connection.execute(sql).fetchall()
+        dbapi(conn).execute(sql).fetchall()
 
 
 class SQLiteDialect:
     """The :class:`hermes_store.dialects.Dialect` of SQLite files."""
 
     name = "sqlite"
+    sync_driver = "pysqlite"
+    async_drivers = ("aiosqlite",)
     has_schemas = False
     is_file = True
     replays_hermes_history = True
@@ -230,9 +247,8 @@ class SQLiteDialect:
         """pysqlite (in its default mode) sends BEGIN only before INSERT/UPDATE/DELETE; a
         host that began a transaction and ran only DDL or SELECTs so far is still in
         autocommit underneath, and our CREATE TABLEs would commit on their own."""
-        dbapi = conn.connection.driver_connection
-        if not getattr(dbapi, "in_transaction", True):
-            dbapi.execute("BEGIN")
+        if not driver_in_transaction(conn, default=True):
+            dbapi(conn).execute("BEGIN")
 
     def install_batch_hooks(self, conn: Connection) -> bool:
         return True  # ALTER TABLE is limited: revisions rebuild tables in batch mode
@@ -335,7 +351,7 @@ class SQLiteDialect:
     def append_message(self, conn: Connection, row: Mapping[str, Any], calls: int) -> int:
         """Two statements: the INSERT, then the counter UPDATE. The session is looked
         up only when the foreign key refuses the row."""
-        raw = conn.connection.driver_connection
+        raw = dbapi(conn)
         session_id = row["session_id"]
         try:
             new_id = raw.execute(_insert_sql("messages", None, tuple(row)), tuple(row.values())).lastrowid
@@ -354,7 +370,11 @@ class SQLiteDialect:
 
     def bump_message_counts(self, conn: Connection, counts: Iterable[tuple[str, int, int]]) -> None:
         with driver_errors():
-            conn.connection.driver_connection.executemany(_BUMP_N, [(n, calls, sid) for sid, n, calls in counts])
+            cursor = dbapi(conn).cursor()
+            try:
+                cursor.executemany(_BUMP_N, [(n, calls, sid) for sid, n, calls in counts])
+            finally:
+                cursor.close()
 
     def insert_messages(self, conn: Connection, runs: MessageRuns,
                         column_defaults: Callable[[], Mapping[str, str | None]]) -> None:
@@ -363,7 +383,7 @@ class SQLiteDialect:
         if not runs:
             return
         with driver_errors():
-            cursor = conn.connection.driver_connection.cursor()
+            cursor = dbapi(conn).cursor()
             try:
                 if sum(len(values) for _names, values in runs) >= BULK_STAGE_MIN:
                     self._insert_staged(cursor, runs, column_defaults)
@@ -383,7 +403,8 @@ class SQLiteDialect:
         faster than executemany. Columns a row leaves out get the column's default.
         """
         cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {STAGE} AS SELECT * FROM main.messages WHERE 0")
-        staged = {r[1] for r in cursor.execute(f"PRAGMA temp.table_info({STAGE})")}
+        cursor.execute(f"PRAGMA temp.table_info({STAGE})")
+        staged = {r[1] for r in cursor.fetchall()}
         columns: list[str] = []
         for names, _rows in runs:
             columns += [n for n in names if n not in columns]

@@ -24,6 +24,7 @@ from .. import errors
 from ..dialects.sqlite import driver_errors  # noqa: F401 - the raw-cursor paths' one error table
 from ..dialects import Dialect, for_connection
 from ..models import Base
+from ..targets import refuse_async
 from ..tenancy import render, schema_of_connection
 
 Executor = OrmSession | Connection
@@ -126,6 +127,7 @@ def as_connection(executor: Executor) -> Connection:
     """The Connection behind an ORM Session (joined to its transaction), or itself."""
     if isinstance(executor, OrmSession):
         return executor.connection()
+    refuse_async(executor, "repositories")
     return executor
 
 

@@ -55,7 +55,7 @@ _ORPHANED_COMPRESSION = SchemaSQL(
 
 def _dict_rows(cursor: Any) -> list[dict[str, Any]]:
     keys = [d[0] for d in cursor.description]
-    return [dict(zip(keys, r)) for r in cursor]
+    return [dict(zip(keys, r)) for r in cursor.fetchall()]
 
 
 class MaintenanceRepository(Repository):
@@ -113,7 +113,7 @@ class MaintenanceRepository(Repository):
                 continue
             # Per-session queries go straight to the DB-API cursor: SQLAlchemy's result
             # setup per statement would cost more than the query on a big export.
-            raw = self.conn.connection.driver_connection
+            raw = self.conn.connection.dbapi_connection  # sqlite3's, or SQLAlchemy's aiosqlite adapter
             for row in page:
                 row["messages"] = [decode_row(m) for m in _dict_rows(raw.execute(
                     "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (row["id"],)

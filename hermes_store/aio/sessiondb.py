@@ -1,0 +1,215 @@
+"""``aio.AsyncSessionDB``: every public ``SessionDB`` method as a coroutine, natively async.
+
+No thread pool: the sync facade's own code (its retries, budgets, row shapes and Hermes
+semantics) runs on the event loop's greenlet over an async engine, so every statement
+awaits the driver and the loop serves other tasks meanwhile. What would block a loop
+is swapped for a loop-friendly equivalent:
+
+- the wait between two tries of a locked write is ``asyncio.sleep``;
+- background index upkeep (PostgreSQL) is an asyncio task, not a thread;
+- creating, adopting or migrating a SQLite file runs on a worker thread (it is file
+  work, and Hermes users have 1 GB files).
+
+Hermes' own thread-wrapper ``AsyncSessionDB(db)`` stays in ``hermes_state`` for Hermes' code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.util import await_only
+
+from .. import dialects, errors, migrations
+from ..dialects import for_url
+from ..engine import with_schema
+from ..facade import URL_ENV, SessionDB
+from ..targets import refuse_sync
+from .engine import async_url, create_async_engine, run_sync
+
+log = logging.getLogger(__name__)
+
+
+class LoopUpkeep:
+    """:class:`hermes_store.upkeep.Upkeep` on an event loop: each job an asyncio task."""
+
+    def __init__(self, label: str) -> None:
+        self._label = label
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+        self._again: set[str] = set()
+        self._closed = False
+
+    @property
+    def closing(self) -> bool:
+        return self._closed
+
+    def submit(self, name: str, job: Callable[[], object]) -> None:
+        """Run ``job`` soon (once more after a run under way, however often it is asked)."""
+        if self._closed:
+            return
+        running = self._tasks.get(name)
+        if running is not None and not running.done():
+            self._again.add(name)
+            return
+        self._tasks[name] = asyncio.get_running_loop().create_task(self._run(name, job))
+
+    async def _run(self, name: str, job: Callable[[], object]) -> None:
+        while True:
+            try:
+                await run_sync(job)
+            except Exception:  # noqa: BLE001 - best effort; asked for again at the next interval
+                log.warning("%s: background %s failed; retried later", self._label, name, exc_info=True)
+            if name not in self._again or self._closed:
+                return
+            self._again.discard(name)
+
+    def _pending(self) -> list[asyncio.Task[Any]]:
+        return [t for t in self._tasks.values() if not t.done()]
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Called on the loop's greenlet (``await db.wait_for_upkeep()``)."""
+        pending = self._pending()
+        if pending:
+            await_only(asyncio.wait(pending, timeout=timeout))
+        return not self._pending()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Let a running job end its transaction; waiting repeats are dropped."""
+        self._closed = True
+        self._again.clear()
+        self.wait_idle(timeout)
+
+
+class LoopSessionDB(SessionDB):
+    """The sync facade, driven on an event loop's greenlets (see the module docstring).
+    Made by :class:`AsyncSessionDB`; its methods must run under :func:`run_sync`."""
+
+    def __init__(self, *args: Any, async_driver: str, engine_options: dict[str, Any], **kwargs: Any) -> None:
+        self._async_driver = async_driver
+        self._engine_options = engine_options
+        self.async_engine: AsyncEngine | None = None
+        super().__init__(*args, **kwargs)
+
+    def _new_engine(self, target: Any, **kwargs: Any) -> Engine:
+        url = async_url(target).set(drivername=self._async_driver)
+        self.async_engine = create_async_engine(url, **{**kwargs, **self._engine_options})
+        return self.async_engine.sync_engine
+
+    def _migrate_file(self, path: Path) -> None:
+        await_only(asyncio.to_thread(migrations.upgrade, path))
+
+    def _new_upkeep(self, label: str) -> LoopUpkeep:  # type: ignore[override]
+        return LoopUpkeep(label)
+
+    def _sleep(self, seconds: float) -> None:
+        await_only(asyncio.sleep(seconds))
+
+
+def _sync_face(target: Any, schema: str | None) -> tuple[Path | URL | None, str]:
+    """(what the sync facade is given, the async driver to reach it with)."""
+    if target is None:
+        return None, "aiosqlite"  # $HERMES_STORE_URL or Hermes' default file, as SessionDB
+    if isinstance(target, AsyncEngine):
+        target = target.url
+    url = async_url(with_schema(target, schema) if schema is not None else target)
+    driver = url.drivername
+    if for_url(url).is_file:
+        if not url.database or url.database == ":memory:":
+            raise errors.InvalidInputError(f"AsyncSessionDB needs a database file, not {url.render_as_string()}")
+        return Path(url.database).expanduser(), driver
+    return dialects.with_driver(url, asyncio=False), driver
+
+
+class AsyncSessionDB:
+    """Hermes' ``SessionDB`` API, awaited: ``async with AsyncSessionDB(url) as db``.
+
+    ``target``: a SQLite file path, a URL (``sqlite+aiosqlite://``, ``postgresql+asyncpg://``,
+    ``postgresql+psycopg://``; a sync-driver URL gets its database's default async
+    driver) or an AsyncEngine (its URL: the store opens its own engine, as SessionDB
+    does, and never disposes yours). Opening happens at ``async with`` / :meth:`open`,
+    or at the first call.
+    """
+
+    def __init__(self, target: str | os.PathLike[str] | URL | AsyncEngine | None = None, *,
+                 schema: str | None = None, read_only: bool = False, **engine_options: Any) -> None:
+        refuse_sync(target, "AsyncSessionDB")
+        self._face, self._driver = _sync_face(target, schema)
+        self._read_only = read_only
+        self._engine_options = engine_options
+        self._db: LoopSessionDB | None = None
+        self._opening: asyncio.Lock | None = None
+
+    async def open(self) -> "AsyncSessionDB":
+        """Open (create, adopt or migrate as needed) the store; once."""
+        if self._db is not None:
+            return self
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:
+            if self._db is None:
+                if self._face is None and os.environ.get(URL_ENV):
+                    # As SessionDB(): $HERMES_STORE_URL at open time, else Hermes' default file.
+                    self._face, self._driver = _sync_face(os.environ[URL_ENV], None)
+                self._db = await run_sync(LoopSessionDB, self._face, self._read_only, async_driver=self._driver,
+                                          engine_options=self._engine_options)
+        return self
+
+    async def close(self) -> None:
+        """Finish upkeep under way, close every connection and dispose our engine."""
+        db, self._db = self._db, None
+        if db is not None:
+            await run_sync(db.close)
+
+    async def __aenter__(self) -> "AsyncSessionDB":
+        return await self.open()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    @property
+    def engine(self) -> AsyncEngine | None:
+        """Our AsyncEngine (None before the store is opened)."""
+        return self._db.async_engine if self._db is not None else None
+
+    @property
+    def db_path(self) -> Path | None:
+        return self._db.db_path if self._db is not None else self._face if isinstance(self._face, Path) else None
+
+    @property
+    def url(self) -> URL | None:
+        return self._db.async_engine.url if self._db is not None and self._db.async_engine is not None else None
+
+    async def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        db = self._db
+        if db is None:
+            await self.open()
+            db = self._db
+        assert db is not None
+        method = getattr(db, name)
+        if inspect.isgeneratorfunction(getattr(SessionDB, name)):
+            return await run_sync(lambda: list(method(*args, **kwargs)))
+        return await run_sync(method, *args, **kwargs)
+
+
+def _coroutine(name: str, sync_method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(sync_method)
+    async def method(self: AsyncSessionDB, *args: Any, **kwargs: Any) -> Any:
+        return await self._call(name, args, kwargs)
+
+    return method
+
+
+for _name, _member in inspect.getmembers(SessionDB, inspect.isfunction):
+    if not _name.startswith("_") and _name not in vars(AsyncSessionDB):
+        setattr(AsyncSessionDB, _name, _coroutine(_name, _member))
+del _name, _member
+
+__all__ = ["AsyncSessionDB", "LoopSessionDB", "LoopUpkeep"]

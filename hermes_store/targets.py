@@ -1,0 +1,60 @@
+"""Which API a database target belongs to: the sync one, or :mod:`hermes_store.aio`.
+
+An AsyncEngine handed to ``SessionDB`` (or a sync Engine handed to ``aio``) would fail
+deep inside SQLAlchemy with a bare TypeError or MissingGreenlet; both APIs check their
+targets on the way in and say, in one line, which one to use instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
+
+from . import errors
+
+ASYNC_TYPES = (AsyncEngine, AsyncConnection, AsyncSession)
+SYNC_TYPES = (Engine, Connection, Session)
+
+
+def async_driver(url: URL) -> bool:
+    """Whether ``url`` names an asyncio driver (``+asyncpg``, ``+aiosqlite``…)."""
+    try:
+        return bool(getattr(url.get_dialect(), "is_async", False))
+    except (NoSuchModuleError, ArgumentError):
+        return False  # not a dialect SQLAlchemy knows: the caller's own check refuses it
+
+
+def refuse_async(target: Any, api: str) -> None:
+    """InvalidInputError when the sync ``api`` is given an async engine, connection,
+    session or async-driver URL."""
+    if isinstance(target, ASYNC_TYPES):
+        kind = type(target).__name__
+        raise errors.InvalidInputError(
+            f"{api} takes a sync {kind.removeprefix('Async')}, not an {kind}: "
+            "use hermes_store.aio (AsyncSessionDB, AsyncUnitOfWork, aio.upgrade …) on async ones"
+        )
+    if isinstance(target, URL) and async_driver(target):
+        raise errors.InvalidInputError(
+            f"{api}: {target.drivername} is an asyncio driver; use hermes_store.aio with it, "
+            "or a sync driver (sqlite://, postgresql+psycopg://) here"
+        )
+
+
+def refuse_sync(target: Any, api: str) -> None:
+    """InvalidInputError when ``hermes_store.aio``'s ``api`` is given a sync engine,
+    connection or session."""
+    if isinstance(target, SYNC_TYPES):
+        kind = type(target).__name__
+        raise errors.InvalidInputError(
+            f"aio.{api} takes an async engine or connection, not a sync {kind}: "
+            "use hermes_store's sync API (SessionDB, UnitOfWork, migrations …) with it, "
+            "or hermes_store.aio.create_async_engine(url)"
+        )
+
+
+__all__ = ["ASYNC_TYPES", "SYNC_TYPES", "async_driver", "refuse_async", "refuse_sync"]
