@@ -12,12 +12,16 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from . import errors
 
-ASYNC_TYPES = (AsyncEngine, AsyncConnection, AsyncSession)
+try:  # SQLAlchemy's asyncio layer needs greenlet (the ``async`` extra); without it no async target exists
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+except ImportError:  # pragma: no cover - exercised by tests/test_aio_errors.py in a subprocess
+    ASYNC_TYPES: tuple[type, ...] = ()
+else:
+    ASYNC_TYPES = (AsyncEngine, AsyncConnection, AsyncSession)
 SYNC_TYPES = (Engine, Connection, Session)
 
 

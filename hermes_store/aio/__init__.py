@@ -14,6 +14,11 @@ repositories and facade code run underneath (see :mod:`.repositories`), so resul
 equal the sync API's.
 """
 
+try:
+    import greenlet  # noqa: F401 - SQLAlchemy's asyncio layer runs on it
+except ImportError as exc:  # pragma: no cover - exercised by tests/test_aio_errors.py in a subprocess
+    raise ImportError("hermes_store.aio needs the async extra: pip install 'hermes-store[async]'") from exc
+
 from .engine import async_url, create_async_engine, run_sync
 from .migrations import current, downgrade, stamp, upgrade
 from .repositories import (

@@ -8,6 +8,7 @@ keys, typed errors and pooler-safe PostgreSQL defaults as a sync one.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any, Callable, TypeVar
 
@@ -64,4 +65,22 @@ async def run_sync(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await greenlet_spawn(fn, *args, **kwargs)
 
 
-__all__ = ["async_url", "create_async_engine", "run_sync"]
+async def run_interruptible(interrupt: Callable[[], bool], fn: Callable[..., T], *args: Any) -> T:
+    """:func:`run_sync`, where cancelling the caller first stops the statement under way
+    (``interrupt``, a dialect's :meth:`~hermes_store.dialects.base.Dialect.interrupter`)
+    and lets ``fn`` end with the driver's error, so the connection stays usable and the
+    rollback that follows runs at once. Where the driver cancels the statement at the
+    server itself (``interrupt`` returns False), ``fn``'s task is cancelled instead."""
+    inner = asyncio.ensure_future(run_sync(fn, *args))
+    try:
+        return await asyncio.shield(inner)
+    except asyncio.CancelledError:
+        if not inner.done() and not interrupt():
+            inner.cancel()
+        await asyncio.wait([inner])
+        if not inner.cancelled():
+            inner.exception()  # retrieved: the caller sees its own cancellation, not this
+        raise
+
+
+__all__ = ["async_url", "create_async_engine", "run_interruptible", "run_sync"]

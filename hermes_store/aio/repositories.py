@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from .. import errors, repositories
 from ..targets import refuse_sync
-from .engine import run_sync
+from .engine import run_interruptible
 
 
 def _invoke(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -42,17 +42,19 @@ class AsyncRepository:
         self._bound: Any = None
 
     @classmethod
-    def bound_to(cls, sync_repository: Any) -> "AsyncRepository":
+    def bound_to(cls, sync_repository: Any, interrupt: Callable[[], bool]) -> "AsyncRepository":
         """The async face of a sync repository on a connection driven by this loop's
-        greenlets (an :class:`AsyncUnitOfWork`'s)."""
+        greenlets (an :class:`AsyncUnitOfWork`'s); ``interrupt`` stops its statement
+        when the caller is cancelled (see :func:`~hermes_store.aio.engine.run_interruptible`)."""
         face = cls.__new__(cls)
         face._executor = None
         face._bound = sync_repository
+        face._interrupt = interrupt
         return face
 
     async def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._bound is not None:
-            return await run_sync(_invoke, getattr(self._bound, name), args, kwargs)
+            return await run_interruptible(self._interrupt, _invoke, getattr(self._bound, name), args, kwargs)
         assert self._executor is not None
         return await self._executor.run_sync(
             lambda sync: _invoke(getattr(self.sync_class(sync), name), args, kwargs)

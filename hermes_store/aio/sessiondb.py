@@ -28,14 +28,19 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import await_only
 
-from .. import dialects, errors, migrations
+from .. import dialects, errors, facade, migrations
 from ..dialects import for_url
 from ..engine import with_schema
-from ..facade import URL_ENV, SessionDB
+from ..facade import MAX_IDLE_CONNECTIONS, URL_ENV, SessionDB
 from ..targets import refuse_sync
 from .engine import async_url, create_async_engine, run_sync
+from .queues import TaskQueue, writer_queue
 
 log = logging.getLogger(__name__)
+
+#: Calls of one kind (reads, writes) one store runs at once on a server. More tasks
+#: than this wait their turn on the loop; the store's pool holds about twice as many.
+SERVER_CALLS = 8
 
 
 class LoopUpkeep:
@@ -96,9 +101,34 @@ class LoopSessionDB(SessionDB):
         self._async_driver = async_driver
         self._engine_options = engine_options
         self.async_engine: AsyncEngine | None = None
+        self._writers: TaskQueue | None = None
+        self._readers: TaskQueue | None = None
         super().__init__(*args, **kwargs)
 
+    def _write(self, fn: Callable[..., Any], *, budget: float | None = None, **kwargs: Any) -> Any:
+        if self._writers is None:
+            return super()._write(fn, budget=budget, **kwargs)
+        with self._writers.turn_on_greenlet(budget if budget is not None else write_budget()):
+            return super()._write(fn, budget=budget, **kwargs)
+
+    def _read(self, fn: Callable[..., Any]) -> Any:
+        if self._readers is None:
+            return super()._read(fn)
+        with self._readers.turn_on_greenlet(write_budget()):
+            return super()._read(fn)
+
     def _new_engine(self, target: Any, **kwargs: Any) -> Engine:
+        if self.db_path is not None:
+            # A file: this loop's writers take turns, and readers hold at most the
+            # connections a store keeps idle (hermes_store.aio.queues says why).
+            self._writers = writer_queue(str(self.db_path))
+            self._readers = TaskQueue(f"{self.db_path} readers", MAX_IDLE_CONNECTIONS)
+        else:
+            # A server: calls run side by side, SERVER_CALLS of each kind at a time, so the
+            # Python work of many tasks is spread over loop turns, not stacked in one.
+            label = self.url.render_as_string(hide_password=True)
+            self._writers = TaskQueue(f"{label} writers", SERVER_CALLS)
+            self._readers = TaskQueue(f"{label} readers", SERVER_CALLS)
         url = async_url(target).set(drivername=self._async_driver)
         self.async_engine = create_async_engine(url, **{**kwargs, **self._engine_options})
         return self.async_engine.sync_engine
@@ -111,6 +141,11 @@ class LoopSessionDB(SessionDB):
 
     def _sleep(self, seconds: float) -> None:
         await_only(asyncio.sleep(seconds))
+
+
+def write_budget() -> float:
+    """The facade's write budget, read at call time as the facade reads it."""
+    return float(facade.WRITE_BUDGET_S)
 
 
 def _sync_face(target: Any, schema: str | None) -> tuple[Path | URL | None, str]:

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import asyncio
 from types import TracebackType
-from typing import Any
+from typing import Any, Callable, TypeVar
 
+from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .. import errors
+from ..dialects import for_connection
+from ..facade import WRITE_BUDGET_S
 from ..targets import refuse_sync
 from ..uow import UnitOfWork
 from . import repositories as arepos
-from .engine import run_sync
+from .engine import run_interruptible, run_sync
+from .queues import TaskQueue, writer_queue
+
+T = TypeVar("T")
 
 #: (attribute, async repository class) of what a unit of work offers.
 _REPOSITORIES = (
@@ -58,12 +64,41 @@ class AsyncUnitOfWork:
         self._uow = UnitOfWork(engine.sync_engine, write=write, schema=schema)
         self.engine = engine
         self.schema = self._uow.schema
+        database = engine.url.database
+        serial = write and for_connection(engine.sync_engine).is_file and database not in (None, "", ":memory:")
+        self._queue_key = database if serial else None
+        self._queue: TaskQueue | None = None
+        self._owner: asyncio.Task[object] | None = None
 
     async def __aenter__(self) -> "AsyncUnitOfWork":
-        await run_sync(self._uow.__enter__)
+        if self._queue_key is not None:
+            # One writer of this loop at a time per file (see hermes_store.aio.queues).
+            queue = writer_queue(self._queue_key)
+            await queue.acquire(WRITE_BUDGET_S)
+            self._queue, self._owner = queue, asyncio.current_task()
+        try:
+            await run_sync(self._uow.__enter__)
+        except BaseException:
+            self._release()
+            raise
+        assert self._uow.conn is not None
+        self._interrupt = for_connection(self._uow.conn).interrupter(self._uow.conn)
         for name, face in _REPOSITORIES:
-            setattr(self, name, face.bound_to(getattr(self._uow, name)))
+            setattr(self, name, face.bound_to(getattr(self._uow, name), self._interrupt))
         return self
+
+    def _release(self) -> None:
+        queue, self._queue = self._queue, None
+        if queue is not None:
+            queue.release(self._owner)
+
+    async def run_sync(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(connection)`` on this unit of work's connection, inside its transaction
+        (for statements of the host's own; as ``AsyncConnection.run_sync``)."""
+        if self._uow.conn is None:
+            raise errors.HermesStoreError("AsyncUnitOfWork.run_sync() called outside its 'async with' block")
+        conn = self._uow.conn
+        return await run_interruptible(self._interrupt, fn, conn)
 
     async def commit(self) -> None:
         """Make everything so far durable and start a new transaction for what follows."""
@@ -73,6 +108,7 @@ class AsyncUnitOfWork:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self._uow.conn is None:
+            self._release()
             return
         ending = asyncio.ensure_future(run_sync(self._uow.__exit__, exc_type, exc, tb))
         try:
@@ -80,6 +116,11 @@ class AsyncUnitOfWork:
         except asyncio.CancelledError:
             await asyncio.wait([ending])  # cancelled again: the rollback still finishes first
             raise
+        finally:
+            if ending.done():
+                self._release()
+            else:
+                ending.add_done_callback(lambda _f: self._release())
 
 
 __all__ = ["AsyncUnitOfWork"]

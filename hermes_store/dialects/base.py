@@ -207,6 +207,11 @@ class Dialect(Protocol):
     def ping(self, conn: Connection) -> None:
         """Round trip that proves the connection works."""
 
+    def interrupter(self, conn: Connection) -> Callable[[], bool]:
+        """A call that stops the statement ``conn`` runs at that moment, from outside it
+        (a cancelled task), so the rollback that follows need not wait for it to finish;
+        it returns False where the driver does that itself when its task is cancelled."""
+
     def sync_identity(self, conn: Connection, table: str, column: str = "id", *, at_least: int = 0) -> None:
         """After inserts with explicit ids, make the next generated id follow them (and
         follow ``at_least``: ids another store handed out, so none is ever reused)."""

@@ -407,6 +407,9 @@ class PostgreSQLDialect:
     def ping(self, conn: Connection) -> None:
         conn.exec_driver_sql("SELECT 1")
 
+    def interrupter(self, conn: Connection) -> Callable[[], bool]:
+        return lambda: False  # asyncpg and psycopg send the server a cancel request themselves
+
     def sync_identity(self, conn: Connection, table: str, column: str = "id", *, at_least: int = 0) -> None:
         """After rows were inserted with explicit ids, move the identity past them (and
         past ``at_least``); never backwards, so ids handed out before stay retired.

@@ -10,7 +10,7 @@ import logging
 import re
 import sqlite3
 import sys
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy import Connection, Engine, event, text
@@ -487,6 +487,21 @@ class SQLiteDialect:
 
     def ping(self, conn: Connection) -> None:
         conn.exec_driver_sql("SELECT 1")
+
+    def interrupter(self, conn: Connection) -> Callable[[], bool]:
+        """``sqlite3_interrupt``, safe from any thread. aiosqlite runs the statement on the
+        connection's own thread, so a cancelled task would otherwise wait it out (keeping
+        the write lock) before its rollback could run."""
+        driver = conn.connection.driver_connection
+        # aiosqlite keeps sqlite3's connection as ``_conn``; pysqlite's is the driver itself.
+        raw = driver if isinstance(driver, sqlite3.Connection) else getattr(driver, "_conn", None)
+
+        def interrupt() -> bool:
+            with suppress(sqlite3.Error, AttributeError):  # already closed: nothing runs
+                raw.interrupt()
+            return True
+
+        return interrupt
 
     def sync_identity(self, conn: Connection, table: str, column: str = "id", *, at_least: int = 0) -> None:
         # INTEGER PRIMARY KEY continues after the largest id by itself; AUTOINCREMENT
