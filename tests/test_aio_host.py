@@ -121,3 +121,79 @@ def test_a_unit_of_work_outside_its_block_is_a_typed_error(tmp_path: Path) -> No
             await engine.dispose()
 
     asyncio.run(run())
+
+
+ASYNC_ENV_PY = '''
+import asyncio
+from alembic import context
+from sqlalchemy import MetaData
+from hermes_store import aio
+
+config = context.config
+target_metadata = MetaData()
+
+
+def do_run_migrations(connection):
+    context.configure(connection=connection, target_metadata=target_metadata)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+async def run_async_migrations() -> None:
+    connectable = aio.create_async_engine(config.get_main_option("sqlalchemy.url"))
+    async with connectable.begin() as connection:
+        await aio.upgrade(connection)                    # hermes_store_version, in this transaction
+        await connection.run_sync(do_run_migrations)     # your revisions, your alembic_version
+    await connectable.dispose()
+
+
+asyncio.run(run_async_migrations())
+'''
+
+HOST_REVISION = '''
+from alembic import op
+import sqlalchemy as sa
+
+revision = "host0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    op.create_table("host_notes", sa.Column("id", sa.Integer, primary_key=True))
+
+
+def downgrade():
+    op.drop_table("host_notes")
+'''
+
+
+def test_the_readme_async_env_py_runs_ours_then_the_hosts(tmp_path: Path) -> None:
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import create_engine, inspect
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    snippet = ASYNC_ENV_PY.split("async def run_async_migrations", 1)[1].split("asyncio.run", 1)[0]
+    assert "async def run_async_migrations" + snippet.rstrip() in readme  # the README shows this code
+
+    (tmp_path / "migrations" / "versions").mkdir(parents=True)
+    (tmp_path / "migrations" / "env.py").write_text(ASYNC_ENV_PY)
+    (tmp_path / "migrations" / "script.py.mako").write_text("")
+    (tmp_path / "migrations" / "versions" / "host0001.py").write_text(HOST_REVISION)
+    db = tmp_path / "app.db"
+    cfg = Config()
+    cfg.set_main_option("script_location", str(tmp_path / "migrations"))
+    cfg.set_main_option("sqlalchemy.url", f"sqlite+aiosqlite:///{db}")
+    command.upgrade(cfg, "head")
+
+    engine = create_engine(f"sqlite:///{db}")
+    try:
+        tables = set(inspect(engine).get_table_names())
+        assert {"host_notes", "alembic_version", "hermes_store_version", "sessions", "messages"} <= tables
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "host0001"
+            assert conn.execute(text("SELECT count(*) FROM hermes_store_version")).scalar() == 1
+    finally:
+        engine.dispose()

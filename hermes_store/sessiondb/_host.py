@@ -9,21 +9,41 @@ connections or transactions themselves. They call:
 - ``self._schedule(name, job)``: upkeep a write made due, run after it or on the
   store's upkeep thread (the dialect says which), never failing the caller;
 - ``self._now()``: the clock (the facade module's ``time.time()`` at call time, so
-  code that patches ``hermes_state.time`` moves our timestamps too);
+  code that patches ``hermes_state.time`` moves our timestamps too); ``self._sleep(s)``
+  the wait (the same module's ``time.sleep``; an async store's does not block its loop);
 - ``self._dialect``, ``self.read_only``, ``self._engine``.
 
 Repositories do the SQL; a mixin method is argument handling plus one repository call.
+A workflow of several transactions is a function of ``hermes_store.operations``, which
+a mixin runs over :class:`HostSteps`: each of its steps is one ``_write``/``_read`` of
+this store, so budgets, retries, upkeep hooks and Hermes' semantics stay the store's.
 """
 
 from __future__ import annotations
 
+import sys
+import time as _time
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+from .. import errors
+from ..engine import schema_of
+from ..operations.steps import LONG_BUDGET_S, WRITE_BUDGET_S
 
 T = TypeVar("T")
 
-#: Retry budget for ordinary writes and for transcript writes (seconds).
-WRITE_BUDGET_S = 20.0
-TRANSCRIPT_BUDGET_S = 60.0
+#: Retry budget for ordinary writes and for transcript writes (seconds): the
+#: operations layer's, so a workflow's steps and the store's own writes agree.
+TRANSCRIPT_BUDGET_S = LONG_BUDGET_S
+
+__all__ = ["TRANSCRIPT_BUDGET_S", "WRITE_BUDGET_S", "Host", "HostSteps"]
+
+
+def _clock() -> Any:
+    """The ``time`` module the facade names now (``hermes_state.time`` after the swap):
+    code that patches it to skip waits skips the workflows' pauses too."""
+    facade = sys.modules.get("hermes_store.facade")
+    return getattr(facade, "time", _time)
+
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -36,15 +56,60 @@ if TYPE_CHECKING:
         _dialect: Dialect
 
         def _read(self, fn: Callable[[Connection], T]) -> T: ...
-        def _write(self, fn: Callable[[Connection], T], *, budget: float = ..., _maintenance: bool = ...,
+        def _write(self, fn: Callable[[Connection], T], *, budget: float | None = ..., _maintenance: bool = ...,
                    one_statement: bool = ...) -> T: ...
         def _schedule(self, name: str, job: Callable[[], Any]) -> None: ...
         def _now(self) -> float: ...
+        def _sleep(self, seconds: float) -> None: ...
+        def _label(self) -> str: ...
         def _open_engine(self) -> Engine: ...
-        def get_meta(self, key: str) -> str | None: ...
         def vacuum(self) -> Any: ...
-        def index_search(self) -> int: ...
-        def _index_search_after_commit(self) -> int: ...
 else:
     class Host:
         """Typing stand-in: the real methods come from facade.SessionDB."""
+
+
+class HostSteps:
+    """:class:`hermes_store.operations.Steps` over a SessionDB's own plumbing.
+
+    ``write`` is the store's ``_write`` (its kept connections, lock retries with jitter,
+    ``lock_timeout`` on a server, FTS-corruption rebuild, upkeep counter), ``read`` its
+    ``_read``; ``maintenance=True`` marks every write as upkeep, as Hermes' index
+    maintenance is (no periodic upkeep counted, no rebuild-and-retry). Pauses and clocks
+    are the facade's ``time`` looked up at call time, as before the move.
+    """
+
+    def __init__(self, host: Host, *, maintenance: bool = False) -> None:
+        self._host = host
+        self._maintenance = maintenance
+
+    @property
+    def engine(self) -> "Engine":
+        return self._host._open_engine()
+
+    @property
+    def schema(self) -> str | None:
+        return schema_of(self.engine)
+
+    def write(self, fn: "Callable[[Connection], T]", *, budget: float | None = None) -> T:
+        return self._host._write(fn, budget=budget, _maintenance=self._maintenance)
+
+    def read(self, fn: "Callable[[Connection], T]") -> T:
+        return self._host._read(fn)
+
+    def outside(self, fn: "Callable[[Engine], T]") -> T:
+        """``fn(engine)`` outside a transaction: a closed store says so, a read-only one refuses."""
+        engine = self._host._open_engine()
+        if self._host.read_only:
+            raise errors.ReadOnlyDatabaseError(f"{self._host._label()}: opened with read_only=True")
+        return fn(engine)
+
+    def sleep(self, seconds: float) -> None:
+        """The store's own wait (the facade's ``time.sleep``; ``asyncio.sleep`` on an async store)."""
+        self._host._sleep(seconds)
+
+    def monotonic(self) -> float:
+        return _clock().monotonic()
+
+    def now(self) -> float:
+        return self._host._now()

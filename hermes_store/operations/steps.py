@@ -1,0 +1,170 @@
+"""What a workflow of several transactions runs its steps on.
+
+A workflow (optimize-storage, an import in batches, auto-prune and vacuum, a chunked
+backfill) is a plain function whose first argument is a :class:`Steps`: each
+``steps.write(fn)`` / ``steps.read(fn)`` is one transaction of its own, so other
+writers get the lock between two steps and a failure in one step leaves the steps
+before it committed. Who runs the steps decides how:
+
+- :class:`UnitOfWorkSteps` (here): one :class:`~hermes_store.uow.UnitOfWork` per step on
+  an Engine (and tenant schema), a locked write retried with jitter within a budget;
+- ``SessionDB`` passes an adapter over its own ``_write`` / ``_read`` (kept
+  connections, Hermes' upkeep hooks), so its methods behave exactly as before;
+- an async caller passes a runner whose ``sleep`` does not block its event loop.
+
+A workflow never sleeps or reads a clock by itself: it asks ``steps.sleep``,
+``steps.monotonic`` and ``steps.now``, which the runner supplies.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import time
+from typing import Callable, Protocol, TypeVar, runtime_checkable
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+
+from .. import errors
+from ..dialects import for_connection
+from ..engine import schema_of
+from ..uow import UnitOfWork, _in_schema
+
+T = TypeVar("T")
+
+#: Retry budget of an ordinary write step (seconds), read at call time.
+WRITE_BUDGET_S = 20.0
+#: Retry budget of a long write step: transcripts, imports, index rebuilds (seconds).
+LONG_BUDGET_S = 60.0
+#: Jitter windows between two tries of a locked write: short sleeps for the first
+#: EARLY_PHASE_S seconds, then longer ones (the facade's own values).
+EARLY_JITTER_S = (0.020, 0.150)
+LATE_JITTER_S = (0.250, 1.0)
+EARLY_PHASE_S = 2.0
+
+
+@runtime_checkable
+class Steps(Protocol):
+    """Runs a workflow's steps, each in its own transaction."""
+
+    @property
+    def engine(self) -> Engine:
+        """The engine the steps run on (a closed store raises DatabaseUnavailableError)."""
+
+    @property
+    def schema(self) -> str | None:
+        """The tenant schema the steps work in (None: the engine's default)."""
+
+    def write(self, fn: Callable[[Connection], T], *, budget: float | None = None) -> T:
+        """``fn(conn)`` in one write transaction, committed before this returns; a lock
+        held elsewhere is waited out for ``budget`` seconds (None: the runner's default),
+        then :class:`~hermes_store.errors.DatabaseLockedError`."""
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(conn)`` in one read transaction."""
+
+    def outside(self, fn: Callable[[Engine], T]) -> T:
+        """``fn(engine)`` outside any transaction (VACUUM, checkpoints): the engine works
+        in the runner's tenant schema. Counts as a write (a read-only store refuses)."""
+
+    def sleep(self, seconds: float) -> None:
+        """The pause between two steps (an async runner does not block its loop)."""
+
+    def monotonic(self) -> float:
+        """The clock pauses are measured with."""
+
+    def now(self) -> float:
+        """Wall-clock time (seconds since the epoch) for stamps a workflow stores."""
+
+
+def jitter(elapsed: float, left: float) -> float:
+    """Seconds to wait before the next try of a locked write, never past the budget."""
+    low, high = EARLY_JITTER_S if elapsed < EARLY_PHASE_S else LATE_JITTER_S
+    return min(random.uniform(low, high), max(left, 0.0))
+
+
+class _StepUnitOfWork(UnitOfWork):
+    """A write unit of work started the way SessionDB starts one: on a server the
+    transaction waits for other writers' row locks for at most what is left of the
+    budget (``lock_timeout``, via :meth:`Dialect.begin_write`), never forever."""
+
+    def __init__(self, engine: Engine, schema: str | None, seconds: float) -> None:
+        super().__init__(engine, write=True, schema=schema)
+        self._seconds = seconds
+
+    def _begin(self, conn: Connection) -> None:
+        dialect = for_connection(conn)
+        conn.execution_options(**dialect.call_options(True))
+        conn.begin()
+        dialect.begin_write(conn, self._seconds)
+
+
+class UnitOfWorkSteps:
+    """The default runner: every step is one :class:`~hermes_store.uow.UnitOfWork` on
+    ``engine`` (in tenant ``schema``), a locked write retried with random jitter
+    within its budget as ``SessionDB`` does.
+
+    ``sleep``, ``monotonic`` and ``now`` may be given (or assigned later): an async
+    caller substitutes a sleep that yields to its event loop, a test one that records.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        schema: str | None = None,
+        *,
+        sleep: Callable[[float], None] | None = None,
+        monotonic: Callable[[], float] | None = None,
+        now: Callable[[], float] | None = None,
+    ) -> None:
+        # Checked here, once: a bad name or a schema on SQLite fails before any step.
+        probe = UnitOfWork(engine, write=False, schema=schema)
+        self.engine = engine
+        self.schema = probe.schema
+        # Outside a transaction (VACUUM) the tenant is the engine's connections' own.
+        bound = self.schema is None or schema_of(engine) is not None
+        self._outside = engine if bound else _in_schema(engine, self.schema)
+        self.sleep: Callable[[float], None] = sleep if sleep is not None else time.sleep
+        self.monotonic: Callable[[], float] = monotonic if monotonic is not None else time.monotonic
+        self.now: Callable[[], float] = now if now is not None else time.time
+
+    def _label(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def write(self, fn: Callable[[Connection], T], *, budget: float | None = None) -> T:
+        if budget is None:
+            budget = WRITE_BUDGET_S
+        start = self.monotonic()
+        deadline = start + budget
+        dialect = for_connection(self.engine)
+        while True:
+            try:
+                with _StepUnitOfWork(self.engine, self.schema, deadline - self.monotonic()) as uow:
+                    assert uow.conn is not None
+                    return fn(uow.conn)
+            except (DBAPIError, sqlite3.DatabaseError) as exc:
+                # BEGIN IMMEDIATE reports a held lock as the driver's own error; a server
+                # reports lock timeouts, serialization failures and deadlocks.
+                if not dialect.is_retryable(exc):
+                    raise
+                now = self.monotonic()
+                if now >= deadline:
+                    raise errors.DatabaseLockedError(
+                        f"{self._label()}: database stayed locked for {budget:.3g}s; giving up"
+                    ) from exc
+                self.sleep(jitter(now - start, deadline - now))
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        with UnitOfWork(self.engine, write=False, schema=self.schema) as uow:
+            assert uow.conn is not None
+            return fn(uow.conn)
+
+    def outside(self, fn: Callable[[Engine], T]) -> T:
+        return fn(self._outside)
+
+
+__all__ = [
+    "EARLY_JITTER_S", "EARLY_PHASE_S", "LATE_JITTER_S", "LONG_BUDGET_S", "Steps", "UnitOfWorkSteps",
+    "WRITE_BUDGET_S", "jitter",
+]
