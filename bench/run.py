@@ -6,6 +6,7 @@
     .venv/bin/python bench/run.py --profile            # also cProfile the facade per operation
     .venv/bin/python bench/run.py --backend postgresql --quick   # the same on a PostgreSQL server
     .venv/bin/python bench/run.py --only writers       # 1, 4, 8, 16 concurrent writer processes
+    .venv/bin/python bench/run.py --quick --async --only async   # hermes_store.aio vs sync vs floors
 
 Every operation runs through three implementations in the same process and run:
 ``facade`` (``SessionDB``), ``repo`` (``UnitOfWork`` + repositories, the layer under the
@@ -49,6 +50,8 @@ from baseline import Baseline  # noqa: E402
 
 OUT = generate.OUT
 GROUPS = ("writes", "search", "lineage", "listing", "replay", "writers", "export")
+#: Run only when asked for (``--async``, or ``--only async``): the asyncio API (bench/aio_bench.py).
+OPT_IN_GROUPS = ("async",)
 
 # Search workload: what people type. Word queries span rare to very common terms.
 WORD_QUERIES = [
@@ -211,6 +214,9 @@ class Report:
     (PostgreSQL) they are recorded as ``info``, never PASS/MISS.
     """
 
+    #: Width of the implementation column.
+    name_width = 8
+
     def __init__(self, base: str = "sqlite3", judged: bool = True) -> None:
         self.base = base
         self.judged = judged
@@ -256,7 +262,7 @@ class Report:
                 r_mean = st["mean_ms"] / base["mean_ms"]
                 r_p50 = st["p50_ms"] / base["p50_ms"]
                 ratio = f"   x{r_mean:5.2f} (mean)" if unit in ("ops/s", "items/s") else f"   x{r_p50:5.2f}"
-            print(f"    {name:<8} {fig}{ratio:<16}{meter.fmt((probes or {}).get(name))}")
+            print(f"    {name:<{self.name_width}} {fig}{ratio:<16}{meter.fmt((probes or {}).get(name))}")
 
     def target(self, name: str, spec: str, value: float | None, passed: bool | None, detail: str = "",
                *, size: str = "", judged_at: tuple[str, ...] | None = None) -> None:
@@ -1042,7 +1048,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="10k messages, few repetitions, no 1M (1-2 minutes)")
     ap.add_argument("--sizes", nargs="+", help="database sizes, e.g. 10k 200k 1M (default: 200k 1M; quick: 10k)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--only", nargs="+", choices=GROUPS, help="run only these groups")
+    ap.add_argument("--only", nargs="+", choices=GROUPS + OPT_IN_GROUPS, help="run only these groups")
+    ap.add_argument("--async", dest="run_async", action="store_true",
+                    help="also run the async group: hermes_store.aio.AsyncSessionDB against the sync SessionDB and "
+                         "the plain floors (sqlite3 and aiosqlite; raw asyncpg and psycopg): single append, search, "
+                         "listing, 8 concurrent tasks (bench/aio_bench.py); --only async runs it alone")
     ap.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite",
                     help="sqlite (a file; floor: sqlite3) or postgresql (a server; floor: psycopg)")
     ap.add_argument("--url", default=pg_load.default_url(),
@@ -1083,6 +1093,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [generate.parse_size(s) for s in (args.sizes or (["10k"] if args.quick else ["200k", "1M"]))]
     sizes = sorted(set(sizes))
     groups = set(args.only or (() if args.explain else GROUPS))
+    if args.run_async:
+        groups.add("async")
     info = machine_info(args.url if pg else None)
     info["backend"] = bk.name
     print("hermes_store benchmark" + (" (quick)" if args.quick else "") + f" -- backend {bk.name}, floor {bk.floor}")
@@ -1151,6 +1163,10 @@ def main(argv: list[str] | None = None) -> int:
                     env.close()
             if "writers" in groups:
                 bench_writers(rep, bk, target, size, args.quick)
+            if "async" in groups:
+                import aio_bench
+
+                aio_bench.run_group(rep, bk, target, meta, size, args.quick, Stats)
             print()
         if "export" in groups:
             meta = dbs[export_size][1]
@@ -1187,7 +1203,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average (1 min) at end: {info['loadavg_1m_end']:.2f} on {info['cores']} cores"
               + ("  -- other work was running: expect noisy figures" if info["loadavg_1m_end"] > 1.5 else ""))
     print(f"\ntotal time {elapsed:.1f} s")
-    default_name = "results" + ("-quick" if args.quick else "") + ("-postgresql" if pg else "") + ("-prepared" if args.prepared else "") + ".json"
+    default_name = "results" + ("-quick" if args.quick else "") + ("-postgresql" if pg else "") + ("-prepared" if args.prepared else "") + ("-async" if "async" in groups else "") + ".json"
     out = Path(args.json) if args.json else OUT / default_name
     if not groups:
         print("no timed groups ran: no results file written")
