@@ -25,7 +25,7 @@ from sqlalchemy.engine import URL
 
 from . import adopt, dialects, errors, paths
 from .dialects import pg_tenants
-from .targets import refuse_async
+from .targets import refuse_async, refuse_session
 from .engine import tenant_of, to_url, with_schema
 from .paths import VERSION_TABLE, head, make_config, script_location
 
@@ -103,6 +103,7 @@ def _tenant(target: Target, schema: str | None) -> tuple[Target, str | None]:
     for it works there. Refused before anything connects or is created (InvalidInputError):
     a name that is not a plain identifier, a schema on SQLite, two different schemas.
     """
+    refuse_session(target, "migrations")
     refuse_async(target if not isinstance(target, str) or "://" not in target else to_url(target), "migrations")
     tenant = tenant_of(target, schema)
     if tenant is not None and not isinstance(target, (Engine, Connection)):

@@ -49,6 +49,16 @@ def refuse_async(target: Any, api: str) -> None:
         )
 
 
+def refuse_session(target: Any, api: str) -> None:
+    """InvalidInputError for an ORM Session (sync or async) where migrations need a
+    connection: DDL runs on the connection, inside the transaction it is in."""
+    if isinstance(target, Session) or type(target).__name__ == "AsyncSession":
+        raise errors.InvalidInputError(
+            f"{api} takes an engine, a connection, a URL or a path, not a {type(target).__name__}: "
+            "pass the session's connection (session.connection(), or await session.connection())"
+        )
+
+
 def refuse_sync(target: Any, api: str) -> None:
     """InvalidInputError when ``hermes_store.aio``'s ``api`` is given a sync engine,
     connection or session."""
@@ -61,4 +71,4 @@ def refuse_sync(target: Any, api: str) -> None:
         )
 
 
-__all__ = ["ASYNC_TYPES", "SYNC_TYPES", "async_driver", "refuse_async", "refuse_sync"]
+__all__ = ["ASYNC_TYPES", "SYNC_TYPES", "async_driver", "refuse_async", "refuse_session", "refuse_sync"]

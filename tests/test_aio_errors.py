@@ -38,6 +38,8 @@ def test_the_sync_api_refuses_async_targets(tmp_path: Path) -> None:
         _one_line_hint(lambda: UnitOfWork(async_engine), "UnitOfWork", "hermes_store.aio")
         _one_line_hint(lambda: migrations.upgrade(async_engine), "migrations", "hermes_store.aio")
         _one_line_hint(lambda: migrations.current(async_engine), "migrations")
+        _one_line_hint(lambda: asyncio.run(aio.upgrade(AsyncSession(async_engine))), "aio.upgrade",
+                       "await session.connection()")
         _one_line_hint(lambda: SearchRepository(AsyncSession(async_engine)), "repositories", "AsyncSession")
         _one_line_hint(lambda: SessionDB(f"sqlite+aiosqlite:///{path}"), "aiosqlite", "hermes_store.aio")
         _one_line_hint(lambda: SessionDB("postgresql+asyncpg://u@127.0.0.1:1/x"), "asyncpg", "asyncio driver")
@@ -57,6 +59,7 @@ def test_aio_refuses_sync_targets(tmp_path: Path) -> None:
         _one_line_hint(lambda: aio.create_async_engine(engine), "aio.create_async_engine")
         with Session(engine) as session:
             _one_line_hint(lambda: aio.SessionRepository(session), "aio.SessionRepository", "Session")
+            _one_line_hint(lambda: migrations.upgrade(session), "migrations", "session.connection()")
         _one_line_hint(lambda: aio.SearchRepository("not a session"), "AsyncSession or AsyncConnection")
     finally:
         engine.dispose()

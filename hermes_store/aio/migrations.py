@@ -24,13 +24,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .. import dialects, migrations
 from ..migrations import VERSION_TABLE
-from ..targets import refuse_sync
+from ..targets import refuse_session, refuse_sync
 from .engine import async_url, create_async_engine, run_sync
 
 Target = AsyncEngine | AsyncConnection | URL | str | os.PathLike[str]
 
 
 async def _apply(target: Target, api: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    refuse_session(target, f"aio.{api}")
     refuse_sync(target, api)
     if isinstance(target, AsyncConnection):
         return await target.run_sync(lambda conn: fn(conn, *args, **kwargs))
