@@ -8,6 +8,11 @@ demotion, trash teardown) works on every file our store opens. On PostgreSQL the
 indexes are GIN indexes kept complete by the server: optimize merges their pending
 lists, rebuild is REINDEX, and there is never a window, legacy layout or trash.
 
+The workflows of several transactions (optimize-storage, vacuum) are functions of
+:mod:`hermes_store.operations.fts`, run here over the store's own ``_write``/``_read``
+(:class:`~hermes_store.sessiondb._host.HostSteps`); what stays here is Hermes' surface:
+its flags, its assignable constants, the read-only answers, the write-path hooks.
+
 The write path's two extras of Hermes v23 live here as hooks the facade's ``_write``
 calls: :meth:`_after_write` (best-effort optimize every ``_OPTIMIZE_EVERY_N_WRITES``
 writes) and :meth:`_on_write_error` (an FTS-corruption error: rebuild once per
@@ -21,29 +26,20 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import sys
 import threading
-import time as _time
 from typing import Any, Callable, Dict, Optional
 
-from sqlalchemy.exc import DBAPIError
-
-from .. import errors
 from ..engine import schema_of
 from ..dialects.fts5 import FTS_TRASH_PREFIX, HERMES_FTS_TABLES
+from ..operations import fts as fts_ops
+from ..operations import imports as import_ops
+from ..operations import search_index as search_ops
 from ..repositories import MaintenanceRepository
 from ..repositories.base import driver_errors
 from ..repositories.fts_upkeep import FtsUpkeepRepository, set_meta_on_cursor
-from ._host import TRANSCRIPT_BUDGET_S, Host
+from ._host import TRANSCRIPT_BUDGET_S, Host, HostSteps
 
 log = logging.getLogger(__name__)
-
-
-def _clock() -> Any:
-    """The ``time`` module the facade names now (``hermes_state.time`` after the swap):
-    code that patches it to skip waits skips optimize-storage's pauses too."""
-    facade = sys.modules.get("hermes_store.facade")
-    return getattr(facade, "time", _time)
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
@@ -69,28 +65,35 @@ _PERIODIC = threading.local()
 
 class FtsMixin(Host):
     #: Message ids a backfill step indexes (Hermes v23's chunk).
-    _FTS_REBUILD_CHUNK_ROWS = 500
+    _FTS_REBUILD_CHUNK_ROWS = fts_ops.REBUILD_CHUNK_ROWS
     #: optimize-storage sleeps this many times a chunk's own duration between chunks...
-    _FTS_REBUILD_DUTY_FACTOR = 4.0
+    _FTS_REBUILD_DUTY_FACTOR = fts_ops.REBUILD_DUTY_FACTOR
     #: ... and never less than this (seconds), so other writers get the lock in between.
-    _FTS_REBUILD_MIN_PAUSE = 0.2
+    _FTS_REBUILD_MIN_PAUSE = fts_ops.REBUILD_MIN_PAUSE_S
     #: A best-effort optimize after this many writes (see :meth:`_after_write`).
     _OPTIMIZE_EVERY_N_WRITES = 1000
     _FTS_TABLES = HERMES_FTS_TABLES
     _FTS_TRASH_PREFIX = FTS_TRASH_PREFIX
     #: How long one backfill step or teardown chunk waits for the write lock before it
     #: reports "try again" (a step must not stall behind a long writer).
-    _FTS_STEP_BUDGET_S = 5.0
+    _FTS_STEP_BUDGET_S = fts_ops.STEP_BUDGET_S
+
+    def _maintenance_steps(self) -> HostSteps:
+        """This store's transactions as a workflow's steps, each one index upkeep."""
+        return HostSteps(self, maintenance=True)
+
+    def _fts_pacing(self) -> fts_ops.Pacing:
+        """optimize-storage's pacing, from the constants as this instance has them now."""
+        return fts_ops.Pacing(
+            chunk_rows=self._FTS_REBUILD_CHUNK_ROWS, duty_factor=self._FTS_REBUILD_DUTY_FACTOR,
+            min_pause=self._FTS_REBUILD_MIN_PAUSE, step_budget=self._FTS_STEP_BUDGET_S,
+        )
 
     # ------------------------------------------------------------------ Hermes' private flags
 
     def _fts_probe(self, fn: Callable[[FtsUpkeepRepository], Any]) -> bool:
         """A yes/no question about the search indexes (no on a closed or unreadable store)."""
-        try:
-            return bool(self._read(lambda c: fn(FtsUpkeepRepository(c))))
-        except (errors.DatabaseUnavailableError, DBAPIError, sqlite3.Error) as exc:
-            log.debug("search index probe failed: %s", exc)
-            return False
+        return fts_ops.probe(self._maintenance_steps(), fn)
 
     @property
     def _fts_enabled(self) -> bool:
@@ -171,15 +174,12 @@ class FtsMixin(Host):
         if self.read_only:
             return 0
         if getattr(_PERIODIC, "active", False):
-            return len(self._write(lambda c: FtsUpkeepRepository(c).optimize_each(bounded=True),
-                                   budget=TRANSCRIPT_BUDGET_S, _maintenance=True))
+            return len(fts_ops.optimize_indexes(self._maintenance_steps(), bounded=True))
         return len(self.optimize_search_indexes())
 
     def optimize_search_indexes(self) -> list[str]:
         """:meth:`optimize_fts`, naming the indexes done (the CLI reports them)."""
-        return self._write(
-            lambda c: FtsUpkeepRepository(c).optimize_each(), budget=TRANSCRIPT_BUDGET_S, _maintenance=True
-        )
+        return fts_ops.optimize_indexes(self._maintenance_steps())
 
     def rebuild_fts(self) -> int:
         """Re-make each index from the messages (FTS5 ``'rebuild'``; REINDEX on a server).
@@ -202,16 +202,12 @@ class FtsMixin(Host):
 
     def index_search(self) -> int:
         """Bring the short-CJK index fully up to date now; returns rows indexed."""
-        return self._write(lambda c: MaintenanceRepository(c).catch_up_search_index(), budget=TRANSCRIPT_BUDGET_S)
+        return search_ops.index_search(HostSteps(self))
 
     def _index_search_after_commit(self) -> int:
         """:meth:`index_search` after a committed import: the import stands whatever
         happens here (a failure is logged; unindexed rows are still found by a scan)."""
-        try:
-            return self.index_search()
-        except Exception:  # noqa: BLE001 - the committed write must not look failed
-            log.warning("short-CJK index catch-up after an import failed; retried later", exc_info=True)
-            return 0
+        return import_ops.index_after_import(HostSteps(self))
 
     def check_fts(self) -> dict[str, str | None]:
         return self._read(lambda c: MaintenanceRepository(c).fts_integrity_check())
@@ -221,20 +217,11 @@ class FtsMixin(Host):
 
         As Hermes v23: :meth:`optimize_fts` first (a failure is logged and counts as 0),
         then a TRUNCATE checkpoint of the WAL and ``VACUUM`` (``VACUUM ANALYZE`` on a
-        server), whose errors propagate. Returns the optimize count.
+        server), whose errors propagate. Returns the optimize count. The workflow is
+        :func:`hermes_store.operations.fts.vacuum`; the optimize step is this instance's
+        ``optimize_fts`` as it is now (Hermes' tests patch it on the instance).
         """
-        try:
-            optimized = self.optimize_fts()
-        except Exception as exc:  # noqa: BLE001 - Hermes: logged, counts as 0
-            log.warning("optimize before vacuum failed: %s", exc)
-            optimized = 0
-        engine = self._open_engine()
-        if self.read_only:
-            raise errors.ReadOnlyDatabaseError(f"{self._label()}: opened with read_only=True")  # type: ignore[attr-defined]
-        with driver_errors():
-            self._dialect.checkpoint_truncate(engine)
-            self._dialect.vacuum(engine)
-        return optimized
+        return fts_ops.vacuum(self._maintenance_steps(), optimize=self.optimize_fts)
 
     # ------------------------------------------------------------------ state_meta
 
@@ -283,15 +270,9 @@ class FtsMixin(Host):
         return self._fts_step("cjk")
 
     def _fts_step(self, kind: str) -> bool:
-        chunk = self._FTS_REBUILD_CHUNK_ROWS
-        try:
-            return self._write(
-                lambda c: FtsUpkeepRepository(c).backfill_step(kind, chunk),
-                budget=self._FTS_STEP_BUDGET_S, _maintenance=True,
-            )
-        except errors.DatabaseLockedError as exc:
-            log.debug("rebuild step deferred: %s", exc)
-            return True  # transient: the next step tries again
+        """One backfill step of window ``kind``; a busy lock reads as "try again" (True)."""
+        return fts_ops.rebuild_step(self._maintenance_steps(), kind, chunk_rows=self._FTS_REBUILD_CHUNK_ROWS,
+                                    budget=self._FTS_STEP_BUDGET_S)
 
     # ------------------------------------------------------------------ optimize-storage
 
@@ -316,19 +297,14 @@ class FtsMixin(Host):
         """
         if self.read_only or not self._fts_enabled:
             return False
-        demoted = self._write(
-            lambda c: FtsUpkeepRepository(c).demote_legacy(), budget=TRANSCRIPT_BUDGET_S, _maintenance=True
-        )
+        demoted = fts_ops.demote_legacy_fts(self._maintenance_steps())
         if demoted:
-            self.__dict__.pop("_trigram_available_value", None)
-            log.info("demoted pre-v23 search indexes %s; backfilling the new ones", ", ".join(demoted))
+            self._forget_trigram_flag(demoted)
         return bool(demoted)
 
-    def _fts_pause(self, started: float) -> None:
-        """Sleep between chunks: ``max(min pause, duty factor × the chunk's own time)``."""
-        clock = _clock()
-        spent = max(clock.monotonic() - started, 0.0)
-        clock.sleep(max(self._FTS_REBUILD_MIN_PAUSE, self._FTS_REBUILD_DUTY_FACTOR * spent))
+    def _forget_trigram_flag(self, _demoted: list[str]) -> None:
+        """A demotion replaced the indexes: probe the trigram flag again on next use."""
+        self.__dict__.pop("_trigram_available_value", None)
 
     def optimize_fts_storage(
         self,
@@ -348,76 +324,15 @@ class FtsMixin(Host):
         "teardown" | "vacuum" | "done", "percent", "indexed", "total"}``.
 
         Returns ``{"ok": True, "vacuumed": True | False | None}`` (None: not asked), or
-        ``{"ok": False, "reason": "read_only" | "fts5_unavailable"}``.
+        ``{"ok": False, "reason": "read_only" | "fts5_unavailable"}``. The workflow, one
+        transaction per step, is :func:`hermes_store.operations.fts.optimize_fts_storage`.
         """
         if self.read_only:
             return {"ok": False, "reason": "read_only"}
-        if not self._fts_enabled:
-            return {"ok": False, "reason": "fts5_unavailable"}
-        clock = _clock()
-        last = {"indexed": 0, "total": 0}
-
-        def report(phase: str, percent: int, indexed: int, total: int) -> None:
-            if progress_cb is not None:
-                progress_cb({"phase": phase, "percent": percent, "indexed": indexed, "total": total})
-
-        self._demote_legacy_fts_to_trash()
-        status = self.fts_rebuild_status()
-        while status is not None:
-            started = clock.monotonic()
-            more = self.fts_rebuild_step()
-            last = {"indexed": status["indexed"], "total": status["total"]}
-            status = self.fts_rebuild_status()
-            if status is None:
-                last["indexed"] = last["total"]
-                report("backfill", 100, last["total"], last["total"])
-                break
-            report("backfill", status["percent"], status["indexed"], status["total"])
-            if not more:
-                break  # the window cannot be filled here (its index does not answer)
-            self._fts_pause(started)
-        while self.fts_cjk_rebuild_step():
-            self._fts_pause(clock.monotonic())
-        self._fts_teardown(report)
-        vacuumed: Optional[bool] = None
-        if vacuum:
-            report("vacuum", 100, last["indexed"], last["total"])
-            try:
-                engine = self._open_engine()
-                with driver_errors():
-                    self._dialect.checkpoint_truncate(engine)
-                    self._dialect.vacuum(engine)
-                vacuumed = True
-            except Exception as exc:  # noqa: BLE001 - Hermes: a failed VACUUM is not fatal
-                log.warning("vacuum after optimize-storage failed: %s", exc)
-                vacuumed = False
-        self._write(lambda c: FtsUpkeepRepository(c).finish_storage_optimize(), _maintenance=True)
-        report("done", 100, last["indexed"], last["total"])
-        return {"ok": True, "vacuumed": vacuumed}
-
-    def _fts_teardown(self, report: Callable[[str, int, int, int], None]) -> None:
-        """Empty and drop the trash tables, ``_FTS_REBUILD_CHUNK_ROWS`` rows a transaction."""
-        total = self._read(lambda c: FtsUpkeepRepository(c).trash_rows())
-        removed = 0
-        clock = _clock()
-        while True:
-            started = clock.monotonic()
-            chunk = self._FTS_REBUILD_CHUNK_ROWS
-            try:
-                deleted, more = self._write(
-                    lambda c: FtsUpkeepRepository(c).teardown_chunk(chunk),
-                    budget=self._FTS_STEP_BUDGET_S, _maintenance=True,
-                )
-            except errors.DatabaseLockedError:
-                self._fts_pause(started)
-                continue
-            removed += deleted
-            if deleted or more or total:
-                percent = 100 if not more else min(99, int(100 * removed / total)) if total else 0
-                report("teardown", percent, removed, total)
-            if not more:
-                return
-            self._fts_pause(started)
+        return fts_ops.optimize_fts_storage(
+            self._maintenance_steps(), progress_cb=progress_cb, vacuum=vacuum, pacing=self._fts_pacing(),
+            fts_enabled=self._fts_enabled, on_demoted=self._forget_trigram_flag,
+        )
 
     # ------------------------------------------------------------------ write-path hooks
 
