@@ -20,6 +20,7 @@ except ImportError as exc:  # pragma: no cover - exercised by tests/test_aio_err
     raise ImportError("hermes_store.aio needs the async extra: pip install 'hermes-store[async]'") from exc
 
 from .engine import async_url, create_async_engine, run_sync
+from . import operations
 from .migrations import current, downgrade, stamp, upgrade
 from .repositories import (
     AsyncRepository,
@@ -44,5 +45,6 @@ __all__ = [
     "AsyncRepository", "AsyncSessionDB", "AsyncUnitOfWork", "CompressionRepository", "FtsUpkeepRepository",
     "GatewayRepository", "HousekeepingRepository", "LineageRepository", "ListingRepository", "MaintenanceRepository",
     "MessageRepository", "SearchRepository", "SessionRepository", "StateMetaRepository", "TelegramTopicRepository",
-    "UsageRepository", "async_url", "create_async_engine", "current", "downgrade", "run_sync", "stamp", "upgrade",
+    "UsageRepository", "async_url", "create_async_engine", "current", "downgrade", "operations", "run_sync", "stamp",
+    "upgrade",
 ]
