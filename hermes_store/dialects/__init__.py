@@ -45,6 +45,12 @@ def for_dialect(name: str) -> Dialect:
     return found
 
 
+def _named_driver(url: URL) -> str:
+    """The driver a URL names ("" for the database's default), read from the text alone:
+    asking SQLAlchemy would load the dialect, and fail on a kind of database it lacks."""
+    return url.drivername.partition("+")[2]
+
+
 def for_connection(conn: Connection | Engine) -> Dialect:
     """The module for whatever database ``conn`` (a Connection or Engine) talks to."""
     return _BY_DRIVER.get((conn.dialect.name, conn.dialect.driver)) or for_dialect(conn.dialect.name)
@@ -52,12 +58,12 @@ def for_connection(conn: Connection | Engine) -> Dialect:
 
 def for_url(url: URL) -> Dialect:
     """The module for the database a URL names, before any driver is imported."""
-    return _BY_DRIVER.get((url.get_backend_name(), url.get_driver_name())) or for_dialect(url.get_backend_name())
+    return _BY_DRIVER.get((url.get_backend_name(), _named_driver(url))) or for_dialect(url.get_backend_name())
 
 
 def find_for(target: URL | Connection | Engine) -> Dialect | None:
     """The module for a URL, Engine or Connection; None when we have none for it."""
-    driver = target.get_driver_name() if isinstance(target, URL) else target.dialect.driver
+    driver = _named_driver(target) if isinstance(target, URL) else target.dialect.driver
     return _BY_DRIVER.get((backend_name(target), driver)) or _REGISTRY.get(backend_name(target))
 
 
