@@ -70,19 +70,14 @@ import threading
 import time
 from typing import Any, Awaitable, Callable
 
+import baseline
 import generate
 import meter
+import pg_baseline
 import pg_load
-from baseline import _BUMP as SQ_BUMP
-from baseline import _INSERT as SQ_INSERT
-from baseline import Baseline, _cut, _encode_json, _escape_like, _n_calls, _preview
-from baseline import _encode_content as sq_encode_content
-from pg_baseline import _BUMP as PS_BUMP
-from pg_baseline import _CONTEXT_JOINS, _HIT_COLUMNS, _TOKEN, PgBaseline, _snippet, _word_snippet, decode_nul, \
-    encode_nul, tsquery
-from pg_baseline import _decode_content as pg_decode_content
-from pg_baseline import _encode_content as pg_encode_content
-from pg_baseline import _INSERT as PS_INSERT
+import timing
+from baseline import Baseline, _n_calls, listing_page
+from pg_baseline import PgBaseline
 
 #: The word queries of the search group used here (rare to common, a phrase, a prefix, OR).
 WORD_QUERIES = ["database migration", "timeout", '"rate limit"', "deploy*", "kubernetes OR helm"]
@@ -110,15 +105,36 @@ def _loadavg() -> str:
 
 
 # --------------------------------------------------------------------------- floors
+# The floors' SQL and the Python around it are bench/baseline.py's and bench/pg_baseline.py's
+# own (imported, not copied): only the driver calls are written here, awaited.
 
 def _dollar(sql: str) -> str:
-    """psycopg's ``%s`` placeholders as asyncpg's ``$1, $2, …``."""
-    n = iter(range(1, 10_000))
-    return re.sub(r"%s", lambda _m: f"${next(n)}", sql)
+    """psycopg's placeholders as asyncpg's: each ``%s`` the next ``$n``; a ``%(name)s`` numbered
+    where the name first appears (a name used twice is one parameter, as psycopg sends it)."""
+    numbers: dict[str, int] = {}
+    counter = iter(range(1, 10_000))
+
+    def number(m: re.Match[str]) -> str:
+        if m.group(1) is None:
+            return f"${next(counter)}"
+        if m.group(1) not in numbers:
+            numbers[m.group(1)] = next(counter)
+        return f"${numbers[m.group(1)]}"
+
+    return re.sub(r"%(?:\((\w+)\))?s", number, sql)
+
+
+#: The psycopg floor's statements with asyncpg's placeholders (parameters in the same order).
+_PG_INSERT = _dollar(pg_baseline._INSERT) + " RETURNING id"
+_PG_BUMP = _dollar(pg_baseline._BUMP)
+_PG_FTS = _dollar(pg_baseline._FTS)  # $1: the tsquery text, $2: the limit
+_PG_ROOTS = _dollar(pg_baseline._ROOTS)
+_PG_TIPS = _dollar(pg_baseline._TIPS)
+_PG_ROWS = _dollar(pg_baseline._ROWS)  # $1 is a text[] (inferred from ``id = ANY($1)``)
 
 
 class AsyncpgFloor:
-    """The PostgreSQL floor's SQL (bench/pg_baseline.py) on one raw asyncpg connection."""
+    """The PostgreSQL floor (bench/pg_baseline.py) on one raw asyncpg connection."""
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
@@ -134,15 +150,9 @@ class AsyncpgFloor:
 
     # ------------------------------------------------------------------ writes
     @staticmethod
-    def row(session_id: str, m: dict[str, Any], now: float) -> tuple[Any, ...]:
-        return (session_id, m["role"], pg_encode_content(m.get("content")), m.get("tool_name"),
-                _encode_json(m.get("tool_calls")), m.get("tool_call_id"), m.get("token_count"),
-                m.get("finish_reason"), m.get("reasoning"), m.get("timestamp") or now)
-
-    @staticmethod
     async def append_on(conn: Any, session_id: str, m: dict[str, Any]) -> int:
         """Insert the message and bump the session's counters, in one transaction."""
-        row = AsyncpgFloor.row(session_id, m, time.time())
+        row = PgBaseline._row(session_id, m, time.time())
         async with conn.transaction():
             new_id = await conn.fetchval(_PG_INSERT, *row)
             await conn.execute(_PG_BUMP, 1, _n_calls(m.get("tool_calls")), session_id)
@@ -153,30 +163,14 @@ class AsyncpgFloor:
 
     # ------------------------------------------------------------------ search
     async def search_fts(self, match: str, limit: int = 20) -> list[dict[str, Any]]:
-        rows = await self.conn.fetch(_PG_FTS, tsquery(match), limit)
-        hits = PgBaseline._hits(rows)
-        words = [w.lower() for w in _TOKEN.findall(match) if w not in ("AND", "OR", "NOT")]
-        for hit, row in zip(hits, rows):
-            hit["snippet"] = _word_snippet([decode_nul(row[9]), row[5], decode_nul(row[3])], words)
-        return hits
+        return pg_baseline._fts_hits(await self.conn.fetch(_PG_FTS, pg_baseline.tsquery(match), limit), match)
 
     async def search_substring(self, terms: list[str], limit: int = 20) -> list[dict[str, Any]]:
-        where, args = [], []
-        for i, t in enumerate(terms, 1):
-            op = "LIKE" if t.lower() == t.upper() else "ILIKE"  # as the psycopg floor
-            where.append(f"(content {op} ${i} OR tool_name {op} ${i} OR tool_calls {op} ${i})")
-            args.append(encode_nul(f"%{_escape_like(t)}%"))
-        rows = await self.conn.fetch(
-            f"SELECT {_HIT_COLUMNS.format(snippet='NULL')} FROM ("
-            f" SELECT id FROM messages WHERE {' OR '.join(where)} ORDER BY timestamp DESC, id DESC"
-            f" LIMIT ${len(terms) + 1}) h"
-            f" JOIN messages m ON m.id = h.id JOIN sessions s ON s.id = m.session_id{_CONTEXT_JOINS}"
-            " ORDER BY m.timestamp DESC, m.id DESC",
-            *args, limit)
-        hits = PgBaseline._hits(rows)
-        for hit, row in zip(hits, rows):
-            hit["snippet"] = _snippet([pg_decode_content(row[9]), row[5]], terms)
-        return hits
+        # One parameter per term, used for the three columns (psycopg's floor sends it three times).
+        where = " OR ".join(pg_baseline._like_term(t, f"${i}") for i, t in enumerate(terms, 1))
+        args = [pg_baseline._like_pattern(t) for t in terms]
+        rows = await self.conn.fetch(pg_baseline._substring_sql(where, f"${len(terms) + 1}"), *args, limit)
+        return pg_baseline._substring_hits(rows, terms)
 
     # ------------------------------------------------------------------ listing
     async def list_sessions_rich(self, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
@@ -185,43 +179,7 @@ class AsyncpgFloor:
         if not roots:
             return []
         tips = {r[0]: r[1] for r in await c.fetch(_PG_TIPS, roots)}
-        by_id = {}
-        for r in await c.fetch(_PG_ROWS, list(tips.values())):
-            row = dict(r)
-            row["preview"] = _preview(row.pop("_preview"))
-            by_id[row["id"]] = row
-        out = []
-        for root in roots:
-            row = dict(by_id[tips[root]])
-            if row["id"] != root:
-                row["_lineage_root_id"] = root
-            out.append(row)
-        return out
-
-
-#: The psycopg floor's statements with asyncpg's placeholders.
-_PG_INSERT = _dollar(PS_INSERT) + " RETURNING id"
-_PG_BUMP = _dollar(PS_BUMP)
-_PG_FTS = (f"SELECT {_HIT_COLUMNS.format(snippet='m.tool_calls')} FROM ("
-           " SELECT id, ts_rank_cd(search_vector, $1::tsquery) AS r, timestamp FROM messages"
-           " WHERE search_vector @@ $1::tsquery ORDER BY r DESC, timestamp DESC, id DESC LIMIT $2) h"
-           f" JOIN messages m ON m.id = h.id JOIN sessions s ON s.id = m.session_id{_CONTEXT_JOINS}"
-           " ORDER BY h.r DESC, h.timestamp DESC, h.id DESC")
-_PG_ROOTS = ("SELECT s.id FROM sessions s LEFT JOIN sessions p ON p.id = s.parent_session_id"
-             " WHERE s.parent_session_id IS NULL OR p.id IS NULL"
-             " OR (p.end_reason = 'branched' AND p.ended_at IS NOT NULL AND s.started_at >= p.ended_at)"
-             " ORDER BY s.started_at DESC, s.id DESC LIMIT $1 OFFSET $2")
-_PG_TIPS = ("WITH RECURSIVE chain(root, id, depth) AS ("
-            " SELECT r, r, 0 FROM unnest($1::text[]) AS r"
-            " UNION ALL SELECT chain.root, c.id, chain.depth + 1 FROM chain JOIN sessions p ON p.id = chain.id"
-            " JOIN sessions c ON c.parent_session_id = p.id"
-            " WHERE p.end_reason = 'compression' AND p.ended_at IS NOT NULL AND c.started_at >= p.ended_at"
-            " AND chain.depth < 1000)"
-            " SELECT DISTINCT ON (root) root, id FROM chain ORDER BY root, depth DESC")
-_PG_ROWS = ("SELECT s.*, (SELECT m.content FROM messages m WHERE m.session_id = s.id AND m.role = 'user'"
-            "  ORDER BY m.timestamp, m.id LIMIT 1) AS _preview,"
-            " COALESCE((SELECT max(m.timestamp) FROM messages m WHERE m.session_id = s.id), s.started_at)"
-            " AS last_active FROM sessions s WHERE s.id = ANY($1::text[])")
+        return listing_page(roots, tips, (dict(r) for r in await c.fetch(_PG_ROWS, list(tips.values()))))
 
 
 class AioSqliteFloor:
@@ -249,16 +207,13 @@ class AioSqliteFloor:
         return self.conn._conn
 
     async def append_message(self, session_id: str, role: str, content: Any = None, **fields: Any) -> int:
-        m = {"role": role, "content": content, **fields}
-        row = (session_id, role, sq_encode_content(content), m.get("tool_name"), _encode_json(m.get("tool_calls")),
-               m.get("tool_call_id"), m.get("token_count"), m.get("finish_reason"), m.get("reasoning"),
-               m.get("timestamp") or time.time())
+        row = Baseline._row(session_id, {"role": role, "content": content, **fields}, time.time())
         c = self.conn
         await c.execute("BEGIN IMMEDIATE")
         try:
-            cur = await c.execute(SQ_INSERT, row)
+            cur = await c.execute(baseline._INSERT, row)
             new_id = cur.lastrowid
-            await c.execute(SQ_BUMP, (1, _n_calls(fields.get("tool_calls")), session_id))
+            await c.execute(baseline._BUMP, (1, _n_calls(fields.get("tool_calls")), session_id))
             await c.execute("COMMIT")
         except BaseException:
             await c.execute("ROLLBACK")
@@ -268,101 +223,34 @@ class AioSqliteFloor:
     async def _context(self, hits: list[dict[str, Any]]) -> None:
         c = self.conn
         for h in hits:
-            sid, ts, mid = h["session_id"], h["timestamp"], h["id"]
-            prev = await c.execute_fetchall(
-                "SELECT role, content FROM messages WHERE session_id = ? AND (timestamp < ? OR (timestamp = ? AND id < ?))"
-                " ORDER BY timestamp DESC, id DESC LIMIT 1", (sid, ts, ts, mid))
-            nxt = await c.execute_fetchall(
-                "SELECT role, content FROM messages WHERE session_id = ? AND (timestamp > ? OR (timestamp = ? AND id > ?))"
-                " ORDER BY timestamp, id LIMIT 1", (sid, ts, ts, mid))
-            ctx = []
-            if prev:
-                ctx.append({"role": prev[0][0], "content": _cut(prev[0][1])})
-            ctx.append({"role": h["role"], "content": _cut(h.pop("_content"))})
-            if nxt:
-                ctx.append({"role": nxt[0][0], "content": _cut(nxt[0][1])})
-            h["context"] = ctx
+            args = baseline._context_args(h)
+            prev = await c.execute_fetchall(baseline._PREV, args)
+            nxt = await c.execute_fetchall(baseline._NEXT, args)
+            baseline._set_context(h, prev[0] if prev else None, nxt[0] if nxt else None)
 
     async def search_fts(self, match: str, limit: int = 20, index: str = "messages_fts") -> list[dict[str, Any]]:
-        rows = await self.conn.execute_fetchall(
-            f"SELECT m.id, m.session_id, m.role, h.snippet, m.timestamp, m.tool_name, s.source, s.model,"
-            f" s.started_at, m.content FROM ("
-            f"  SELECT rowid AS id, snippet({index}, -1, '>>>', '<<<', '...', 10) AS snippet, rank"
-            f"  FROM {index} WHERE {index} MATCH ? ORDER BY rank LIMIT ?) h"
-            f" JOIN messages m ON m.id = h.id JOIN sessions s ON s.id = m.session_id ORDER BY h.rank",
-            (match, limit))
-        keys = ("id", "session_id", "role", "snippet", "timestamp", "tool_name", "source", "model",
-                "session_started", "_content")
-        hits = [dict(zip(keys, r)) for r in rows]
+        rows = await self.conn.execute_fetchall(baseline._fts_sql(index), (match, limit))
+        hits = [dict(zip(baseline._FTS_KEYS, r)) for r in rows]
         await self._context(hits)
         return hits
 
     async def search_substring(self, terms: list[str], limit: int = 20) -> list[dict[str, Any]]:
-        where, args = [], []
-        for t in terms:
-            pat = f"%{_escape_like(t)}%"
-            where.append("(content LIKE ? ESCAPE '\\' OR tool_name LIKE ? ESCAPE '\\' OR tool_calls LIKE ? ESCAPE '\\')")
-            args += [pat, pat, pat]
-        rows = await self.conn.execute_fetchall(
-            "SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, s.source, s.model, s.started_at,"
-            " m.content, m.tool_calls FROM (SELECT id FROM messages WHERE " + " OR ".join(where)
-            + " ORDER BY timestamp DESC, id DESC LIMIT ?) h JOIN messages m ON m.id = h.id"
-            " JOIN sessions s ON s.id = m.session_id ORDER BY m.timestamp DESC, m.id DESC",
-            (*args, limit))
-        hits = []
-        for mid, sid, role, ts, tool_name, source, model, started, content, tool_calls in rows:
-            snippet = ""
-            for text in (content, tool_name, tool_calls):
-                if isinstance(text, str):
-                    at = next((i for i in (text.find(t) for t in terms) if i >= 0), -1)
-                    if at >= 0:
-                        a, b = max(at - 40, 0), at + 40
-                        snippet = ("..." if a else "") + text[a:at] + ">>>" + text[at:at + len(terms[0])] + "<<<" \
-                            + text[at + len(terms[0]):b] + ("..." if b < len(text) else "")
-                        break
-            hits.append({"id": mid, "session_id": sid, "role": role, "snippet": snippet, "timestamp": ts,
-                         "tool_name": tool_name, "source": source, "model": model, "session_started": started,
-                         "_content": content})
+        rows = await self.conn.execute_fetchall(*baseline._substring_query(terms, limit))
+        hits = baseline._substring_hits(rows, terms)
         await self._context(hits)
         return hits
 
     async def list_sessions_rich(self, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
         c = self.conn
-        page = await c.execute_fetchall(
-            "SELECT s.id FROM sessions s LEFT JOIN sessions p ON p.id = s.parent_session_id"
-            " WHERE s.parent_session_id IS NULL OR p.id IS NULL"
-            " OR (p.end_reason = 'branched' AND p.ended_at IS NOT NULL AND s.started_at >= p.ended_at)"
-            " ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?", (limit, offset))
-        roots = [r[0] for r in page]
+        roots = [r[0] for r in await c.execute_fetchall(baseline._ROOTS, (limit, offset))]
         if not roots:
             return []
-        tips = {r[0]: r[1] for r in await c.execute_fetchall(
-            "WITH RECURSIVE chain(root, id, depth) AS ("
-            " SELECT value, value, 0 FROM json_each(?)"
-            " UNION ALL SELECT chain.root, c.id, chain.depth + 1 FROM chain JOIN sessions p ON p.id = chain.id"
-            " JOIN sessions c ON c.parent_session_id = p.id"
-            " WHERE p.end_reason = 'compression' AND p.ended_at IS NOT NULL AND c.started_at >= p.ended_at"
-            " AND chain.depth < 1000)"
-            " SELECT root, id FROM (SELECT root, id, max(depth) FROM chain GROUP BY root)", (json.dumps(roots),))}
-        cur = await c.execute(
-            "SELECT s.*, (SELECT m.content FROM messages m WHERE m.session_id = s.id AND m.role = 'user'"
-            "  ORDER BY m.timestamp, m.id LIMIT 1) AS _preview,"
-            " COALESCE((SELECT max(m.timestamp) FROM messages m WHERE m.session_id = s.id), s.started_at) AS last_active"
-            " FROM sessions s WHERE s.id IN (SELECT value FROM json_each(?))", (json.dumps(list(tips.values())),))
+        tips = {r[0]: r[1] for r in await c.execute_fetchall(baseline._TIPS, (json.dumps(roots),))}
+        cur = await c.execute(baseline._ROWS, (json.dumps(list(tips.values())),))
         keys = [d[0] for d in cur.description]
-        by_id = {}
-        for r in await cur.fetchall():
-            row = dict(zip(keys, r))
-            row["preview"] = _preview(row.pop("_preview"))
-            by_id[row["id"]] = row
+        rows = [dict(zip(keys, r)) for r in await cur.fetchall()]
         await cur.close()
-        out = []
-        for root in roots:
-            row = dict(by_id[tips[root]])
-            if row["id"] != root:
-                row["_lineage_root_id"] = root
-            out.append(row)
-        return out
+        return listing_page(roots, tips, rows)
 
 
 # --------------------------------------------------------------------------- meters
@@ -446,74 +334,42 @@ async def abench(impls: dict[str, AsyncFn], *, reps: int, warmup: int = 1, budge
                  min_reps: int = 5, results: dict[str, Any] | None = None, slow_s: float = 5.0,
                  meters: dict[str, meter.Meter] | None = None,
                  probes: dict[str, dict[str, Any]] | None = None) -> dict[str, list[int]]:
-    """:func:`run.bench` with every call awaited: interleaved round-robin (rotating order)
-    after ``warmup`` calls, ``budget_s`` bounding the repetitions, then :func:`aprobe`."""
-    first: dict[str, float] = {}
-    samples: dict[str, list[int]] = {n: [] for n in impls}
-    for name, fn in impls.items():
-        for i in range(max(warmup, 1)):
-            t = time.perf_counter_ns()
-            value = await fn()
-            first[name] = (time.perf_counter_ns() - t) / 1e9
-            if i == 0 and results is not None:
-                results[name] = value
-    want: dict[str, int] = {}
-    for name in impls:
-        if first[name] > slow_s:
-            samples[name].append(int(first[name] * 1e9))
-            want[name] = 0
-        elif budget_s is not None:
-            want[name] = max(min_reps, min(reps, int(budget_s / max(first[name], 1e-9))))
-        else:
-            want[name] = reps
-    names = list(impls)
-    gc.collect()
+    """:func:`run.bench` with every call awaited: the same plan (:class:`timing.Schedule`:
+    warm-up, repetitions within ``budget_s``, rotating round-robin), then :func:`aprobe`."""
+    plan = timing.Schedule(impls, reps=reps, warmup=warmup, budget_s=budget_s, min_reps=min_reps, slow_s=slow_s,
+                           results=results)
     clock = time.perf_counter_ns
-    r = 0
-    while any(want[n] > 0 for n in names):
-        order = names[r % len(names):] + names[:r % len(names)]
-        r += 1
-        for name in order:
-            if want[name] <= 0:
-                continue
-            want[name] -= 1
-            fn = impls[name]
-            t = clock()
-            await fn()
-            samples[name].append(clock() - t)
+    for name, fn in plan.warm_ups():
+        t = clock()
+        value = await fn()
+        plan.warmed(name, clock() - t, value)
+    samples = plan.samples
+    for name, fn in plan.timed():
+        t = clock()
+        await fn()
+        samples[name].append(clock() - t)
     if probes is not None:
-        for name in names:
-            mean_s = statistics.fmean(samples[name]) / 1e9
-            probes[name] = await aprobe(impls[name], (meters or {}).get(name), meter.calls_for(mean_s))
+        for name in plan.names:
+            probes[name] = await aprobe(impls[name], (meters or {}).get(name), plan.probe_calls(name))
     return samples
 
 
 async def aprobe(fn: AsyncFn, m: meter.Meter | None, cpu_calls: int, count_calls: int | None = None
                  ) -> dict[str, Any]:
-    """:func:`meter.probe` with the calls awaited: CPU per call over ``cpu_calls`` plain calls,
-    then statements (round trips) per call over ``count_calls`` calls with ``m`` attached."""
+    """:func:`meter.probe` with the calls awaited (its bookkeeping, :func:`meter.cpu_timed` and
+    :func:`meter.counted`): CPU per call over ``cpu_calls`` plain calls, then statements
+    (round trips) per call over ``count_calls`` calls with ``m`` attached."""
     out: dict[str, Any] = {}
-    gc.collect()
-    c0 = time.process_time_ns()
-    for _ in range(cpu_calls):
-        await fn()
-    out["client_cpu_ms_per_call"] = (time.process_time_ns() - c0) / 1e6 / cpu_calls
-    out["cpu_calls"] = cpu_calls
+    with meter.cpu_timed(out, cpu_calls):
+        for _ in range(cpu_calls):
+            await fn()
     if m is None:
         return out
-    n = count_calls if count_calls is not None else max(1, min(5, cpu_calls))
-    s0, sa0 = m.count, m.sa
-    m.start()
-    try:
+    n = meter.count_calls_for(cpu_calls, count_calls)
+    with meter.counted(m, out, n):
         for _ in range(n):
             m.boundary()
             await fn()
-    finally:
-        m.stop()
-    out["stmts_per_call"] = (m.count - s0) / n
-    if m.sa is not None and sa0 is not None:
-        out["stmts_sa_per_call"] = (m.sa - sa0) / n
-    out.update(count_calls=n, stmts_unit=m.unit)
     return out
 
 

@@ -150,6 +150,114 @@ def _escape_like(term: str) -> str:
     return term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+# The floor's statements and the Python around them, as module names: bench/aio_bench.py
+# awaits the same ones over aiosqlite (AioSqliteFloor), so the two floors cannot drift apart.
+
+#: The message before / after a hit in its session (timestamp, then id): (sid, ts, ts, id).
+_PREV = ("SELECT role, content FROM messages WHERE session_id = ? AND (timestamp < ? OR (timestamp = ? AND id < ?))"
+         " ORDER BY timestamp DESC, id DESC LIMIT 1")
+_NEXT = ("SELECT role, content FROM messages WHERE session_id = ? AND (timestamp > ? OR (timestamp = ? AND id > ?))"
+         " ORDER BY timestamp, id LIMIT 1")
+#: The keys of a row of :func:`_fts_sql`.
+_FTS_KEYS = ("id", "session_id", "role", "snippet", "timestamp", "tool_name", "source", "model",
+             "session_started", "_content")
+#: One term of the substring scan (its pattern three times).
+_LIKE_TERM = "(content LIKE ? ESCAPE '\\' OR tool_name LIKE ? ESCAPE '\\' OR tool_calls LIKE ? ESCAPE '\\')"
+#: Listing: the page of visible roots (limit, offset), newest first.
+_ROOTS = ("SELECT s.id FROM sessions s LEFT JOIN sessions p ON p.id = s.parent_session_id"
+          " WHERE s.parent_session_id IS NULL OR p.id IS NULL"
+          " OR (p.end_reason = 'branched' AND p.ended_at IS NOT NULL AND s.started_at >= p.ended_at)"
+          " ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?")
+#: Listing: (root, compression tip) of each root of the page (a JSON array of ids).
+_TIPS = ("WITH RECURSIVE chain(root, id, depth) AS ("
+         " SELECT value, value, 0 FROM json_each(?)"
+         " UNION ALL SELECT chain.root, c.id, chain.depth + 1 FROM chain JOIN sessions p ON p.id = chain.id"
+         " JOIN sessions c ON c.parent_session_id = p.id"
+         " WHERE p.end_reason = 'compression' AND p.ended_at IS NOT NULL AND c.started_at >= p.ended_at"
+         " AND chain.depth < 1000)"
+         " SELECT root, id FROM (SELECT root, id, max(depth) FROM chain GROUP BY root)")
+#: Listing: the tips' rows with preview and last activity (a JSON array of ids).
+_ROWS = ("SELECT s.*, (SELECT m.content FROM messages m WHERE m.session_id = s.id AND m.role = 'user'"
+         "  ORDER BY m.timestamp, m.id LIMIT 1) AS _preview,"
+         " COALESCE((SELECT max(m.timestamp) FROM messages m WHERE m.session_id = s.id), s.started_at) AS last_active"
+         " FROM sessions s WHERE s.id IN (SELECT value FROM json_each(?))")
+
+
+def _fts_sql(index: str) -> str:
+    """Word search on FTS5 table ``index`` (match, limit): FTS5 ranks under the LIMIT, so
+    ``snippet()`` runs for the returned rows only; then the messages and sessions."""
+    return (f"SELECT m.id, m.session_id, m.role, h.snippet, m.timestamp, m.tool_name, s.source, s.model,"
+            f" s.started_at, m.content FROM ("
+            f"  SELECT rowid AS id, snippet({index}, -1, '>>>', '<<<', '...', 10) AS snippet, rank"
+            f"  FROM {index} WHERE {index} MATCH ? ORDER BY rank LIMIT ?) h"
+            f" JOIN messages m ON m.id = h.id JOIN sessions s ON s.id = m.session_id ORDER BY h.rank")
+
+
+def _substring_query(terms: list[str], limit: int) -> tuple[str, tuple[Any, ...]]:
+    """The substring scan for ``terms`` (newest first) and its parameters."""
+    where, args = [], []
+    for t in terms:
+        pat = f"%{_escape_like(t)}%"
+        where.append(_LIKE_TERM)
+        args += [pat, pat, pat]
+    sql = ("SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, s.source, s.model, s.started_at,"
+           " m.content, m.tool_calls FROM (SELECT id FROM messages WHERE " + " OR ".join(where)
+           + " ORDER BY timestamp DESC, id DESC LIMIT ?) h JOIN messages m ON m.id = h.id"
+           " JOIN sessions s ON s.id = m.session_id ORDER BY m.timestamp DESC, m.id DESC")
+    return sql, (*args, limit)
+
+
+def _substring_hits(rows: Iterable[tuple[Any, ...]], terms: list[str]) -> list[dict[str, Any]]:
+    """The rows of :func:`_substring_query` as hits, the snippet cut around the first term found."""
+    hits = []
+    for mid, sid, role, ts, tool_name, source, model, started, content, tool_calls in rows:
+        snippet = ""
+        for text in (content, tool_name, tool_calls):
+            if isinstance(text, str):
+                at = next((i for i in (text.find(t) for t in terms) if i >= 0), -1)
+                if at >= 0:
+                    a, b = max(at - 40, 0), at + 40
+                    snippet = ("..." if a else "") + text[a:at] + ">>>" + text[at:at + len(terms[0])] + "<<<" \
+                        + text[at + len(terms[0]):b] + ("..." if b < len(text) else "")
+                    break
+        hits.append({"id": mid, "session_id": sid, "role": role, "snippet": snippet, "timestamp": ts,
+                     "tool_name": tool_name, "source": source, "model": model, "session_started": started,
+                     "_content": content})
+    return hits
+
+
+def _context_args(hit: dict[str, Any]) -> tuple[Any, ...]:
+    """The parameters of :data:`_PREV` / :data:`_NEXT` for ``hit``."""
+    return hit["session_id"], hit["timestamp"], hit["timestamp"], hit["id"]
+
+
+def _set_context(hit: dict[str, Any], prev: Any, nxt: Any) -> None:
+    """``hit["context"]``: the previous message (a (role, content) row, or None), the hit, the next."""
+    ctx = []
+    if prev:
+        ctx.append({"role": prev[0], "content": _cut(prev[1])})
+    ctx.append({"role": hit["role"], "content": _cut(hit.pop("_content"))})
+    if nxt:
+        ctx.append({"role": nxt[0], "content": _cut(nxt[1])})
+    hit["context"] = ctx
+
+
+def listing_page(roots: list[str], tips: dict[str, str], rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The listing page of every floor (sqlite3, aiosqlite, psycopg, asyncpg): each root, in
+    order, shown as its compression tip's row (``rows``: the tips, with ``_preview``)."""
+    by_id = {}
+    for row in rows:
+        row["preview"] = _preview(row.pop("_preview"))
+        by_id[row["id"]] = row
+    out = []
+    for root in roots:
+        row = dict(by_id[tips[root]])
+        if row["id"] != root:
+            row["_lineage_root_id"] = root
+        out.append(row)
+    return out
+
+
 class Baseline:
     """Plain-sqlite3 versions of the benchmarked ``SessionDB`` operations."""
 
@@ -165,7 +273,8 @@ class Baseline:
 
     # ------------------------------------------------------------------ writes
 
-    def _row(self, session_id: str, m: dict[str, Any], now: float) -> tuple[Any, ...]:
+    @staticmethod
+    def _row(session_id: str, m: dict[str, Any], now: float) -> tuple[Any, ...]:
         return (
             session_id, m["role"], _encode_content(m.get("content")), m.get("tool_name"),
             _encode_json(m.get("tool_calls")), m.get("tool_call_id"), m.get("token_count"),
@@ -213,65 +322,19 @@ class Baseline:
     def _context(self, hits: list[dict[str, Any]]) -> None:
         c = self.conn
         for h in hits:
-            sid, ts, mid = h["session_id"], h["timestamp"], h["id"]
-            prev = c.execute(
-                "SELECT role, content FROM messages WHERE session_id = ? AND (timestamp < ? OR (timestamp = ? AND id < ?))"
-                " ORDER BY timestamp DESC, id DESC LIMIT 1", (sid, ts, ts, mid)).fetchone()
-            nxt = c.execute(
-                "SELECT role, content FROM messages WHERE session_id = ? AND (timestamp > ? OR (timestamp = ? AND id > ?))"
-                " ORDER BY timestamp, id LIMIT 1", (sid, ts, ts, mid)).fetchone()
-            ctx = []
-            if prev:
-                ctx.append({"role": prev[0], "content": _cut(prev[1])})
-            ctx.append({"role": h["role"], "content": _cut(h.pop("_content"))})
-            if nxt:
-                ctx.append({"role": nxt[0], "content": _cut(nxt[1])})
-            h["context"] = ctx
+            args = _context_args(h)
+            _set_context(h, c.execute(_PREV, args).fetchone(), c.execute(_NEXT, args).fetchone())
 
     def search_fts(self, match: str, limit: int = 20, index: str = "messages_fts") -> list[dict[str, Any]]:
         """``match`` is valid FTS5 syntax (the caller's job, as in Hermes)."""
-        rows = self.conn.execute(
-            f"SELECT m.id, m.session_id, m.role, h.snippet, m.timestamp, m.tool_name, s.source, s.model,"
-            f" s.started_at, m.content FROM ("
-            f"  SELECT rowid AS id, snippet({index}, -1, '>>>', '<<<', '...', 10) AS snippet, rank"
-            f"  FROM {index} WHERE {index} MATCH ? ORDER BY rank LIMIT ?) h"
-            f" JOIN messages m ON m.id = h.id JOIN sessions s ON s.id = m.session_id ORDER BY h.rank",
-            (match, limit),
-        ).fetchall()
-        keys = ("id", "session_id", "role", "snippet", "timestamp", "tool_name", "source", "model",
-                "session_started", "_content")
-        hits = [dict(zip(keys, r)) for r in rows]
+        rows = self.conn.execute(_fts_sql(index), (match, limit)).fetchall()
+        hits = [dict(zip(_FTS_KEYS, r)) for r in rows]
         self._context(hits)
         return hits
 
     def search_substring(self, terms: list[str], limit: int = 20) -> list[dict[str, Any]]:
         """Short CJK terms: LIKE over content/tool_name/tool_calls, newest first."""
-        where, args = [], []
-        for t in terms:
-            pat = f"%{_escape_like(t)}%"
-            where.append("(content LIKE ? ESCAPE '\\' OR tool_name LIKE ? ESCAPE '\\' OR tool_calls LIKE ? ESCAPE '\\')")
-            args += [pat, pat, pat]
-        rows = self.conn.execute(
-            "SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, s.source, s.model, s.started_at,"
-            " m.content, m.tool_calls FROM (SELECT id FROM messages WHERE " + " OR ".join(where)
-            + " ORDER BY timestamp DESC, id DESC LIMIT ?) h JOIN messages m ON m.id = h.id"
-            " JOIN sessions s ON s.id = m.session_id ORDER BY m.timestamp DESC, m.id DESC",
-            (*args, limit),
-        ).fetchall()
-        hits = []
-        for mid, sid, role, ts, tool_name, source, model, started, content, tool_calls in rows:
-            snippet = ""
-            for text in (content, tool_name, tool_calls):
-                if isinstance(text, str):
-                    at = next((i for i in (text.find(t) for t in terms) if i >= 0), -1)
-                    if at >= 0:
-                        a, b = max(at - 40, 0), at + 40
-                        snippet = ("..." if a else "") + text[a:at] + ">>>" + text[at:at + len(terms[0])] + "<<<" \
-                            + text[at + len(terms[0]):b] + ("..." if b < len(text) else "")
-                        break
-            hits.append({"id": mid, "session_id": sid, "role": role, "snippet": snippet, "timestamp": ts,
-                         "tool_name": tool_name, "source": source, "model": model, "session_started": started,
-                         "_content": content})
+        hits = _substring_hits(self.conn.execute(*_substring_query(terms, limit)).fetchall(), terms)
         self._context(hits)
         return hits
 
@@ -279,8 +342,7 @@ class Baseline:
         return self.conn.execute(f"SELECT count(*) FROM {index} WHERE {index} MATCH ?", (match,)).fetchone()[0]
 
     def count_substring(self, terms: list[str]) -> int:
-        where = " OR ".join("(content LIKE ? ESCAPE '\\' OR tool_name LIKE ? ESCAPE '\\' OR tool_calls LIKE ? ESCAPE '\\')"
-                            for _ in terms)
+        where = " OR ".join(_LIKE_TERM for _ in terms)
         args = [p for t in terms for p in (f"%{_escape_like(t)}%",) * 3]
         return self.conn.execute(f"SELECT count(*) FROM messages WHERE {where}", args).fetchone()[0]
 
@@ -315,46 +377,13 @@ class Baseline:
     def list_sessions_rich(self, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
         """Visible roots newest first, each shown as its compression tip with preview/last_active."""
         c = self.conn
-        page = c.execute(
-            "SELECT s.id FROM sessions s LEFT JOIN sessions p ON p.id = s.parent_session_id"
-            " WHERE s.parent_session_id IS NULL OR p.id IS NULL"
-            " OR (p.end_reason = 'branched' AND p.ended_at IS NOT NULL AND s.started_at >= p.ended_at)"
-            " ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?",
-            (limit, offset),
-        ).fetchall()
-        roots = [r[0] for r in page]
+        roots = [r[0] for r in c.execute(_ROOTS, (limit, offset)).fetchall()]
         if not roots:
             return []
-        tips = dict(c.execute(
-            "WITH RECURSIVE chain(root, id, depth) AS ("
-            " SELECT value, value, 0 FROM json_each(?)"
-            " UNION ALL SELECT chain.root, c.id, chain.depth + 1 FROM chain JOIN sessions p ON p.id = chain.id"
-            " JOIN sessions c ON c.parent_session_id = p.id"
-            " WHERE p.end_reason = 'compression' AND p.ended_at IS NOT NULL AND c.started_at >= p.ended_at"
-            " AND chain.depth < 1000)"
-            " SELECT root, id FROM (SELECT root, id, max(depth) FROM chain GROUP BY root)",
-            (json.dumps(roots),),
-        ).fetchall())
-        cur = c.execute(
-            "SELECT s.*, (SELECT m.content FROM messages m WHERE m.session_id = s.id AND m.role = 'user'"
-            "  ORDER BY m.timestamp, m.id LIMIT 1) AS _preview,"
-            " COALESCE((SELECT max(m.timestamp) FROM messages m WHERE m.session_id = s.id), s.started_at) AS last_active"
-            " FROM sessions s WHERE s.id IN (SELECT value FROM json_each(?))",
-            (json.dumps(list(tips.values())),),
-        )
+        tips = dict(c.execute(_TIPS, (json.dumps(roots),)).fetchall())
+        cur = c.execute(_ROWS, (json.dumps(list(tips.values())),))
         keys = [d[0] for d in cur.description]
-        by_id = {}
-        for r in cur.fetchall():
-            row = dict(zip(keys, r))
-            row["preview"] = _preview(row.pop("_preview"))
-            by_id[row["id"]] = row
-        out = []
-        for root in roots:
-            row = dict(by_id[tips[root]])
-            if row["id"] != root:
-                row["_lineage_root_id"] = root
-            out.append(row)
-        return out
+        return listing_page(roots, tips, (dict(zip(keys, r)) for r in cur.fetchall()))
 
     # ------------------------------------------------------------------ replay / export
 

@@ -270,14 +270,46 @@ def calls_for(mean_s: float, budget_s: float = 0.5, lo: int = 3, hi: int = 30) -
     return max(1 if mean_s > 1.0 else lo, min(hi, int(budget_s / mean_s)))
 
 
+def count_calls_for(cpu_calls: int, count_calls: int | None = None) -> int:
+    """How many counted calls a probe makes after ``cpu_calls`` timed ones (unless given)."""
+    return count_calls if count_calls is not None else max(1, min(5, cpu_calls))
+
+
+@contextlib.contextmanager
+def cpu_timed(out: dict[str, Any], calls: int) -> Iterator[None]:
+    """This process's CPU over the ``calls`` calls made in the block, per call, into ``out``.
+
+    With :func:`counted`, the bookkeeping of :func:`probe` and of bench/aio_bench.py's
+    awaited probe: only the calls themselves differ (plain or awaited)."""
+    gc.collect()
+    c0 = time.process_time_ns()
+    yield
+    out["client_cpu_ms_per_call"] = (time.process_time_ns() - c0) / 1e6 / calls
+    out["cpu_calls"] = calls
+
+
+@contextlib.contextmanager
+def counted(meter: Meter, out: dict[str, Any], calls: int) -> Iterator[None]:
+    """``meter`` attached around the ``calls`` calls made in the block; statements per call into ``out``."""
+    s0, sa0 = meter.count, meter.sa
+    meter.start()
+    try:
+        yield
+    finally:
+        meter.stop()
+    out["stmts_per_call"] = (meter.count - s0) / calls
+    if meter.sa is not None and sa0 is not None:
+        out["stmts_sa_per_call"] = (meter.sa - sa0) / calls
+    out.update(count_calls=calls, stmts_unit=meter.unit)
+
+
 def probe(fn: Callable[[], Any], meter: Meter | None, cpu_calls: int, count_calls: int | None = None) -> dict[str, Any]:
     """Client CPU per call over ``cpu_calls`` plain calls, then statements per call over
     ``count_calls`` calls with ``meter`` attached. ``cpu_calls == 1`` (a slow call): one
     call does both."""
     out: dict[str, Any] = {}
-    gc.collect()
     if cpu_calls == 1 and meter is not None:
-        count_calls = 0
+        gc.collect()
         c0, s0, sa0 = time.process_time_ns(), meter.count, meter.sa
         meter.start()
         try:
@@ -290,26 +322,16 @@ def probe(fn: Callable[[], Any], meter: Meter | None, cpu_calls: int, count_call
             out["stmts_sa_per_call"] = float(meter.sa - sa0)
         out.update(cpu_calls=1, count_calls=1, stmts_unit=meter.unit)
         return out
-    c0 = time.process_time_ns()
-    for _ in range(cpu_calls):
-        fn()
-    out["client_cpu_ms_per_call"] = (time.process_time_ns() - c0) / 1e6 / cpu_calls
-    out["cpu_calls"] = cpu_calls
+    with cpu_timed(out, cpu_calls):
+        for _ in range(cpu_calls):
+            fn()
     if meter is None:
         return out
-    n = count_calls if count_calls is not None else max(1, min(5, cpu_calls))
-    s0, sa0 = meter.count, meter.sa
-    meter.start()
-    try:
+    n = count_calls_for(cpu_calls, count_calls)
+    with counted(meter, out, n):
         for _ in range(n):
             meter.boundary()
             fn()
-    finally:
-        meter.stop()
-    out["stmts_per_call"] = (meter.count - s0) / n
-    if meter.sa is not None and sa0 is not None:
-        out["stmts_sa_per_call"] = (meter.sa - sa0) / n
-    out.update(count_calls=n, stmts_unit=meter.unit)
     return out
 
 

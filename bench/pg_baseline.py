@@ -43,7 +43,7 @@ from typing import Any, Iterable, Iterator, TextIO
 # preview helpers, the message columns (baseline.py imports nothing of ours either).
 from baseline import (  # noqa: F401 - _n_calls is read from here by run.py
     JSON_PREFIX, MAX_DEPTH, MESSAGE_COLUMNS, REPLAY_COLUMNS, _cut, _decode_json,
-    _encode_json, _escape_like, _n_calls, _preview, replay_turn,
+    _encode_json, _escape_like, _n_calls, listing_page, replay_turn,
 )
 
 SNIPPET_OPEN, SNIPPET_CLOSE = ">>>", "<<<"
@@ -69,6 +69,62 @@ _HIT_COLUMNS = (
     "m.id, m.session_id, m.role, {snippet}, m.timestamp, m.tool_name, s.source, s.model, s.started_at,"
     " m.content, pv.role, pv.content, nx.role, nx.content"
 )
+# The statements below are psycopg's; bench/aio_bench.py's asyncpg floor sends the same
+# ones with its $n placeholders (aio_bench._dollar), so the two floors cannot drift apart.
+
+#: Word search (q: the tsquery text, limit): the ranked page under the LIMIT, its sessions
+#: and each hit's previous/next message. The snippet column carries the tool calls: the
+#: snippet is cut in Python (:func:`_fts_hits`).
+_FTS = (
+    f"SELECT {_HIT_COLUMNS.format(snippet='m.tool_calls')} FROM ("
+    " SELECT id, ts_rank_cd(search_vector, %(q)s::tsquery) AS r, timestamp FROM messages"
+    " WHERE search_vector @@ %(q)s::tsquery ORDER BY r DESC, timestamp DESC, id DESC LIMIT %(limit)s) h"
+    f" JOIN messages m ON m.id = h.id JOIN sessions s ON s.id = m.session_id{_CONTEXT_JOINS}"
+    " ORDER BY h.r DESC, h.timestamp DESC, h.id DESC"
+)
+#: Listing: the page of visible roots (limit, offset), newest first.
+_ROOTS = (
+    "SELECT s.id FROM sessions s LEFT JOIN sessions p ON p.id = s.parent_session_id"
+    " WHERE s.parent_session_id IS NULL OR p.id IS NULL"
+    " OR (p.end_reason = 'branched' AND p.ended_at IS NOT NULL AND s.started_at >= p.ended_at)"
+    " ORDER BY s.started_at DESC, s.id DESC LIMIT %s OFFSET %s"
+)
+#: Listing: (root, compression tip) of each root of the page (a text array).
+_TIPS = (
+    "WITH RECURSIVE chain(root, id, depth) AS ("
+    " SELECT r, r, 0 FROM unnest(%s::text[]) AS r"
+    " UNION ALL SELECT chain.root, c.id, chain.depth + 1 FROM chain JOIN sessions p ON p.id = chain.id"
+    " JOIN sessions c ON c.parent_session_id = p.id"
+    " WHERE p.end_reason = 'compression' AND p.ended_at IS NOT NULL AND c.started_at >= p.ended_at"
+    " AND chain.depth < 1000)"
+    " SELECT DISTINCT ON (root) root, id FROM chain ORDER BY root, depth DESC"
+)
+#: Listing: the tips' rows with preview and last activity (a text array).
+_ROWS = (
+    "SELECT s.*, (SELECT m.content FROM messages m WHERE m.session_id = s.id AND m.role = 'user'"
+    "  ORDER BY m.timestamp, m.id LIMIT 1) AS _preview,"
+    " COALESCE((SELECT max(m.timestamp) FROM messages m WHERE m.session_id = s.id), s.started_at) AS last_active"
+    " FROM sessions s WHERE s.id = ANY(%s)"
+)
+
+
+def _substring_sql(where: str, limit: str) -> str:
+    """The substring scan over ``where`` (newest first), ``limit`` the LIMIT's placeholder."""
+    return (f"SELECT {_HIT_COLUMNS.format(snippet='NULL')} FROM ("
+            f" SELECT id FROM messages WHERE {where} ORDER BY timestamp DESC, id DESC LIMIT {limit}) h"
+            f" JOIN messages m ON m.id = h.id JOIN sessions s ON s.id = m.session_id{_CONTEXT_JOINS}"
+            " ORDER BY m.timestamp DESC, m.id DESC")
+
+
+def _like_term(term: str, ph: str) -> str:
+    """One term of the substring scan, ``ph`` its pattern's placeholder. ``ILIKE`` only for a
+    term with cased letters: no cased letter, no case to fold."""
+    op = "LIKE" if term.lower() == term.upper() else "ILIKE"
+    return f"(content {op} {ph} OR tool_name {op} {ph} OR tool_calls {op} {ph})"
+
+
+def _like_pattern(term: str) -> str:
+    return encode_nul(f"%{_escape_like(term)}%")
 
 
 # --------------------------------------------------------------------------- encodings
@@ -164,7 +220,8 @@ class PgBaseline:
 
     # ------------------------------------------------------------------ writes
 
-    def _row(self, session_id: str, m: dict[str, Any], now: float) -> tuple[Any, ...]:
+    @staticmethod
+    def _row(session_id: str, m: dict[str, Any], now: float) -> tuple[Any, ...]:
         return (
             session_id, m["role"], _encode_content(m.get("content")), m.get("tool_name"),
             _encode_json(m.get("tool_calls")), m.get("tool_call_id"), m.get("token_count"),
@@ -216,45 +273,21 @@ class PgBaseline:
         previous/next message. The snippet is cut in Python from the hit's text (the
         first query word found, marked), as the library does on PostgreSQL.
         """
-        rows = self.conn.execute(
-            # The snippet column carries the tool calls here: the snippet is cut below.
-            f"SELECT {_HIT_COLUMNS.format(snippet='m.tool_calls')} FROM ("
-            " SELECT id, ts_rank_cd(search_vector, %(q)s::tsquery) AS r, timestamp FROM messages"
-            " WHERE search_vector @@ %(q)s::tsquery ORDER BY r DESC, timestamp DESC, id DESC LIMIT %(limit)s) h"
-            f" JOIN messages m ON m.id = h.id JOIN sessions s ON s.id = m.session_id{_CONTEXT_JOINS}"
-            " ORDER BY h.r DESC, h.timestamp DESC, h.id DESC",
-            {"q": tsquery(match), "limit": limit},
-        ).fetchall()
-        hits = self._hits(rows)
-        words = [w.lower() for w in _TOKEN.findall(match) if w not in ("AND", "OR", "NOT")]
-        for hit, row in zip(hits, rows):
-            hit["snippet"] = _word_snippet([decode_nul(row[9]), row[5], decode_nul(row[3])], words)
-        return hits
+        return _fts_hits(self.conn.execute(_FTS, {"q": tsquery(match), "limit": limit}).fetchall(), match)
 
     @staticmethod
     def _like(terms: list[str]) -> tuple[str, list[str]]:
         where, args = [], []
         for t in terms:
-            op = "LIKE" if t.lower() == t.upper() else "ILIKE"  # no cased letter: no case to fold
-            pat = encode_nul(f"%{_escape_like(t)}%")
-            where.append(f"(content {op} %s OR tool_name {op} %s OR tool_calls {op} %s)")
+            pat = _like_pattern(t)
+            where.append(_like_term(t, "%s"))
             args += [pat, pat, pat]
         return " OR ".join(where), args
 
     def search_substring(self, terms: list[str], limit: int = 20) -> list[dict[str, Any]]:
         """CJK terms: substring match over content/tool_name/tool_calls, newest first."""
         where, args = self._like(terms)
-        rows = self.conn.execute(
-            f"SELECT {_HIT_COLUMNS.format(snippet='NULL')} FROM ("
-            f" SELECT id FROM messages WHERE {where} ORDER BY timestamp DESC, id DESC LIMIT %s) h"
-            f" JOIN messages m ON m.id = h.id JOIN sessions s ON s.id = m.session_id{_CONTEXT_JOINS}"
-            " ORDER BY m.timestamp DESC, m.id DESC",
-            (*args, limit),
-        ).fetchall()
-        hits = self._hits(rows)
-        for hit, row in zip(hits, rows):
-            hit["snippet"] = _snippet([_decode_content(row[9]), row[5]], terms)
-        return hits
+        return _substring_hits(self.conn.execute(_substring_sql(where, "%s"), (*args, limit)).fetchall(), terms)
 
     def count_matches(self, match: str, index: str = "messages_fts") -> int:
         return self.conn.execute("SELECT count(*) FROM messages WHERE search_vector @@ %s::tsquery",
@@ -295,48 +328,15 @@ class PgBaseline:
     def list_sessions_rich(self, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
         """Visible roots newest first, each shown as its compression tip with preview/last_active."""
         c = self.conn
-        roots = [r[0] for r in c.execute(
-            "SELECT s.id FROM sessions s LEFT JOIN sessions p ON p.id = s.parent_session_id"
-            " WHERE s.parent_session_id IS NULL OR p.id IS NULL"
-            " OR (p.end_reason = 'branched' AND p.ended_at IS NOT NULL AND s.started_at >= p.ended_at)"
-            " ORDER BY s.started_at DESC, s.id DESC LIMIT %s OFFSET %s",
-            (limit, offset),
-        ).fetchall()]
+        roots = [r[0] for r in c.execute(_ROOTS, (limit, offset)).fetchall()]
         if not roots:
             return []
-        tips = dict(c.execute(
-            "WITH RECURSIVE chain(root, id, depth) AS ("
-            " SELECT r, r, 0 FROM unnest(%s::text[]) AS r"
-            " UNION ALL SELECT chain.root, c.id, chain.depth + 1 FROM chain JOIN sessions p ON p.id = chain.id"
-            " JOIN sessions c ON c.parent_session_id = p.id"
-            " WHERE p.end_reason = 'compression' AND p.ended_at IS NOT NULL AND c.started_at >= p.ended_at"
-            " AND chain.depth < 1000)"
-            " SELECT DISTINCT ON (root) root, id FROM chain ORDER BY root, depth DESC",
-            (roots,),
-            # Never a prepared (generic) plan: it assumes a short array and turns a
-            # 10,000-root walk into nested loops (0.5 s instead of 15 ms at 448 roots).
-            prepare=False,
-        ).fetchall())
-        cur = c.execute(
-            "SELECT s.*, (SELECT m.content FROM messages m WHERE m.session_id = s.id AND m.role = 'user'"
-            "  ORDER BY m.timestamp, m.id LIMIT 1) AS _preview,"
-            " COALESCE((SELECT max(m.timestamp) FROM messages m WHERE m.session_id = s.id), s.started_at) AS last_active"
-            " FROM sessions s WHERE s.id = ANY(%s)",
-            (list(tips.values()),),
-        )
+        # Never a prepared (generic) plan: it assumes a short array and turns a
+        # 10,000-root walk into nested loops (0.5 s instead of 15 ms at 448 roots).
+        tips = dict(c.execute(_TIPS, (roots,), prepare=False).fetchall())
+        cur = c.execute(_ROWS, (list(tips.values()),))
         keys = [d.name for d in cur.description]
-        by_id = {}
-        for r in cur.fetchall():
-            row = dict(zip(keys, r))
-            row["preview"] = _preview(row.pop("_preview"))
-            by_id[row["id"]] = row
-        out = []
-        for root in roots:
-            row = dict(by_id[tips[root]])
-            if row["id"] != root:
-                row["_lineage_root_id"] = root
-            out.append(row)
-        return out
+        return listing_page(roots, tips, (dict(zip(keys, r)) for r in cur.fetchall()))
 
     # ------------------------------------------------------------------ replay / export
 
@@ -392,6 +392,24 @@ class PgBaseline:
             sessions += 1
             messages += len(row["messages"])
         return sessions, messages
+
+
+def _fts_hits(rows: list[Any], match: str) -> list[dict[str, Any]]:
+    """The rows of :data:`_FTS` (psycopg's or asyncpg's) as hits, the snippet cut around the
+    first query word found."""
+    hits = PgBaseline._hits(rows)
+    words = [w.lower() for w in _TOKEN.findall(match) if w not in ("AND", "OR", "NOT")]
+    for hit, row in zip(hits, rows):
+        hit["snippet"] = _word_snippet([decode_nul(row[9]), row[5], decode_nul(row[3])], words)
+    return hits
+
+
+def _substring_hits(rows: list[Any], terms: list[str]) -> list[dict[str, Any]]:
+    """The rows of :func:`_substring_sql` as hits, the snippet cut around the first term found."""
+    hits = PgBaseline._hits(rows)
+    for hit, row in zip(hits, rows):
+        hit["snippet"] = _snippet([_decode_content(row[9]), row[5]], terms)
+    return hits
 
 
 def _word_snippet(texts: list[Any], words: list[str]) -> str:

@@ -45,6 +45,7 @@ for p in (str(ROOT), str(HERE)):
 import generate  # noqa: E402
 import pg_load  # noqa: E402
 import meter  # noqa: E402
+import timing  # noqa: E402
 import writers as writers_mod  # noqa: E402
 from baseline import Baseline  # noqa: E402
 
@@ -151,43 +152,22 @@ def bench(impls: dict[str, Callable[[], Any]], *, reps: int, warmup: int = 1, bu
     after the timed loop (:func:`meter.probe`): client CPU per call, and statements per
     call counted by ``meters[name]``. The timed loop itself runs with nothing attached.
     """
-    first: dict[str, float] = {}
-    samples: dict[str, list[int]] = {n: [] for n in impls}
-    for name, fn in impls.items():
-        for i in range(max(warmup, 1)):
-            t = time.perf_counter_ns()
-            value = fn()
-            first[name] = (time.perf_counter_ns() - t) / 1e9
-            if i == 0 and results is not None:
-                results[name] = value
-    want: dict[str, int] = {}
-    for name in impls:
-        if first[name] > slow_s:
-            samples[name].append(int(first[name] * 1e9))
-            want[name] = 0
-        elif budget_s is not None:
-            want[name] = max(min_reps, min(reps, int(budget_s / max(first[name], 1e-9))))
-        else:
-            want[name] = reps
-    names = list(impls)
-    gc.collect()
+    # The plan (warm-up, repetitions, order) is timing.Schedule, shared with aio_bench.abench.
+    plan = timing.Schedule(impls, reps=reps, warmup=warmup, budget_s=budget_s, min_reps=min_reps, slow_s=slow_s,
+                           results=results)
     clock = time.perf_counter_ns
-    r = 0
-    while any(want[n] > 0 for n in names):
-        order = names[r % len(names):] + names[:r % len(names)]
-        r += 1
-        for name in order:
-            if want[name] <= 0:
-                continue
-            want[name] -= 1
-            fn = impls[name]
-            t = clock()
-            fn()
-            samples[name].append(clock() - t)
+    for name, fn in plan.warm_ups():
+        t = clock()
+        value = fn()
+        plan.warmed(name, clock() - t, value)
+    samples = plan.samples
+    for name, fn in plan.timed():
+        t = clock()
+        fn()
+        samples[name].append(clock() - t)
     if probes is not None:
-        for name in names:
-            mean_s = statistics.fmean(samples[name]) / 1e9
-            probes[name] = meter.probe(impls[name], (meters or {}).get(name), meter.calls_for(mean_s))
+        for name in plan.names:
+            probes[name] = meter.probe(impls[name], (meters or {}).get(name), plan.probe_calls(name))
     return samples
 
 
