@@ -21,7 +21,7 @@ import inspect
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
@@ -221,6 +221,11 @@ class AsyncSessionDB:
     @property
     def url(self) -> URL | None:
         return self._db.async_engine.url if self._db is not None and self._db.async_engine is not None else None
+
+    if TYPE_CHECKING:
+        # The coroutines are made from SessionDB's methods below; a type checker sees
+        # each as an awaitable call (their exact signatures: SessionDB's, same names).
+        def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]: ...
 
     async def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         db = self._db

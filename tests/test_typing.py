@@ -1,0 +1,93 @@
+"""PEP 561: a host's ``mypy --strict`` sees our public types (``py.typed`` ships with the
+package): a small host module using the public API checks clean, and a wrong use of our
+TypedDict records and return types is reported, so the types are real, not ``Any``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import hermes_store
+
+HOST = '''
+from __future__ import annotations
+
+import asyncio
+
+from hermes_store import SessionDB, UnitOfWork, migrations
+from hermes_store import aio
+from hermes_store.engine import create_engine
+from hermes_store.repositories import ApiCallUsage, SessionRecord
+
+
+def title_of(path: str) -> str | None:
+    migrations.upgrade(path)
+    engine = create_engine(path)
+    with UnitOfWork(engine) as uow:
+        uow.sessions.create("s1", "cli")
+        message_id: int = uow.messages.append("s1", "user", "hello")
+        uow.usage.update_token_counts("s1", ApiCallUsage(input_tokens=3, model="m"))
+        record: SessionRecord | None = uow.sessions.get("s1")
+    engine.dispose()
+    assert message_id > 0
+    return record["title"] if record is not None else None
+
+
+def facade(path: str) -> int:
+    with SessionDB(path) as db:
+        db.create_session("s2", "cli")
+        return db.append_message("s2", "user", "hi")
+
+
+async def native(url: str) -> None:
+    async with aio.AsyncSessionDB(url) as db:
+        await db.create_session("s3", "cli")
+
+
+asyncio.run(native("sqlite+aiosqlite:///x.db"))
+'''
+
+WRONG = '''
+from hermes_store import UnitOfWork
+from hermes_store.engine import create_engine
+from hermes_store.repositories import SessionRecord
+
+with UnitOfWork(create_engine("x.db")) as uow:
+    record: SessionRecord | None = uow.sessions.get("s1")
+    if record is not None:
+        started: str = record["started_at"]
+        record["no_such_field"]
+'''
+
+
+def _mypy(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
+    module = tmp_path / "host.py"
+    module.write_text(source)
+    env = dict(os.environ)
+    where = Path(hermes_store.__file__).resolve().parent.parent
+    if where.name != "site-packages":
+        # A source checkout (an editable install): mypy does not follow import hooks.
+        env["MYPYPATH"] = str(where)
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--no-incremental",
+         "--cache-dir", str(tmp_path / ".mypy"), str(module)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env,
+    )
+
+
+def test_the_package_ships_py_typed() -> None:
+    assert (Path(hermes_store.__file__).parent / "py.typed").is_file()
+
+
+def test_a_host_module_checks_clean_under_strict(tmp_path: Path) -> None:
+    run = _mypy(tmp_path, HOST)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_wrong_uses_of_our_types_are_reported(tmp_path: Path) -> None:
+    run = _mypy(tmp_path, WRONG)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert 'Incompatible types in assignment (expression has type "float"' in run.stdout, run.stdout
+    assert '"SessionRecord" has no key "no_such_field"' in run.stdout, run.stdout
