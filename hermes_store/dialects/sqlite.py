@@ -7,10 +7,12 @@ Everything here is SQLite-only syntax or behaviour: PRAGMAs, ``sqlite_master``,
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sqlite3
 import sys
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy import Connection, Engine, event, text
@@ -211,6 +213,44 @@ def driver_errors() -> Iterator[None]:
         raise typed from exc
 
 
+def create_private_file(path: Path) -> None:
+    """Create ``path`` readable by its owner only (0600), with its missing folders (0700),
+    unless it exists. SQLite would create it with the process umask (0644 typically) at
+    the first connection, and its -wal/-shm files copy the database file's mode; every
+    entry point (create_engine, UnitOfWork, migrations, alembic, SessionDB) opens files
+    through an engine of ours, so this is where the mode is decided once."""
+    if path.exists():
+        return
+    try:
+        missing = [p for p in reversed(path.parents) if not p.exists()]
+        for folder in missing:  # one by one: mkdir(parents=True) gives the umask's mode above the last
+            folder.mkdir(mode=0o700, exist_ok=True)
+        for blocked in path.parents:
+            if blocked.exists() and not blocked.is_dir():
+                raise NotADirectoryError(f"{blocked} is a file")
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        if path.exists():
+            return  # another connection or process created it first
+        raise errors.InvalidInputError(f"cannot create {path}: a part of its folder path is a file") from None
+    except NotADirectoryError:
+        raise errors.InvalidInputError(f"cannot create {path}: a part of its folder path is a file") from None
+    except PermissionError as exc:
+        raise errors.ReadOnlyDatabaseError(f"cannot create {path}: {exc.strerror}") from exc
+    except OSError as exc:
+        raise errors.DatabaseUnavailableError(f"cannot create {path}: {exc.strerror}") from exc
+
+
+def _private_file_first(dialect: Any, _rec: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+    """``do_connect`` hook: a plain file database (not ``:memory:``, not a ``file:`` URI
+    such as our read-only one) is created 0600 before SQLite opens it."""
+    database = cargs[0] if cargs else cparams.get("database")
+    if not isinstance(database, str) or not database or database == ":memory:" or cparams.get("uri") \
+            or database.startswith("file:"):
+        return
+    create_private_file(Path(database).expanduser())
+
+
 def _outside_transaction(engine: Engine, sql: str) -> None:
     """Run a statement that must not sit inside BEGIN (VACUUM, checkpoints)."""
     with engine.connect() as conn:
@@ -276,7 +316,9 @@ class SQLiteDialect:
         return dict(kwargs)  # pysqlite's defaults; our setup is per connection (configure_engine)
 
     def configure_engine(self, engine: Engine, *, foreign_keys: bool, busy_timeout_ms: int) -> None:
-        """PRAGMAs on every new connection, and our own BEGIN (see :func:`install_begin_hook`)."""
+        """PRAGMAs on every new connection, our own BEGIN (see :func:`install_begin_hook`),
+        and a file that does not exist yet created private (see :func:`create_private_file`)."""
+        event.listen(engine, "do_connect", _private_file_first)
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
