@@ -139,18 +139,31 @@ def default_db_path() -> Path:
 
 
 def to_url(target: str | os.PathLike[str] | URL) -> URL:
-    """Accept a SQLAlchemy URL or a plain file path."""
+    """Accept a SQLAlchemy URL or a plain file path (``postgres://`` read as ``postgresql://``)."""
     if isinstance(target, URL):
-        return target
+        return _known_scheme(target)
     s = os.fspath(target)
     if "://" in s:
-        url = make_url(s)
+        url = _known_scheme(make_url(s))
         if SCHEMA_PARAM not in url.query and _blank_schema(s):
             # The URL parser drops "?schema=" with no value; that would silently mean
             # the default schema, which is not what was written.
             check_schema("")
         return url
     return make_url("sqlite://").set(database=str(Path(s).expanduser()))
+
+
+#: Scheme names other tools write for a kind of database SQLAlchemy knows by another
+#: name: ``postgres://`` (Heroku's DATABASE_URL, libpq) is ``postgresql://``.
+SCHEME_ALIASES = {"postgres": "postgresql"}
+
+
+def _known_scheme(url: URL) -> URL:
+    """``url`` with an aliased scheme renamed, its driver (``+asyncpg``…) kept."""
+    scheme, plus, driver = url.drivername.partition("+")
+    if scheme in SCHEME_ALIASES:
+        return url.set(drivername=SCHEME_ALIASES[scheme] + plus + driver)
+    return url
 
 
 def translate_driver_error(exc: BaseException) -> errors.HermesStoreError | None:
@@ -237,6 +250,9 @@ def create_engine(
     if dialect is None:  # not ours to set up (migrations and SessionDB refuse it with a clear error)
         kwargs.setdefault("pool_pre_ping", True)
         return _sa_create_engine(url, **kwargs)
+    if "+" not in url.drivername and not dialect.is_file:
+        # postgresql:// means psycopg 3, whatever SQLAlchemy's default (psycopg2 before 2.1).
+        url = dialects.with_driver(url, asyncio=False)
     engine = _sa_create_engine(url, **dialect.engine_kwargs(url, kwargs, prepared_statements=prepared_statements))
     dialect.configure_engine(engine, foreign_keys=foreign_keys, busy_timeout_ms=busy_timeout_ms)
     install_error_translation(engine)
