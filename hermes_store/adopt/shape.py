@@ -100,6 +100,9 @@ class AdoptionReport:
     repairs: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     row_counts: dict[str, int] = field(default_factory=dict)
+    #: Sessions kept but not in the default session list, by why (see
+    #: :data:`HIDDEN_REASONS`): a count of 5 sessions and a list of 1 is then explained.
+    hidden_sessions: dict[str, int] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ reference data

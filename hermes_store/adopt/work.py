@@ -314,6 +314,7 @@ def build_copy(
         bad = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
         if bad != ["ok"]:
             raise errors.AdoptionError(f"the adopted copy fails quick_check: {'; '.join(bad[:3])}")
+        hidden = hidden_sessions(conn)
         counts = _comparable_counts(conn)
         lost = {t: (n, counts.get(t)) for t, n in expected.items() if counts.get(t) != n}
         if lost:
@@ -359,9 +360,48 @@ def build_copy(
         stamped=det.revision,
         revision=target,
         repairs=[r.description for r in det.repairs],
-        notes=notes,
+        notes=notes + ([hidden_note(hidden, original_counts.get("sessions", 0))] if hidden else []),
         row_counts=original_counts,
+        hidden_sessions=hidden,
     )
+
+
+#: Why a kept session is not in the default list (``hermes-store sessions``,
+#: ``list_sessions_rich``), in the order a session is counted under (first match wins).
+HIDDEN_REASONS = (
+    ("hidden", "hidden by the user", "hidden = 1"),
+    ("archived", "archived", "archived = 1"),
+    ("orphaned sub-agent runs", "sub-agent runs whose parent link was lost (tagged at v16)",
+     "json_valid(model_config) AND json_extract(model_config, '$._delegate_from') = '__orphaned__'"),
+    ("sub-agent runs", "sub-agent runs, listed under the session that started them",
+     "json_valid(model_config) AND json_extract(model_config, '$._delegate_from') IS NOT NULL"),
+    ("continuations", "continuations of a compressed or branched session, listed as one conversation",
+     "parent_session_id IS NOT NULL"),
+)
+
+
+def hidden_sessions(conn: sqlite3.Connection) -> dict[str, int]:
+    """How many sessions of the adopted copy the default session list leaves out, by reason."""
+    cols = {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}
+    out: dict[str, int] = {}
+    taken: list[str] = []
+    for key, _why, predicate in HIDDEN_REASONS:
+        if key in ("hidden", "archived") and key not in cols:
+            continue
+        not_before = "".join(f" AND NOT ({p})" for p in taken)
+        n = conn.execute(f"SELECT count(*) FROM sessions WHERE ({predicate}){not_before}").fetchone()[0]
+        taken.append(predicate)
+        if n:
+            out[key] = int(n)
+    return out
+
+
+def hidden_note(hidden: dict[str, int], total: int) -> str:
+    """One sentence for the report: what of ``total`` sessions the list will not show."""
+    why = dict((k, w) for k, w, _p in HIDDEN_REASONS)
+    parts = "; ".join(f"{why[k]}: {n}" for k, n in hidden.items())
+    return (f"{sum(hidden.values())} of {total} sessions are kept but not in the default session list: {parts}. "
+            "`hermes-store sessions --all` (and --archived) shows them")
 
 
 _INLINE_LEDGER_FK = re.compile(r"\s+REFERENCES\s+sessions\s*\(\s*id\s*\)\s+ON\s+DELETE\s+CASCADE", re.I)

@@ -199,6 +199,7 @@ def adopt(check_only: bool, no_backup: bool) -> None:
         backup=str(report.backup_path) if report.backup_path else None,
         backup_wal=str(report.backup_wal_path) if report.backup_wal_path else None,
         row_counts=dict(report.row_counts),
+        hidden_sessions=dict(report.hidden_sessions),
     )
     doc["detected"]["stamp"] = report.stamped or det.revision
     if st.json:
@@ -212,6 +213,9 @@ def adopt(check_only: bool, no_backup: bool) -> None:
     if report.row_counts:
         kept = ", ".join(f"{k} {v:,}" for k, v in sorted(report.row_counts.items()) if v)
         out.print(Text(f"Rows kept: {kept or 'none'}"))
+    for note in report.notes:
+        if "not in the default session list" in note:  # say why `sessions` lists fewer than were kept
+            out.print(Text(f"Note: {note}"))
 
 
 # ---------------------------------------------------------------------------- demo
