@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from logging.config import fileConfig
 
 from alembic import context
@@ -40,6 +39,7 @@ from hermes_store.alembic_support import (
     make_include_name,
     other_version_tables,
     name_own_revision,
+    quiet_reflection,
     revision_directives,
 )
 from hermes_store.dialects import pg_tenants as pg
@@ -180,13 +180,12 @@ def run_in_schema(connection, schema: str | None) -> None:  # type: ignore[no-un
         include_name=make_include_name(ignored, version_table),
         compare_type=True,
         # `alembic revision` ids follow our namespace (hs0001...), never random hex;
-        # on PostgreSQL, SQLite's nullable keys are not reported as changes.
+        # the NULL-able keys of Hermes' DDL are not reported as changes (PostgreSQL).
         process_revision_directives=revision_directives,
     )
-    with warnings.catch_warnings(), context.begin_transaction():
-        # SQLite cannot reflect expression indexes, so autogenerate cannot compare
-        # Hermes' idx_sessions_effective_activity (v27); the schema snapshot tests do.
-        warnings.filterwarnings("ignore", message=r".*expression-based index '?idx_sessions_effective_activity")
+    # SQLite cannot reflect expression indexes, so autogenerate cannot compare Hermes'
+    # idx_sessions_effective_activity (v27) and warns; the schema snapshot tests do compare it.
+    with quiet_reflection(), context.begin_transaction():
         context.run_migrations()
 
 

@@ -3,14 +3,20 @@
 * :func:`foreign_names` finds what autogenerate must not touch: FTS5 virtual tables,
   their shadow tables (``_data/_idx/_content/_docsize/_config``), views and SQLite
   internals. None of them is in our metadata, and none is ours to drop.
-* :func:`include_name` and :func:`exclude_hermes_store` are ready-made hooks for a
-  host application's env.py (branch mode and "ours first" mode, see README).
+* For a host application's env.py (README, "Embedding in a host application"):
+  :func:`include_name` / :func:`include_object` hide our FTS machinery in branch mode,
+  :func:`exclude_hermes_store` hides every object of ours in "ours first" mode,
+  :func:`keep_our_keys` (``process_revision_directives``) keeps autogenerate from
+  proposing NULL-able primary keys on PostgreSQL, and :func:`quiet_reflection`
+  silences SQLite's warnings about our expression indexes. All of them work whatever
+  the host's ``target_metadata`` is (one MetaData or a list).
 * :func:`next_own_revision_id` / :func:`name_own_revision` give contributor revisions
   ids in our own namespace (``hs0001``, ``hs0002``...), which no Hermes schema
   version (``0001``...``0030``..., digits only) can ever take.
 * :func:`keep_triggers_across_batch` repairs the known SQLite batch-mode trap: a
   table rebuild (create ``_alembic_tmp_X`` / copy / drop X / rename) silently drops
-  every trigger on X, and the rename fails while a view still names X.
+  every trigger on X, and the rename fails while a view still names X. env.py installs
+  it on every connection it migrates, whoever made it (a host's plain Engine too).
 * :func:`sqlite_history_only` is the guard at the top of every revision that replays
   Hermes' SQLite history (0001…0030, hs0001): on PostgreSQL they do nothing and the
   baseline revision ``hs0002`` creates the head schema in one step.
@@ -21,9 +27,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, ContextManager
+import warnings
+from contextlib import contextmanager
+from typing import Any, Callable, ContextManager, Iterator
 
-from sqlalchemy import Connection, event
+from sqlalchemy import Column, Connection, event
 from sqlalchemy import inspect as sa_inspect
 
 from .dialects import for_connection, postgresql
@@ -167,25 +175,48 @@ def name_own_revision(context: Any, revision: Any, directives: list[Any]) -> Non
         directive.rev_id = next_own_revision_id(script)
 
 
-def drop_sqlite_nullable_keys(context: Any, revision: Any, directives: list[Any]) -> None:
-    """``process_revision_directives`` on PostgreSQL: drop "make this key column NULL".
+def _nullable_key_columns() -> frozenset[tuple[str, str]]:
+    """``(table, column)`` of our key columns the models declare NULL-able.
 
-    Hermes' SQLite DDL lets a non-INTEGER PRIMARY KEY hold NULL, and the models say so
-    (``nullable=True``) to match the file exactly. PostgreSQL makes every key column
-    NOT NULL whatever the DDL says, so autogenerate would propose, forever, a change
-    the server cannot make. Only that one difference is dropped; any other change to
-    the same column is kept.
+    Hermes' SQLite DDL lets a non-INTEGER PRIMARY KEY hold NULL (``id TEXT PRIMARY
+    KEY``), and the models say so (``nullable=True``) to match its files exactly.
     """
-    if for_connection(context).keys_may_be_null:
-        return
+    return frozenset(
+        (table.name, column.name)
+        for table in metadata.tables.values()
+        for column in table.primary_key.columns
+        if column.nullable
+    )
+
+
+def keep_our_keys(context: Any, revision: Any, directives: list[Any]) -> None:
+    """``process_revision_directives`` for any env.py that compares our models: no
+    "change" to the nullability of our primary keys, on either dialect.
+
+    PostgreSQL (like most servers) makes every key column NOT NULL whatever the DDL
+    says, so against our NULL-able key columns (see :func:`_nullable_key_columns`)
+    autogenerate would propose ``alter_column(..., nullable=True)`` on
+    ``sessions.id``, ``state_meta.key``... forever: a change the server refuses
+    (``column "id" is in a primary key``) and ``alembic check`` reports. Only that
+    difference, on our tables (in the default schema, by name), is dropped: any other
+    change to the same column is kept, and so is every change of the host's tables and
+    of a key a model makes NOT NULL. Works whatever ``target_metadata`` is (ours, a
+    host's, a list of both), for ``revision --autogenerate`` and for ``alembic check``.
+
+    A host with a hook of its own calls this one from it::
+
+        def process_revision_directives(context, revision, directives):
+            keep_our_keys(context, revision, directives)
+            ...  # the host's own
+    """
     from alembic.operations import ops
+
+    ours = _nullable_key_columns()
 
     def keep(op_: Any) -> bool:
         if not isinstance(op_, ops.AlterColumnOp) or op_.modify_nullable is None:
             return True
-        table = context.opts["target_metadata"].tables.get(op_.table_name)
-        column = table.c.get(op_.column_name) if table is not None else None
-        if column is None or not column.primary_key:
+        if op_.schema is not None or (op_.table_name, op_.column_name) not in ours:
             return True
         op_.modify_nullable = None
         return op_.has_changes()
@@ -199,10 +230,42 @@ def drop_sqlite_nullable_keys(context: Any, revision: Any, directives: list[Any]
                         container.ops.remove(table_ops)
 
 
+#: The former name of :func:`keep_our_keys` (it now applies on every dialect and to a
+#: host's list-valued ``target_metadata``).
+drop_sqlite_nullable_keys = keep_our_keys
+
+
 def revision_directives(context: Any, revision: Any, directives: list[Any]) -> None:
-    """env.py's ``process_revision_directives``: the PostgreSQL key filter, then our ids."""
-    drop_sqlite_nullable_keys(context, revision, directives)
+    """env.py's ``process_revision_directives``: the key filter, then our ids."""
+    keep_our_keys(context, revision, directives)
     name_own_revision(context, revision, directives)
+
+
+def _expression_index_names() -> frozenset[str]:
+    """Our indexes on an expression (or a DESC column), which SQLite reflection skips."""
+    return frozenset(
+        index.name
+        for table in metadata.tables.values()
+        for index in table.indexes
+        if index.name and any(not isinstance(e, Column) for e in index.expressions)
+    )
+
+
+@contextmanager
+def quiet_reflection() -> Iterator[None]:
+    """Silence the warnings about *our* indexes that every autogenerate on SQLite gives.
+
+    SQLAlchemy cannot reflect SQLite expression indexes (Hermes' recency index on
+    ``sessions``, v27) and says so (``SAWarning: Skipped unsupported reflection of
+    expression-based index ...``), and Alembic then skips comparing them (``UserWarning:
+    autogenerate skipping metadata-specified expression-based index ...``). Nothing is
+    wrong, and the schema tests compare them. Wrap the ``context.configure`` /
+    ``run_migrations`` of an env.py in it; warnings about a host's own indexes still show.
+    """
+    names = "|".join(re.escape(n) for n in sorted(_expression_index_names()))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=rf".*expression-based index '?(?:{names})\b")
+        yield
 
 
 def _is_machinery(name: str | None) -> bool:
@@ -219,6 +282,17 @@ def include_name(name: str | None, type_: str, parent_names: dict[str, Any]) -> 
     if type_ == "table":
         return not _is_machinery(name) and name != VERSION_TABLE and name not in OPT_IN_TABLES
     return not _is_pg_search(name, type_, parent_names)
+
+
+def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """Branch mode's ``include_object``: the same objects :func:`include_name` hides
+    (FTS5 machinery, SQLite internals, our version table, the opt-in Telegram tables,
+    PostgreSQL's search column and indexes), decided on the objects themselves. Use
+    either hook, or both; a host's own ``include_object`` can call this one first."""
+    if type_ == "column":
+        table = getattr(obj, "table", None)
+        return include_name(name, type_, {"table_name": getattr(table, "name", None)})
+    return include_name(name, type_, {})
 
 
 def _our_table_names() -> frozenset[str]:
@@ -250,19 +324,25 @@ def keep_triggers_across_batch(conn: Connection) -> None:
     and the final RENAME fails while a view, or a trigger on another table, names X. The hooks park views,
     rewrite the CREATE of the copy to keep AUTOINCREMENT, and restore the rest after
     the rename, so hand-written and autogenerated revisions need no care of their own.
-    Our env.py installs them; revisions made from our template install them too, so
-    they hold when a host's env.py runs our revisions as a branch.
+    Our env.py installs them on every connection it migrates (ours, a host's Engine or
+    Connection handed to :mod:`hermes_store.migrations`); revisions made from our
+    template install them too, so they hold when a host's env.py runs our revisions as
+    a branch.
+
+    The hooks belong to ``conn`` (the :class:`~sqlalchemy.Connection` object), not to
+    the DB-API connection under it: a pooled DB-API connection outlives the
+    Connection that was hooked, and the next Connection checked out over it is hooked
+    anew. Statements of their own go through a fresh DB-API cursor (never through
+    ``conn``, which would re-enter these events), so they work on any SQLite driver
+    SQLAlchemy adapts (pysqlite, aiosqlite).
     """
-    if not for_connection(conn).install_batch_hooks(conn) or conn.info.get("hermes_store_batch_hooks"):
+    if not for_connection(conn).install_batch_hooks(conn) or _has_batch_hooks(conn):
         return  # already installed on this connection (env.py and a revision may both ask)
-    conn.info["hermes_store_batch_hooks"] = True
     saved: dict[str, tuple[list[str], list[str], int | None]] = {}
     # Index SQL of a table being rebuilt, by name: batch re-creates indexes from their
     # reflection, which loses DESC, cuts partial WHERE clauses and skips expressions.
     original_indexes: dict[str, dict[str, str]] = {}
 
-    # retval=True: this hook may hand back a rewritten CREATE statement.
-    @event.listens_for(conn, "before_cursor_execute", retval=True)
     def _before(c: Connection, cursor: Any, statement: str, parameters: Any, *_: Any) -> tuple[str, Any]:
         ix = _CREATE_INDEX.match(statement)
         if ix and ix.group(2) in original_indexes and ix.group(1) in original_indexes[ix.group(2)]:
@@ -272,67 +352,82 @@ def keep_triggers_across_batch(conn: Connection) -> None:
         if not m:
             return statement, parameters
         table = m.group(1)
-        original_indexes[table] = {
-            name: sql
-            for name, sql in cursor.execute(
-                "SELECT name, sql FROM sqlite_master WHERE type='index' AND tbl_name=? AND sql IS NOT NULL",
-                (table,),
-            ).fetchall()
-        }
-        # Snapshot through the raw cursor: executing through ``c`` would re-enter events.
-        original = cursor.execute(
-            "SELECT sql FROM sqlite_master WHERE type='table' AND name=?", (table,)
-        ).fetchone()
+        q = _raw_query(c)
+        original_indexes[table] = dict(
+            q("SELECT name, sql FROM sqlite_master WHERE type='index' AND tbl_name=? AND sql IS NOT NULL", (table,))
+        )
+        original = q("SELECT sql FROM sqlite_master WHERE type='table' AND name=?", (table,))
         triggers = [
-            r[0]
-            for r in cursor.execute(
-                "SELECT sql FROM sqlite_master WHERE type='trigger' AND tbl_name=? AND sql IS NOT NULL",
-                (table,),
-            ).fetchall()
+            r[0] for r in q("SELECT sql FROM sqlite_master WHERE type='trigger' AND tbl_name=? AND sql IS NOT NULL",
+                            (table,))
         ]
         # Triggers on other tables whose body names this one (v29+: the trigram triggers
         # on messages read sessions) would also make the final RENAME fail; park them too.
         names_table = re.compile(rf"\b{re.escape(table)}\b", re.I)
-        for name, sql in cursor.execute(
-            "SELECT name, sql FROM sqlite_master WHERE type='trigger' AND tbl_name<>? AND sql IS NOT NULL",
-            (table,),
-        ).fetchall():
+        for name, sql in q(
+            "SELECT name, sql FROM sqlite_master WHERE type='trigger' AND tbl_name<>? AND sql IS NOT NULL", (table,)
+        ):
             if names_table.search(sql):
-                cursor.execute(f'DROP TRIGGER "{name}"')
+                q(f'DROP TRIGGER "{name}"')
                 triggers.append(sql)
-        views = cursor.execute(
-            "SELECT name, sql FROM sqlite_master WHERE type='view' AND sql IS NOT NULL"
-        ).fetchall()
+        views = q("SELECT name, sql FROM sqlite_master WHERE type='view' AND sql IS NOT NULL")
         # A view naming the table would make the final RENAME fail; park it meanwhile.
         for name, _sql in views:
-            cursor.execute(f'DROP VIEW "{name}"')
+            q(f'DROP VIEW "{name}"')
         seq = None
-        if original and _AUTOINCREMENT.search(original[0] or ""):
+        if original and _AUTOINCREMENT.search(original[0][0] or ""):
             statement = _with_autoincrement(statement)
-            row = cursor.execute("SELECT seq FROM sqlite_sequence WHERE name=?", (table,)).fetchone()
-            seq = row[0] if row else None
+            row = q("SELECT seq FROM sqlite_sequence WHERE name=?", (table,))
+            seq = row[0][0] if row else None
         saved[table] = (triggers, [sql for _n, sql in views], seq)
         return statement, parameters
 
-    @event.listens_for(conn, "after_cursor_execute")
     def _after(c: Connection, cursor: Any, statement: str, *_: Any) -> None:
         m = _RENAME_TMP.match(statement)
         if not m or m.group(1) not in saved:
             return
         table = m.group(1)
+        q = _raw_query(c)
         triggers, views, seq = saved.pop(table)
         for sql in views:
-            cursor.execute(sql)
+            q(sql)
         for sql in triggers:
-            cursor.execute(sql)
+            q(sql)
         # Expression indexes are never reflected, so batch will not re-create them.
         for name, sql in list(original_indexes.get(table, {}).items()):
             if _EXPRESSION_INDEX.search(sql):
-                cursor.execute(sql)
+                q(sql)
                 del original_indexes[table][name]
         if seq is not None:
             # The copy's sequence only reached max(id); ids above it were handed out before.
-            cursor.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?", (seq, table))
+            q("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?", (seq, table))
+
+    _before._hermes_store_batch_hook = True  # type: ignore[attr-defined]
+    # retval=True: the before hook may hand back a rewritten CREATE statement.
+    event.listen(conn, "before_cursor_execute", _before, retval=True)
+    event.listen(conn, "after_cursor_execute", _after)
+
+
+def _has_batch_hooks(conn: Connection) -> bool:
+    """Whether :func:`keep_triggers_across_batch` hooked this Connection already (its
+    listener list, which on a Connection includes its Engine's)."""
+    return any(getattr(fn, "_hermes_store_batch_hook", False) for fn in conn.dispatch.before_cursor_execute)
+
+
+def _raw_query(c: Connection) -> Callable[..., list[Any]]:
+    """Run SQL on ``c``'s DB-API connection, outside SQLAlchemy's events: a fresh cursor
+    per statement, its rows fetched in full (``execute`` may not return the cursor)."""
+    dbapi_conn = c.connection.dbapi_connection
+
+    def q(sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(sql, params)
+            return list(cur.fetchall()) if cur.description else []
+        finally:
+            cur.close()
+
+    return q
 
 
 _AUTOINCREMENT = re.compile(r"\bAUTOINCREMENT\b", re.I)
