@@ -2,12 +2,21 @@
 
 Each test builds a real host project in a temp dir (own DeclarativeBase, ``alembic
 init``, its own revisions) from the code blocks of README.md, and drives the real
-``alembic`` command line. So the README cannot go stale without a test failing.
+``alembic`` command line (``python -m alembic`` in a subprocess), on SQLite and on
+PostgreSQL. So the README cannot go stale without a test failing.
+
+Both ways ("ours first", "our revisions as a branch of yours") must give: a first
+autogenerate holding only the host's table, a working ``upgrade``, a second autogenerate
+that is empty and a passing ``alembic check``, no warning about our indexes, and a store
+that ``SessionDB`` and ``hermes-store`` use, with the host's ``ON DELETE CASCADE`` key to
+our sessions really cascading. A revision of ours that rebuilds ``messages`` (batch mode
+on SQLite) runs through the host's env.py too.
 """
 
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import re
 import shlex
@@ -18,16 +27,22 @@ from pathlib import Path
 
 import pytest
 from alembic.script import ScriptDirectory
+from alembic.util import format_as_comma
+from mako.template import Template
 from sqlalchemy import create_engine as sa_create_engine
-from sqlalchemy import text
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import make_url
 
 import hermes_store
-from hermes_store import SessionDB, adopt, errors, migrations
+from hermes_store import SessionDB, adopt, errors, introspect, migrations
+from hermes_store.paths import script_location
 
 REPO = Path(__file__).resolve().parent.parent
 #: Our revision ids, oldest first.
 REVISIONS = [s.revision for s in reversed(list(ScriptDirectory.from_config(migrations.make_config()).walk_revisions()))]
-pytestmark = pytest.mark.slow
+#: The host projects talk to the server the way README's env.py does: straight, with a
+#: plain engine (a transaction pooler in front is the host's own setup, not ours).
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends, pytest.mark.pg_direct]
 
 
 def readme_block(name: str) -> str:
@@ -38,126 +53,311 @@ def readme_block(name: str) -> str:
     return m.group(1)
 
 
-def _run(host: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    # The host's modules, and the same hermes_store this test process imported.
-    env["PYTHONPATH"] = os.pathsep.join([str(host), str(Path(hermes_store.__file__).resolve().parent.parent)])
-    env["HERMES_HOME"] = str(host / "hermes-home")
-    env.pop("HERMES_STORE_URL", None)
-    return subprocess.run(list(argv), cwd=host, env=env, capture_output=True, text=True)
+@pytest.fixture
+def database(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """The host's database: a file that does not exist yet, or a new empty server database."""
+    if backend == "postgresql":
+        return request.getfixturevalue("pg_database")
+    return f"sqlite:///{tmp_path / 'host' / 'app.db'}"  # in the host project, as its ini says
 
 
-def _alembic(host: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    out = _run(host, sys.executable, "-m", "alembic", *args)
-    assert out.returncode == 0, f"alembic {' '.join(args)}\n{out.stdout}\n{out.stderr}"
-    return out
+class Host:
+    """A host project on disk, and everything its ``alembic`` runs printed."""
+
+    def __init__(self, root: Path, url: str) -> None:
+        self.root, self.url = root, url
+        self.output: list[str] = []
+
+    def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ)
+        # The host's modules, and the same hermes_store this test process imported.
+        env["PYTHONPATH"] = os.pathsep.join([str(self.root), str(Path(hermes_store.__file__).resolve().parent.parent)])
+        env["HERMES_HOME"] = str(self.root / "hermes-home")
+        env.pop("HERMES_STORE_URL", None)
+        env.pop("PYTHONWARNINGS", None)  # Python's default filters: a host sees what we warn
+        out = subprocess.run(list(argv), cwd=self.root, env=env, capture_output=True, text=True)
+        self.output.append(out.stdout + out.stderr)
+        return out
+
+    def alembic(self, *args: str) -> subprocess.CompletedProcess[str]:
+        out = self.run(sys.executable, "-m", "alembic", *args)
+        assert out.returncode == 0, f"alembic {' '.join(args)}\n{out.stdout}\n{out.stderr}"
+        return out
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        out = self.run(str(Path(sys.executable).parent / "hermes-store"), "--url", self.url, *args)
+        assert out.returncode == 0, f"hermes-store {' '.join(args)}\n{out.stdout}\n{out.stderr}"
+        return out
+
+    def revisions(self) -> list[Path]:
+        return sorted((self.root / "alembic" / "versions").glob("*.py"))
+
+    def set_ini(self, **options: str) -> None:
+        ini = configparser.ConfigParser(interpolation=None)
+        ini.read(self.root / "alembic.ini")
+        for key, value in options.items():
+            ini["alembic"][key] = value
+        with open(self.root / "alembic.ini", "w") as fh:
+            ini.write(fh)
+
+    def assert_quiet(self) -> None:
+        """No run printed a warning about our indexes (README's env.py filters them)."""
+        said = "\n".join(self.output)
+        assert "expression-based index" not in said and "Warning" not in said, said[-3000:]
 
 
-def make_host(tmp_path: Path, mode: str) -> Path:
-    host = tmp_path / f"host-{mode}"
-    (host / "hostapp").mkdir(parents=True)
-    (host / "hostapp" / "__init__.py").write_text("")
-    (host / "hostapp" / "models.py").write_text(readme_block("hostapp/models.py"))
-    _alembic(host, "init", "alembic")
-    ini = configparser.ConfigParser(interpolation=None)
-    ini.read(host / "alembic.ini")
-    ini["alembic"]["sqlalchemy.url"] = "sqlite:///%(here)s/app.db"
+def make_host(tmp_path: Path, mode: str, url: str) -> Host:
+    host = Host(tmp_path / "host", url)
+    (host.root / "hostapp").mkdir(parents=True)
+    (host.root / "hostapp" / "__init__.py").write_text("")
+    (host.root / "hostapp" / "models.py").write_text(readme_block("hostapp/models.py"))
+    host.alembic("init", "alembic")
+    if url.startswith("sqlite"):
+        url = "sqlite:///%(here)s/app.db"  # as a host writes it
+    options = {"sqlalchemy.url": url.replace("%", "%%") if "%(here)s" not in url else url}
     if mode == "branch":
         extra = configparser.ConfigParser(interpolation=None)
         extra.read_string(readme_block("branch/alembic.ini"))
-        for key, value in extra["alembic"].items():
-            ini["alembic"][key] = value
-    with open(host / "alembic.ini", "w") as fh:
-        ini.write(fh)
-    (host / "alembic" / "env.py").write_text(readme_block(f"{mode}/env.py"))
+        options.update(extra["alembic"])
+    host.set_ini(**options)
+    (host.root / "alembic" / "env.py").write_text(readme_block(f"{mode}/env.py"))
     return host
 
 
-def _new_revisions(host: Path) -> list[Path]:
-    return sorted((host / "alembic" / "versions").glob("*.py"))
-
-
 def _ops(path: Path) -> list[str]:
-    body = path.read_text()
-    return re.findall(r"\bop\.(\w+)\(", body)
+    return re.findall(r"\bop\.(\w+)\(", path.read_text())
 
 
-def _tables(db: Path) -> set[str]:
-    with sqlite3.connect(db) as conn:
-        return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+def _tables(url: str) -> set[str]:
+    engine = sa_create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return set(inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
 
 
-def _use_with_our_tools(db: Path) -> None:
-    """SessionDB, the CLI and adoption treat the file as ours, at head."""
-    assert migrations.current(db) == migrations.head()
-    assert not adopt.needs_adoption(db)
-    before = _tables(db)
-    with SessionDB(db) as sdb:
+def _versions(url: str, table: str) -> set[str]:
+    engine = sa_create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return {r[0] for r in conn.execute(text(f"SELECT version_num FROM {table}"))}
+    finally:
+        engine.dispose()
+
+
+def _sqlite_file(url: str) -> Path | None:
+    u = make_url(url)
+    return Path(u.database) if u.get_backend_name() == "sqlite" else None
+
+
+def _assert_only_the_host_table(rev: Path) -> None:
+    assert _ops(rev) == ["create_table", "drop_table"], rev.read_text()
+    body = rev.read_text()
+    assert "host_bookmarks" in body and "alter_column" not in body and "messages_fts" not in body, body
+
+
+def _assert_check_and_empty_autogenerate(host: Host, *head: str) -> None:
+    check = host.alembic("check")
+    assert "No new upgrade operations detected" in check.stdout + check.stderr
+    before = set(host.revisions())
+    host.alembic("revision", "--autogenerate", "-m", "nothing", *head)
+    [later] = set(host.revisions()) - before
+    assert _ops(later) == [], later.read_text()
+    later.unlink()
+
+
+def _use_with_our_tools(host: Host) -> None:
+    """SessionDB and the command line take the store as ours, at head; the host's
+    ON DELETE CASCADE key to our sessions cascades."""
+    url = host.url
+    assert migrations.current(url) == migrations.head()
+    path = _sqlite_file(url)
+    if path is not None:
+        assert not adopt.needs_adoption(path)
+    before = _tables(url)
+    with SessionDB(url) as sdb:
         sdb.create_session("s1", "cli")
+        sdb.create_session("s2", "cli")
         sdb.append_message("s1", "user", "kubernetes rollout from the host app")
         assert [h["session_id"] for h in sdb.search_messages("kubernetes")] == ["s1"]
-    assert _tables(db) == before  # nothing was re-run or added
-    script = Path(sys.executable).parent / "hermes-store"
-    cli = subprocess.run([str(script), "--db", str(db), "--json", "current"], capture_output=True, text=True)
-    assert cli.returncode == 0, cli.stderr
-    assert migrations.head() in cli.stdout
+    assert _tables(url) == before  # nothing was re-run or added
+    listed = json.loads(host.cli("--json", "sessions").stdout)
+    rows = listed["sessions"] if isinstance(listed, dict) else listed
+    assert sorted(r["id"] for r in rows) == ["s1", "s2"], listed
+    assert migrations.head() in host.cli("--json", "current").stdout
+
+    engine = sa_create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO host_bookmarks(session_id, label) VALUES ('s1', 'first'), ('s2', 'second')"))
+    with SessionDB(url) as sdb:
+        assert sdb.delete_session("s1") is True
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT session_id FROM host_bookmarks")).scalars().all() == ["s2"]
+    engine.dispose()
 
 
-def test_ours_first(tmp_path: Path) -> None:
-    host = make_host(tmp_path, "ours-first")
-    db = host / "app.db"
-    _alembic(host, "revision", "--autogenerate", "-m", "host tables")
-    [rev] = _new_revisions(host)
-    assert _ops(rev) == ["create_table", "drop_table"], rev.read_text()  # only the host's table
-    assert "host_bookmarks" in rev.read_text()
-    _alembic(host, "upgrade", "head")
-    assert {"host_bookmarks", "sessions", "messages", "messages_fts", "hermes_store_version",
-            "alembic_version"} <= _tables(db)
-    check = _alembic(host, "check")
-    assert "No new upgrade operations detected" in check.stdout + check.stderr
-    _alembic(host, "revision", "--autogenerate", "-m", "nothing")
-    empty = [p for p in _new_revisions(host) if p != rev]
-    assert len(empty) == 1 and _ops(empty[0]) == []
-    with sqlite3.connect(db) as conn:
-        assert [r[0] for r in conn.execute("SELECT version_num FROM hermes_store_version")] == [migrations.head()]
-        host_versions = [r[0] for r in conn.execute("SELECT version_num FROM alembic_version")]
-    assert host_versions and migrations.head() not in host_versions
-    _use_with_our_tools(db)
+def test_ours_first(tmp_path: Path, database: str) -> None:
+    host = make_host(tmp_path, "ours-first", database)
+    host.alembic("revision", "--autogenerate", "-m", "host tables")
+    [rev] = host.revisions()
+    _assert_only_the_host_table(rev)
+    host.alembic("upgrade", "head")
+    tables = _tables(database)
+    assert {"host_bookmarks", "sessions", "messages", "hermes_store_version", "alembic_version"} <= tables
+    if database.startswith("sqlite"):
+        assert "messages_fts" in tables
+    _assert_check_and_empty_autogenerate(host)
+    assert _versions(database, "hermes_store_version") == {migrations.head()}
+    assert _versions(database, "alembic_version") == {rev.name.split("_")[0]}
+    _use_with_our_tools(host)
+    host.assert_quiet()
 
 
-def test_branch(tmp_path: Path) -> None:
+def branch_host(tmp_path: Path, database: str) -> tuple[Host, Path]:
+    """A host in branch mode after README's commands; its first revision."""
     ours_before = sorted(p.name for p in migrations.versions_location().iterdir())
-    host = make_host(tmp_path, "branch")
-    db = host / "app.db"
+    host = make_host(tmp_path, "branch", database)
     commands = [shlex.split(line) for line in readme_block("branch/commands").splitlines() if line.strip()]
     assert [c[:2] for c in commands] == [["alembic", "upgrade"], ["alembic", "revision"],
                                          ["alembic", "upgrade"], ["alembic", "check"]]
     for argv in commands:
-        _alembic(host, *argv[1:])
-    revs = _new_revisions(host)
-    assert len(revs) == 1, revs  # created in the host's folder, never inside our package
+        host.alembic(*argv[1:])
+    [rev] = host.revisions()  # created in the host's folder, never inside our package
     assert sorted(p.name for p in migrations.versions_location().iterdir()) == ours_before
-    assert _ops(revs[0]) == ["create_table", "drop_table"], revs[0].read_text()
-    assert "host_bookmarks" in revs[0].read_text() and "messages_fts" not in revs[0].read_text()
-    with sqlite3.connect(db) as conn:
-        versions = {r[0] for r in conn.execute("SELECT version_num FROM alembic_version")}
-    assert migrations.head() in versions and len(versions) == 2
-    assert "hermes_store_version" not in _tables(db)
-    # Autogenerate on unchanged models is empty.
-    _alembic(host, "revision", "--autogenerate", "-m", "nothing", "--head", "host@head")
-    later = [p for p in _new_revisions(host) if p not in revs]
-    assert len(later) == 1 and _ops(later[0]) == []
-    # The cross-MetaData foreign key is real: it cascades from our sessions.
-    _use_with_our_tools(db)
-    engine = sa_create_engine(f"sqlite:///{db}")
-    with engine.begin() as conn:
-        conn.exec_driver_sql("PRAGMA foreign_keys=ON")
-        conn.execute(text("INSERT INTO host_bookmarks(session_id, label) VALUES ('s1', 'first')"))
-    with SessionDB(db) as sdb:
-        assert sdb.delete_session("s1") is True
-    with engine.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM host_bookmarks")).scalar() == 0
-    engine.dispose()
+    return host, rev
+
+
+def test_branch(tmp_path: Path, database: str) -> None:
+    host, rev = branch_host(tmp_path, database)
+    _assert_only_the_host_table(rev)
+    # A branch of its own, depending on nothing of ours (README says why).
+    assert re.search(r"^down_revision\b.*= None$", rev.read_text(), re.M)
+    assert re.search(r"^depends_on\b.*= None$", rev.read_text(), re.M)
+    host_rev = rev.name.split("_")[0]
+    assert _versions(database, "alembic_version") == {migrations.head(), host_rev}
+    assert "hermes_store_version" not in _tables(database)
+    _assert_check_and_empty_autogenerate(host, "--head", "host@head")
+
+    # From nothing, as on a new machine: both branches down, then `upgrade heads` at once
+    # (on PostgreSQL it fails if the host's table comes before our sessions).
+    host.alembic("downgrade", "base")
+    assert _tables(database) == {"alembic_version"}
+    assert _versions(database, "alembic_version") == set()
+    host.alembic("upgrade", "heads")
+    assert _versions(database, "alembic_version") == {migrations.head(), host_rev}
+    _assert_check_and_empty_autogenerate(host, "--head", "host@head")
+    _use_with_our_tools(host)
+    host.assert_quiet()
+
+
+#: What a contributor's revision of ours does to ``messages`` (autogenerate gives the
+#: same operations), rendered from our own revision template like ``alembic revision``.
+REBUILD_HELPER = '''
+
+def _recreate() -> str:
+    """A real table rebuild on SQLite, both ways; PostgreSQL alters in place."""
+    return "always" if op.get_bind().dialect.name == "sqlite" else "auto"
+'''
+REBUILD_UPGRADE = """with op.batch_alter_table("messages", recreate=_recreate()) as batch_op:
+        batch_op.add_column(sa.Column("reviewer_note", sa.TEXT(), nullable=True))"""
+REBUILD_DOWNGRADE = """with op.batch_alter_table("messages", recreate=_recreate()) as batch_op:
+        batch_op.drop_column("reviewer_note")"""
+
+
+def render_our_revision(folder: Path, rev_id: str, down: str) -> Path:
+    """A revision file made from our script.py.mako, as ``alembic revision`` makes it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    body = Template(filename=str(script_location() / "script.py.mako")).render_unicode(
+        message="a contributor's column on messages", up_revision=rev_id, down_revision=down,
+        create_date="2026-12-02", branch_labels=None, depends_on=None, imports=REBUILD_HELPER,
+        upgrades=REBUILD_UPGRADE, downgrades=REBUILD_DOWNGRADE, comma=format_as_comma,
+    )
+    assert "keep_triggers_across_batch(op.get_bind())" in body  # the template installs the hooks
+    path = folder / f"{rev_id}_reviewer_note.py"
+    path.write_text(body)
+    return path
+
+
+def _messages_machinery(url: str) -> dict:
+    """Triggers, views, indexes and FTS tables of a SQLite store (empty on a server)."""
+    path = _sqlite_file(url)
+    if path is None:
+        return {}
+    with sqlite3.connect(path) as conn:
+        snap = introspect.snapshot(conn)
+    return {kind: snap[kind] for kind in ("triggers", "views", "indexes", "virtual")} | {
+        "autoincrement": snap["tables"]["messages"]["autoincrement"]}
+
+
+def _columns(url: str, table: str) -> list[str]:
+    engine = sa_create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [c["name"] for c in inspect(conn).get_columns(table)]
+    finally:
+        engine.dispose()
+
+
+def test_branch_runs_our_rebuild_of_messages(tmp_path: Path, database: str) -> None:
+    """A later revision of ours that rebuilds ``messages`` runs through the host's plain
+    env.py (no hooks of ours there: the revision installs them), up and down."""
+    host, _rev = branch_host(tmp_path, database)
+    with SessionDB(database) as sdb:
+        sdb.create_session("s1", "cli")
+        for word in ("alpha", "beta", "gamma"):
+            sdb.append_message("s1", "user", f"{word} pelican")
+    machinery = _messages_machinery(database)
+    rows_before = _message_rows(database)
+    extra = tmp_path / "contributor-versions"
+    render_our_revision(extra, "hs9001", migrations.head())
+    locations = readme_block("branch/alembic.ini").split("version_locations =")[1].split("\n")[0].strip()
+    host.set_ini(version_locations=f"{locations} {extra}")
+
+    host.alembic("upgrade", "heads")
+    assert "hs9001" in _versions(database, "alembic_version")
+    assert "reviewer_note" in _columns(database, "messages")
+    assert _messages_machinery(database) == machinery  # triggers, views, indexes, AUTOINCREMENT kept
+    assert _message_rows(database) == rows_before
+    _search_follows_writes(database, "heron")
+
+    host.alembic("downgrade", "hermes_store@-1")
+    assert "reviewer_note" not in _columns(database, "messages")
+    assert _messages_machinery(database) == machinery
+    assert migrations.head() in _versions(database, "alembic_version")
+    _search_follows_writes(database, "osprey")
+    host.assert_quiet()
+
+
+def _message_rows(url: str) -> list[tuple]:
+    engine = sa_create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text("SELECT id, session_id, content FROM messages ORDER BY id"))]
+    finally:
+        engine.dispose()
+
+
+def _search_follows_writes(url: str, word: str) -> None:
+    """A row written after the rebuild is found by the search index (its triggers live)."""
+    engine = sa_create_engine(url)
+    try:
+        with engine.begin() as conn:
+            new_id = conn.execute(text(
+                "INSERT INTO messages (session_id, role, content, timestamp) "
+                "VALUES ('s1', 'user', :c, 1) RETURNING id"), {"c": f"{word} nest"}).scalar_one()
+            if url.startswith("sqlite"):
+                hits = conn.execute(text("SELECT rowid FROM messages_fts WHERE messages_fts MATCH :w"), {"w": word})
+            else:
+                hits = conn.execute(text("SELECT id FROM messages WHERE search_vector @@ plainto_tsquery(:w)"),
+                                    {"w": word})
+            assert hits.scalars().all() == [new_id]
+            # Every earlier row is still found too (the rebuild kept the ids the index points at).
+            if url.startswith("sqlite"):
+                old = conn.execute(text("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'pelican'"))
+                assert old.scalar() == 3
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.parametrize("outcome", ["commit", "rollback", "rollback-before-any-write"])
@@ -182,7 +382,7 @@ def test_upgrade_on_a_host_connection_joins_its_transaction(tmp_path: Path, outc
         assert conn.in_transaction()
         conn.commit() if outcome == "commit" else conn.rollback()
     engine.dispose()
-    tables = _tables(db)
+    tables = _tables(f"sqlite:///{db}")
     with sqlite3.connect(db) as raw:
         rows = raw.execute("SELECT what FROM audit").fetchall()
     if outcome == "commit":
