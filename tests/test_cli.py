@@ -542,7 +542,7 @@ def test_prune_dry_run_deletes_nothing_then_prune_deletes(demo: Target, tmp_path
     assert ids["a41c9e"] in {s["id"] for s in orphan["sessions"]} and orphan["would_orphan"] == []
     assert snapshot(demo) == before
 
-    done = demo.ok("--json", "prune", "--older-than-days", "90", "--sessions-dir", folder).json()
+    done = demo.ok("--json", "prune", "--older-than-days", "90", "--sessions-dir", folder, "--yes").json()
     assert done["deleted"] == 1
     remaining = demo.ok("--json", "sessions", "--all").json()["sessions"]
     assert old not in {d["id"] for d in remaining} and len(remaining) == 5
@@ -557,7 +557,7 @@ def test_prune_dry_run_reports_children_left_without_parent(target: Target) -> N
         db.create_session("child", "cli", parent_session_id="parent", started_at=1_200.0)
     doc = target.ok("--json", "prune", "--older-than-days", "1", "--dry-run").json()
     assert [s["id"] for s in doc["sessions"]] == ["parent"] and doc["would_orphan"] == ["child"]
-    target.ok("prune", "--older-than-days", "1")
+    target.ok("prune", "--older-than-days", "1", "--yes")
     with target.open() as db:
         assert db.get_session("parent") is None and db.get_session("child")["parent_session_id"] is None
 

@@ -2,85 +2,97 @@
 
 People get rich tables sized for an 80-column terminal; scripts pass ``--json`` and get
 one JSON document on stdout (JSON Lines for ``export``) with stable keys and raw values
-(epoch-float timestamps, integer token counts). Progress bars go to stderr and only to
-an interactive terminal, so pipes and logs stay clean.
+(epoch-float timestamps, integer token counts). Progress bars go to stderr on an
+interactive terminal; when stderr is not one (a log, CI), long commands write a
+progress line there every few seconds instead (count, rate, ETA), so pipes stay clean.
 
 Exit codes: 0 success, 1 a refusal or failure (unknown session, not a Hermes file,
 damaged index, a file that cannot be read or written...), 2 bad arguments, 130
 interrupted, 141 stdout closed by its reader (``sessions | head -1``, no message).
 Every error is one line on stderr, never a traceback: ``hermes-store: error: ...`` for
-arguments, ``hermes-store: ...`` otherwise.
+arguments, ``hermes-store: ...`` otherwise; with ``--json``, one JSON object
+``{"error": ..., "code": ..., "exit_code": ...}``.
 
-Commands that only read never rewrite a file Hermes made: a ``state.db`` that has not
-been adopted yet is refused with a pointer to ``hermes-store adopt``, which keeps a
-backup and reports what it did.
+The global options (``--db``, ``--url``, ``--schema``, ``--json``, ``-q``) go before
+or after the command name.
+
+Only ``upgrade``, ``adopt``, ``demo``, ``import`` and ``copy`` create or migrate a
+store. Every other command opens one that is there and at head, or says how to make
+it so and exits 1: a missing or empty database, a server database or schema without
+our tables, a store at an older revision (run ``upgrade``), and a ``state.db`` Hermes
+made that is not adopted yet (run ``adopt``, which keeps a backup) are refused.
 
 One module per command group: ``schema`` (upgrade, current, adopt, demo), ``browse``
 (sessions, show, lineage, search, stats), ``transfer`` (export, import, copy), ``maintain``
-(prune, fts); ``_common`` holds what they share.
+(prune, fts); ``_common`` holds what they share. A command's module is imported when
+the command is named (:class:`~hermes_store.cli._base.LazyGroup`), so ``--help`` and
+``--version`` start in a fraction of the time a command takes to load.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from .. import __version__
-from ..engine import default_db_path
-from . import browse, maintain, schema, transfer
-from ._common import (
-    PROG,
-    TEXT,
-    CliError,
-    DbPath,
-    Group,
-    State,
-    parse_target,
-    content_text,
-    fmt_num,
-    fmt_time,
-    highlight_snippet,
-    run,
-    stderr_console,
-    stdout_console,
-)
+from ._base import PROG, CliError, Lazy, LazyGroup, Options, group_options, run
 
 __all__ = [
     "CliError", "cli", "content_text", "fmt_num", "fmt_time", "highlight_snippet", "main", "stderr_console",
     "stdout_console",
 ]
 
+#: Every command: its module, its name there, and the line ``--help`` shows for it
+#: (the first line of its docstring; tests/test_cli_conventions.py keeps them equal).
+COMMANDS: dict[str, Lazy] = {
+    "upgrade": Lazy("schema", "upgrade", "Create or migrate the database to a revision."),
+    "current": Lazy("schema", "current", "Show the database's revision and whether it is at head."),
+    "adopt": Lazy("schema", "adopt", "Adopt a Hermes-made state.db, keeping every row."),
+    "demo": Lazy("schema", "demo", "Create a demo database with a few sessions."),
+    "sessions": Lazy("browse", "sessions_cmd", "List sessions, newest first, with a preview."),
+    "show": Lazy("browse", "show", "Show one session (ID or a unique prefix) and its messages."),
+    "lineage": Lazy("browse", "lineage", "Show a session's chain (root → tip) and descendants."),
+    "search": Lazy("browse", "search", "Full-text search over all messages."),
+    "stats": Lazy("browse", "stats", "Token and cost usage by model, task or route."),
+    "export": Lazy("transfer", "export", "Export sessions as JSON Lines (one per line)."),
+    "import": Lazy("transfer", "import_cmd", "Import a JSON Lines export (idempotent)."),
+    "copy": Lazy("transfer", "copy_cmd", "Copy a whole history between SQLite files and PostgreSQL databases."),
+    "prune": Lazy("maintain", "prune", "Delete old ended sessions and their messages."),
+    "fts": Lazy("maintain", "fts", "Full-text search index upkeep: rebuild, check, optimize."),
+}
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--db", "db_path", type=DbPath(), metavar="PATH",
-              help="Database file [default: $HERMES_HOME/state.db, else ~/.hermes/state.db].")
-@click.option("--url", metavar="URL", type=TEXT, help="Database URL instead of --db: sqlite:///path or postgresql+psycopg://user@host/db.")
-@click.option("--schema", metavar="NAME", type=TEXT,
-              help="With a PostgreSQL --url: the schema of one tenant (created by upgrade); "
-                   "same as ?schema=NAME in the URL.")
-@click.option("--json", "as_json", is_flag=True, help="Machine output: one JSON document on stdout (JSON Lines for export).")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bars or side-notes.")
+#: Names this package re-exports from the module that holds them, imported on first use.
+_REEXPORTED = {name: "_common" for name in (
+    "content_text", "fmt_num", "fmt_time", "highlight_snippet", "stderr_console", "stdout_console",
+)}
+_SUBMODULES = ("_common", "browse", "maintain", "schema", "transfer")
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS, package=__name__,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@group_options
 @click.version_option(__version__, prog_name=PROG)
 @click.pass_context
-def cli(ctx: click.Context, db_path: Path | None, url: str | None, schema: str | None, as_json: bool,
+def cli(ctx: click.Context, db_path: Path | None, url: str | None, schema: str | None, json: bool,
         quiet: bool) -> None:
-    """Inspect and maintain a Hermes Agent session store (state.db)."""
-    if db_path is not None and url is not None:
-        raise click.UsageError("use either --db or --url, not both")
-    if schema is not None and url is None:
-        raise click.UsageError("--schema needs a PostgreSQL --url (a SQLite file has no schemas)")
-    if url is not None:
-        path, server = parse_target(url, schema=schema)
-    else:
-        path, server = db_path.expanduser() if db_path else default_db_path(), None
-    ctx.obj = State(path=path, json=as_json, quiet=quiet, url=server)
+    """Inspect and maintain a Hermes Agent session store (state.db).
+
+    The options below work after the command name too (hermes-store adopt --db PATH).
+    """
+    ctx.obj = Options(db_path=db_path, url=url, schema=schema, json=json, quiet=quiet)
 
 
-for _module in (schema, browse, transfer, maintain):
-    for _command in _module.COMMANDS:
-        cli.add_command(_command)
+def __getattr__(name: str) -> Any:
+    """``cli.fmt_num``, ``cli.browse``…: the modules behind them load on first use."""
+    if name in _REEXPORTED:
+        return getattr(importlib.import_module(f"{__name__}.{_REEXPORTED[name]}"), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """What every command group shares: options and argument types, output (consoles,
-number and time formats, tables), database access, and turning failures into one line.
+number and time formats, tables, progress), database access, and turning failures into
+one line (the light part of that, needed before a command loads, is in ``_base``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import os
 import re
 import sqlite3
 import sys
+import threading
 import time
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -34,52 +36,48 @@ from rich.text import Text
 
 from .. import adopt as adopt_mod, errors, migrations, paths
 from ..dialects import backend_name, find_for, for_connection, for_dialect
-from ..engine import create_engine, schema_in_url, to_url, with_schema
+from ..engine import create_engine, default_db_path, schema_in_url, to_url, with_schema
 from ..facade import SessionDB
 from ..paths import create_private_database
 from ..repositories.maintenance import DAY
 from ..repositories.sessions import SessionRepository
+from ._base import (
+    DEBUG_ENV,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PIPE_CLOSED,
+    EXIT_USAGE,
+    NONEMPTY,
+    PROG,
+    TEXT,
+    CliError,
+    DbPath,
+    Group,
+    Options,
+    PipeClosed,
+    TextArg,
+    global_options,
+    has_surrogates,
+    json_text,
+    printable,
+    run,
+    say,
+    shown,
+)
 
-PROG = "hermes-store"
+__all__ = [
+    "DEBUG_ENV", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PIPE_CLOSED", "EXIT_USAGE", "NONEMPTY", "PROG",
+    "TEXT", "CliError", "DbPath", "Group", "PipeClosed", "TextArg", "global_options", "has_surrogates", "printable",
+    "run", "say", "shown",
+]
+
 SORT_CHOICES = ("rank", "newest", "oldest")
 USAGE_KEYS = {
     "model": ("model",),
     "task": ("task",),
     "route": ("billing_provider", "billing_base_url", "billing_mode"),
 }
-
-
-class CliError(Exception):
-    """A refusal worth one line on stderr and exit code 1 (not a bug, not bad arguments)."""
-
-
-def shown(value: str) -> str:
-    """An argument as the user typed it, for an error line: undecodable bytes as \\xNN."""
-    if has_surrogates(value):
-        return repr(_as_bytes(value))[1:]
-    return repr(value)
-
-
-def printable(value: Any) -> str:
-    """Text any UTF-8 stream can carry: undecodable bytes (in a file name) as \\xNN escapes."""
-    return _as_bytes(str(value)).decode("utf-8", "backslashreplace")
-
-
-def _as_bytes(value: str) -> bytes:
-    """The bytes the OS gave us back (surrogate escapes undone), or escapes for lone surrogates."""
-    try:
-        return value.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return value.encode("utf-8", "backslashreplace")
-
-
-def has_surrogates(value: str) -> bool:
-    """True when ``value`` holds bytes the OS gave us that are not UTF-8 (surrogate-escaped)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 class Whole(click.ParamType):
@@ -122,28 +120,6 @@ OFFSET = Whole(0, 2**62)
 DAYS = Whole(0, 100_000)
 
 
-class TextArg(click.ParamType):
-    """A text argument that SQLite can store: refuses bytes that are not UTF-8, and empty text
-    where nothing could match it."""
-
-    name = "text"
-
-    def __init__(self, allow_empty: bool = True) -> None:
-        self.allow_empty = allow_empty
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        text = str(value)
-        if has_surrogates(text):
-            self.fail(f"{shown(text)} is not UTF-8 text (the shell passed undecodable bytes)", param, ctx)
-        if not self.allow_empty and not text.strip():
-            self.fail("must not be empty", param, ctx)
-        return text
-
-
-TEXT = TextArg()
-NONEMPTY = TextArg(allow_empty=False)
-
-
 # ---------------------------------------------------------------------------- consoles
 
 
@@ -161,9 +137,21 @@ def stderr_console() -> Console:
     return Console(stderr=True, highlight=False)
 
 
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no such method, or a closed stream
+        return False
+
+
+def stdin_is_terminal() -> bool:
+    """Whether a person can answer a question (prune's confirmation)."""
+    return _isatty(sys.stdin)
+
+
 @dataclass
 class State:
-    """Global options, shared with every subcommand through click's context."""
+    """Global options, checked, shared with every subcommand through click's context."""
 
     path: Path | None  # the SQLite file; None when ``url`` names a server
     json: bool = False
@@ -175,34 +163,187 @@ class State:
         """The database as users should see it (a server URL without its password)."""
         return str(self.path) if self.url is None else to_url(self.url).render_as_string(hide_password=True)
 
+    @property
+    def flag(self) -> str:
+        """How this database is named on a command line, for hints (no password in them)."""
+        if self.url is None:
+            return f"--db {printable(self.path)}"
+        schema = schema_in_url(to_url(self.url))
+        return "--url URL" + (f" --schema {schema}" if schema else "")
+
     def emit(self, doc: Any) -> None:
         """The one JSON document a ``--json`` run writes to stdout.
 
         UTF-8 when the text allows it; ASCII escapes when it holds undecodable bytes
         (a file name, say), which no UTF-8 stream can carry.
         """
-        out = json.dumps(doc, ensure_ascii=False, indent=2, default=str)
-        if has_surrogates(out):
-            out = json.dumps(doc, indent=2, default=str)
-        click.echo(out)
+        click.echo(json_text(doc, indent=2))
 
     @contextmanager
-    def progress(self, kind: str = "count") -> Iterator[Progress]:
-        """A progress display on stderr; a no-op unless stderr is an interactive terminal.
+    def progress(self, kind: str = "count", *, bar: bool = True) -> Iterator[Any]:
+        """Progress on stderr: a bar on an interactive terminal, lines every few seconds
+        when stderr is not one (a log, CI), nothing with ``--quiet``.
 
         ``kind``: "count" (sessions done / total), "percent" (stages), "spinner"
-        (one long statement with nothing to count).
+        (one long statement with nothing to count). ``bar=False`` leaves the terminal
+        alone (export writing its lines to the same terminal); lines to a log stay.
+        The object yielded takes rich's ``add_task``/``update``/``advance`` calls.
         """
         console = stderr_console()
+        if not self.quiet and not console.is_interactive:
+            with ProgressLog(kind, self.json, every=progress_every()) as log:
+                yield log
+            return
         columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}")]
         if kind == "count":
             columns += [BarColumn(), MofNCompleteColumn()]
         elif kind == "percent":
             columns += [BarColumn(), TaskProgressColumn()]
         columns.append(TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True,
-                      disable=self.quiet or not console.is_interactive) as bar:
-            yield bar
+        with Progress(*columns, console=console, transient=True, disable=self.quiet or not bar) as shown_bar:
+            yield shown_bar
+
+
+#: Seconds between two progress lines when stderr is not a terminal; the first comes as
+#: long after a task starts, so a quick run prints none. ``$HERMES_STORE_PROGRESS_EVERY``
+#: sets another interval (0: a line at every step, as tests use).
+PROGRESS_EVERY = 5.0
+PROGRESS_EVERY_ENV = "HERMES_STORE_PROGRESS_EVERY"
+
+
+def progress_every() -> float:
+    raw = os.environ.get(PROGRESS_EVERY_ENV, "").strip()
+    try:
+        value = float(raw) if raw else PROGRESS_EVERY
+    except ValueError:
+        return PROGRESS_EVERY
+    return value if value >= 0 else PROGRESS_EVERY
+
+
+@dataclass
+class _Task:
+    description: str
+    total: float | None
+    started: float
+    done: float = 0
+    first_done: float | None = None  # where this run started counting (a resumed copy)
+    first_at: float | None = None
+    last_line: float | None = None
+    finished: bool = False
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else (f"{minutes}:{secs:02d}" if minutes else f"{secs}s")
+
+
+class ProgressLog:
+    """Progress as lines on stderr, for logs and CI where no bar can be drawn.
+
+    Takes the calls rich's Progress takes (``add_task``, ``update``, ``advance``). A
+    running task gets a line every ``every`` seconds, the first after as long (a
+    background thread writes them while a long statement blocks the command); a task
+    that got one gets a last line when it finishes. A line says what is done of how
+    much, the rate and the time left: ``hermes-store: Copying sessions: 12,000/40,000
+    (30%) · 4,100/s · ETA 7s``. With ``--json`` each line is a JSON object instead.
+    """
+
+    def __init__(self, kind: str, as_json: bool, *, every: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.kind, self.as_json, self.every, self.clock = kind, as_json, every, clock
+        self.tasks: dict[int, _Task] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def __enter__(self) -> "ProgressLog":
+        self._ticker = threading.Thread(target=self._tick, name="hermes-store-progress", daemon=True)
+        self._ticker.start()
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+
+    def add_task(self, description: str, total: float | None = None, **_kw: Any) -> int:
+        with self._lock:
+            task_id = len(self.tasks)
+            self.tasks[task_id] = _Task(description, total, started=self.clock())
+        return task_id
+
+    def update(self, task_id: int, *, completed: float | None = None, total: float | None = None,
+               advance: float | None = None, **_kw: Any) -> None:
+        now = self.clock()
+        with self._lock:
+            task = self.tasks[task_id]
+            if total is not None:
+                task.total = total
+            if completed is not None:
+                task.done = completed
+            if advance:
+                task.done += advance
+            if task.first_at is None:
+                task.first_done, task.first_at = task.done, now
+            if task.total is not None and task.done >= task.total and not task.finished:
+                task.finished = True
+                if task.last_line is not None or self.every == 0:
+                    self._write(task, now)
+            elif self._due(task, now):
+                self._write(task, now)
+
+    def advance(self, task_id: int, advance: float = 1) -> None:
+        self.update(task_id, advance=advance)
+
+    def _due(self, task: _Task, now: float) -> bool:
+        return not task.finished and now - (task.last_line if task.last_line is not None else task.started) >= self.every
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.25 if self.every < 2 else 1.0):
+            now = self.clock()
+            with self._lock:
+                for task in self.tasks.values():
+                    if self._due(task, now):
+                        self._write(task, now)
+
+    def _write(self, task: _Task, now: float) -> None:
+        """One line for ``task`` (the lock is held)."""
+        task.last_line = now
+        elapsed = now - task.started
+        # The rate since the first step this run saw (a resumed copy starts past 0); with
+        # one step so far, since the task started.
+        counted, span = task.done - (task.first_done or 0), now - (task.first_at or task.started)
+        if counted <= 0 or span <= 0:
+            counted, span = task.done, elapsed
+        rate = counted / span if counted > 0 and span > 0 else None
+        left = None
+        if rate and task.total is not None and not task.finished:
+            left = max(task.total - task.done, 0) / rate
+        percent = round(100 * task.done / task.total, 1) if task.total else None
+        if self.as_json:
+            doc = {"progress": task.description, "done": task.done, "total": task.total, "percent": percent,
+                   "rate_per_second": round(rate, 1) if rate is not None else None,
+                   "eta_seconds": round(left, 1) if left is not None else None,
+                   "elapsed_seconds": round(elapsed, 1), "finished": task.finished}
+            click.echo(json_text(doc), err=True)
+            return
+        parts = []
+        if task.total is None and not task.done:
+            parts.append(f"{fmt_duration(elapsed)} so far")
+        elif self.kind == "percent":
+            parts.append(f"{percent or 0:g}%")
+        elif task.total is not None:
+            parts.append(f"{fmt_num(task.done)}/{fmt_num(task.total)} ({percent or 0:g}%)")
+        else:
+            parts.append(f"{fmt_num(task.done)} done")
+        if task.finished:
+            parts.append(f"done in {fmt_duration(elapsed)}")
+        if rate is not None and self.kind == "count":
+            parts.append(f"{fmt_num(rate)}/s")
+        if left is not None:
+            parts.append(f"ETA {fmt_duration(left)}")
+        say(f"{task.description}: " + " · ".join(parts))
 
 
 # ---------------------------------------------------------------------------- formatting
@@ -428,7 +569,8 @@ def require_file(path: Path) -> None:
     """An existing database file (reading commands never create one)."""
     check_path_kind(path)
     if not path.exists():
-        raise CliError(f"no database at {path} (create one with '{PROG} --db {path} upgrade' or '... demo')")
+        raise CliError(f"no database at {path} (create one with '{PROG} --db {path} upgrade' or '... demo')",
+                       code="no_database")
 
 
 def refuse_unadopted(path: Path) -> None:
@@ -436,19 +578,51 @@ def refuse_unadopted(path: Path) -> None:
     if path.exists() and adopt_mod.needs_adoption(path):
         raise CliError(
             f"{path} was written by Hermes and is not adopted yet; run '{PROG} --db {path} adopt' first "
-            "(the original is kept as a backup)"
+            "(the original is kept as a backup)", code="needs_adoption",
         )
 
 
+def require_store(state: State) -> None:
+    """What every command but upgrade, adopt, demo, import and copy asks first: a
+    hermes_store database that is there and at head.
+
+    Nothing is created or migrated on the way (no file, folder, table, extension or
+    schema): a missing or empty database, one holding only other applications' tables,
+    a schema without our tables, a Hermes file not adopted yet, a store at an older
+    revision and one from a newer hermes-store are each refused with what to run. An
+    older store is not read as it is: the commands read what head has.
+    """
+    if state.url is None:
+        assert state.path is not None
+        require_file(state.path)
+        adopt_mod.check_file(state.path, recovery_ok=True)  # a text file is refused by name
+        refuse_unadopted(state.path)
+        revision = migrations.current(state.path)
+    else:
+        revision = migrations.current(state.url)
+    head = migrations.head()
+    if revision == head:
+        return
+    if revision is None:
+        raise CliError(f"{state.where} holds no hermes_store database, and this command creates none; "
+                       f"create one with '{PROG} {state.flag} upgrade' (or 'demo' for a sample)", code="no_store")
+    if revision in paths.revision_order() or revision in migrations.LEGACY_IDS:
+        raise CliError(f"{state.where} is at revision {revision} and head is {head}; this command never migrates: "
+                       f"run '{PROG} {state.flag} upgrade' first", code="needs_upgrade")
+    raise CliError(f"{state.where} is at revision {revision}, which this hermes-store does not know "
+                   f"(its newest is {head}): a newer hermes-store wrote it", code="schema_too_new")
+
+
 def open_db(state: State, *, create: bool = False) -> SessionDB:
-    """Open (and, for our own older revisions, upgrade) the database, as SessionDB does."""
+    """Open the database. ``create`` (upgrade, demo, import): created or migrated to head
+    as SessionDB does; otherwise only a store already at head (:func:`require_store`)."""
+    if not create:
+        require_store(state)
     if state.url is not None:
         return SessionDB(state.url)  # a server: no file to check, nothing to adopt
     assert state.path is not None
     if create:
         check_path_kind(state.path)
-    else:
-        require_file(state.path)
     refuse_unadopted(state.path)
     return SessionDB(state.path)
 
@@ -547,148 +721,27 @@ def adopt_progress(bar: Progress) -> Callable[[str, float], None]:
     return cb
 
 
-# ---------------------------------------------------------------------------- group
-
-
-def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``--json`` is accepted after the subcommand too (``hermes-store sessions --json``)."""
-
-    def set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-        if value:
-            ctx.find_object(State).json = True  # type: ignore[union-attr]
-
-    return click.option("--json", "json_flag", is_flag=True, expose_value=False, callback=set_json,
-                        help="Machine output: one JSON document on stdout.")(f)
+# ---------------------------------------------------------------------------- the run's options
 
 
 def _state() -> State:
-    return click.get_current_context().find_object(State)  # type: ignore[return-value]
+    """The checked global options of this run (given before or after the command name)."""
+    ctx = click.get_current_context()
+    opts = ctx.find_object(Options) or ctx.ensure_object(Options)
+    if opts.state is None:
+        opts.state = state_from(opts)
+    return opts.state  # type: ignore[no-any-return]
 
 
-
-
-class DbPath(click.Path):
-    """``--db PATH``: a file path (not a folder), never empty, and one SQLite can open.
-
-    SQLite takes file names as UTF-8, so a name holding undecodable bytes is refused up
-    front instead of failing somewhere inside the driver.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(dir_okay=False, path_type=Path)
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str):
-            if not value.strip():
-                self.fail("the path is empty", param, ctx)
-            if has_surrogates(value):
-                self.fail(f"{shown(value)} is not a UTF-8 file name; SQLite cannot open it (rename it or link to it)",
-                          param, ctx)
-        return super().convert(value, param, ctx)
-
-
-# ---------------------------------------------------------------------------- failures → one line
-
-
-class PipeClosed(Exception):
-    """stdout's reader went away (``sessions | head -1``).
-
-    Raised in place of BrokenPipeError so it reaches :func:`run` instead of click's own
-    EPIPE handling, which calls ``sys.exit(1)`` even outside standalone mode.
-    """
-
-
-class Group(click.Group):
-    """click's group, with a closed stdout reported as :class:`PipeClosed`."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except BrokenPipeError as exc:
-            raise PipeClosed() from exc
-
-
-#: Exit codes. 130 and 141 are what a shell reports for a program stopped by SIGINT
-#: or SIGPIPE (128 + signal), so scripts treat us like any other tool.
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 0, 1, 2, 130, 141
-
-#: Set to show the traceback of an unexpected error instead of its one line.
-DEBUG_ENV = "HERMES_STORE_DEBUG"
-
-
-def say(message: str) -> None:
-    """One line on stderr, whatever the message held."""
-    click.echo(f"{PROG}: " + " ".join(str(message).split()), err=True)
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # not a real file (tests, wrappers)
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
-
-
-def _os_error_line(exc: OSError) -> str:
-    names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
-    where = " → ".join(names)
-    return f"{where + ': ' if where else ''}{exc.strerror or exc}"
-
-
-def run(group: click.Group, argv: list[str] | None) -> int:
-    """Run the command line; every failure becomes one line on stderr and an exit code.
-
-    0 success; 1 a refusal or failure (unknown session, library or database error, a
-    file that cannot be read or written); 2 bad arguments; 130 interrupted; 141 stdout
-    closed by its reader (quietly).
-    """
-    from sqlalchemy.exc import DBAPIError
-
-    try:
-        try:
-            rv = group.main(args=argv, prog_name=PROG, standalone_mode=False)
-            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
-            return rv if isinstance(rv, int) else EXIT_OK
-        except click.exceptions.NoArgsIsHelpError as exc:
-            click.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
-            return EXIT_USAGE
-        except click.UsageError as exc:
-            where = exc.ctx.command_path if exc.ctx is not None else PROG
-            say(f"error: {exc.format_message()} (see '{where} --help')")
-            return EXIT_USAGE
-        except click.exceptions.Exit as exc:
-            return exc.exit_code
-        except (click.exceptions.Abort, KeyboardInterrupt):
-            say("interrupted")
-            return EXIT_INTERRUPTED
-        except click.ClickException as exc:  # e.g. FileError from click.File
-            say(exc.format_message())
-            return EXIT_FAILURE
-        except (CliError, errors.HermesStoreError) as exc:
-            say(str(exc))
-            return EXIT_FAILURE
-        except DBAPIError as exc:
-            say(f"database error: {exc.orig}")
-            return EXIT_FAILURE
-        except sqlite3.Error as exc:  # the facade's raw DB-API paths (export, import)
-            say(f"database error: {exc}")
-            return EXIT_FAILURE
-        except (PipeClosed, BrokenPipeError, SystemExit):
-            # SystemExit: click's own EPIPE path when the pipe closed while it wrote help.
-            _silence_stdout()
-            return EXIT_PIPE_CLOSED
-        except OSError as exc:
-            say(_os_error_line(exc))
-            return EXIT_FAILURE
-        except Exception as exc:
-            if os.environ.get(DEBUG_ENV):
-                raise
-            say(f"unexpected error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 for the traceback, and please report it)")
-            return EXIT_FAILURE
-    except KeyboardInterrupt:  # a second ^C while the first one was being reported
-        return EXIT_INTERRUPTED
+def state_from(opts: Options) -> State:
+    """Where the command works, from ``--db``/``--url``/``--schema`` (bad combinations are
+    bad arguments, refused before anything is opened)."""
+    if opts.db_path is not None and opts.url is not None:
+        raise click.UsageError("use either --db or --url, not both")
+    if opts.schema is not None and opts.url is None:
+        raise click.UsageError("--schema needs a PostgreSQL --url (a SQLite file has no schemas)")
+    if opts.url is not None:
+        path, server = parse_target(opts.url, schema=opts.schema)
+    else:
+        path, server = opts.db_path.expanduser() if opts.db_path else default_db_path(), None
+    return State(path=path, json=opts.json, quiet=opts.quiet, url=server)

@@ -30,7 +30,7 @@ from ._common import (
     fmt_num,
     fmt_time,
     highlight_snippet,
-    json_option,
+    global_options,
     one_line,
     relation,
     resolve,
@@ -85,7 +85,7 @@ def compression_tips(db: Any, ids: list[str]) -> dict[str, str]:
 @click.option("--archived", "archived", flag_value="with", help="Include archived sessions.")
 @click.option("--only-archived", "archived", flag_value="only", help="Only archived sessions.")
 @click.option("--by-activity", is_flag=True, help="Order by latest activity across a compression chain.")
-@json_option
+@global_options
 def sessions_cmd(sources: tuple[str, ...], exclude: tuple[str, ...], limit: int, offset: int,
                  include_children: bool, archived: str | None, by_activity: bool) -> None:
     """List sessions, newest first, with a preview.
@@ -139,7 +139,7 @@ def sessions_cmd(sources: tuple[str, ...], exclude: tuple[str, ...], limit: int,
 @click.argument("session_id", metavar="ID", type=NONEMPTY)
 @click.option("--full", is_flag=True, help="Show whole message contents (default: cut at 600 characters).")
 @click.option("--no-messages", is_flag=True, help="Session details only.")
-@json_option
+@global_options
 def show(session_id: str, full: bool, no_messages: bool) -> None:
     """Show one session (ID or a unique prefix) and its messages."""
     st = _state()
@@ -208,7 +208,7 @@ def show(session_id: str, full: bool, no_messages: bool) -> None:
 
 @click.command()
 @click.argument("session_id", metavar="ID", type=NONEMPTY)
-@json_option
+@global_options
 def lineage(session_id: str) -> None:
     """Show a session's chain (root → tip) and descendants."""
     st = _state()
@@ -267,7 +267,7 @@ def lineage(session_id: str) -> None:
 @click.option("--limit", type=LIMIT, default=20, show_default=True, help="At most this many (1 to 1,000,000).")
 @click.option("--offset", type=OFFSET, default=0, show_default=True, help="Skip this many first.")
 @click.option("-C", "--context", "show_context", is_flag=True, help="Also show the messages before and after each hit.")
-@json_option
+@global_options
 def search(query: str, sources: tuple[str, ...], exclude: tuple[str, ...], roles: tuple[str, ...], sort: str,
            limit: int, offset: int, show_context: bool) -> None:
     """Full-text search over all messages.
@@ -314,7 +314,7 @@ def search(query: str, sources: tuple[str, ...], exclude: tuple[str, ...], roles
 @click.option("--by", type=click.Choice(tuple(USAGE_KEYS)), default="model", show_default=True,
               help="Group usage by model, side task (title_generation, compression...) or billing route.")
 @click.option("--source", type=TEXT, metavar="SRC", help="Only sessions from this source.")
-@json_option
+@global_options
 def stats(by: str, source: str | None) -> None:
     """Token and cost usage by model, task or route."""
     st = _state()

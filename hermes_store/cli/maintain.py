@@ -20,9 +20,10 @@ from ._common import (
     fitted_table,
     fmt_num,
     fmt_time,
-    json_option,
+    global_options,
     prune_candidates,
     session_db,
+    stdin_is_terminal,
     stdout_console,
 )
 
@@ -42,20 +43,29 @@ DRY_RUN_SHOWN = 20
 @click.option("--dry-run", is_flag=True, help="Summarize and list what would be deleted; delete nothing.")
 @click.option("--all", "list_all", is_flag=True,
               help=f"With --dry-run: list every session, not only the first {DRY_RUN_SHOWN}.")
-@json_option
-def prune(days: int, source: str | None, sessions_dir: Path | None, dry_run: bool, list_all: bool) -> None:
+@click.option("-y", "--yes", is_flag=True,
+              help="Delete without asking (needed when stdin is not a terminal: scripts, cron).")
+@global_options
+def prune(days: int, source: str | None, sessions_dir: Path | None, dry_run: bool, list_all: bool, yes: bool) -> None:
     """Delete old ended sessions and their messages.
 
     Only sessions that ended and started more than N days ago go; their
     children are kept, without a parent. Try --dry-run first: it prints how
     many sessions and messages would go and the first ones (--all for every one).
+    On a terminal prune asks before deleting; elsewhere it needs --yes.
     """
     if list_all and not dry_run:
         # Refused rather than ignored: "prune --all" reads like "delete everything".
         raise click.UsageError("--all only widens the --dry-run listing; add --dry-run")
+    ask = not (dry_run or yes)
+    if ask and not stdin_is_terminal():
+        # Refused before anything is opened, whatever the database holds: a script
+        # that runs today without --yes would delete the day something is old enough.
+        raise click.UsageError("prune deletes sessions: add --yes to confirm (no terminal to ask on), "
+                               "or --dry-run to see what would go")
     st = _state()
     with session_db(st) as db:
-        if dry_run:
+        if dry_run or ask:
             cutoff, rows = prune_candidates(db, days, source)
             ids = [r["id"] for r in rows]
             orphan_ids, messages = read(db, lambda c: MaintenanceRepository(c).prune_preview(ids))
@@ -63,7 +73,13 @@ def prune(days: int, source: str | None, sessions_dir: Path | None, dry_run: boo
             found = transcript_files_many(sessions_dir, [r["id"] for r in rows]) if sessions_dir else {}
             files = [str(p) for r in rows for p in found.get(r["id"], [])]
             deleted = len(rows)
-        else:
+        if ask:
+            if rows:
+                confirm(f"Delete {fmt_num(len(rows))} session(s) with {fmt_num(messages)} message(s) that ended and "
+                        f"started before {fmt_time(cutoff)}"
+                        + (f", and {fmt_num(len(files))} transcript file(s)" if files else "")
+                        + f" from {st.where}?")
+        if not dry_run:
             cutoff = time.time() - days * DAY
             rows, orphans, files, messages = [], [], [], 0
             deleted = db.prune_sessions(days, source, sessions_dir)
@@ -107,16 +123,23 @@ def prune(days: int, source: str | None, sessions_dir: Path | None, dry_run: boo
         out.print(Text(note, style="dim"))
 
 
+def confirm(question: str) -> None:
+    """Ask on the terminal (stderr: stdout may be data); anything but yes deletes nothing."""
+    if not click.confirm(question, default=False, err=True):
+        raise CliError("nothing was deleted (not confirmed)", code="not_confirmed")
+
+
 # ---------------------------------------------------------------------------- fts
 
 
 @click.group(no_args_is_help=False)
+@global_options
 def fts() -> None:
     """Full-text search index upkeep: rebuild, check, optimize."""
 
 
 @fts.command("rebuild")
-@json_option
+@global_options
 def fts_rebuild() -> None:
     """Re-index every message in every search index."""
     st = _state()
@@ -134,7 +157,7 @@ def fts_rebuild() -> None:
 
 
 @fts.command("check")
-@json_option
+@global_options
 def fts_check() -> None:
     """Run FTS5's integrity check on every index (exit 1 when one is damaged)."""
     st = _state()
@@ -155,7 +178,7 @@ def fts_check() -> None:
 
 
 @fts.command("optimize")
-@json_option
+@global_options
 def fts_optimize() -> None:
     """Merge each index's segments (faster searches after many writes)."""
     st = _state()

@@ -21,7 +21,7 @@ from ._common import (
     check_path_kind,
     create_private_file,
     fitted_table,
-    json_option,
+    global_options,
     known_revisions,
     refuse_unadopted,
     require_file,
@@ -37,7 +37,7 @@ from ._common import (
 
 @click.command()
 @click.option("--revision", type=TEXT, default="head", show_default=True, metavar="REV", help="Target revision (0001 … head).")
-@json_option
+@global_options
 def upgrade(revision: str) -> None:
     """Create or migrate the database to a revision.
 
@@ -105,7 +105,7 @@ def upgrade(revision: str) -> None:
 
 
 @click.command()
-@json_option
+@global_options
 def current() -> None:
     """Show the database's revision and whether it is at head."""
     st = _state()
@@ -141,7 +141,7 @@ def current() -> None:
 @click.command()
 @click.option("--check", "check_only", is_flag=True, help="Only report what was detected; change nothing.")
 @click.option("--no-backup", is_flag=True, help="Do not keep the original as <name>.pre-adopt.bak.")
-@json_option
+@global_options
 def adopt(check_only: bool, no_backup: bool) -> None:
     """Adopt a Hermes-made state.db, keeping every row.
 
@@ -366,7 +366,7 @@ DEMO_MARKER = "hermes_store.demo"
 
 
 @click.command()
-@json_option
+@global_options
 def demo() -> None:
     """Create a demo database with a few sessions.
 

@@ -18,10 +18,11 @@ from ._common import (
     TEXT,
     CliError,
     Whole,
+    _isatty,
     _state,
     fitted_table,
     fmt_num,
-    json_option,
+    global_options,
     printable,
     session_db,
     stdout_console,
@@ -52,7 +53,7 @@ def jsonl_line(record: dict[str, Any]) -> str:
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path, allow_dash=True), metavar="FILE",
               help="Write here (atomically) instead of stdout.")
 @click.option("--source", type=TEXT, metavar="SRC", help="Only sessions from this source.")
-@json_option
+@global_options
 def export(out_path: Path | None, source: str | None) -> None:
     """Export sessions as JSON Lines (one per line).
 
@@ -67,8 +68,12 @@ def export(out_path: Path | None, source: str | None) -> None:
         if to_stdout:
             sys.stdout.flush()
             stream = binary_stream(sys.stdout)
-            for record in db.iter_export(source):
-                stream.write((jsonl_line(record) + "\n").encode("utf-8"))
+            # No bar over a terminal the lines go to; progress lines to a log are fine.
+            with st.progress(bar=not _isatty(sys.stdout)) as bar:
+                task = bar.add_task("Exporting", total=total)
+                for record in db.iter_export(source):
+                    stream.write((jsonl_line(record) + "\n").encode("utf-8"))
+                    bar.advance(task)
             stream.flush()
             return
         assert out_path is not None
@@ -130,7 +135,7 @@ def read_jsonl(fh: Any, counter: dict[str, int], on_record: Callable[[], None]) 
 
 @click.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path, allow_dash=True))
-@json_option
+@global_options
 def import_cmd(file: Path) -> None:
     """Import a JSON Lines export (idempotent).
 
@@ -201,7 +206,7 @@ def copy_progress(bar: Any) -> Callable[[str, int, int | None], None]:
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Where an unadopted source file is adopted in a temporary copy [default: next to a file "
                    "destination, else the temporary folder].")
-@json_option
+@global_options
 def copy_cmd(source: str | None, destination: str, merge: bool, batch: int, work_dir: Path | None) -> None:
     """Copy a whole history between SQLite files and PostgreSQL databases.
 
