@@ -124,6 +124,7 @@ def test_short_cjk_falls_back_to_substring(corpus: SessionDB) -> None:
     assert ids(hits) == [7, 5, 4, 3]  # newest first
     assert ">>>数据<<<" in hits[0]["snippet"]
     assert ids(corpus.search_messages("Agent通信")) == [6]
+    assert ids(corpus.search_messages("agent")) == [6]  # a word inside a CJK run (search.latin_in_cjk)
     assert ids(corpus.search_messages("100%完成")) == [6]
     assert corpus.search_messages("100_完成") == []  # '_' literal
 

@@ -19,7 +19,12 @@ What each route needs (PostgreSQL / SQLite):
   on PostgreSQL, backfill markers on SQLite); the second is page and context;
 * CJK 3+ on SQLite's trigram index with a full page: 3 (ranked page, its sessions, then
   context: this route often widens its page and merges tool rows, so context waits
-  until the page is known).
+  until the page is known);
+* a word term found inside a CJK run only (``A2A`` in "讨论A2A通信", issue 21 point 7):
+  no statement of its own. PostgreSQL reads the lookup with the word page (1); SQLite
+  as any short word page (3: ranked hits, then page and lookup with context, then the
+  backfill markers), or 2 with a source filter (the one filtered statement holds the
+  lookup, then the markers).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ def store(db: SessionDB) -> SessionDB:
         rows.append({"session_id": sid, "role": "user", "content": f"please deploy build {i} 数据库迁移 now"})
         rows.append({"session_id": sid, "role": "assistant", "content": f"deploying {i}: 数据 ok"})
     rows.append({"session_id": "a", "role": "user", "content": "a rare zebracorn appears"})
+    rows.append({"session_id": "b", "role": "user", "content": "今天讨论A2A通信协议"})
     db.append_messages(rows)
     db.index_search()
     return db
@@ -108,6 +114,15 @@ def test_cjk_three_characters(engine: Any, backend: str) -> None:
     count, hits = statements(engine, "数据库")
     assert len(hits) == 20
     assert count == {"postgresql": 2, "sqlite": 3}[backend]
+
+
+def test_word_term_inside_a_cjk_run(engine: Any, backend: str) -> None:
+    count, hits = statements(engine, "A2A")
+    assert len(hits) == 1 and hits[0]["snippet"] == "今天讨论>>>A2A<<<通信协议"
+    assert count == {"postgresql": 1, "sqlite": 3}[backend]
+    count, hits = statements(engine, "A2A", source_filter=["tui"])
+    assert len(hits) == 1
+    assert count == {"postgresql": 1, "sqlite": 2}[backend]
 
 
 def test_counts_do_not_depend_on_the_page(engine: Any, backend: str) -> None:

@@ -26,6 +26,7 @@ from sqlalchemy.exc import DBAPIError
 
 from .. import errors
 from ..models import Base
+from ..search import latin_in_cjk as runs
 from ..search import postgresql as pg_search
 from ..tenancy import qualified, quote_ident, schema_of_connection
 from . import pg_engine, pg_tenants
@@ -82,6 +83,9 @@ _WRITERS = text(
 _RUNNING = text(
     "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'virtualxid' AND virtualxid = ANY(:v))"
 )
+
+#: The sources whose sessions the trigram index leaves out (v30), on ``sessions s``.
+_TRIGRAM_SOURCES = " AND s.source NOT IN ('cron', 'subagent')"
 
 _MESSAGES = Base.metadata.tables["messages"]
 _SESSIONS = Base.metadata.tables["sessions"]
@@ -316,12 +320,44 @@ class PostgreSQLDialect:
         The delegated sessions are read once per search and bound as one array, however
         many statements (candidate blocks, unindexed tail, tool rows) repeat the clause.
         """
-        clause = " AND s.source NOT IN ('cron', 'subagent')"
+        clause = _TRIGRAM_SOURCES
         delegated = pg_search.delegated_sessions(conn, candidates)
         if delegated:
             params["dlg"] = delegated
             clause += " AND s.id <> ALL(CAST(:dlg AS text[]))"
         return clause
+
+    def latin_in_cjk(self, conn: Connection, query: runs.Query, words: Any, params: dict[str, Any],
+                     object_sql: Callable[[str], str]) -> runs.RunsSQL:
+        """Word-query terms inside CJK runs (:mod:`hermes_store.search.latin_in_cjk`): the
+        pg_trgm index serves ILIKE on the term, a regular expression tells a run, the
+        tsvector answers the word tests (folded as the query was: ``words``) and leaves
+        out its own hits (``:q``). The trigram sessions as :meth:`cjk_sessions` keeps
+        them, but the sub-agent test is left to the caller (``maybe_delegated``): it
+        needs the JSON read in Python, which only the rare lookup row in such a
+        session should cost."""
+        names: dict[Any, str] = {}
+
+        def in_run(term: runs.Term) -> str:
+            if term not in names:
+                n = names[term] = f"rx{len(names)}"
+                params[n + "l"], params[n + "r"] = f"%{term.text}%", runs.regex(term)
+            n = names[term]
+            return f"((m.content ILIKE :{n}l AND m.content ~ :{n}r) OR (m.tool_name ILIKE :{n}l AND m.tool_name ~ :{n}r))"
+
+        def has_words(match: str) -> str:
+            if match not in names:
+                names[match] = f"rw{len(names)}"
+                params[names[match]] = pg_search.tsquery_text(match, words.folded)
+            return f"m.search_vector @@ CAST(:{names[match]} AS tsquery)"
+
+        return runs.RunsSQL(
+            source="{messages} m JOIN {sessions} s ON s.id = m.session_id",
+            where=(f"m.role <> 'tool' AND {runs.any_in_run(query, in_run)} AND {runs.condition(query, in_run, has_words)}"
+                   " AND NOT (m.search_vector @@ CAST(:q AS tsquery))"),
+            sessions=_TRIGRAM_SOURCES,
+            maybe_delegated=f"s.{pg_search.DELEGATED_CANDIDATE}",
+        )
 
     def has_table(self, conn: Connection, name: str) -> bool:
         return inspect(conn).has_table(name, schema=schema_of_connection(conn))

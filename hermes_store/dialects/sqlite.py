@@ -32,7 +32,8 @@ from .fts5 import (
     WORD_FTS,
     Fts5Storage,
 )
-from ..search.fts import TRIGRAM_SOURCE_VIEW, fts5 as fts5_statements, trigram_sessions
+from ..search import latin_in_cjk as runs
+from ..search.fts import TRIGRAM_INDEX, TRIGRAM_SOURCE_VIEW, WORD_INDEX, fts5 as fts5_statements, trigram_sessions
 
 # Warnings keep the facade's logger name: that is where users have filters for them.
 log = logging.getLogger("hermes_store.facade")
@@ -474,6 +475,41 @@ class SQLiteDialect:
         it leaves out depend on the file's revision: none, cron, cron and sub-agents)."""
         indexed = trigram_sessions(object_sql(TRIGRAM_SOURCE_VIEW))
         return f" AND {indexed}" if indexed else ""
+
+    def latin_in_cjk(self, conn: Connection, query: runs.Query, words: Any, params: dict[str, Any],
+                     object_sql: Callable[[str], str]) -> runs.RunsSQL | None:
+        """Word-query terms inside CJK runs (:mod:`hermes_store.search.latin_in_cjk`): the
+        trigram index finds the rows holding a term, GLOB tells a run, the word index
+        answers the word tests and leaves out its own hits (``:q``). None without a
+        trigram index (the word index alone answers, as before)."""
+        if not object_sql(TRIGRAM_INDEX):
+            return None
+        names: dict[Any, str] = {}
+
+        def in_run(term: runs.Term) -> str:
+            if term not in names:
+                names[term] = f"rx{len(names)}"
+            tests = []
+            for i, pattern in enumerate(runs.glob_patterns(term)):
+                params[f"{names[term]}_{i}"] = pattern
+                tests += [f"m.content GLOB :{names[term]}_{i}", f"m.tool_name GLOB :{names[term]}_{i}"]
+            return f"({' OR '.join(tests)})"
+
+        def has_words(match: str) -> str:
+            if match not in names:
+                names[match] = f"rw{len(names)}"
+                params[names[match]] = match
+            return f"m.id IN (SELECT rowid FROM {WORD_INDEX} WHERE {WORD_INDEX} MATCH :{names[match]})"
+
+        params["rx_q"] = " OR ".join(f'"{t.text}"' for t in query.terms)
+        return runs.RunsSQL(
+            source=(f"{TRIGRAM_INDEX} CROSS JOIN {{messages}} m ON m.id = {TRIGRAM_INDEX}.rowid"
+                    " CROSS JOIN {sessions} s ON s.id = m.session_id"),
+            where=(f"{TRIGRAM_INDEX} MATCH :rx_q AND m.role <> 'tool' AND {runs.any_in_run(query, in_run)}"
+                   f" AND {runs.condition(query, in_run, has_words)}"
+                   f" AND m.id NOT IN (SELECT rowid FROM {WORD_INDEX} WHERE {WORD_INDEX} MATCH :q)"),
+            sessions=self.cjk_sessions(conn, params, object_sql),
+        )
 
     def has_table(self, conn: Connection, name: str) -> bool:
         return conn.execute(

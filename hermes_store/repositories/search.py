@@ -35,6 +35,7 @@ from .. import errors
 from ..codec import clean_text, decode_content
 from ..hermes_names import MAX_FTS5_QUERY_CHARS
 from ..search import bigram
+from ..search import latin_in_cjk
 from ..search import postgresql as pg_search
 from ..search.fts import (
     SNIPPET_CLOSE,
@@ -199,6 +200,8 @@ class SearchRepository(Repository):
         by_substring = plan.kind == "substring" or (plan.kind == "trigram" and dialect.cjk_by_substring)
         groups: Groups = []
         marks: Marks | None = None
+        runs: latin_in_cjk.RunsSQL | None = None
+        run_terms: Sequence[latin_in_cjk.Term] = ()
         if by_substring:
             # PostgreSQL answers every CJK query by substring (LIKE/ILIKE over the pg_trgm
             # index), with the query's own AND/OR/NOT meaning; the substring route ORs its terms.
@@ -226,13 +229,20 @@ class SearchRepository(Repository):
             params["q"], words = dialect.word_match(self.conn, plan.match)
             params["window"] = window
             exclude = cjk_filter + (" AND m.tool_calls IS NULL" if calls_by_like else "")
+            # A word query's terms written inside CJK runs: one token with the run in the
+            # word index, found through the trigram index instead (search.latin_in_cjk).
+            in_runs = latin_in_cjk.parse(plan.match) if plan.kind == "word" else None
+            if in_runs is not None:
+                runs = dialect.latin_in_cjk(self.conn, in_runs, words, params, self.object_sql)
+                run_terms = in_runs.terms if runs is not None else ()
             try:
                 if words is not None:
                     rows = self._word_page(by_source, filters + exclude,
-                                           params, order.get(sort or "", pg_search.RANK_ORDER))
+                                           params, order.get(sort or "", pg_search.RANK_ORDER),
+                                           runs=runs, ranked=sort not in ("newest", "oldest"))
                 else:
                     ranked = self._index_hits(index, filters, params, sort, order, exclude=exclude,
-                                              context=plan.kind == "word")
+                                              context=plan.kind == "word", runs=runs)
             except (OperationalError, sqlite3.OperationalError) as exc:
                 if not is_query_syntax_error(exc):
                     raise
@@ -249,7 +259,7 @@ class SearchRepository(Repository):
         if len(rows) < params["limit"] and dialect.fts5 is not None:
             # Only FTS5 tables have a rebuild window; PostgreSQL's indexes never skip a row.
             rows += self._rebuild_gap(plan.terms, filters + visible, params, rows, marks)
-        return self._finish(rows, plan.terms, words)
+        return self._finish(rows, plan.terms, words, run_terms)
 
     def _marks(self, groups: Groups, *, delegated: bool, gap: bool) -> Marks | None:
         """What a substring route reads before it can choose its plan, in one statement.
@@ -291,16 +301,47 @@ class SearchRepository(Repository):
         candidates = marks.delegated if marks is not None and self.dialect.cjk_by_substring else None
         return self.dialect.cjk_sessions(self.conn, params, self.object_sql, candidates)
 
-    def _word_page(self, join_sessions: bool, where: str, params: dict[str, Any], ordering: str
-                   ) -> list[dict[str, Any]]:
+    def _word_page(self, join_sessions: bool, where: str, params: dict[str, Any], ordering: str,
+                   runs: latin_in_cjk.RunsSQL | None = None, ranked: bool = True) -> list[dict[str, Any]]:
         """PostgreSQL's word route in one statement: the ranked page (the index cuts no
         snippets, so nothing is gained by ranking first), its sessions, the texts a
-        snippet is cut from, and each hit's context."""
-        page = (
-            f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank='h.rank')} FROM ({pg_search.page_sql(join_sessions, where, ordering)}) h "
-            "JOIN {messages} m ON m.id = h.id JOIN {sessions} s ON s.id = m.session_id"
-        )
-        return self._all(_with_context(page, ordering), params)
+        snippet is cut from, and each hit's context.
+
+        With ``runs`` (terms inside CJK runs) the same statement adds the lookup's rows;
+        by rank (``ranked``) only when the word hits do not fill the page. Rows in
+        sessions that may be sub-agent transcripts are held back and those sessions
+        returned with the page; only when one of them turns out not to be one (its JSON
+        read here, as for the CJK routes) is the page read once more, knowing which are.
+        """
+        def page(inner: str) -> str:
+            return (
+                f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank='h.rank')} FROM ({inner}) h "
+                "JOIN {messages} m ON m.id = h.id JOIN {sessions} s ON s.id = m.session_id"
+            )
+
+        if runs is None:
+            return self._all(_with_context(page(pg_search.page_sql(join_sessions, where, ordering)), ordering), params)
+        guard = pg_search.rank_guard(join_sessions, where) if ranked else ""
+        inner = page(pg_search.runs_page_sql(join_sessions, where, ordering))
+        exact = False
+        while True:
+            sql = (
+                f"{pg_search.runs_cte(runs, where, guard, exact=exact)}SELECT x.*, pr.rx_probe AS rx_probe"
+                f" FROM ({pg_search.RUNS_PROBE}) pr LEFT JOIN ({_with_context(inner, ordering)}) x ON TRUE"
+                f" ORDER BY {ordering.replace('m.', 'x.')}"
+            )
+            found = self._all(sql, params)  # at least the probe's row, even for an empty page
+            probe = [(sid, config) for sid, config in found[0]["rx_probe"] or []] if found else []
+            for row in found:
+                del row["rx_probe"]
+            rows = [r for r in found if r["id"] is not None]
+            if exact or not probe:
+                return rows
+            delegated = pg_search.delegated_sessions(self.conn, probe)
+            if len(delegated) == len(probe):
+                return rows  # every session held back is one: the page stands
+            params["rx_dlg"] = delegated
+            exact = True
 
     def _rebuild_gap(self, terms: Sequence[str], filters: str, params: dict[str, Any],
                      found: list[dict[str, Any]], marks: Marks | None = None) -> list[dict[str, Any]]:
@@ -333,7 +374,7 @@ class SearchRepository(Repository):
 
     def _index_hits(
         self, index: str, filters: str, params: dict[str, Any], sort: str | None, order: dict[str, str],
-        exclude: str = "", context: bool = True,
+        exclude: str = "", context: bool = True, runs: latin_in_cjk.RunsSQL | None = None,
     ) -> list[dict[str, Any]]:
         """The first ``offset + limit`` hits of an FTS5 index, in the requested order.
 
@@ -344,32 +385,56 @@ class SearchRepository(Repository):
         ``window`` kept rows or the index has no more hits. With ``context`` the first
         ranked page comes with each row's context (the trigram route, which often
         widens and merges, asks for it once its page is known).
+
+        ``runs`` (word queries: terms inside CJK runs) adds the rows of that lookup, in
+        the same statement: by time among the hits; by rank after them, so only when
+        the hits do not fill the window (the ranked page read first says so).
         """
+        run_rows = "" if runs is None else (
+            f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank=latin_in_cjk.RUN_RANK_SQL)} FROM {runs.source} "
+            f"WHERE {runs.where}{filters}{exclude}{runs.sessions}"
+        )
+        newest = "m.timestamp DESC, m.id DESC"
         if filters or sort is not None:
             ordering = order.get(sort or "", "h.rank, m.timestamp DESC, m.id DESC")
-            sql = (
+            hits = (
                 f"SELECT {PAGE_COLUMNS.format(snippet='h.snippet', rank='h.rank')} "
                 f"FROM ({self.dialect.match_sql(index)}) h JOIN {{messages}} m ON m.id = h.id "
-                f"JOIN {{sessions}} s ON s.id = m.session_id WHERE 1=1{filters}{exclude} "
-                f"ORDER BY {ordering} LIMIT :window"
+                f"JOIN {{sessions}} s ON s.id = m.session_id WHERE 1=1{filters}{exclude}"
             )
+            if not run_rows:
+                return self._all(_with_context(f"{hits} ORDER BY {ordering} LIMIT :window", ordering), params)
+            by_time = sort in ("newest", "oldest")
+            # By rank the lookup's rows follow every hit: wanted only when the hits fall short.
+            guard = "" if by_time else f" AND (SELECT count(*) FROM ({hits} LIMIT :window)) < :window"
+            ordering = ordering.replace("h.rank", "m.rank")
+            merged = ordering.replace("m.", "u.")
+            sql = f"SELECT * FROM ({hits} UNION ALL {run_rows}{guard}) u ORDER BY {merged} LIMIT :window"
             return self._all(_with_context(sql, ordering), params)
         window = params["window"]
         fetch = window
         while True:
             top = self.conn.execute(self._sql(self.dialect.top_sql(index)), {**params, "window": fetch}).fetchall()
             if not top:
-                return []
+                if not run_rows:
+                    return []
+                page = f"SELECT * FROM ({run_rows}) u ORDER BY {newest.replace('m.', 'u.')} LIMIT :window"
+                return self._all(_with_context(page, newest) if context else page, params)
             ranks = {mid: rank for mid, rank, _snippet in top}
             snippets = {mid: snippet for mid, _rank, snippet in top}
             rows: list[dict[str, Any]] = []
             for start in range(0, len(top), 500):
                 chunk = top[start:start + 500]
-                ids = {f"h{i}": mid for i, (mid, _r, _s) in enumerate(chunk)}
+                ids: dict[str, Any] = {f"h{i}": mid for i, (mid, _r, _s) in enumerate(chunk)}
                 sql = (
                     f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank='0.0')} FROM {{messages}} m "
                     f"JOIN {{sessions}} s ON s.id = m.session_id WHERE m.id IN ({', '.join(':' + k for k in ids)}){exclude}"
                 )
+                if run_rows and len(top) < fetch and start + 500 >= len(top):
+                    # Every hit is read and the window is not full: the lookup's rows
+                    # (newest first) come with the last of them.
+                    sql += f" UNION ALL SELECT * FROM ({run_rows} ORDER BY {newest} LIMIT :window)"
+                    ids = {**params, **ids}
                 # Context with the first page only: a widened one holds rows no page shows
                 # (the few shown get theirs in _finish).
                 rows += self._all(_with_context(sql) if context and fetch == window else sql, ids)
@@ -377,7 +442,8 @@ class SearchRepository(Repository):
                 break
             fetch = min(fetch * 4, MAX_ROWS)
         for row in rows:
-            row["rank"], row["snippet"] = ranks[row["id"]], snippets.get(row["id"], "")
+            if row["id"] in ranks:  # else a lookup row: its rank and no snippet yet
+                row["rank"], row["snippet"] = ranks[row["id"]], snippets.get(row["id"], "")
         rows.sort(key=lambda r: (r["rank"], -r["timestamp"], -r["id"]))
         return rows[:window]
 
@@ -503,22 +569,26 @@ class SearchRepository(Repository):
         return f"{indexed} UNION ALL {tail}", False
 
     def _finish(
-        self, rows: list[dict[str, Any]], terms: Sequence[str], words: pg_search.WordQuery | None = None
+        self, rows: list[dict[str, Any]], terms: Sequence[str], words: pg_search.WordQuery | None = None,
+        run_terms: Sequence[latin_in_cjk.Term] = (),
     ) -> list[SearchHit]:
         """Snippets the index did not give (substring hits; PostgreSQL word hits, marked
-        by their folded ``words``) and each hit's context (read with the page, or here
-        for the rows that came without it)."""
+        by their folded ``words``; rows found with ``run_terms`` inside CJK runs) and
+        each hit's context (read with the page, or here for the rows that came without it)."""
         if not rows:
             return []
         missing = [r["id"] for r in rows if CONTEXT_KEY not in r]
         context = self._context(missing) if missing else {}
         hits: list[SearchHit] = []
         for r in rows:
-            r.pop("rank", None)
+            rank = r.pop("rank", None)
             content, tool_calls = r.pop("content"), r.pop("tool_calls")
             if r["snippet"] is None:
                 found = (content, r["tool_name"], tool_calls)
-                r["snippet"] = pg_search.snippet(found, words) if words else _substring_snippet(found, terms)
+                if run_terms and rank == latin_in_cjk.RUN_RANK:
+                    r["snippet"] = latin_in_cjk.snippet(found, run_terms, SNIPPET_RADIUS)
+                else:
+                    r["snippet"] = pg_search.snippet(found, words) if words else _substring_snippet(found, terms)
             if CONTEXT_KEY in r:
                 prev_id, prev_role, prev_content = r.pop("p_id"), r.pop("p_role"), r.pop("p_content")
                 next_id, next_role, next_content = r.pop("n_id"), r.pop("n_role"), r.pop("n_content")

@@ -22,11 +22,12 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Mapping, Sequence
 
 from ..tenancy import SchemaSQL
+from .latin_in_cjk import RUN_RANK_SQL, RunsSQL
 from .fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN, SNIPPET_TOKENS, WORD_INDEX
 from .query import split_on
 
@@ -158,6 +159,8 @@ class WordQuery:
     words: frozenset[str]
     #: Words that end a prefix term (``deplo*``): a hit's word starting with one counts.
     prefixes: frozenset[str]
+    #: Each term text's folded words (:func:`fold_terms`), for tsqueries of parts of the query.
+    folded: Mapping[str, Sequence[str]] = field(default_factory=dict, compare=False)
 
 
 def word_query(conn: Any, match: str) -> WordQuery:
@@ -173,7 +176,7 @@ def word_query(conn: Any, match: str) -> WordQuery:
                 plain.update(found[:-1] if prefix else found)
                 if prefix and found:
                     prefixes.add(found[-1])
-    return WordQuery(tsquery_text(match, words), frozenset(plain), frozenset(prefixes))
+    return WordQuery(tsquery_text(match, words), frozenset(plain), frozenset(prefixes), words)
 
 
 def _check(index: str) -> None:
@@ -210,6 +213,50 @@ def page_sql(join_sessions: bool, where: str, ordering: str) -> str:
     return (
         f"SELECT m.id AS id, -ts_rank_cd(m.search_vector, {_QUERY}) AS rank, m.timestamp AS timestamp "
         f"FROM {{messages}} m{join} WHERE m.search_vector @@ {_QUERY}{where} "
+        f"ORDER BY {ordering} LIMIT :limit OFFSET :offset"
+    )
+
+
+# ------------------------------------------------------------------ terms inside CJK runs
+
+#: The sessions a lookup row of :func:`runs_cte` is in that may be sub-agent transcripts
+#: (distinct ``[id, model_config]`` pairs), read with the page.
+RUNS_PROBE = "SELECT ARRAY(SELECT ARRAY[d.sid, d.cfg] FROM (SELECT DISTINCT sid, cfg FROM rx WHERE maybe) d) AS rx_probe"
+#: Added to the lookup's session conditions once the sub-agent sessions among those are
+#: known (bound as ``:rx_dlg``).
+RUNS_DELEGATED = " AND s.id <> ALL(CAST(:rx_dlg AS text[]))"
+
+
+def runs_cte(runs: RunsSQL, where: str, guard: str, *, exact: bool) -> str:
+    """``WITH rx``: the rows a word query finds inside CJK runs (a dialect's
+    :class:`~hermes_store.search.latin_in_cjk.RunsSQL`, with the page's filters
+    ``where``), each marked ``maybe`` when its session may be a sub-agent transcript
+    (those are held back until Python has read their JSON; ``exact``: it has, and
+    :data:`RUNS_DELEGATED` names them). ``guard`` is :func:`rank_guard` or ''. A template."""
+    maybe = "FALSE" if exact or runs.maybe_delegated is None else f"COALESCE({runs.maybe_delegated}, FALSE)"
+    sessions = runs.sessions + (RUNS_DELEGATED if exact else "")
+    return (
+        "WITH rx AS MATERIALIZED (SELECT m.id AS id, m.timestamp AS timestamp, s.id AS sid, s.model_config AS cfg,"
+        f" {maybe} AS maybe FROM {runs.source} WHERE {runs.where}{where}{sessions}{guard}) "
+    )
+
+
+def rank_guard(join_sessions: bool, where: str) -> str:
+    """A one-time condition: the word hits do not fill ``:window`` (by rank the lookup's
+    rows come after them all, so only then are they needed). A template."""
+    join = " JOIN {sessions} s ON s.id = m.session_id" if join_sessions else ""
+    return (f" AND (SELECT count(*) FROM (SELECT 1 FROM {{messages}} m{join} WHERE m.search_vector @@ {_QUERY}{where}"
+            " LIMIT :window) g) < :window")
+
+
+def runs_page_sql(join_sessions: bool, where: str, ordering: str) -> str:
+    """:func:`page_sql` with the rows of :func:`runs_cte` (not held back) among the hits,
+    ranked after them. A template."""
+    join = " JOIN {sessions} s ON s.id = m.session_id" if join_sessions else ""
+    return (
+        f"SELECT * FROM (SELECT m.id AS id, -ts_rank_cd(m.search_vector, {_QUERY}) AS rank, m.timestamp AS timestamp "
+        f"FROM {{messages}} m{join} WHERE m.search_vector @@ {_QUERY}{where} "
+        f"UNION ALL SELECT id, CAST({RUN_RANK_SQL} AS double precision), timestamp FROM rx WHERE NOT maybe) m "
         f"ORDER BY {ordering} LIMIT :limit OFFSET :offset"
     )
 
