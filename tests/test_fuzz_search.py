@@ -34,6 +34,10 @@ WORDS = ["deploy", "Deploy", "DEPLOYMENT", "kubectl", "zebra", "quokka", "rollou
          "pipeline", "alpha", "beta", "Café", "naïve", "ÉCOLE"]
 JOINED = ["chat-send", "P2.2", "sp_new", "my-app.config.ts", "user@example.com", "v1.2.3"]
 CJK = ["数据库迁移已经完成", "我们讨论数据库连接", "测试通信协议", "迁移计划完成了"]
+#: Latin letters and digits inside CJK runs: one unicode61 token with the run, found by
+#: word queries all the same (issue 21, point 7), and two that are other words.
+MIXED = ["今天讨论A2A通信协议", "用GPT4模型测试2024年", "部署kubectl命令", "讨论a2ab不算", "xA2A通信", "Deploy完成",
+         "会议：讨论zebra。"]
 TOOLS = ["terminal", "web_search", "终端工具"]
 
 
@@ -41,10 +45,12 @@ def _text(rng: random.Random) -> str:
     parts = []
     for _ in range(rng.randint(1, 7)):
         roll = rng.random()
-        if roll < 0.65:
+        if roll < 0.6:
             parts.append(rng.choice(WORDS))
-        elif roll < 0.8:
+        elif roll < 0.72:
             parts.append(rng.choice(JOINED))
+        elif roll < 0.8:
+            parts.append(rng.choice(MIXED))
         else:
             parts.append(rng.choice(CJK))
     return " ".join(parts) + rng.choice(["", ".", "!", "?"])
@@ -77,13 +83,15 @@ def fill(db: SessionDB) -> SessionDB:
 
 
 @pytest.fixture(scope="module")
-def rows(store: SessionDB) -> dict[int, tuple[float, list[str]]]:
-    """id -> (timestamp, searchable columns), read with plain SQL."""
+def rows(store: SessionDB) -> dict[int, tuple[float, list[str], list[str]]]:
+    """id -> (timestamp, searchable columns, columns a term inside a CJK run is looked
+    up in: content and tool name, but for tool results), read with plain SQL."""
     with store.engine.connect() as conn:
         out = {
-            mid: (ts, [t for t in (content, tool_name, tool_calls) if isinstance(t, str)])
-            for mid, ts, content, tool_name, tool_calls in conn.execute(
-                text("SELECT id, timestamp, content, tool_name, tool_calls FROM messages"))
+            mid: (ts, [t for t in (content, tool_name, tool_calls) if isinstance(t, str)],
+                  [] if role == "tool" else [t for t in (content, tool_name) if isinstance(t, str)])
+            for mid, ts, role, content, tool_name, tool_calls in conn.execute(
+                text("SELECT id, timestamp, role, content, tool_name, tool_calls FROM messages"))
         }
     assert len(out) == 72
     return out
@@ -112,20 +120,45 @@ def term_matches(columns: list[str], term: str) -> bool:
     return any(t.startswith(word) if prefix else t == word for c in columns for t in tokens(c))
 
 
-def brute_force(columns: list[str], query: str, matches=term_matches) -> bool:
+def brute_force(columns: list[str], query: str, matches=term_matches, positive=None) -> bool:
     """FTS5's meaning of ``t (op t)*``, from its grammar (fts5parse.y).
 
     Terms separated only by spaces form one unit (an implicit AND binds tightest), then
-    NOT, then AND, then OR: ``a b NOT c d`` is ``(a b) NOT (c d)``.
+    NOT, then AND, then OR: ``a b NOT c d`` is ``(a b) NOT (c d)``. ``positive``, when
+    given, matches the terms that are not NOT-ed (``matches`` the NOT-ed ones).
     """
-    def unit(text: str) -> bool:
-        return all(matches(columns, t) for t in text.split())
+    def unit(text: str, match=matches) -> bool:
+        return all(match(columns, t) for t in text.split())
 
     def factor(text: str) -> bool:
         first, *negated = text.split(" NOT ")
-        return unit(first) and not any(unit(n) for n in negated)
+        return unit(first, positive or matches) and not any(unit(n) for n in negated)
 
     return any(all(factor(f) for f in group.split(" AND ")) for group in query.split(" OR "))
+
+
+_CJK_CHAR = "[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]"
+
+
+def in_cjk_run(columns: list[str], term: str) -> bool:
+    """A term of 3+ ASCII letters or digits written inside a CJK run: no ASCII letter or
+    digit touches it, a CJK character does on one side at least (right before it, for a
+    prefix ``term*``)."""
+    body = term[:-1] if term.endswith("*") else term
+    if not re.fullmatch(r"[A-Za-z0-9]{3,}", body):
+        return False
+    t = f"(?i:{re.escape(body)})"
+    rule = f"(?<={_CJK_CHAR}){t}" if term.endswith("*") else (
+        f"(?<={_CJK_CHAR}){t}(?![A-Za-z0-9])|(?<![A-Za-z0-9]){t}(?={_CJK_CHAR})")
+    return any(re.search(rule, c) for c in columns)
+
+
+def word_query_matches(row: tuple[float, list[str], list[str]], query: str) -> bool:
+    """What a word query finds: FTS5's meaning, a positive term also inside a CJK run of
+    the row's lookup columns (every term of these queries holds an ASCII letter, so
+    every group is looked up; cron and sub-agent sessions are not in this corpus)."""
+    _ts, columns, run_columns = row
+    return brute_force(columns, query, positive=lambda cols, t: term_matches(cols, t) or in_cjk_run(run_columns, t))
 
 
 def substring_matches(columns: list[str], term: str) -> bool:
@@ -135,7 +168,8 @@ def substring_matches(columns: list[str], term: str) -> bool:
 words = st.sampled_from(["deploy", "Deploy", "deployment", "deplo*", "kubectl", "zebra", "quokka", "rollout",
                          "config", "service", "pipeline", "alpha", "beta", "chat", "send", "sp", "new", "p2",
                          "terminal", "search", "cmd", "function", "absent", "zeb*", "a*", "cafe", "CAFÉ",
-                         "naive", "ecole", "école", "example", "com", "user", "v1", "ts", "caf*"])
+                         "naive", "ecole", "école", "example", "com", "user", "v1", "ts", "caf*", "a2a", "A2A",
+                         "A2A*", "gpt4", "GPT4*", "2024", "a2ab"])
 operator = st.sampled_from([" ", " ", " AND ", " OR ", " NOT "])
 
 
@@ -159,6 +193,14 @@ def test_brute_force_model_agrees_with_known_cases() -> None:
     assert brute_force(["deploy"], "deploy deploy NOT deploy deployment")
     assert not brute_force(["deploy deployment"], "deploy deploy NOT deploy deployment")
     assert not brute_force(["deploy"], "deploy NOT deploy")
+    # A term inside a CJK run is found by a positive term only; a longer word is not it.
+    run = (0.0, ["今天讨论A2A通信 and kubectl"], ["今天讨论A2A通信 and kubectl"])
+    assert word_query_matches(run, "a2a") and word_query_matches(run, "A2A* kubectl")
+    assert not brute_force(run[1], "a2a") and not word_query_matches(run, "a2a NOT kubectl")
+    assert word_query_matches(run, "kubectl NOT a2a")  # NOT keeps its word meaning: A2A is no word here
+    assert not word_query_matches((0.0, ["讨论a2ab", "xA2A通信"], ["讨论a2ab", "xA2A通信"]), "a2a")
+    assert word_query_matches((0.0, ["讨论a2ab"], ["讨论a2ab"]), "a2a*")
+    assert not word_query_matches((0.0, ["今天讨论A2A通信"], []), "a2a")  # a tool result
     # unicode61 splits compounds and folds one diacritic.
     assert brute_force(["mail user@example.com"], "example") and brute_force(["v1.2.3"], "v1")
     assert brute_force(["un Café"], "cafe") and brute_force(["un Café"], "CAFÉ") and brute_force(["ÉCOLE"], "ecole")
@@ -169,7 +211,7 @@ def test_word_queries_equal_brute_force(store: SessionDB, rows: dict) -> None:
     @given(word_queries(), st.sampled_from(["newest", "oldest"]), st.integers(0, 30), st.integers(0, 10))
     def run(query: str, sort: str, limit: int, offset: int) -> None:
         assert plan_search(query).kind == "word" and plan_search(query).match == query  # passes through as is
-        expected = sorted((mid for mid, (_ts, cols) in rows.items() if brute_force(cols, query)),
+        expected = sorted((mid for mid, row in rows.items() if word_query_matches(row, query)),
                           key=lambda mid: (rows[mid][0], mid), reverse=sort == "newest")
         got = [h["id"] for h in store.search_messages(query, sort=sort, limit=limit, offset=offset)]
         assert got == expected[offset:offset + limit]
@@ -181,7 +223,7 @@ def test_ranked_word_queries_return_the_same_set(store: SessionDB, rows: dict) -
     @examples(store, 120)
     @given(word_queries())
     def run(query: str) -> None:
-        expected = {mid for mid, (_ts, cols) in rows.items() if brute_force(cols, query)}
+        expected = {mid for mid, row in rows.items() if word_query_matches(row, query)}
         got = [h["id"] for h in store.search_messages(query, limit=1000)]
         assert len(got) == len(set(got)) and set(got) == expected
 
@@ -208,9 +250,9 @@ def test_cjk_queries_equal_brute_force_substring_scan(store: SessionDB, rows: di
         assert plan.kind in ("trigram", "substring")
         if plan.kind == "substring":
             assume(" NOT " not in query)
-            expected = {mid for mid, (_ts, cols) in rows.items() if any(substring_matches(cols, t) for t in terms)}
+            expected = {mid for mid, (_ts, cols, _r) in rows.items() if any(substring_matches(cols, t) for t in terms)}
         else:
-            expected = {mid for mid, (_ts, cols) in rows.items() if brute_force(cols, query, substring_matches)}
+            expected = {mid for mid, (_ts, cols, _r) in rows.items() if brute_force(cols, query, substring_matches)}
         got = [h["id"] for h in store.search_messages(query, limit=1000)]
         assert len(got) == len(set(got)) and set(got) == expected, (query, plan.kind)
 
@@ -219,8 +261,13 @@ def test_cjk_queries_equal_brute_force_substring_scan(store: SessionDB, rows: di
 
 def test_corpus_is_varied_enough(rows: dict) -> None:
     """Guard against a corpus where every query trivially returns all or nothing."""
-    hit_counts = [sum(brute_force(cols, q) for _ts, cols in rows.values())
+    hit_counts = [sum(brute_force(cols, q) for _ts, cols, _r in rows.values())
                   for q in ("deploy", "zebra", "kubectl", "terminal", "deplo*", "chat", "cafe", "example", "ecole")]
     assert all(0 < n < len(rows) for n in hit_counts), hit_counts
-    assert sum(any("数据库迁移" in c for c in cols) for _ts, cols in rows.values()) > 2
+    assert sum(any("数据库迁移" in c for c in cols) for _ts, cols, _r in rows.values()) > 2
+    # terms inside CJK runs: rows only the lookup finds, and rows where it must not look
+    only_runs = [q for q in ("a2a", "gpt4", "2024", "kubectl", "zebra", "deploy")
+                 if any(word_query_matches(r, q) and not brute_force(r[1], q) for r in rows.values())]
+    assert len(only_runs) >= 4, only_runs
+    assert any(in_cjk_run(cols, "a2a") and not r for _ts, cols, r in rows.values())  # in a tool result
 

@@ -61,6 +61,10 @@ ACCENTED = ["café", "Café", "CAFÉ", "naïve", "résumé", "Ärger", "Straße"
             "İstanbul", "e\u0301clair", "Ångström", "ǘber", "Ñandú", "µ-meter", "hello🤔", "x²y", "Ꭰ-case"]
 CJK = ["数据库迁移已经完成", "我们讨论数据库连接", "测试通信协议", "迁移计划完成了", "東京タワーに行く",
        "한국어 검색 테스트", "数据", "库", "日本語のテキスト"]
+#: Latin letters and digits inside CJK runs (issue 21, point 7): one token with the run
+#: in the word index, found by word queries through the trigram indexes.
+MIXED = ["今天讨论A2A通信协议", "用GPT4模型测试", "部署kubectl命令", "讨论A2Ab不算", "xA2A通信", "版本2024年发布",
+         "テストA2Aです", "讨论AI通信", "会议记录：讨论A2A。", "我们的a2A方案", "zebra和quokka"]
 TOOLS = ["terminal", "web_search", "终端工具", "read_file"]
 #: (session id, source, model_config): cron and sub-agent sessions are left out of CJK routes.
 SESSION_ROWS = [
@@ -81,6 +85,26 @@ FIXED = [
     {"role": "assistant", "content": None, "tool_name": None,
      "tool_calls": json.dumps([{"id": "x9", "function": {"name": "read_file", "arguments":
                                                           "{\"path\": \"src/Main.PY\", \"host\": \"db.Example.COM\"}"}}])},
+]
+
+
+#: (session, role, content, tool name, tool calls): Latin inside CJK runs where the
+#: lookup must not look (cron, sub-agents, tool results, tool calls) and where it must
+#: (a malformed or null sub-agent marker is no marker; tool names).
+MIXED_FIXED = [
+    ("s-cron", "user", "今天讨论A2A通信协议 cron", None, None),
+    ("s-sub", "user", "今天讨论A2A通信协议 subagent", None, None),
+    ("s-deleg", "user", "今天讨论A2A通信协议 delegated", None, None),
+    ("s-badcfg", "user", "讨论A2A通信 malformed marker", None, None),
+    ("s-nullcfg", "assistant", "讨论GPT4模型 null marker", None, None),
+    ("s-cli", "tool", "工具输出A2A结果", "terminal", None),
+    ("s-tg", "assistant", None, None, json.dumps([{"id": "m1", "function": {"name": "read_file", "arguments":
+                                                                          '{"q": "讨论A2A通信"}'}}], ensure_ascii=False)),
+    ("s-tg", "assistant", "calling", "终端A2A工具", None),
+] + [  # each in a row of its own, and beside words of the corpus
+    (SESSION_ROWS[i % len(SESSION_ROWS)][0], "user" if i % 2 else "assistant", text, None, None)
+    for i, text in enumerate(MIXED + [f"{m} {w}" for m, w in zip(MIXED, ["kubectl deploy", "zebra", "quokka rollout",
+                                                                        "alpha", "Deploy", "beta", "timeout"])])
 ]
 
 
@@ -123,6 +147,9 @@ def _corpus() -> list[dict]:
     for i, fixed in enumerate(FIXED):
         rows.append({**rows[0], "tool_name": None, "tool_calls": None, **fixed,
                      "session_id": "s-cli", "timestamp": 1_800_000_100.0 + i})
+    for i, (sid, role, content, tool_name, tool_calls) in enumerate(MIXED_FIXED):
+        rows.append({**rows[0], "session_id": sid, "role": role, "content": content, "tool_name": tool_name,
+                     "tool_calls": tool_calls, "tool_call_id": None, "timestamp": 1_800_000_200.0 + i})
     return rows
 
 
@@ -208,6 +235,10 @@ QUERIES = [
     "C++ 数据库迁移", "数据库 NOT ab", "ab OR 数据库", "数据库 NOT C++", '"ab" 通信协议', "ab NOT 数据库",
     # short CJK queries match by LIKE, which folds ASCII letters only: é is not É
     "数据 é", "库 CAFÉ", "数据 Café", "库 ΟΔΟΣ",
+    # Latin letters or digits inside CJK runs (found by word queries too), and what stays out
+    "A2A", "a2a", '"A2A"', "A2A*", "GPT4", "gpt4*", "2024", "kubectl 命令", "quokka", "A2A kubectl", "A2A NOT kubectl",
+    "A2A OR zebra", "A2A deploy", "A2A NOT 通信", "A2Ab", "xa2a", "AI", "ai", "A2A 🎉", "a2a café", "NOT A2A",
+    "GPT4 OR 2024 NOT quokka", "A2A AND gpt4*",
     # odd input
     "", "   ", '"', "***", "NOT", "OR deploy", "deploy AND", "((deploy", "deploy:", "^zebra", "{alpha}",
     "🎉", "zebra 🎉", "\x00deploy", "\ud800deploy", "%", "_", "\\", "'", "x" * 3000, "AND OR NOT",
@@ -249,7 +280,7 @@ def test_compound_and_accent_queries_find_rows(engines: tuple[Engine, Engine], q
         assert found and sorted(found) == sorted(_search(lite, query, limit=1000))
 
 
-@pytest.mark.parametrize("query", ["deploy", "数据库", "数据", "chat-send OR 迁移", "example", "café"])
+@pytest.mark.parametrize("query", ["deploy", "数据库", "数据", "chat-send OR 迁移", "example", "café", "A2A"])
 @pytest.mark.parametrize("kw", [
     {"source_filter": "cli"}, {"exclude_sources": ["cron", "telegram"]}, {"role_filter": ["tool"]},
     {"role_filter": "user", "source_filter": ["cli", "discord"]}, {"limit": 3, "offset": 2},
@@ -257,6 +288,22 @@ def test_compound_and_accent_queries_find_rows(engines: tuple[Engine, Engine], q
 def test_filters_and_paging_agree(engines: tuple[Engine, Engine], query: str, kw: dict) -> None:
     lite, pg = engines
     assert _search(lite, query, sort="newest", **kw) == _search(pg, query, sort="newest", **kw)
+
+
+def test_latin_inside_cjk_runs_is_found_on_both_backends(engines: tuple[Engine, Engine]) -> None:
+    """The equalities above hold non-empty answers for terms inside CJK runs, with the
+    lookup's coverage: not cron, sub-agent, tool-result or tool-call text."""
+    lite, pg = engines
+    with pg.connect() as conn:
+        hits = SearchRepository(conn).search_messages("A2A", limit=1000)
+    texts = {h["id"]: h["snippet"] for h in hits}
+    assert any(">>>A2A<<<通信协议" in t for t in texts.values())  # in a run, marked
+    assert "讨论>>>A2A<<<通信 malformed marker" in texts.values() and any("终端>>>A2A<<<工具" in t for t in texts.values())
+    sessions = {h["session_id"] for h in hits}
+    assert not sessions & {"s-cron", "s-sub", "s-deleg"} and {"s-badcfg", "s-cli"} <= sessions
+    assert all("工具输出" not in t and '"q"' not in t for t in texts.values())
+    assert sorted(_search(lite, "A2A", limit=1000)) == sorted(_search(pg, "A2A", limit=1000))
+    assert _search(pg, "GPT4", limit=1000) and _search(pg, "AI", limit=1000) == _search(lite, "AI", limit=1000)
 
 
 def test_cjk_routes_leave_out_cron_and_subagent_sessions(engines: tuple[Engine, Engine]) -> None:
@@ -307,7 +354,7 @@ def test_phrase_does_not_span_columns_on_postgresql(engines: tuple[Engine, Engin
 
 _TOKEN = re.compile(r"[^\W_]+")
 _FUZZ_ALPHABET = st.sampled_from(
-    WORDS + JOINED + ACCENTED + CJK + ["OR", "NOT", "AND", '"', "*", "(", ")", ":", "^", "-", "\\", "'", "%", "_",
+    WORDS + JOINED + ACCENTED + CJK + MIXED + ["A2A", "gpt4", "OR", "NOT", "AND", '"', "*", "(", ")", ":", "^", "-", "\\", "'", "%", "_",
                                        " ", "\x00", "数", "据", "🎉", "é", ".", "@", "E\u0301"]
 )
 
