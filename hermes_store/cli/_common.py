@@ -250,8 +250,11 @@ class ProgressLog:
     (30%) · 4,100/s · ETA 7s``. With ``--json`` each line is a JSON object instead.
     """
 
-    def __init__(self, kind: str, as_json: bool, *, every: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, kind: str, as_json: bool, *, every: float, clock: Callable[[], float] = time.monotonic,
+                 write: Callable[[str], None] | None = None) -> None:
         self.kind, self.as_json, self.every, self.clock = kind, as_json, every, clock
+        #: Where a line goes (tests take them): stderr, after "hermes-store: " unless JSON.
+        self.write = write or ((lambda line: click.echo(line, err=True)) if as_json else say)
         self.tasks: dict[int, _Task] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -326,24 +329,22 @@ class ProgressLog:
                    "rate_per_second": round(rate, 1) if rate is not None else None,
                    "eta_seconds": round(left, 1) if left is not None else None,
                    "elapsed_seconds": round(elapsed, 1), "finished": task.finished}
-            click.echo(json_text(doc), err=True)
+            self.write(json_text(doc))
             return
         parts = []
-        if task.total is None and not task.done:
-            parts.append(f"{fmt_duration(elapsed)} so far")
+        if task.total is None:
+            parts.append(f"{fmt_num(task.done)} done" if task.done else f"{fmt_duration(elapsed)} so far")
         elif self.kind == "percent":
             parts.append(f"{percent or 0:g}%")
-        elif task.total is not None:
-            parts.append(f"{fmt_num(task.done)}/{fmt_num(task.total)} ({percent or 0:g}%)")
         else:
-            parts.append(f"{fmt_num(task.done)} done")
+            parts.append(f"{fmt_num(task.done)}/{fmt_num(task.total)} ({percent or 0:g}%)")
         if task.finished:
             parts.append(f"done in {fmt_duration(elapsed)}")
         if rate is not None and self.kind == "count":
             parts.append(f"{fmt_num(rate)}/s")
         if left is not None:
             parts.append(f"ETA {fmt_duration(left)}")
-        say(f"{task.description}: " + " · ".join(parts))
+        self.write(f"{task.description}: " + " · ".join(parts))
 
 
 # ---------------------------------------------------------------------------- formatting
