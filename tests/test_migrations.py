@@ -21,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from alembic.autogenerate import produce_migrations
@@ -134,7 +135,13 @@ def assert_schema(n: int, live: dict) -> None:
         return
     base = next(e for k in range(n - 1, 0, -1) if (e := expected_schema(k)) is not None)
     problems = introspect.diff(base, live)
-    assert all("extra" in p for p in problems), problems
+    assert all(ADDITION.match(p) for p in problems), problems
+
+
+#: A difference ``introspect.diff`` reports that only adds to the expected schema (a
+#: column on a table, or a whole table, index, trigger, view or FTS table); anything
+#: else changes an object someone (Hermes) owns.
+ADDITION = re.compile(r"^(?:extra (?:table|indexes|triggers|views|virtual) \w+|\w+: extra column \w+)$")
 
 
 def test_single_linear_head() -> None:
@@ -718,3 +725,142 @@ def test_batch_rebuild_of_sessions_keeps_every_index(migrate, db_path: Path, raw
     check_indexes_hold_seed(conn, NEWEST_HERMES)  # the trigram view joins sessions again
     integrity_check(conn)
     conn.close()
+
+
+# --------------------------------------------------------------------- a later revision that rebuilds every table
+
+#: A revision of a later contributor that rebuilds every table of ours (SQLite batch
+#: mode: copy, drop, rename), adding a column, and back. It installs no hook of its own:
+#: env.py must protect whoever runs it, our engine, a host's plain Engine or Connection.
+REBUILD_EVERY_TABLE = '''"""Rebuild every table of ours, adding a column; downgrade rebuilds them again."""
+from alembic import op
+import sqlalchemy as sa
+
+revision = "hs9901"
+down_revision = {down!r}
+branch_labels = None
+depends_on = None
+TABLES = {tables!r}
+
+
+def upgrade():
+    for table in TABLES:
+        with op.batch_alter_table(table, recreate="always") as batch_op:
+            batch_op.add_column(sa.Column("hs9901_probe", sa.TEXT(), nullable=True))
+
+
+def downgrade():
+    for table in reversed(TABLES):
+        with op.batch_alter_table(table, recreate="always") as batch_op:
+            batch_op.drop_column("hs9901_probe")
+'''
+
+
+@pytest.fixture
+def rebuild_revision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Our chain plus ``hs9901`` (REBUILD_EVERY_TABLE) after the head, for this test only."""
+    from hermes_store import paths
+
+    extra = tmp_path / "later-versions"
+    extra.mkdir()
+    (extra / "hs9901_rebuild_every_table.py").write_text(
+        REBUILD_EVERY_TABLE.format(down=HEAD, tables=sorted(metadata.tables)))
+    real = paths.make_config
+
+    def with_later_revision(*args: object, **kwargs: object):  # noqa: ANN202 - an alembic Config
+        cfg = real(*args, **kwargs)  # type: ignore[arg-type]
+        cfg.set_main_option("path_separator", "space")
+        cfg.set_main_option("version_locations", f"{paths.script_location() / 'versions'} {extra}")
+        return cfg
+
+    monkeypatch.setattr(paths, "make_config", with_later_revision)
+    paths.revision_order.cache_clear()
+    try:
+        yield "hs9901"
+    finally:
+        paths.revision_order.cache_clear()
+
+
+def table_facts(conn: sqlite3.Connection) -> dict[str, tuple]:
+    """What the snapshot leaves out of a table: WITHOUT ROWID, its unique keys, its
+    sqlite_sequence mark, and every row (the new column aside)."""
+    facts = {}
+    seqs = dict(conn.execute("SELECT name, seq FROM sqlite_sequence"))
+    for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall():
+        if name not in metadata.tables:
+            continue
+        cols = [r[1] for r in conn.execute(f'PRAGMA table_info("{name}")') if r[1] != "hs9901_probe"]
+        uniques = sorted(
+            (origin, tuple(r[2] for r in conn.execute(f'PRAGMA index_info("{ix}")')))
+            for _s, ix, unique, origin, _p in conn.execute(f'PRAGMA index_list("{name}")') if unique
+        )
+        rows = sorted(conn.execute(f'SELECT {", ".join(cols)} FROM "{name}"').fetchall(), key=repr)
+        facts[name] = ("WITHOUT ROWID" in sql.upper(), uniques, seqs.get(name), rows)
+    return facts
+
+
+def _seeded_head(migrate, db_path: Path, raw) -> tuple[dict, dict]:  # noqa: ANN001 - fixtures
+    migrate("0001")
+    conn = raw()
+    seed_v1(conn)
+    conn.close()
+    migrate(HEAD)
+    conn = raw()
+    # An id handed out and deleted: the sqlite_sequence mark stands above max(id).
+    conn.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s_root', 'user', 'x', 1)")
+    conn.execute("DELETE FROM messages WHERE id = (SELECT max(id) FROM messages)")
+    facts = table_facts(conn)
+    conn.close()
+    return snap(db_path), facts
+
+
+def _assert_rebuilt(db_path: Path, raw, before: dict, facts: dict, *, with_column: bool) -> dict:  # noqa: ANN001
+    """Checks after a rebuild; the table facts after writing through the triggers (the
+    id mark moved on)."""
+    after = snap(db_path)
+    problems = introspect.diff(before, after)
+    if with_column:
+        assert sorted(problems) == sorted(f"{t}: extra column hs9901_probe" for t in metadata.tables), problems
+    else:
+        assert problems == []
+    conn = raw()
+    assert table_facts(conn) == facts  # rows, WITHOUT ROWID, unique keys and id marks kept
+    integrity_check(conn)  # the rebuilt messages kept every rowid the indexes point at
+    check_indexes_hold_seed(conn, NEWEST_HERMES)
+    exercise_triggers(conn, 77 if with_column else 78, NEWEST_HERMES)  # the triggers came back
+    moved = table_facts(conn)
+    conn.close()
+    assert moved["messages"][2] == facts["messages"][2] + 3  # ids above the mark, never reused
+    return moved
+
+
+@pytest.mark.parametrize("through", ["path", "engine", "connection"])
+def test_a_later_revision_may_rebuild_every_table(through: str, rebuild_revision: str, migrate, db_path: Path,
+                                                  raw) -> None:
+    """A batch rebuild of any table of ours (messages with its FTS views and triggers,
+    sessions with its expression index, the WITHOUT ROWID bigram table...) keeps
+    everything, up and down, whoever runs it: a path (our engine), a host's plain
+    Engine (used for more than one migration, so pooled connections are reused), or a
+    host's plain Connection inside its own transaction."""
+    before, facts = _seeded_head(migrate, db_path, raw)
+    from sqlalchemy import create_engine as sa_create_engine
+
+    engine = sa_create_engine(f"sqlite:///{db_path}")  # a plain engine: none of our hooks
+    try:
+        for _round in range(2 if through == "engine" else 1):
+            if through == "connection":
+                with engine.connect() as conn:
+                    assert migrations.upgrade(conn, rebuild_revision) == rebuild_revision
+                    conn.commit()
+            else:
+                assert migrations.upgrade(db_path if through == "path" else engine) == rebuild_revision
+            facts = _assert_rebuilt(db_path, raw, before, facts, with_column=True)
+            if through == "connection":
+                with engine.connect() as conn:
+                    assert migrations.downgrade(conn, HEAD) == HEAD
+                    conn.commit()
+            else:
+                assert migrations.downgrade(db_path if through == "path" else engine, HEAD) == HEAD
+            facts = _assert_rebuilt(db_path, raw, before, facts, with_column=False)
+    finally:
+        engine.dispose()

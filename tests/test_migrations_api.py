@@ -417,6 +417,51 @@ def test_alembic_check_and_autogenerate_are_quiet(target: str, tmp_path: Path) -
         assert code == ["pass"], generated
 
 
+@pytest.mark.parametrize("hook", ["include_name", "include_object"])
+def test_host_hooks_leave_only_the_hosts_table_to_autogenerate(target: str, hook: str) -> None:
+    """What a host's branch-mode env.py gets from alembic_support, with README's list of
+    MetaData: our FTS / search machinery hidden, no NULL-able key "changes" of ours (which
+    PostgreSQL proposes without the hook and then refuses), the host's own changes kept."""
+    from alembic.autogenerate import produce_migrations
+    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy import Column, Integer, MetaData, Table
+
+    from hermes_store import alembic_support
+    from hermes_store.models import metadata
+
+    migrations.upgrade(target)
+    query(target, "CREATE TABLE host_gone (id INTEGER PRIMARY KEY)")  # the host dropped its model
+    host = MetaData()
+    Table("host_notes", host, Column("id", Integer, primary_key=True))
+    target_metadata = [host, metadata]
+    engine = sa_create_engine(url_of(target))
+    try:
+        with engine.connect() as conn, alembic_support.quiet_reflection():
+            opts: dict[str, Any] = {"target_metadata": target_metadata, "compare_type": True,
+                                    hook: getattr(alembic_support, hook)}
+            script = produce_migrations(MigrationContext.configure(conn, opts=opts), target_metadata)
+            raw = _flat(script.upgrade_ops.as_diffs())
+            alembic_support.keep_our_keys(MigrationContext.configure(conn, opts=opts), None, [script])
+            kept = _flat(script.upgrade_ops.as_diffs())
+            reverse = _flat(script.downgrade_ops.as_diffs())
+    finally:
+        engine.dispose()
+    nullable = [(d[2], d[3]) for d in raw if d[0] == "modify_nullable"]
+    if is_file(target):
+        assert nullable == []  # SQLite: the DDL's keys hold NULL too
+    else:
+        assert len(nullable) >= 9 and set(nullable) <= alembic_support._nullable_key_columns(), raw
+    assert sorted((d[0], d[1].name) for d in kept) == [("add_table", "host_notes"), ("remove_table", "host_gone")]
+    assert sorted(d[0] for d in reverse) == ["add_table", "remove_table"]
+    # The former name took only one MetaData; it is the same hook now.
+    assert alembic_support.drop_sqlite_nullable_keys is alembic_support.keep_our_keys
+
+
+def _flat(diffs: list) -> list[tuple]:
+    """``as_diffs()`` with a table's column changes (a nested list) taken out of their list."""
+    return [item for d in diffs for item in (d if isinstance(d, list) else [d])]
+
+
 def test_alembic_command_line_upgrades_checks_and_keeps_to_its_own_version_table(target: str, tmp_path: Path) -> None:
     """The alembic command line, from the repo's alembic.ini ($HERMES_STORE_URL names the
     database), then on a database a host shares: the host's version table is left alone."""
