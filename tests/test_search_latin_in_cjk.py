@@ -183,6 +183,9 @@ def test_the_rule_itself() -> None:
     assert latin_in_cjk.first_run("A2Abc通信", [prefix]) is None  # the word index's own prefix hit
     for value in inside + outside:
         assert bool(re.search(latin_in_cjk.regex(a2a), value)) == bool(latin_in_cjk.first_run(value, [a2a])), value
+        if latin_in_cjk.first_run(value, [a2a]):  # what PostgreSQL's index is asked first holds too
+            assert re.search(latin_in_cjk.regex_beside_non_ascii(a2a), value), value
+    assert not re.search(latin_in_cjk.regex_beside_non_ascii(a2a), "A2A and a2a only")
 
 
 def test_queries_the_lookup_leaves_alone() -> None:

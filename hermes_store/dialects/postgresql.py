@@ -330,9 +330,9 @@ class PostgreSQLDialect:
     def latin_in_cjk(self, conn: Connection, query: runs.Query, words: Any, params: dict[str, Any],
                      object_sql: Callable[[str], str]) -> runs.RunsSQL:
         """Word-query terms inside CJK runs (:mod:`hermes_store.search.latin_in_cjk`): the
-        pg_trgm index serves ILIKE on the term, a regular expression tells a run, the
-        tsvector answers the word tests (folded as the query was: ``words``) and leaves
-        out its own hits (``:q``). The trigram sessions as :meth:`cjk_sessions` keeps
+        pg_trgm index finds the term beside a character outside ASCII, a regular
+        expression tells a run, the tsvector answers the word tests (folded as the query
+        was: ``words``) and leaves out its own hits (``:q``). The trigram sessions as :meth:`cjk_sessions` keeps
         them, but the sub-agent test is left to the caller (``maybe_delegated``): it
         needs the JSON read in Python, which only the rare lookup row in such a
         session should cost."""
@@ -341,9 +341,16 @@ class PostgreSQLDialect:
         def in_run(term: runs.Term) -> str:
             if term not in names:
                 n = names[term] = f"rx{len(names)}"
-                params[n + "l"], params[n + "r"] = f"%{term.text}%", runs.regex(term)
+                params[n + "n"], params[n + "r"] = runs.regex_beside_non_ascii(term), runs.regex(term)
             n = names[term]
-            return f"((m.content ILIKE :{n}l AND m.content ~ :{n}r) OR (m.tool_name ILIKE :{n}l AND m.tool_name ~ :{n}r))"
+            # The pg_trgm index answers the first test: the term beside a character
+            # outside ASCII (a CJK neighbour is one), cheap to cut into trigrams at
+            # planning and rare enough that the planner keeps to the index whatever the
+            # term. The rule itself, on an expression the index does not serve, is
+            # tested on the rows that index returns.
+            return " OR ".join(
+                f"({col} ~ :{n}n AND COALESCE({col}, '') ~ :{n}r)" for col in ("m.content", "m.tool_name")
+            ).join("()")
 
         def has_words(match: str) -> str:
             if match not in names:

@@ -489,11 +489,16 @@ class SQLiteDialect:
         def in_run(term: runs.Term) -> str:
             if term not in names:
                 names[term] = f"rx{len(names)}"
-            tests = []
-            for i, pattern in enumerate(runs.glob_patterns(term)):
-                params[f"{names[term]}_{i}"] = pattern
-                tests += [f"m.content GLOB :{names[term]}_{i}", f"m.tool_name GLOB :{names[term]}_{i}"]
-            return f"({' OR '.join(tests)})"
+            n = names[term]
+            patterns = runs.glob_patterns(term)
+            params.update({f"{n}_{i}": pattern for i, pattern in enumerate(patterns)})
+            # A CJK neighbour is a character outside ASCII: text without one (most text
+            # holding a common term) is passed over before the GLOBs walk it.
+            return " OR ".join(
+                f"(length(CAST({col} AS BLOB)) > length({col}) AND ("
+                + " OR ".join(f"{col} GLOB :{n}_{i}" for i in range(len(patterns))) + "))"
+                for col in ("m.content", "m.tool_name")
+            ).join("()")
 
         def has_words(match: str) -> str:
             if match not in names:

@@ -407,10 +407,13 @@ class SearchRepository(Repository):
             by_time = sort in ("newest", "oldest")
             # By rank the lookup's rows follow every hit: wanted only when the hits fall short.
             guard = "" if by_time else f" AND (SELECT count(*) FROM ({hits} LIMIT :window)) < :window"
-            ordering = ordering.replace("h.rank", "m.rank")
-            merged = ordering.replace("m.", "u.")
-            sql = f"SELECT * FROM ({hits} UNION ALL {run_rows}{guard}) u ORDER BY {merged} LIMIT :window"
-            return self._all(_with_context(sql, ordering), params)
+            # Each side cut to the window first: FTS5 then cuts snippets for the page only.
+            sql = (
+                f"SELECT * FROM (SELECT * FROM ({hits} ORDER BY {ordering} LIMIT :window) UNION ALL SELECT * FROM"
+                f" ({run_rows}{guard} ORDER BY {ordering if by_time else newest} LIMIT :window)) u"
+                f" ORDER BY {ordering.replace('h.', 'u.').replace('m.', 'u.')} LIMIT :window"
+            )
+            return self._all(_with_context(sql, ordering.replace("h.rank", "m.rank")), params)
         window = params["window"]
         fetch = window
         while True:

@@ -54,6 +54,7 @@ __all__ = [
     "glob_patterns",
     "parse",
     "regex",
+    "regex_beside_non_ascii",
     "snippet",
 ]
 
@@ -176,6 +177,15 @@ def regex(term: Term) -> str:
     if term.prefix:
         return f"{_CJK}{body}"
     return f"{_CJK}{body}({_NOT_ALNUM}|$)|(^|{_NOT_ALNUM}){body}{_CJK}"
+
+
+def regex_beside_non_ascii(term: Term) -> str:
+    """A PostgreSQL regular expression every text matching :func:`regex` matches too: the
+    term with a character outside ASCII on one side (before it, for a prefix). Simple
+    enough for an index to serve and a planner to read cheaply."""
+    body = _cased(term.text, lambda ch: f"[{ch.lower()}{ch.upper()}]")
+    other = "[^\\x01-\\x7f]"
+    return f"{other}{body}" if term.prefix else f"{other}{body}|{body}{other}"
 
 
 def condition(query: Query, in_run: Callable[[Term], str], has_words: Callable[[str], str]) -> str:
