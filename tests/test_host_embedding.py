@@ -260,9 +260,9 @@ def _recreate() -> str:
     return "always" if op.get_bind().dialect.name == "sqlite" else "auto"
 '''
 REBUILD_UPGRADE = """with op.batch_alter_table("messages", recreate=_recreate()) as batch_op:
-        batch_op.add_column(sa.Column("reviewer_note", sa.TEXT(), nullable=True))"""
+        batch_op.add_column(sa.Column("hs9001_probe", sa.TEXT(), nullable=True))"""
 REBUILD_DOWNGRADE = """with op.batch_alter_table("messages", recreate=_recreate()) as batch_op:
-        batch_op.drop_column("reviewer_note")"""
+        batch_op.drop_column("hs9001_probe")"""
 
 
 def render_our_revision(folder: Path, rev_id: str, down: str) -> Path:
@@ -274,7 +274,7 @@ def render_our_revision(folder: Path, rev_id: str, down: str) -> Path:
         upgrades=REBUILD_UPGRADE, downgrades=REBUILD_DOWNGRADE, comma=format_as_comma,
     )
     assert "keep_triggers_across_batch(op.get_bind())" in body  # the template installs the hooks
-    path = folder / f"{rev_id}_reviewer_note.py"
+    path = folder / f"{rev_id}_probe_column.py"
     path.write_text(body)
     return path
 
@@ -316,13 +316,13 @@ def test_branch_runs_our_rebuild_of_messages(tmp_path: Path, database: str) -> N
 
     host.alembic("upgrade", "heads")
     assert "hs9001" in _versions(database, "alembic_version")
-    assert "reviewer_note" in _columns(database, "messages")
+    assert "hs9001_probe" in _columns(database, "messages")
     assert _messages_machinery(database) == machinery  # triggers, views, indexes, AUTOINCREMENT kept
     assert _message_rows(database) == rows_before
     _search_follows_writes(database, "heron")
 
     host.alembic("downgrade", "hermes_store@-1")
-    assert "reviewer_note" not in _columns(database, "messages")
+    assert "hs9001_probe" not in _columns(database, "messages")
     assert _messages_machinery(database) == machinery
     assert migrations.head() in _versions(database, "alembic_version")
     _search_follows_writes(database, "osprey")
