@@ -8,7 +8,10 @@ What each route covers follows Hermes' indexes (v30):
 
 * word queries: ``messages_fts`` over every session, tool calls included; a tool
   result is indexed by its first 8192 characters only (``messages_fts_src``), so a
-  word further into a tool result is not found this way (the row itself is intact);
+  word further into a tool result is not found this way (the row itself is intact).
+  Their terms of 3+ ASCII letters or digits are also looked up inside CJK runs, which
+  the word index keeps in one token with the run (``A2A`` in ``讨论A2A通信``), through
+  the trigram index and in what it holds (:mod:`hermes_store.search.latin_in_cjk`);
 * CJK queries (trigram, or substring for terms under 3 characters, helped by our
   bigram index): only sessions the trigram index keeps (not cron, not sub-agents), on
   every route; tool rows and rows with tool calls, which that index does not hold,

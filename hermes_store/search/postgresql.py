@@ -13,7 +13,8 @@ the phrase of its words (``chat-send`` → ``chat <-> send``); a term without wo
 ignored, as FTS5 ignores it.
 
 CJK queries never come here: they are answered by substring (ILIKE, served by the
-``pg_trgm`` index) and the bigram block index, as the repository arranges. Snippets of
+``pg_trgm`` index) and the bigram block index, as the repository arranges. A word
+query's terms written inside CJK runs are read with its page (:func:`runs_cte`). Snippets of
 word hits are cut here, in Python (:func:`snippet`), from the hit's own text.
 """
 
