@@ -161,6 +161,12 @@ class Dialect(Protocol):
     #: the id range ('' where the planner needs no hint).
     rowid_walk_hint: str
 
+    def latin_in_cjk(self, conn: Connection, query: Any, words: Any, params: dict[str, Any],
+                     object_sql: Callable[[str], str]) -> Any:
+        """The SQL that finds a word query's 3+ character ASCII terms written inside CJK
+        runs (:mod:`hermes_store.search.latin_in_cjk`), through the dialect's trigram
+        index; None where there is none (the word index alone answers)."""
+
     def word_match(self, conn: Connection, match: str) -> tuple[Any, Any]:
         """For a sanitized FTS5 MATCH string: the ``:q`` value :meth:`match_sql` and
         :meth:`top_sql` take, and what a snippet cut in Python needs (a
