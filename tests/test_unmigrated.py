@@ -40,6 +40,7 @@ def test_zero_byte_file_is_a_new_database(tmp_path: Path, opener: str) -> None:
 
 @pytest.mark.parametrize("command", [["upgrade"], ["adopt"], ["sessions"], ["current"]])
 def test_zero_byte_file_through_the_cli(tmp_path: Path, command: list[str]) -> None:
+    """Commands that create make a 0-byte file a store; read-only ones leave it 0 bytes."""
     from click.testing import CliRunner
 
     from hermes_store.cli import cli
@@ -47,6 +48,10 @@ def test_zero_byte_file_through_the_cli(tmp_path: Path, command: list[str]) -> N
     db = tmp_path / "state.db"
     db.touch()
     out = CliRunner().invoke(cli, ["--db", str(db), "--json", *command])
+    if command == ["sessions"]:  # read-only: says how to create one, creates nothing
+        assert out.exit_code == 1, out.output
+        assert db.stat().st_size == 0
+        return
     assert out.exit_code == 0, out.output
     if command != ["current"]:
         assert migrations.current(db) == migrations.head()
