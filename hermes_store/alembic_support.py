@@ -275,9 +275,11 @@ def _is_machinery(name: str | None) -> bool:
 def include_name(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
     """Branch mode: a host whose ``target_metadata`` lists our metadata too.
 
-    Hides FTS5 virtual/shadow tables, their views and SQLite internals (created by raw
-    SQL, not in any metadata, not the host's to drop); our plain tables stay visible so
-    autogenerate compares them against :data:`hermes_store.models.metadata`.
+    Hides FTS5 virtual/shadow tables, their views and SQLite internals, our own version
+    table, the opt-in Telegram tables, and on PostgreSQL the stored ``tsvector`` column
+    and the search indexes (all made by raw SQL, in no metadata, not the host's to
+    drop); our plain tables stay visible so autogenerate compares them against
+    :data:`hermes_store.models.metadata`. Pair it with :func:`keep_our_keys`.
     """
     if type_ == "table":
         return not _is_machinery(name) and name != VERSION_TABLE and name not in OPT_IN_TABLES
