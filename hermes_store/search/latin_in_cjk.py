@@ -171,12 +171,24 @@ def glob_patterns(term: Term) -> list[str]:
     return [f"*{_CJK}{body}{_NOT_ALNUM}*", f"*{_CJK}{body}", f"*{_NOT_ALNUM}{body}{_CJK}*", f"{body}{_CJK}*"]
 
 
+def _escaped(cls: str) -> str:
+    """A regex class written in ASCII: PostgreSQL's ``\\uXXXX``/``\\UXXXXXXXX`` for each
+    other character. The pattern is a bind value, sent in the connection's encoding,
+    and a LATIN1 database's connection cannot carry CJK characters."""
+    return "".join(ch if ord(ch) < 0x80 else (f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}")
+                   for ch in cls)
+
+
+#: :data:`_CJK` for PostgreSQL bind values (see :func:`_escaped`).
+_CJK_ASCII = _escaped(_CJK)
+
+
 def regex(term: Term) -> str:
-    """The same test as one PostgreSQL (or Python) regular expression."""
+    """The same test as one PostgreSQL regular expression (ASCII only, see :func:`_escaped`)."""
     body = _cased(term.text, lambda ch: f"[{ch.lower()}{ch.upper()}]")
     if term.prefix:
-        return f"{_CJK}{body}"
-    return f"{_CJK}{body}({_NOT_ALNUM}|$)|(^|{_NOT_ALNUM}){body}{_CJK}"
+        return f"{_CJK_ASCII}{body}"
+    return f"{_CJK_ASCII}{body}({_NOT_ALNUM}|$)|(^|{_NOT_ALNUM}){body}{_CJK_ASCII}"
 
 
 def regex_beside_non_ascii(term: Term) -> str:
