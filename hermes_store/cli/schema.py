@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import click
@@ -221,9 +221,17 @@ def adopt(check_only: bool, no_backup: bool) -> None:
 # ---------------------------------------------------------------------------- demo
 
 
-def _demo_id(ts: float, suffix: str) -> str:
-    """Hermes' session id format: local start time plus a short hex tail."""
-    return datetime.fromtimestamp(ts).strftime("%Y%m%d_%H%M%S_") + suffix
+#: The clock the demo's session ids are written on: "now" reads as this moment, so the
+#: ids are the same on every run (README.md names one: ``show 20261130_03``), while the
+#: sessions' timestamps stay relative to the real clock (``prune --older-than-days 90``
+#: removes the old one whenever the demo is written).
+DEMO_ID_NOW = datetime(2026, 11, 30, 3, 58, 20)
+
+
+def _demo_id(ts: float, now: float, suffix: str) -> str:
+    """Hermes' session id format (start time plus a short hex tail), with the start time
+    read on the fixed ``DEMO_ID_NOW`` clock: ``ts - now`` seconds from it."""
+    return (DEMO_ID_NOW + timedelta(seconds=round(ts - now))).strftime("%Y%m%d_%H%M%S_") + suffix
 
 
 def write_demo(db: SessionDB) -> list[str]:
@@ -234,7 +242,7 @@ def write_demo(db: SessionDB) -> list[str]:
     ids: list[str] = []
 
     def session(start: float, suffix: str, source: str, model: str, **kw: Any) -> str:
-        sid = _demo_id(start, suffix)
+        sid = _demo_id(start, now, suffix)
         db.create_session(sid, source, model=model, started_at=start, **kw)
         ids.append(sid)
         return sid
@@ -322,7 +330,7 @@ def write_demo(db: SessionDB) -> list[str]:
     cjk = session(t4, "c3e5f1", "telegram", "openai/gpt-4.1")
     db.set_session_title(cjk, "分布式系统文章总结")
     msgs(cjk, t4, [
-        {"role": "user", "content": "帮我总结一下这篇关于分布式系统一致性的文章，重点是 Raft 协议。"},
+        {"role": "user", "content": "帮我总结一下这篇关于分布式系统一致性的文章，重点是 Raft 协议：下周的数据库迁移要用到。"},
         {"role": "assistant", "finish_reason": "tool_calls", "content": "",
          "tool_calls": call("call_w1", "web_search", {"query": "Raft 共识算法 领导者选举 日志复制"})},
         {"role": "tool", "tool_call_id": "call_w1", "tool_name": "web_search",
@@ -337,13 +345,13 @@ def write_demo(db: SessionDB) -> list[str]:
                            estimated_cost_usd=0.0239, api_call_count=3, billing_provider="openai",
                            billing_base_url="https://api.openai.com/v1", billing_mode="responses")
 
-    # 4. A quick question still open (no end).
+    # 4. A quick question still open (no end); README's quick start finds and shows it.
     t5 = now - 600
     quick = session(t5, "d90a44", "cli", "anthropic/claude-sonnet-4")
     msgs(quick, t5, [
-        {"role": "user", "content": "What does `git rebase --onto` do, in one sentence?"},
+        {"role": "user", "content": "How do I deploy chat-send to production, in one sentence?"},
         {"role": "assistant", "finish_reason": "stop",
-         "content": "It replays the commits after <upstream> onto <newbase>, moving a branch to a new starting point."},
+         "content": "Tag the release (git tag chat-send-v2.4.1 && git push --tags); CI builds the image and deploys chat-send once the tag's checks pass."},
     ])
     db.update_token_counts(quick, input_tokens=820, output_tokens=61, model="anthropic/claude-sonnet-4",
                            estimated_cost_usd=0.0034, api_call_count=1)
