@@ -1,18 +1,232 @@
-"""README's promises name the tests that prove them: those tests must exist."""
+"""README.md says what it can prove: the tests it names exist, and its snippets run.
+
+Every ```python block either runs here, as written, in a fresh temp directory (its own
+``python`` process, so ``SessionDB()``, relative paths and imports see nothing of this
+test run), or is listed in ``COVERED_ELSEWHERE`` with the test that runs it; a new block
+that is neither fails ``test_every_python_block_is_run_or_covered``. The quick-start
+commands and the first command's tail run on a demo store, and the hits and session the
+README's comments promise are checked.
+"""
 
 from __future__ import annotations
 
+import builtins
+import json
+import os
 import re
+import shlex
+import subprocess
+import symtable
+import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
+BIN = Path(sys.executable).parent  # hermes-store lives next to this Python
+
+#: A fenced block, with the ``<!-- host-example: NAME -->`` marker that may precede it.
+FENCE = re.compile(r"(?:<!-- host-example: (?P<name>[^ ]+) -->\s*)?^```(?P<lang>\w*)\n(?P<body>.*?)^```", re.M | re.S)
+
+#: In the blocks run here, these PostgreSQL URLs (the README's placeholders) are replaced by
+#: the URL of a fresh database on the test server (the ``pg_database`` fixture).
+PG_PLACEHOLDERS = ("postgresql+psycopg://user:pw@host/db",)
+
+#: Blocks run by another test, by label: a host-example name, else the block's first line.
+#: ``complete`` blocks are whole files (every name they use is defined or imported in
+#: them); the others are fragments of a host's file.
+COVERED_ELSEWHERE: dict[str, tuple[str, bool]] = {
+    # Mirrors the handler (a host model, the dependency, one transaction for both rows);
+    # fastapi itself is not a dependency of ours.
+    "from fastapi import Depends, FastAPI": ("test_aio_host.py::test_host_row_and_ours_commit_and_roll_back_together", True),
+    "async def run_async_migrations() -> None:": ("test_aio_host.py::test_the_readme_async_env_py_runs_ours_then_the_hosts", False),
+    "ours-first/env.py": ("test_host_embedding.py::test_ours_first", True),
+    "branch/env.py": ("test_host_embedding.py::test_branch", True),
+    "branch/alembic.ini": ("test_host_embedding.py::test_branch", False),
+    "hostapp/models.py": ("test_host_embedding.py::test_ours_first", True),
+}
+
+#: Blocks that are a module of their own: written to that file name and imported.
+RUN_AS_MODULE = {"import sys, hermes_store.hermes_state as m; sys.modules[__name__] = m": "hermes_state.py"}
+
+#: What each block run here claims, checked after it in the same process (keyed by a line
+#: of the block). Every run block has an entry, so none runs unchecked.
+CHECKS = {
+    'db = SessionDB()                      # $HERMES_HOME/state.db': """
+assert [h["session_id"] for h in hits] == ["s1"] and ">>>chat-send<<<" in hits[0]["snippet"], hits
+assert [m["role"] for m in replay] == ["user", "assistant"], replay
+import os; assert oct(os.stat(os.environ["HERMES_HOME"] + "/state.db").st_mode & 0o777) == "0o600"
+""",
+    'with UnitOfWork(engine) as uow:': """
+assert tip == "s2", tip
+assert [h["session_id"] for h in hits] == ["s2"], hits
+with UnitOfWork(engine) as uow:
+    assert uow.messages.count("s2") == 1  # committed
+""",
+    'migrations.upgrade("sqlite:///app.db")': """
+assert migrations.current("app.db") == migrations.head() == "hs0005"  # what the comment says
+""",
+    'db = SessionDB("postgresql+psycopg://': """
+assert [h["session_id"] for h in db.search_messages("迁移")] == ["s1"]
+""",
+    'team_a = SessionDB(url, schema="team_a")': """
+assert team_a.session_count() == 1 and team_b.session_count() == 0
+""",
+    "migrations.upgrade(conn)          # joins the transaction": """
+import sqlite3
+with sqlite3.connect("app.db") as raw:
+    assert raw.execute("SELECT what FROM audit").fetchall() == [("hermes_store installed",)]
+assert migrations.current("app.db") == migrations.head()
+""",
+    "import sys, hermes_store.hermes_state as m": """
+import hermes_state, hermes_store.hermes_state
+assert hermes_state is hermes_store.hermes_state and hermes_state.SessionDB.__module__.startswith("hermes_store")
+""",
+}
+
+
+def blocks(lang: str) -> list[tuple[str, str]]:
+    """``(label, body)`` of each block in ``lang``, in README order."""
+    found = []
+    for m in FENCE.finditer(README):
+        if m.group("lang") == lang:
+            found.append((m.group("name") or m.group("body").split("\n", 1)[0], m.group("body")))
+    return found
+
+
+PYTHON = blocks("python")
+TO_RUN = [(label, body) for label, body in PYTHON if label not in COVERED_ELSEWHERE]
 
 
 def test_every_test_named_in_the_readme_exists() -> None:
-    text = (REPO / "README.md").read_text()
     named: list[tuple[str, str]] = []
-    for m in re.finditer(r"`(test_\w+\.py)::test_\w+`(?:, `::test_\w+`)*", text):
+    for m in re.finditer(r"`(test_\w+\.py)::test_\w+`(?:, `::test_\w+`)*", README):
         named += [(m.group(1), n) for n in re.findall(r"::(test_\w+)", m.group(0))]
     assert len(named) >= 15
     missing = [f"{f}::{n}" for f, n in named if not re.search(rf"^def {n}\(", (REPO / "tests" / f).read_text(), re.M)]
     assert missing == []
+
+
+def _undefined_names(code: str) -> set[str]:
+    """Names a module uses without defining or importing them (builtins aside)."""
+    top = symtable.symtable(code, "<README>", "exec")
+    defined = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    used: set[str] = set()
+
+    def walk(table: symtable.SymbolTable) -> None:
+        for s in table.get_symbols():
+            if s.is_referenced() and (table is top or s.is_global()):
+                used.add(s.get_name())
+        for child in table.get_children():
+            walk(child)
+
+    walk(top)
+    return used - defined - set(dir(builtins))
+
+
+def test_every_python_block_is_run_or_covered() -> None:
+    labels = [label for label, _ in blocks("python") + blocks("ini")]
+    assert len(PYTHON) >= 12
+    for label in COVERED_ELSEWHERE:  # a listed block that is gone: the table is stale
+        assert label in labels, f"COVERED_ELSEWHERE names a block README.md no longer has: {label!r}"
+    for test, _ in COVERED_ELSEWHERE.values():
+        file, name = test.split("::")
+        assert re.search(rf"^def {name}\(", (REPO / "tests" / file).read_text(), re.M), test
+    for label, body in TO_RUN:  # every block run here says what it proves
+        assert sum(key in body for key in CHECKS) == 1, f"no (or more than one) CHECKS entry for the block {label!r}"
+    for label, body in PYTHON:
+        compile(body, label, "exec")
+        if COVERED_ELSEWHERE.get(label, ("", True))[1]:  # a whole file or a block run as written
+            assert _undefined_names(body) == set(), f"{label!r} uses names it does not define"
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_STORE_URL")}
+    env.update(HERMES_HOME=str(home), HOME=str(home), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+               PYTHONPATH="", COLUMNS="120", NO_COLOR="1")
+    return env
+
+
+@pytest.mark.parametrize("label, body", TO_RUN, ids=[f"{i}:{label[:40]}" for i, (label, _) in enumerate(TO_RUN)])
+def test_python_block_runs_as_written(label: str, body: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    check = next(code for key, code in CHECKS.items() if key in body)
+    if "postgresql" in body:
+        url = request.getfixturevalue("pg_database")
+        for placeholder in PG_PLACEHOLDERS:
+            body = body.replace(placeholder, url)
+        assert "postgresql+psycopg://user" not in body, "a PostgreSQL URL in this block is not in PG_PLACEHOLDERS"
+    home = tmp_path / "home"
+    home.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    if label in RUN_AS_MODULE:
+        (run / RUN_AS_MODULE[label]).write_text(body)
+        script = f"import sys; sys.path.insert(0, '.')\n{check}"
+    else:
+        script = f"{body}\n{check}"
+    done = subprocess.run([sys.executable, "-c", script], cwd=run, env=_env(home), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{label!r} failed:\n{done.stderr}"
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _shell(line: str, cwd: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", line], cwd=cwd, env=_env(home), capture_output=True, text=True, timeout=120)
+
+
+def _quick_start() -> list[str]:
+    """The commands of the bash block under "Quick start for a Hermes user", comments cut,
+    plus the one a comment names (``CJK works too: hermes-store search …``)."""
+    section = README.split("## Quick start for a Hermes user", 1)[1]
+    body = FENCE.search(section).group("body")
+    commands = []
+    for line in body.splitlines():
+        command, _, comment = line.partition(" #")
+        commands.append(command.strip())
+        commands += re.findall(r"(hermes-store [^;,]+?)\s*$", comment)
+    return [c for c in commands if c]
+
+
+def test_quick_start_commands_on_a_demo_store(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    assert _shell("hermes-store --db $HERMES_HOME/state.db demo", tmp_path, home).returncode == 0
+    commands = _quick_start()
+    assert [c.split()[1] for c in commands] == ["adopt", "sessions", "search", "search", "show", "stats", "export"]
+    out: dict[str, str] = {}
+    for command in commands:
+        done = _shell(command, tmp_path, home)
+        assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
+        out[command] = done.stdout
+
+    def one_hit(query: str, suffix: str) -> None:
+        [command] = [c for c in commands if shlex.split(c)[1:] == ["search", query]]
+        assert "1 result(s)" in out[command] and f"_{suffix} ·" in out[command], out[command]
+        doc = json.loads(_shell(f"hermes-store --json search {shlex.quote(query)}", tmp_path, home).stdout)
+        assert [h["session_id"].rsplit("_", 1)[1] for h in doc["results"]] == [suffix]
+
+    assert "nothing to adopt" in out[commands[0]]
+    one_hit("deploy chat-send", "d90a44")  # the demo's open question
+    one_hit("数据库迁移", "c3e5f1")  # the Telegram session, in Chinese
+    [show] = [c for c in commands if c.split()[1] == "show"]
+    assert re.search(r"^Session\s+20261130_\d{6}_d90a44\b", out[show], re.M) and "chat-send" in out[show]
+    assert "title_generation" in out[next(c for c in commands if c.startswith("hermes-store stats"))]
+    backup = tmp_path / "backup.jsonl"
+    assert len(backup.read_text().splitlines()) == 6
+    # "`import` reads it back, idempotently": on the store it came from, nothing changes.
+    again = json.loads(_shell(f"hermes-store --json import {backup}", tmp_path, home).stdout)
+    sessions = json.loads(_shell("hermes-store --json sessions --all", tmp_path, home).stdout)["sessions"]
+    assert len(sessions) == 6, again
+
+
+def test_the_first_commands_tail_finds_kubernetes(tmp_path: Path) -> None:
+    """README's first command, from its first ``hermes-store`` on (the install is this venv)."""
+    first = FENCE.search(README).group("body").strip()
+    parts = [p.strip() for p in first.split("&&")]
+    tail = " && ".join(parts[next(i for i, p in enumerate(parts) if p.startswith("hermes-store")):])
+    assert tail == "hermes-store --db demo.db demo && hermes-store --db demo.db search kubernetes"
+    done = _shell(tail, tmp_path, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert ">>>Kubernetes<<<" in done.stdout and "1 result(s)" in done.stdout, done.stdout
