@@ -97,7 +97,8 @@ def test_locked_is_not_translated_through_the_engine(head_db: Path) -> None:
 
 
 def test_unable_to_open_is_database_unavailable(tmp_path: Path) -> None:
-    engine = create_engine(tmp_path / "no-such-dir" / "state.db")
+    (tmp_path / "a-folder.db").mkdir()  # a missing folder is created now; a folder is no database
+    engine = create_engine(tmp_path / "a-folder.db")
     with pytest.raises(errors.DatabaseUnavailableError) as info:
         with engine.connect():
             pass

@@ -151,7 +151,7 @@ def adopt(check_only: bool, no_backup: bool) -> None:
     st = _state()
     if st.url is not None:
         raise CliError("adopt works on a Hermes state.db file (--db PATH); to move a file to a server, "
-                       f"'{PROG} export' it and '{PROG} --url URL import' it")
+                       f"'{PROG} copy --from PATH --to URL'")
     require_file(st.path)
     if st.path.stat().st_size == 0 and not check_only:
         # A 0-byte file is a new, empty database: nothing of Hermes' to keep.

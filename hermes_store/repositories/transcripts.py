@@ -152,6 +152,10 @@ def remove_committed_files(conn: Connection, *, committed: bool = True) -> int:
     Call with ``committed=False`` after a rollback to forget them instead. Returns how
     many files were removed.
     """
+    if conn.invalidated or conn.closed:
+        # The DB-API connection (and the queue kept with it) is gone, and its transaction
+        # with it; asking for ``info`` would open a new connection just to forget nothing.
+        return 0
     queue = conn.info.pop(PENDING_FILES, [])
     removed = 0
     for path in queue if committed else ():
