@@ -62,7 +62,7 @@ def test_adopt_on_a_server_is_one_refusal(pg_database: str) -> None:
     server = server_target(pg_database)
     for argv in (["adopt"], ["adopt", "--check"], ["--json", "adopt"]):
         line = one_line_error(server.run(*argv), 1)
-        assert "state.db file" in line and "export" in line, line
+        assert "state.db file" in line and "copy --from PATH --to URL" in line, line
     assert migrations.current(pg_database) is None
 
 

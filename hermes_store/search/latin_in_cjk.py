@@ -121,7 +121,8 @@ class RunsSQL:
     maybe_delegated: str | None = None
 
 
-def _body(item: str) -> tuple[str, bool]:
+def term_body(item: str) -> tuple[str, bool]:
+    """A rendered term's text without phrase quotes and prefix star, and whether it had the star."""
     prefix = item.endswith("*")
     body = item[:-1] if prefix else item
     if len(body) >= 2 and body[0] == body[-1] == '"':
@@ -141,7 +142,7 @@ def parse(match: str) -> Query | None:
         for factor in split_on(group, "AND"):
             first, *negated = split_on(factor, "NOT")
             for item in first:
-                text, prefix = _body(item)
+                text, prefix = term_body(item)
                 if _QUALIFIES.fullmatch(text):
                     positives.append((item, Term(text, prefix)))
                 elif _ASCII_ALNUM.search(text):

@@ -28,7 +28,7 @@ from itertools import islice
 from typing import Any, Mapping, Sequence
 
 from ..tenancy import SchemaSQL
-from .latin_in_cjk import RUN_RANK_SQL, RunsSQL
+from .latin_in_cjk import RUN_RANK_SQL, RunsSQL, term_body
 from .fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN, SNIPPET_TOKENS, WORD_INDEX
 from .query import split_on
 
@@ -62,18 +62,10 @@ DELEGATED_CANDIDATE = "model_config LIKE '%\\_delegate\\_from%' ESCAPE '\\'"
 _DELEGATED_SQL = SchemaSQL(f"SELECT id, model_config FROM {{sessions}} WHERE {DELEGATED_CANDIDATE}")
 
 
-def _body(item: str) -> tuple[str, bool]:
-    """A rendered term's text without phrase quotes and prefix star, and whether it had the star."""
-    prefix = item.endswith("*")
-    body = item[:-1] if prefix else item
-    if len(body) >= 2 and body[0] == body[-1] == '"':
-        body = body[1:-1]
-    return body, prefix
-
 
 def term_texts(match: str) -> list[str]:
     """The distinct term texts of a sanitized MATCH string (operators left out)."""
-    out = dict.fromkeys(_body(i)[0] for i in _ITEM.findall(match) if i not in ("AND", "OR", "NOT"))
+    out = dict.fromkeys(term_body(i)[0] for i in _ITEM.findall(match) if i not in ("AND", "OR", "NOT"))
     return list(out)
 
 
@@ -104,7 +96,7 @@ def _lexeme(word: str) -> str:
 def _term(item: str, words: Mapping[str, Sequence[str]]) -> str | None:
     """One FTS5 term as tsquery text; '' when it has no word (FTS5 ignores it); None
     when it can never match (a word too long for the index)."""
-    body, prefix = _body(item)
+    body, prefix = term_body(item)
     found = list(words.get(body, ()))
     if not found:
         return ""
@@ -172,7 +164,7 @@ def word_query(conn: Any, match: str) -> WordQuery:
     for group in split_on(_ITEM.findall(match), "OR"):
         for factor in split_on(group, "AND"):
             for item in split_on(factor, "NOT")[0]:
-                body, prefix = _body(item)
+                body, prefix = term_body(item)
                 found = words.get(body, [])
                 plain.update(found[:-1] if prefix else found)
                 if prefix and found:
