@@ -16,7 +16,7 @@ import asyncio  # noqa: F401 - a hermes_state module global Hermes code reaches 
 import logging
 import math
 import os
-import random
+import random  # noqa: F401 - tests patch facade.random.uniform; the jitter (operations.steps) draws from it
 import sqlite3
 import sys  # noqa: F401 - Hermes' tests patch hermes_state.sys.platform
 import threading
@@ -38,6 +38,7 @@ from .paths import create_private_database  # noqa: F401 - kept importable from 
 from .repositories import MaintenanceRepository
 from .repositories.base import driver_errors
 from .repositories.transcripts import remove_committed_files
+from .operations.steps import jitter
 from .targets import refuse_async
 from .upkeep import Upkeep
 from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served by the swap
@@ -502,8 +503,8 @@ class SessionDB(HermesSurface):
                     raise errors.DatabaseLockedError(
                         f"{self._label()}: database stayed locked for {budget:.3g}s; giving up"
                     ) from exc
-                low, high = EARLY_JITTER_S if now - start < EARLY_PHASE_S else LATE_JITTER_S
-                self._sleep(min(random.uniform(low, high), max(deadline - now, 0)))
+                self._sleep(jitter(now - start, deadline - now,
+                                   early=EARLY_JITTER_S, late=LATE_JITTER_S, phase=EARLY_PHASE_S))
         if _maintenance:
             return result
         with self._lock:

@@ -78,9 +78,15 @@ class Steps(Protocol):
         """Wall-clock time (seconds since the epoch) for stamps a workflow stores."""
 
 
-def jitter(elapsed: float, left: float) -> float:
-    """Seconds to wait before the next try of a locked write, never past the budget."""
-    low, high = EARLY_JITTER_S if elapsed < EARLY_PHASE_S else LATE_JITTER_S
+def jitter(elapsed: float, left: float, *, early: tuple[float, float] | None = None,
+           late: tuple[float, float] | None = None, phase: float | None = None) -> float:
+    """Seconds to wait before the next try of a locked write, never past the budget.
+
+    The windows default to this module's, read at call time; the facade passes its own
+    (Hermes' tuning knobs, which applications and tests may change on it)."""
+    phase = EARLY_PHASE_S if phase is None else phase
+    low, high = (EARLY_JITTER_S if early is None else early) if elapsed < phase else \
+        (LATE_JITTER_S if late is None else late)
     return min(random.uniform(low, high), max(left, 0.0))
 
 
