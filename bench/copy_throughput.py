@@ -56,7 +56,7 @@ def _rss_kib() -> int:
 
 def worker(src: str, dst: str, batch: int) -> dict[str, Any]:
     """One copy in this (fresh) process, with its memory sampled at every transaction."""
-    from hermes_store.copy import copy_history
+    from hermes_store.copying import copy_history
 
     rss0 = _rss_kib()
     peaks: dict[str, int] = {}
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     from sqlalchemy import create_engine as sa_create_engine
     from sqlalchemy.engine import make_url
 
-    from hermes_store.copy import DEFAULT_BATCH
+    from hermes_store.copying import DEFAULT_BATCH
     from run import machine_info
 
     url = args.url or next((os.environ[e] for e in URL_ENVS if os.environ.get(e)), None)

@@ -92,3 +92,63 @@ class UnknownSessionError(NotFoundError, sqlite3.IntegrityError):
 
 class MessageNotFoundError(NotFoundError, ValueError):
     """The message named is not in that session (Hermes raises ValueError)."""
+
+
+# Hermes v24-v26 errors. Each keeps the base class Hermes' callers catch
+# (RuntimeError, ValueError, sqlite3.OperationalError) and is a HermesStoreError too.
+
+#: Hermes' default cap on messages a resume or an export may load (``MAX_SAFE_*``).
+MAX_SAFE_RESUME_MESSAGES = 20000
+MAX_SAFE_EXPORT_MESSAGES = 20000
+
+
+class WalUnsupportedError(HermesStoreError, sqlite3.OperationalError):
+    """WAL was required (``require_wal=True``) and the filesystem would not give it."""
+
+
+class CompressionSessionClosedError(HermesStoreError, RuntimeError):
+    """The session was ended by compression; new turns belong to its live continuation."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__(
+            f"Session '{session_id}' is closed by compression; "
+            "adopt its live continuation before appending messages"
+        )
+
+
+class CompressionSessionBusyError(HermesStoreError, RuntimeError):
+    """Another holder owns the session's compression lease (permanent: not retried)."""
+
+
+class SessionCompressionInProgressError(CompressionSessionBusyError):
+    """A compression is running on the session right now (transient: writes retry it)."""
+
+
+class SessionTurnLeaseLostError(HermesStoreError, RuntimeError):
+    """The caller's turn lease is gone or held by another holder (never retried)."""
+
+
+class SessionResumeTooLargeError(HermesStoreError, ValueError):
+    """Resuming would load more messages than the configured cap."""
+
+    def __init__(self, message_count: int, limit: int = MAX_SAFE_RESUME_MESSAGES,
+                 scope: str = "across its lineage") -> None:
+        self.message_count = message_count
+        self.limit = limit
+        self.scope = scope
+        super().__init__(
+            f"Session has {message_count} messages {scope}, over the safe resume limit of {limit}"
+        )
+
+
+class SessionExportTooLargeError(HermesStoreError, ValueError):
+    """Exporting the session would load more messages than the configured cap."""
+
+    def __init__(self, session_id: str, message_count: int, limit: int = MAX_SAFE_EXPORT_MESSAGES) -> None:
+        self.session_id = session_id
+        self.message_count = message_count
+        self.limit = limit
+        super().__init__(
+            f"Session '{session_id}' has {message_count} messages, over the safe export limit of {limit}"
+        )

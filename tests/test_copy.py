@@ -1,4 +1,4 @@
-"""``hermes-store copy`` / :func:`hermes_store.copy.copy_history`: a whole history moved
+"""``hermes-store copy`` / :func:`hermes_store.copying.copy_history`: a whole history moved
 between SQLite files and PostgreSQL databases, in every direction.
 
 What is shown here: every row of every copied table arrives exactly (ids, NULLs, NULs,
@@ -33,9 +33,9 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import make_url
 
 from hermes_store import SessionDB, adopt, errors, migrations
-from hermes_store.copy import MARKER_KEY, CopyError, CopyInProgressError, CopyVerificationError, DestinationNotEmptyError, copy_history
-from hermes_store.copy.destination import destination_lock
-from hermes_store.copy.endpoints import endpoint
+from hermes_store.copying import MARKER_KEY, CopyError, CopyInProgressError, CopyVerificationError, DestinationNotEmptyError, copy_history
+from hermes_store.copying.destination import destination_lock
+from hermes_store.copying.endpoints import endpoint
 from hermes_store.models import Base
 from hermes_store.search import bigram_upkeep
 
@@ -409,7 +409,7 @@ def test_a_destination_that_drifted_fails_verification_naming_the_session(backen
 
 KILLER = r"""
 import json, os, signal, sys
-from hermes_store import copy as copier
+from hermes_store import copying as copier
 from hermes_store.repositories.messages import MessageRepository
 
 src, dst, batch, kind, arg, nth = json.loads(sys.argv[1])
@@ -568,7 +568,7 @@ def test_a_server_source_read_by_a_role_without_sequence_rights(place: Callable[
 PAUSER = r"""
 import json, sys, time
 from pathlib import Path
-from hermes_store import copy as copier
+from hermes_store import copying as copier
 
 src, dst, flag, go = json.loads(sys.argv[1])
 

@@ -22,9 +22,9 @@ from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.engine import make_url
 
 from hermes_store import SessionDB
-from hermes_store.copy import CopyInProgressError, copy_history
-from hermes_store.copy.destination import destination_lock
-from hermes_store.copy.endpoints import endpoint
+from hermes_store.copying import CopyInProgressError, copy_history
+from hermes_store.copying.destination import destination_lock
+from hermes_store.copying.endpoints import endpoint
 
 from .test_copy import contents, fill, hits, kill_copy
 

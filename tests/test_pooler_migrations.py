@@ -315,6 +315,6 @@ def test_no_session_setting_or_session_lock_in_the_migration_code() -> None:
     """The pieces that talk to the server during a migration or a copy never set anything
     for the session: behind a pooler it would reach another client."""
     files = [ROOT / "alembic" / "env.py", ROOT / "hermes_store" / "dialects" / "pg_tenants.py",
-             ROOT / "hermes_store" / "migrations.py", ROOT / "hermes_store" / "copy" / "destination.py"]
+             ROOT / "hermes_store" / "migrations.py", ROOT / "hermes_store" / "copying" / "destination.py"]
     session_level = re.compile(r"pg_(try_)?advisory_lock|set_config\([^)]*false|SET\s+(SESSION\s+)?search_path", re.I)
     assert {f.name: session_level.findall(f.read_text()) for f in files} == {f.name: [] for f in files}

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import click
 from rich.text import Text
 
-from ..copy import DEFAULT_BATCH, MAX_BATCH, CopyReport, CopyVerificationError, copy_history
+from ..copying import DEFAULT_BATCH, MAX_BATCH, CopyReport, CopyVerificationError, copy_history
 from ..errors import HermesStoreError
 from ._common import (
     TEXT,
@@ -179,7 +179,7 @@ COPY_STAGES = {
 
 
 def copy_progress(bar: Any) -> Callable[[str, int, int | None], None]:
-    """One bar per stage of :func:`hermes_store.copy.copy_history`."""
+    """One bar per stage of :func:`hermes_store.copying.copy_history`."""
     tasks: dict[str, Any] = {}
 
     def cb(stage: str, done: int, total: int | None) -> None:

@@ -16,17 +16,25 @@ one repository call per method; the SQL is in ``hermes_store.repositories``.
 | gateway | gateway peers, origins, routing entries, Telegram topics |
 | housekeeping | export, import, delete, prune, archive |
 | fts | search-index upkeep, VACUUM, state_meta |
+| activity | activity stamps, pinned/hidden/read flags, model config, git metadata (v24-v26) |
+| display | display fields, reactions, resume/export caps (v24-v26) |
+| leases | turn leases (v25) |
+| orphans | orphaned-gateway repair, never-active sessions, hygiene streaks (v25-v26) |
 | private | `_conn`, `_execute_write`: the internals Hermes' own code uses |
 | async_wrapper | `AsyncSessionDB` (not a mixin) |
 """
 
+from .activity import ActivityMixin
 from .compression import CompressionMixin
+from .display import DisplayMixin
 from .fts import FtsMixin
 from .gateway import GatewayMixin
 from .housekeeping import HousekeepingMixin
+from .leases import TurnLeasesMixin
 from .lineage import LineageMixin
 from .listing import ListingMixin
 from .messages import MessagesMixin
+from .orphans import OrphansMixin
 from .private import PrivateSurfaceMixin
 from .sessions import SessionsMixin
 from .titles import TitlesMixin
@@ -35,13 +43,17 @@ from .usage import UsageMixin
 
 class HermesSurface(
     SessionsMixin,
+    ActivityMixin,
     TitlesMixin,
     UsageMixin,
     MessagesMixin,
+    DisplayMixin,
     LineageMixin,
     CompressionMixin,
+    TurnLeasesMixin,
     ListingMixin,
     GatewayMixin,
+    OrphansMixin,
     HousekeepingMixin,
     FtsMixin,
     PrivateSurfaceMixin,
