@@ -69,6 +69,10 @@ from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served b
     workspace_key,
 )
 from .sessiondb import HermesSurface
+from .sessiondb.activity import *  # noqa: F401,F403 - its __all__: Hermes v24-v26 module-level names
+from .sessiondb.display import *  # noqa: F401,F403 - its __all__: Hermes v24-v26 module-level names
+from .sessiondb.leases import *  # noqa: F401,F403 - its __all__: Hermes v24-v26 module-level names
+from .sessiondb.orphans import *  # noqa: F401,F403 - its __all__: Hermes v24-v26 module-level names
 from .sessiondb.async_wrapper import AsyncSessionDB  # noqa: F401 - Hermes' gateway wrapper
 from .sessiondb._host import TRANSCRIPT_BUDGET_S, WRITE_BUDGET_S  # noqa: F401 - tuning knobs, named here since v1
 

@@ -1,0 +1,1 @@
+"""Tests for adopt, grouped by Hermes version range."""

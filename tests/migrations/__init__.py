@@ -1,0 +1,1 @@
+"""Tests for migrations, grouped by Hermes version range."""
