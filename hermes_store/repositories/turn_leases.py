@@ -1,0 +1,91 @@
+"""Session turn leases (Hermes v25): one live turn per conversation, keyed by the root
+reached through parents that ended 'compression' (a compression continuation shares
+its parent's lease). SQLAlchemy Core on ``session_turn_leases``; no commits here.
+
+The transcript guard runs inside the append's own transaction: on PostgreSQL the lease
+row is read ``FOR SHARE`` so a release or a takeover by another holder waits until the
+append has committed; on SQLite the writer lock (BEGIN IMMEDIATE) already serializes
+them and SQLAlchemy renders no locking clause.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from sqlalchemy import Connection, Integer, String, bindparam, literal_column, select, update
+from sqlalchemy.sql import Select
+
+from ..errors import CompressionSessionClosedError, SessionTurnLeaseLostError
+from ..models import Base
+from .base import SESSIONS
+from .lineage import COMPRESSION, MAX_DEPTH
+
+LEASES = Base.metadata.tables["session_turn_leases"]
+
+_S = SESSIONS
+_SID = bindparam("sid", type_=String)
+
+
+@functools.cache
+def _lease_key_stmt() -> Select:
+    """The farthest ancestor reached through parents that ended 'compression' (the
+    session itself when its parent did not, or when it is unknown)."""
+    seed = select(_S.c.id, _S.c.parent_session_id.label("parent"), literal_column("0", Integer).label("depth")) \
+        .where(_S.c.id == _SID)
+    up = seed.cte("lease_up", recursive=True)
+    step = (
+        select(_S.c.id, _S.c.parent_session_id, up.c.depth + literal_column("1", Integer))
+        .join_from(_S, up, _S.c.id == up.c.parent)
+        .where(_S.c.end_reason == COMPRESSION, up.c.depth < MAX_DEPTH)
+    )
+    up = up.union_all(step)
+    return select(up.c.id).order_by(up.c.depth.desc()).limit(1)
+
+
+@functools.cache
+def _lease_row_stmt() -> Select:
+    return (
+        select(LEASES.c.holder, LEASES.c.expires_at)
+        .where(LEASES.c.conversation_id == bindparam("key", type_=String))
+        .with_for_update(read=True)
+    )
+
+
+_END_REASON = select(_S.c.end_reason).where(_S.c.id == _SID)
+
+
+def turn_lease_key(conn: Connection, session_id: str) -> str:
+    """The conversation id a session's turn lease is stored under."""
+    return conn.execute(_lease_key_stmt(), {"sid": session_id}).scalar() or session_id
+
+
+def guard_turn_lease(conn: Connection, session_id: str, *, holder: str, ttl_seconds: float, now: float) -> None:
+    """Raise SessionTurnLeaseLostError unless ``holder`` owns the session's turn lease;
+    an expired lease that is still the holder's is renewed (now + ttl)."""
+    key = turn_lease_key(conn, session_id)
+    row = conn.execute(_lease_row_stmt(), {"key": key}).first()
+    if row is None or row[0] != holder:
+        raise SessionTurnLeaseLostError(
+            f"Turn lease for session '{session_id}' is no longer held by {holder!r}"
+        )
+    if row[1] is None or float(row[1]) < now:
+        conn.execute(
+            update(LEASES).where(LEASES.c.conversation_id == key, LEASES.c.holder == holder)
+            .values(expires_at=now + float(ttl_seconds))
+        )
+
+
+def raise_if_closed_by_compression(session_id: str, end_reason: str | None) -> None:
+    """The closed-target guard on an end reason the caller has already read."""
+    if end_reason == COMPRESSION:
+        raise CompressionSessionClosedError(session_id)
+
+
+def guard_transcript_write(conn: Connection, session_id: str, *, holder: str | None,
+                           ttl_seconds: float, now: float) -> None:
+    """Both transcript guards, once per write: the turn lease (only with a ``holder``),
+    then the target must not have ended 'compression'."""
+    if holder is not None:
+        guard_turn_lease(conn, session_id, holder=holder, ttl_seconds=ttl_seconds, now=now)
+    raise_if_closed_by_compression(session_id, conn.execute(_END_REASON, {"sid": session_id}).scalar())
+
