@@ -217,13 +217,20 @@ def test_upgrade_to_a_revision_then_head_and_current(target: Target) -> None:
 
 
 def test_current_on_a_database_without_our_tables(target: Target) -> None:
-    """An empty database (a 0-byte file, a new server database) has no revision yet."""
+    """An empty database (a 0-byte file, a new server database) has no revision yet:
+    ``current`` says how to create one and exits 1, like every read-only command; with
+    --json the report still goes to stdout and the error to stderr."""
     if target.backend == "sqlite":
         Path(target.location).touch()
-    doc = target.ok("--json", "current").json()
+    as_json = target.run("--json", "current")
+    doc = as_json.json()
+    assert as_json.code == 1 and json.loads(as_json.stderr)["code"] == "no_store"
     assert doc["revision"] is None and doc["up_to_date"] is False and doc["head"] == migrations.head()
-    assert "no hermes_store revision yet" in target.ok("current").stdout
+    line = one_line_error(target.run("current"), 1)
+    assert "no hermes_store revision yet" in line and "upgrade'" in line
     assert migrations.current(target.location) is None  # asking changed nothing
+    target.ok("upgrade")
+    assert target.ok("current").stdout.strip() == f"{migrations.head()} (head)"
 
 
 def test_default_path_comes_from_hermes_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -586,7 +593,9 @@ def test_adopt_a_hermes_v11_file_then_search_it(tmp_path: Path) -> None:
 
     # Read commands refuse to rewrite a Hermes file behind the user's back.
     assert "adopt" in one_line_error(run("--db", path, "sessions"), 1)
-    cur = ok("--db", path, "--json", "current").json()
+    reply = run("--db", path, "--json", "current")  # reports, and exits 1: there is no store yet
+    cur = reply.json()
+    assert reply.code == 1 and json.loads(reply.stderr)["code"] == "needs_adoption"
     assert cur["needs_adoption"] is True and cur["hermes_schema_version"] == 11
     check = ok("--db", path, "--json", "adopt", "--check").json()
     assert check["detected"]["schema_version"] == 11 and check["adopted"] is False

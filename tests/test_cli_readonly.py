@@ -7,7 +7,7 @@ head, or refuses, saying what to run, with exit code 1. Checked on a SQLite file
 on a PostgreSQL database (also one tenant schema with ``--schema``): afterwards the file
 is the same byte for byte with nothing beside it, and the server has no new table,
 index, function, extension or schema. ``current`` only reports: on an empty database
-its answer is "no revision yet" (exit 0), still creating nothing.
+its answer is "no revision yet" with exit code 1, still creating nothing.
 
 The decision for a store at an older revision: refused with a pointer to ``upgrade``
 (``code: needs_upgrade``), never migrated; the commands read what head has.
@@ -135,9 +135,9 @@ def test_sqlite_an_empty_file_stays_empty(tmp_path: Path) -> None:
     path.touch()
     refused_everywhere(("--db", str(path)), tmp_path, "no_store", "create one with 'hermes-store --db", lambda: files_in(tmp_path))
     assert path.stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["state.db"]
-    doc = run("--db", path, "--json", "current").json()
-    assert doc["revision"] is None and doc["up_to_date"] is False
-    assert path.stat().st_size == 0
+    reply = run("--db", path, "--json", "current")
+    assert reply.code == 1 and reply.json()["revision"] is None and reply.json()["up_to_date"] is False
+    assert json_error(reply)["code"] == "no_store" and path.stat().st_size == 0
     # The positive control: upgrade is the command that creates.
     assert run("--db", path, "upgrade").code == 0 and migrations.current(path) == migrations.head()
     assert run("--db", path, "--json", "sessions").json()["sessions"] == []
@@ -152,7 +152,8 @@ def test_sqlite_a_file_of_another_application_is_left_alone(tmp_path: Path) -> N
     conn.close()
     refused_everywhere(("--db", str(path)), tmp_path, "no_store", "holds no hermes_store database",
                        lambda: files_in(tmp_path))
-    assert run("--db", path, "--json", "current").json()["revision"] is None
+    reply = run("--db", path, "--json", "current")
+    assert (reply.code, reply.json()["revision"], json_error(reply)["code"]) == (1, None, "no_store")
     with sqlite3.connect(path) as conn:
         assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master ORDER BY name")] == [
             "alembic_version", "orders", "sqlite_autoindex_alembic_version_1"]
@@ -206,8 +207,8 @@ def test_postgresql_an_empty_database_gets_nothing(pg_database: str, tmp_path: P
     line = run("--url", pg_database, "stats").stderr
     assert "create one with 'hermes-store --url URL upgrade'" in line
     before = catalog(pg_database)
-    doc = run("--url", pg_database, "--json", "current").json()
-    assert doc["revision"] is None and catalog(pg_database) == before
+    reply = run("--url", pg_database, "--json", "current")
+    assert (reply.code, reply.json()["revision"]) == (1, None) and catalog(pg_database) == before
     # The positive control: the catalog check sees what upgrade creates.
     assert run("--url", pg_database, "upgrade").code == 0
     after = catalog(pg_database)

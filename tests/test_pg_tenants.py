@@ -556,7 +556,8 @@ def test_cli_schema_option(pg_database: str, tmp_path: Path) -> None:
     doc = ok(*url, "--schema", "team_a", "--json", "upgrade").json()
     assert (doc["created"], doc["revision"]) == (True, HEAD)
     assert "schema=team_a" in doc["db"] and "sessions" in doc["tables"]
-    assert ok(*url, "--json", "current").json()["revision"] is None  # public: nothing
+    public = run(*url, "--json", "current")  # public: nothing, so current exits 1
+    assert (public.code, public.json()["revision"]) == (1, None)
     assert ok(*url, "--schema", "team_a", "--json", "current").json()["revision"] == HEAD
     ok(*url, "--schema", "team_b", "upgrade")
     with SessionDB(pg_database, schema="team_a") as a, SessionDB(pg_database, schema="team_b") as b:

@@ -101,7 +101,7 @@ TO_RUN = [(label, body) for label, body in PYTHON if label not in COVERED_ELSEWH
 
 def test_every_test_named_in_the_readme_exists() -> None:
     named: list[tuple[str, str]] = []
-    for m in re.finditer(r"`(test_\w+\.py)::test_\w+`(?:, `::test_\w+`)*", README):
+    for m in re.finditer(r"`((?:\w+/)?test_\w+\.py)::test_\w+`(?:, `::test_\w+`)*", README):
         named += [(m.group(1), n) for n in re.findall(r"::(test_\w+)", m.group(0))]
     assert len(named) >= 15
     missing = [f"{f}::{n}" for f, n in named if not re.search(rf"^def {n}\(", (REPO / "tests" / f).read_text(), re.M)]

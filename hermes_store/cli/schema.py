@@ -107,7 +107,12 @@ def upgrade(revision: str) -> None:
 @click.command()
 @global_options
 def current() -> None:
-    """Show the database's revision and whether it is at head."""
+    """Show the database's revision and whether it is at head.
+
+    Like every read-only command it exits 1 when there is no store to report on (an
+    empty database, or a Hermes file not adopted yet), saying what to run; the JSON
+    document still goes to stdout, the error to stderr.
+    """
     st = _state()
     head = migrations.head()
     doc: dict[str, Any] = {"db": st.where, "revision": None, "head": head, "up_to_date": False,
@@ -126,16 +131,15 @@ def current() -> None:
             doc.update(revision=rev, up_to_date=rev == head)
     if st.json:
         st.emit(doc)
-        return
-    out = stdout_console()
     if doc["needs_adoption"]:
-        out.print(Text(f"{st.where}: Hermes schema_version {doc['hermes_schema_version']}, not adopted "
-                       f"(run '{PROG} adopt'; head is {head})"))
-    elif doc["revision"] is None:
-        out.print(Text(f"{st.where}: no hermes_store revision yet (run '{PROG} upgrade'; head is {head})"))
-    else:
+        raise CliError(f"{st.where}: Hermes schema_version {doc['hermes_schema_version']}, not adopted "
+                       f"(run '{PROG} {st.flag} adopt'; head is {head})", code="needs_adoption")
+    if doc["revision"] is None:
+        raise CliError(f"{st.where}: no hermes_store revision yet; create one with "
+                       f"'{PROG} {st.flag} upgrade' (head is {head})", code="no_store")
+    if not st.json:
         status = "head" if doc["up_to_date"] else f"head is {head}; run '{PROG} upgrade'"
-        out.print(Text(f"{doc['revision']} ({status})"))
+        stdout_console().print(Text(f"{doc['revision']} ({status})"))
 
 
 @click.command()
