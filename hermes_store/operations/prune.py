@@ -1,8 +1,9 @@
-"""Auto-prune and vacuum: Hermes' startup housekeeping, at most once per interval.
+"""Auto-prune, vacuum and auto-archive: Hermes' startup housekeeping, at most once per interval.
 
-Three steps, each its own transaction: read when it last ran (``state_meta``), prune
-and stamp the run in one write (a failed prune leaves no stamp, so the next start
-tries again), then VACUUM outside any transaction when something went.
+Each step is its own transaction: read when it last ran (``state_meta``), do the work
+and stamp the run in one write (a failed step leaves no stamp, so the next start tries
+again), then VACUUM outside any transaction when something went and the last VACUUM
+is old enough (``last_vacuum``, stamped only after a VACUUM succeeded).
 """
 
 from __future__ import annotations
@@ -13,11 +14,30 @@ from typing import Any, Callable, Optional
 from sqlalchemy import Connection
 
 from ..repositories import MaintenanceRepository
+from ..repositories.housekeeping import DAY, HousekeepingRepository
 from .fts import vacuum as vacuum_store
 from .steps import Steps
 
 #: The ``state_meta`` key holding when auto-prune last ran (Hermes v11).
 LAST_AUTO_PRUNE_KEY = "last_auto_prune"
+#: When the last successful VACUUM ran (Hermes v23 late).
+LAST_VACUUM_KEY = "last_vacuum"
+#: When auto-archive last ran (Hermes v23 late).
+LAST_AUTO_ARCHIVE_KEY = "last_auto_archive"
+
+
+def _stamp(steps: Steps, key: str) -> Optional[float]:
+    """The time stored under ``key``; None when absent or unreadable (treated as never)."""
+    raw = steps.read(lambda c: MaintenanceRepository(c).get_meta(key))
+    try:
+        return float(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def _due(steps: Steps, key: str, interval_s: float) -> bool:
+    last = _stamp(steps, key)
+    return last is None or steps.now() - last >= interval_s
 
 
 def auto_prune_and_vacuum(
@@ -26,11 +46,13 @@ def auto_prune_and_vacuum(
     min_interval_hours: float = 24,
     vacuum: bool = True,
     sessions_dir: Optional[Path] = None,
+    min_vacuum_interval_days: float = 30,
     *,
     run_vacuum: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
-    """Delete ended sessions older than ``retention_days`` (and VACUUM when any went),
-    unless the last run was less than ``min_interval_hours`` ago.
+    """Delete ended sessions inactive for ``retention_days`` (pinned ones kept), unless
+    the last run was less than ``min_interval_hours`` ago; VACUUM when any went and the
+    last VACUUM is absent or ``min_vacuum_interval_days`` old.
 
     Returns ``{"skipped", "pruned", "vacuumed"}``, plus ``"error": "Type: message"`` when
     a step failed: never raises, as it runs on startup paths. ``run_vacuum`` replaces
@@ -38,12 +60,7 @@ def auto_prune_and_vacuum(
     """
     result: dict[str, Any] = {"skipped": False, "pruned": 0, "vacuumed": False}
     try:
-        last_raw = steps.read(lambda c: MaintenanceRepository(c).get_meta(LAST_AUTO_PRUNE_KEY))
-        try:
-            last = float(last_raw) if last_raw is not None else None
-        except ValueError:
-            last = None  # unreadable stamp: treat as never run
-        if last is not None and steps.now() - last < float(min_interval_hours) * 3600:
+        if not _due(steps, LAST_AUTO_PRUNE_KEY, float(min_interval_hours) * 3600):
             result["skipped"] = True
             return result
 
@@ -54,12 +71,38 @@ def auto_prune_and_vacuum(
             return pruned
 
         result["pruned"] = steps.write(run)
-        if vacuum and result["pruned"]:
+        if vacuum and result["pruned"] and _due(steps, LAST_VACUUM_KEY, float(min_vacuum_interval_days) * DAY):
             if run_vacuum is not None:
                 run_vacuum()
             else:
                 vacuum_store(steps)
+            steps.write(lambda c: MaintenanceRepository(c).set_meta(LAST_VACUUM_KEY, repr(steps.now())))
             result["vacuumed"] = True
+    except Exception as exc:  # reported, never raised: this runs on startup paths
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def auto_archive(
+    steps: Steps, idle_days: float = 3, min_interval_hours: float = 24, exclude_pinned: bool = True
+) -> dict[str, Any]:
+    """Archive ended sessions idle for ``idle_days`` (with their lineages) at most once
+    per ``min_interval_hours``; running sessions are left visible (ours: Hermes also
+    hides unended ones). ``{"skipped", "archived"[, "error"]}``; never raises."""
+    result: dict[str, Any] = {"skipped": False, "archived": 0}
+    try:
+        if not _due(steps, LAST_AUTO_ARCHIVE_KEY, float(min_interval_hours) * 3600):
+            result["skipped"] = True
+            return result
+
+        def run(c: Connection) -> int:
+            cutoff = steps.now() - float(idle_days) * DAY
+            archived = HousekeepingRepository(c).archive_stale(cutoff, exclude_pinned=exclude_pinned,
+                                                               ended_only=True)
+            MaintenanceRepository(c).set_meta(LAST_AUTO_ARCHIVE_KEY, repr(steps.now()))
+            return archived
+
+        result["archived"] = steps.write(run)
     except Exception as exc:  # reported, never raised: this runs on startup paths
         result["error"] = f"{type(exc).__name__}: {exc}"
     return result

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import delete, exists, func, literal, or_, select, update
+from sqlalchemy import case, delete, exists, func, literal, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -41,11 +41,13 @@ LIKE_FILTERS = {"title_like": "title", "model_like": "model", "branch_like": "gi
 #: ``min_x``/``max_x`` bounds → what they bound.
 RANGE_FILTERS = ("messages", "tokens", "cost", "tool_calls")
 FILTER_NAMES = frozenset(
-    {"started_before", "started_after", "provider", "cwd_prefix", "archived", *EXACT_FILTERS, *LIKE_FILTERS}
+    {"started_before", "started_after", "last_active_before", "last_active_after", "provider", "cwd_prefix",
+     "archived", *EXACT_FILTERS, *LIKE_FILTERS}
     | {f"{side}_{name}" for side in ("min", "max") for name in RANGE_FILTERS}
 )
-#: What list_prune_candidates returns per session (in this order).
-CANDIDATE_COLUMNS = ("id", "source", "title", "model", "started_at", "ended_at", "message_count", "archived")
+#: What list_prune_candidates returns per session (in this order; ``last_active`` since v25).
+CANDIDATE_COLUMNS = ("id", "source", "title", "model", "started_at", "ended_at", "message_count", "archived",
+                     "last_active")
 #: Marker of a delegate (sub-agent) child in ``model_config``.
 DELEGATE_MARKER = "_delegate_from"
 
@@ -92,28 +94,51 @@ def cwd_prefix_condition(column: Any, cwd_prefix: str) -> ColumnElement[bool]:
     )
 
 
+def message_recency() -> ColumnElement[Any]:
+    """Prune's ``last_active`` (Hermes v25): the newest message's time, else ``started_at``."""
+    newest = select(func.max(MESSAGES.c.timestamp)).where(MESSAGES.c.session_id == SESSIONS.c.id).scalar_subquery()
+    return func.coalesce(newest, SESSIONS.c.started_at)
+
+
+def activity_recency() -> ColumnElement[Any]:
+    """Hermes' general ``last_active``: the later of ``last_activity_at`` and the newest
+    message's time (either may be NULL), else ``started_at``."""
+    stamp = SESSIONS.c.last_activity_at
+    newest = select(func.max(MESSAGES.c.timestamp)).where(MESSAGES.c.session_id == SESSIONS.c.id).scalar_subquery()
+    later = case((stamp.is_(None), newest), (newest.is_(None), stamp), (stamp > newest, stamp), else_=newest)
+    return func.coalesce(later, SESSIONS.c.started_at)
+
+
 def filter_conditions(
-    older_than_days: float | None, source: str | None, filters: Mapping[str, Any], clock: float
+    older_than_days: float | None, source: str | None, filters: Mapping[str, Any], clock: float,
+    *, ended: bool = True,
 ) -> list[ColumnElement[bool]]:
     """The WHERE conditions of Hermes' prune/archive filter table (AND-ed).
 
-    Always ``ended_at IS NOT NULL``: a session still running is never a candidate.
-    ``started_before`` wins over ``older_than_days``. A filter given as None is not
-    applied; any other value is (an empty string matches only an empty column).
+    ``ended``: only ended sessions (prune never takes a running one); False inverts the
+    guard (count_open_prune_matches). ``older_than_days`` means inactivity (Hermes
+    v25): unless ``last_active_before`` or ``started_before`` is given, it sets
+    ``last_active_before = clock - days``. A filter given as None is not applied; any
+    other value is (an empty string matches only an empty column).
     """
     check_filter_names(filters)
     s = SESSIONS.c
     f = dict(filters)
     if source is not None:
         f["source"] = source
-    conds: list[ColumnElement[bool]] = [s.ended_at.is_not(None)]
-    before = f.get("started_before")
-    if before is None and older_than_days is not None:
-        before = clock - float(_number(older_than_days, "older_than_days")) * DAY
-    if before is not None:
-        conds.append(s.started_at < _number(before, "started_before"))
+    conds: list[ColumnElement[bool]] = [s.ended_at.is_not(None) if ended else s.ended_at.is_(None)]
+    if older_than_days is not None:
+        days = float(_number(older_than_days, "older_than_days"))
+        if f.get("started_before") is None and f.get("last_active_before") is None:
+            f["last_active_before"] = clock - days * DAY
+    if f.get("started_before") is not None:
+        conds.append(s.started_at < _number(f["started_before"], "started_before"))
     if f.get("started_after") is not None:
         conds.append(s.started_at >= _number(f["started_after"], "started_after"))
+    if f.get("last_active_before") is not None:
+        conds.append(message_recency() < _number(f["last_active_before"], "last_active_before"))
+    if f.get("last_active_after") is not None:
+        conds.append(message_recency() >= _number(f["last_active_after"], "last_active_after"))
     for name in EXACT_FILTERS:
         if f.get(name) is not None:
             conds.append(s[name] == _text(f[name], name))
@@ -177,21 +202,29 @@ class HousekeepingRepository(Repository):
         *,
         columns: Sequence[str] = CANDIDATE_COLUMNS,
         lock: bool = False,
+        keep_pinned: bool = True,
     ) -> list[dict[str, Any]]:
         """Ended sessions matching the filter table, oldest start first (then id).
 
-        ``lock``: rows are locked for the rest of the transaction (PostgreSQL; SQLite's
-        BEGIN IMMEDIATE already serializes writers), so a message appended meanwhile
-        makes the row re-checked instead of deleted under it.
+        ``keep_pinned``: pinned sessions are never candidates (ours; Hermes v25 prunes
+        them too). ``lock``: rows are locked for the rest of the transaction
+        (PostgreSQL; SQLite's BEGIN IMMEDIATE already serializes writers), so a
+        message appended meanwhile makes the row re-checked instead of deleted under it.
         """
-        stmt = (
-            select(*(SESSIONS.c[c] for c in columns))
-            .where(*filter_conditions(older_than_days, source, filters, now()))
-            .order_by(SESSIONS.c.started_at, SESSIONS.c.id)
-        )
+        picked = [message_recency().label("last_active") if c == "last_active" else SESSIONS.c[c] for c in columns]
+        conds = filter_conditions(older_than_days, source, filters, now())
+        if keep_pinned:
+            conds.append(SESSIONS.c.pinned == 0)
+        stmt = select(*picked).where(*conds).order_by(SESSIONS.c.started_at, SESSIONS.c.id)
         if lock:
-            stmt = stmt.with_for_update()
+            stmt = stmt.with_for_update(of=SESSIONS)
         return [dict(r) for r in self.conn.execute(stmt).mappings()]
+
+    def count_open_matches(self, older_than_days: float | None, source: str | None,
+                           filters: Mapping[str, Any]) -> int:
+        """Sessions still running that the filter table matches (the ended guard inverted)."""
+        conds = filter_conditions(older_than_days, source, filters, now(), ended=False)
+        return int(self.conn.execute(select(func.count()).select_from(SESSIONS).where(*conds)).scalar() or 0)
 
     # ------------------------------------------------------------------ archive
 
@@ -222,11 +255,28 @@ class HousekeepingRepository(Repository):
         return self.conn.execute(stmt).rowcount > 0
 
     def archive(self, older_than_days: float | None, source: str | None, filters: Mapping[str, Any]) -> int:
-        """Archive the lineage of every candidate; returns how many candidates matched."""
-        found = self.candidates(older_than_days, source, filters, columns=("id",))
+        """Archive the lineage of every candidate (pinned ones too, as Hermes); returns
+        how many candidates matched."""
+        found = self.candidates(older_than_days, source, filters, columns=("id",), keep_pinned=False)
         for row in found:
             self.set_archived(row["id"], True)
         return len(found)
+
+    def archive_stale(self, cutoff: float, *, exclude_pinned: bool, ended_only: bool = False) -> int:
+        """Archive, with their lineages, unarchived sessions idle since before ``cutoff``
+        (any end but 'compression'); ``ended_only`` leaves running ones alone. Returns
+        how many sessions matched."""
+        s = SESSIONS.c
+        conds = [s.archived == 0, or_(s.end_reason.is_(None), s.end_reason != "compression"),
+                 activity_recency() < cutoff]
+        if exclude_pinned:
+            conds.append(s.pinned == 0)
+        if ended_only:
+            conds.append(s.ended_at.is_not(None))
+        ids = [r[0] for r in self.conn.execute(select(s.id).where(*conds).order_by(s.started_at, s.id))]
+        for sid in ids:
+            self.set_archived(sid, True)
+        return len(ids)
 
     # ------------------------------------------------------------------ delete
 
@@ -292,11 +342,21 @@ class HousekeepingRepository(Repository):
             frontier = nxt
         return found
 
-    def delete_sessions(self, session_ids: Iterable[Any], sessions_dir: str | Path | None) -> int:
+    def delete_targets(self, session_id: str) -> list[str]:
+        """What deleting ``session_id`` removes: itself, then its delegate cascade sorted;
+        ``[]`` for an unknown id."""
+        if not self.session_exists(session_id):
+            return []
+        return [session_id, *sorted(self.delegate_children([session_id]))]
+
+    def delete_sessions(self, session_ids: Iterable[Any], sessions_dir: str | Path | None,
+                        expected: Iterable[str] | None = None) -> int:
         """Delete the listed sessions and, recursively, their delegate children.
 
         Non-string and empty ids are dropped, duplicates counted once, unknown ids
-        skipped. Other children are orphaned. Returns how many listed ids existed.
+        skipped. Other children are orphaned. ``expected``: the set of ids the delete
+        would remove (listed ones and their cascade) must be exactly these, checked in
+        this transaction, else nothing is deleted (0). Returns how many listed ids existed.
         """
         listed = [i for i in dict.fromkeys(x for x in session_ids if isinstance(x, str) and x)]
         if not listed:
@@ -306,13 +366,16 @@ class HousekeepingRepository(Repository):
         if not present:
             return 0
         doomed = present + self.delegate_children(present)
+        if expected is not None and set(doomed) != set(expected):
+            return 0
         self.delete_rows(doomed)
         self.queue_files(doomed, sessions_dir)
         return len(present)
 
     def prune(self, older_than_days: float | None, source: str | None, sessions_dir: str | Path | None,
               filters: Mapping[str, Any]) -> int:
-        """Delete the candidates (children orphaned, no delegate cascade); returns the count."""
+        """Delete the candidates (children orphaned, no delegate cascade, pinned sessions
+        kept); returns the count."""
         ids = [r["id"] for r in self.candidates(older_than_days, source, filters, columns=("id",), lock=True)]
         self.delete_rows(ids)
         self.queue_files(ids, sessions_dir)

@@ -9,7 +9,7 @@ stay class attributes here, read when a call starts, so code may lower them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Iterable, Iterator, List, Mapping, Optional
 
 from .. import errors
 from ..operations import imports as import_ops
@@ -17,6 +17,7 @@ from ..operations import prune as prune_ops
 from ..repositories import MaintenanceRepository
 from ..repositories.housekeeping import HousekeepingRepository
 from ._host import TRANSCRIPT_BUDGET_S, Host, HostSteps
+
 
 class HousekeepingMixin(Host):
     #: Hermes' import limits (class attributes, so a test or caller may lower them).
@@ -37,8 +38,14 @@ class HousekeepingMixin(Host):
     def list_prune_candidates(
         self, older_than_days: Optional[float] = None, source: str = None, **filters: Any
     ) -> list[dict[str, Any]]:
-        """Read-only: ended sessions matching the filter table, oldest first."""
+        """Read-only: what prune_sessions would delete (ended, unpinned), oldest first,
+        each with ``last_active`` (newest message, else start)."""
         return self._read(lambda c: HousekeepingRepository(c).candidates(older_than_days, source, filters))
+
+    def count_open_prune_matches(self, older_than_days: Optional[float] = None, source: str = None,
+                                 **filters: Any) -> int:
+        """Sessions still running that the same filters match (prune skips them)."""
+        return self._read(lambda c: HousekeepingRepository(c).count_open_matches(older_than_days, source, filters))
 
     def archive_sessions(self, older_than_days: Optional[float] = None, source: str = None, **filters: Any) -> int:
         """Archive the lineage of every matching session (unarchived ones by default).
@@ -47,6 +54,26 @@ class HousekeepingMixin(Host):
         """
         filters.setdefault("archived", False)
         return self._write(lambda c: HousekeepingRepository(c).archive(older_than_days, source, filters))
+
+    def archive_stale_sessions(self, idle_days: float, *, exclude_pinned: bool = True) -> int:
+        """Archive unarchived sessions (ended or not, not ended by compression) idle for
+        ``idle_days``, with their lineages; returns how many matched (0 for None or < 0)."""
+        if idle_days is None or isinstance(idle_days, bool) or not isinstance(idle_days, (int, float)):
+            if idle_days is None:
+                return 0
+            raise errors.InvalidInputError(f"idle_days must be a number, not {idle_days!r}")
+        if idle_days < 0:
+            return 0
+        cutoff = self._now() - float(idle_days) * 86_400.0
+        return self._write(
+            lambda c: HousekeepingRepository(c).archive_stale(cutoff, exclude_pinned=bool(exclude_pinned))
+        )
+
+    def maybe_auto_archive(self, idle_days: float = 3, min_interval_hours: int = 24,
+                           exclude_pinned: bool = True) -> dict[str, Any]:
+        """Auto-archive at most once per interval (``last_auto_archive``); running sessions
+        stay visible. ``{"skipped", "archived"[, "error"]}``, never raises."""
+        return prune_ops.auto_archive(HostSteps(self), idle_days, min_interval_hours, bool(exclude_pinned))
 
     # ------------------------------------------------------------------ delete / prune
 
@@ -75,14 +102,29 @@ class HousekeepingMixin(Host):
             lambda c: HousekeepingRepository(c).candidates(older_than_days, source, {}, columns=columns)
         )
 
-    def delete_session(self, session_id: str, sessions_dir: Optional[Path] = None) -> bool:
-        """Delete the session and, recursively, its delegate children; others are orphaned."""
+    def delete_session(self, session_id: str, sessions_dir: Optional[Path] = None,
+                       expected_delete_ids: Optional[List[str]] = None) -> bool:
+        """Delete the session and, recursively, its delegate children; others are orphaned.
+
+        ``expected_delete_ids``: the ids the delete takes (:meth:`get_session_delete_targets`
+        as the caller saw them) must still be exactly these in the transaction, else
+        nothing is deleted and False is returned.
+        """
         if not session_id:
             return False
+        if isinstance(expected_delete_ids, (str, bytes)):
+            raise errors.InvalidInputError("expected_delete_ids must be a list of ids, not one string")
+        expected = None if expected_delete_ids is None else list(expected_delete_ids)
         return self._write(
-            lambda c: HousekeepingRepository(c).delete_sessions([session_id], sessions_dir) == 1,
+            lambda c: HousekeepingRepository(c).delete_sessions([session_id], sessions_dir, expected) == 1,
             budget=TRANSCRIPT_BUDGET_S,
         )
+
+    def get_session_delete_targets(self, session_id: str) -> List[str]:
+        """The ids delete_session would remove: the id, then its delegates sorted; [] if unknown."""
+        if not isinstance(session_id, str) or not session_id:
+            return []
+        return self._read(lambda c: HousekeepingRepository(c).delete_targets(session_id))
 
     def delete_sessions(self, session_ids: list[str], sessions_dir: Optional[Path] = None) -> int:
         """Bulk delete_session in one transaction; returns how many listed ids existed."""
@@ -207,15 +249,19 @@ class HousekeepingMixin(Host):
     def maybe_auto_prune_and_vacuum(
         self,
         retention_days: int = 90,
-        min_interval_hours: float = 24,
+        min_interval_hours: int = 24,
         vacuum: bool = True,
         sessions_dir: Optional[Path] = None,
+        min_vacuum_interval_days: int = 30,
     ) -> dict[str, Any]:
-        """Prune (and VACUUM) at most once per interval, tracked in state_meta.
+        """Prune at most once per interval (``last_auto_prune``), pinned sessions kept;
+        VACUUM when anything went and ``last_vacuum`` is absent or older than
+        ``min_vacuum_interval_days`` (stamped only when the VACUUM succeeded).
 
         :func:`hermes_store.operations.prune.auto_prune_and_vacuum` on this store; the
         vacuum step is this instance's :meth:`vacuum` (which optimizes first).
         """
         return prune_ops.auto_prune_and_vacuum(
-            HostSteps(self), retention_days, min_interval_hours, vacuum, sessions_dir, run_vacuum=self.vacuum
+            HostSteps(self), retention_days, min_interval_hours, vacuum, sessions_dir, min_vacuum_interval_days,
+            run_vacuum=self.vacuum,
         )

@@ -69,7 +69,7 @@ def _params(fn) -> list[tuple[str, str, object]]:
 E = inspect.Parameter.empty
 
 
-def test_signatures_are_hermes_v23(hermes_state) -> None:
+def test_signatures_are_hermes_v26(hermes_state) -> None:
     S = hermes_state.SessionDB
     pk, var = "POSITIONAL_OR_KEYWORD", "VAR_KEYWORD"
     expected = {
@@ -79,7 +79,8 @@ def test_signatures_are_hermes_v23(hermes_state) -> None:
         "archive_sessions": [("self", pk, E), ("older_than_days", pk, None), ("source", pk, None), ("filters", var, E)],
         "prune_sessions": [("self", pk, E), ("older_than_days", pk, 90), ("source", pk, None),
                            ("sessions_dir", pk, None), ("filters", var, E)],
-        "delete_session": [("self", pk, E), ("session_id", pk, E), ("sessions_dir", pk, None)],
+        "delete_session": [("self", pk, E), ("session_id", pk, E), ("sessions_dir", pk, None),
+                           ("expected_delete_ids", pk, None)],  # v26
         "delete_sessions": [("self", pk, E), ("session_ids", pk, E), ("sessions_dir", pk, None)],
         "delete_session_if_empty": [("self", pk, E), ("session_id", pk, E), ("sessions_dir", pk, None)],
         "count_empty_sessions": [("self", pk, E)],
@@ -153,7 +154,9 @@ def test_candidates_shape_order_and_age(db) -> None:
     add(db, "open_old", age_days=300, ended=False)
     rows = db.list_prune_candidates(older_than_days=90)
     assert [r["id"] for r in rows] == ["old1", "old2"]
-    assert list(rows[0]) == ["id", "source", "title", "model", "started_at", "ended_at", "message_count", "archived"]
+    assert list(rows[0]) == ["id", "source", "title", "model", "started_at", "ended_at", "message_count", "archived",
+                             "last_active"]  # v25
+    assert rows[0]["last_active"] == rows[0]["started_at"]  # no messages: the start
     assert (rows[0]["title"], rows[0]["model"], rows[0]["archived"], rows[0]["message_count"]) == ("t1", "m", 0, 0)
     # no age bound by default or with None; a running session is never a candidate
     assert [r["id"] for r in db.list_prune_candidates()] == ["old1", "old2", "young"]
@@ -299,6 +302,9 @@ def test_prune_defaults_match_v11(db, tmp_path: Path) -> None:
     db.append_message("old", "user", "bye")
     db.update_token_counts("old", input_tokens=5, model="m")
     assert usage_rows(db, "old") == 1
+    assert db.prune_sessions() == 0  # v25: 90 days of inactivity, and 'old' just got a message
+    db._write(lambda c: c.execute(MESSAGES.update().where(MESSAGES.c.session_id == "old")
+                                  .values(timestamp=time.time() - 95 * DAY)))
     assert db.prune_sessions() == 1
     assert db.get_session("old") is None and message_rows(db, "old") == 0 and usage_rows(db, "old") == 0
     assert db.get_session("old_open") is not None and db.get_session("young") is not None
