@@ -32,7 +32,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from . import errors, migrations, paths
 from .dialects import backend_name, find_for, for_connection
 from .dialects.base import LOCK_BUDGET_OPTION
-from .dialects.sqlite import _wal_warned, apply_wal_with_fallback  # noqa: F401 - public here since v1
+from .dialects.sqlite import _wal_warned  # noqa: F401 - tests clear it
 from .engine import create_engine, default_db_path, schema_in_url, to_url, with_schema
 from .paths import create_private_database  # noqa: F401 - kept importable from here (CLI)
 from .repositories import MaintenanceRepository
@@ -43,9 +43,7 @@ from .targets import refuse_async
 from .upkeep import Upkeep
 from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served by the swap
     DDL_NAMES,
-    FTS_CJK_STALE_KEY,
-    FTS_STORAGE_VERSION,
-    MAX_FTS5_QUERY_CHARS,
+    _MAX_MALFORMED_BACKUPS,
     _apply_macos_checkpoint_barrier,
     _backup_db_file,
     _cjk_fts_config_enabled,
@@ -58,15 +56,51 @@ from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served b
     _enforce_macos_synchronous_full,
     _ephemeral_child_sql,
     _is_background_review_harness_message,
-    _on_disk_journal_mode,
     _scrub_surrogates,
     _strip_background_review_harness,
+    _repair_attempted as _repair_attempted_paths,
     ddl_strings,
     fts5_cjk_so_path,
     is_malformed_db_error,
     load_fts5_cjk_extension,
     repair_state_db_schema,
     workspace_key,
+)
+from .state_modules.common import *  # noqa: F401,F403 - its __all__: hermes_state_common's names
+from .state_modules.common import SCHEMA_VERSION
+from .state_modules.portability import SessionPortabilityMixin
+from .state_modules.schema import SessionSchemaMixin, schema_read_probe_statements  # noqa: F401
+from .state_modules.search import SessionSearchMixin
+from .isolation import (  # noqa: F401 - Hermes v25/v26's live-system guard; tests set these here
+    _STATE_DB_GUARD_BYPASS,
+    _STATE_DB_GUARD_BYPASS_ENV,
+    _STATE_DB_GUARD_EXTRA_DENY_ROOTS,
+    _ensure_test_isolation,
+    _in_test_context,
+    _process_looks_like_pytest,
+    _real_platform_state_root,
+    _running_under_pytest,
+)
+from .journal import *  # noqa: F401,F403 - its __all__: Hermes v26's journal-mode functions
+from .journal import (  # noqa: F401 - private Hermes names
+    _WAL_INCOMPAT_MARKERS,
+    _WAL_SIZE_LIMIT_BYTES,
+    _on_disk_journal_mode,
+    _wal_reset_repair_hint,
+    checkpoint_passive,
+)
+from .state_files import *  # noqa: F401,F403 - its __all__: Hermes v26's state-file helpers
+from .state_files import track_close, track_open
+from .errors import (  # noqa: F401 - Hermes v24-v26 error classes, importable from hermes_state
+    MAX_SAFE_EXPORT_MESSAGES,
+    MAX_SAFE_RESUME_MESSAGES,
+    CompressionSessionBusyError,
+    CompressionSessionClosedError,
+    SessionCompressionInProgressError,
+    SessionExportTooLargeError,
+    SessionResumeTooLargeError,
+    SessionTurnLeaseLostError,
+    WalUnsupportedError,
 )
 from .sessiondb import HermesSurface
 from .sessiondb.activity import *  # noqa: F401,F403 - its __all__: Hermes v24-v26 module-level names
@@ -95,18 +129,39 @@ BIGRAM_CATCH_UP_ROWS = 20_000
 #: so it stays short, and the next one starts right after it.
 BACKGROUND_CATCH_UP_ROWS = 2_000
 
-#: The ``schema_version`` our head revision writes (Hermes v30's file format).
-SCHEMA_VERSION = 30
 #: Hermes' default file, computed at import as Hermes does. Code may patch it;
 #: while unpatched, ``SessionDB()`` reads ``$HERMES_HOME`` at call time instead.
 DEFAULT_DB_PATH = default_db_path()
-_IMPORTED_DEFAULT_DB_PATH = DEFAULT_DB_PATH
+_IMPORT_DEFAULT_DB_PATH = DEFAULT_DB_PATH
+_IMPORTED_DEFAULT_DB_PATH = _IMPORT_DEFAULT_DB_PATH  # our name for it before v26
 #: Set to a URL (``postgresql+psycopg://…`` or ``sqlite:///…``) to point ``SessionDB()`` elsewhere.
 URL_ENV = "HERMES_STORE_URL"
-#: Error texts meaning "this filesystem cannot do WAL locking" (NFS/SMB), as Hermes v23.
-_WAL_INCOMPAT_MARKERS = ("locking protocol", "not authorized")
 #: Labels already warned about a WAL fallback (Hermes' name for it).
 _wal_fallback_warned_paths = _wal_warned
+#: Hermes v26's write patience (seconds): ordinary, transcript and activity writes, and
+#: how long a write waits out a compression in progress.
+_WRITE_PATIENCE_S = 20.0
+_TRANSCRIPT_WRITE_PATIENCE_S = 60.0
+_ACTIVITY_WRITE_PATIENCE_S = 0.5
+_COMPRESSION_BUSY_WAIT_S = 5.0
+#: Hermes v26's read pool and repair limits.
+_READ_POOL_MAX = 8
+_READ_OPEN_RETRY_SECONDS = 60
+_REPAIR_LOCK_TIMEOUT_SECONDS = 120
+_MAX_PERSISTENT_REPAIR_ATTEMPTS = 3
+#: ``psutil`` when installed, else None (read at call time: tests replace it).
+try:
+    import psutil
+except ImportError:  # optional, as in Hermes
+    psutil = None
+
+
+def _default_db_path() -> Path:
+    """``DEFAULT_DB_PATH`` when code re-pointed it, else ``$HERMES_HOME/state.db`` now."""
+    patched = globals()["DEFAULT_DB_PATH"]
+    if patched != _IMPORT_DEFAULT_DB_PATH:
+        return Path(patched).expanduser()
+    return default_db_path()
 
 _last_init_error: str | None = None
 _init_error_lock = threading.Lock()
@@ -166,10 +221,7 @@ def _database_target(db_path: Any, url: str | URL | None, engine: Engine | None)
     if target is None:
         target = os.environ.get(URL_ENV) or None
     if target is None:
-        patched = globals()["DEFAULT_DB_PATH"]
-        if patched != _IMPORTED_DEFAULT_DB_PATH:
-            return Path(patched).expanduser()  # code set hermes_state.DEFAULT_DB_PATH
-        return default_db_path()
+        return _default_db_path()
     if isinstance(target, Engine):
         target = target.url
     if isinstance(target, URL) or (isinstance(target, str) and "://" in target):
@@ -203,7 +255,7 @@ class _StaleConnection(Exception):
     """A kept idle connection failed before doing anything: the server dropped it."""
 
 
-class SessionDB(HermesSurface):
+class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPortabilityMixin):
     """Hermes-compatible session store on one SQLite file or one PostgreSQL database."""
 
     def __init__(
@@ -264,7 +316,10 @@ class SessionDB(HermesSurface):
 
     def _open(self, db_path: Any, read_only: bool, url: Any, engine: Any, schema: str | None = None) -> None:
         target = _database_target(db_path, url, engine)
+        if isinstance(target, Path):
+            _ensure_test_isolation(target)  # Hermes v25: before anything touches the file
         self.read_only = bool(read_only)
+        self._open_args = (db_path, read_only, url, engine, schema)
         if schema is not None:  # as ?schema= in the URL: hermes_store.engine.with_schema
             target = with_schema(target, schema)
         #: The SQLite file (None on a server); ``url`` is set either way.
@@ -287,14 +342,19 @@ class SessionDB(HermesSurface):
             self._engine = self._new_engine(ro_url, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
             self._dialect = for_connection(self._engine)
             self.journal_mode = None
+            self._wal_active = False
             with self._engine.connect() as conn:
                 self._dialect.ping(conn)
+            self._tracked = paths.resolve_link(self.db_path)
+            track_open(self._tracked)
             return
         if self.db_path is not None:
             # Path kind and permissions first (a dangling link, a folder, a read-only
             # file or folder, a path below a file): typed errors, nothing created.
             real = paths.check_target(self.db_path, write=True, create=True, make_parents=True)
             paths.make_parents(real)
+            preflight_db_writability(real, db_label=real.name)  # the -wal/-shm files too
+            self._quarantine_if_zeroed(real)
             # Creates the file 0600 when missing, finishes an interrupted adoption,
             # adopts a Hermes-made file, migrates our own older revisions.
             self._migrate_file(self.db_path)
@@ -317,12 +377,34 @@ class SessionDB(HermesSurface):
         @event.listens_for(self._engine, "connect")
         def _journal(dbapi_conn: Any, _rec: Any) -> None:
             self.journal_mode = dialect.on_connect(dbapi_conn, label=label)
+            if self.db_path is not None:
+                apply_database_pragmas(dbapi_conn, db_label=label)  # config.yaml's database.* (Hermes v26)
 
         with self._engine.connect() as conn:
             dialect.ping(conn)
+        #: Hermes' flag (assignable): this store's connections run in WAL mode.
+        self._wal_active = getattr(self, "journal_mode", None) == "wal"
+        if self.db_path is not None:
+            self._tracked = paths.resolve_link(self.db_path)
+            track_open(self._tracked)
         # Opening catches the short-CJK index up (bounded; skipped while another process
         # is at it), so a store opened after a bulk load searches at full speed at once.
         self._catch_up_search_index()
+
+    def _quarantine_if_zeroed(self, real: Path) -> None:
+        """Hermes v26: a file whose first bytes are all NUL (a lost write) is moved aside
+        (kept, renamed ``.zeroed-<stamp>-<pid>.bak``) and a fresh database made in its place."""
+        if not is_zeroed_state_db(real):
+            return
+        moved = quarantine_zeroed_state_db(real)
+        note = (f"state.db looks ZEROED (its first bytes are all NUL): {real} moved aside to {moved}; "
+                "starting with a fresh database")
+        if moved is None:
+            if is_zeroed_state_db(real):
+                raise sqlite3.DatabaseError(f"state.db looks ZEROED and could not be moved aside: {real}")
+            return
+        log.error("%s", note)
+        _set_last_init_error(note)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -367,8 +449,19 @@ class SessionDB(HermesSurface):
             engine.dispose()
 
     def close(self) -> None:
-        self._upkeep.close()  # a catch-up under way ends its transaction first
+        """Close the store (idempotent): token writer drained, pooled and raw connections
+        closed, one PASSIVE checkpoint (writable files), engine disposed."""
+        stop_writer = getattr(self, "_close_token_writer", None)
+        if stop_writer is not None:
+            stop_writer()
+        upkeep = getattr(self, "_upkeep", None)
+        if upkeep is not None:
+            upkeep.close()  # a catch-up under way ends its transaction first
+        self._close_read_pool()
         self._close_raw()
+        tracked = self.__dict__.pop("_tracked", None)
+        if tracked is not None:
+            track_close(tracked)
         if getattr(self, "_engine", None) is None:
             return
         try:
@@ -425,8 +518,19 @@ class SessionDB(HermesSurface):
     def __enter__(self) -> "SessionDB":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         self.close()
+        return False
+
+    def __del__(self) -> None:
+        """Close a store nobody closed (Hermes v25). A store whose plumbing runs on an
+        event loop (``hermes_store.aio``) is closed by its owner instead."""
+        if getattr(self, "_engine", None) is None or type(self)._new_engine is not SessionDB._new_engine:
+            return
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing to report to at garbage collection
+            pass
 
     def _checkpoint(self) -> None:
         self._dialect.checkpoint(self._engine)  # best effort: a busy one waits for the next interval
@@ -463,7 +567,8 @@ class SessionDB(HermesSurface):
         runs as its own transaction, budget included (:attr:`Dialect.one_statement_writes`).
         """
         if budget is None:
-            budget = WRITE_BUDGET_S
+            # Our name and Hermes v26's for the same budget: lowering either (tests do) shortens it.
+            budget = min(WRITE_BUDGET_S, _WRITE_PATIENCE_S)
         if self.read_only:
             raise errors.ReadOnlyDatabaseError(f"{self._label()}: opened with read_only=True")
         start = time.monotonic()
@@ -493,6 +598,14 @@ class SessionDB(HermesSurface):
                 break
             except _StaleConnection:
                 continue  # each stale connection is dropped, so this ends with a fresh one
+            except errors.SessionCompressionInProgressError:
+                # Hermes v26: a compression finishing soon; waited out for a few seconds.
+                now = time.monotonic()
+                limit = min(deadline, start + _COMPRESSION_BUSY_WAIT_S)
+                if now >= limit:
+                    raise
+                self._sleep(jitter(now - start, limit - now,
+                                   early=EARLY_JITTER_S, late=LATE_JITTER_S, phase=EARLY_PHASE_S))
             except (DBAPIError, sqlite3.DatabaseError) as exc:
                 # BEGIN IMMEDIATE reports a held lock as the driver's own error; a
                 # server reports serialization failures and deadlocks (40001/40P01).

@@ -23,6 +23,7 @@ from typing import Any
 
 from . import migrations
 from .paths import VERSION_TABLE
+from .state_files import has_live_connection
 
 log = logging.getLogger("hermes_store.facade")
 
@@ -41,7 +42,10 @@ _HARNESS_PREFIXES = (
 )
 
 _repair_lock = threading.Lock()
+#: Paths SessionDB already tried to repair in this process (Hermes' ``_repair_attempted_paths``).
 _repair_attempted: set[str] = set()
+#: Malformed-file backups kept per database (the newest ones).
+_MAX_MALFORMED_BACKUPS = 3
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -134,15 +138,6 @@ def open_raw_connection(connect: Any, path: Path, *, read_only: bool, busy_timeo
         conn.execute("PRAGMA foreign_keys=ON")  # as Hermes' own connection: references enforced
     conn.row_factory = sqlite3.Row
     return conn
-
-
-def _on_disk_journal_mode(conn: sqlite3.Connection) -> str | None:
-    """The journal mode the file is in now (None when it cannot be read)."""
-    try:
-        row = conn.execute("PRAGMA journal_mode").fetchone()
-    except sqlite3.Error:
-        return None
-    return str(row[0]).lower() if row else None
 
 
 def _apply_macos_checkpoint_barrier(conn: sqlite3.Connection) -> None:
@@ -315,11 +310,22 @@ def _claim_repair_attempt(db_path: Path) -> bool:
         return True
 
 
-def _backup_db_file(db_path: Path) -> Path | None:
-    """A raw copy ``<name>.malformed-backup-<stamp>`` (plus -wal/-shm), 0600; None when missing."""
+def _backup_db_file(db_path: Path) -> tuple[Path | None, str | None]:
+    """A raw copy ``<name>.malformed-backup-<stamp>`` (plus -wal/-shm), 0600: ``(path, None)``,
+    or ``(None, reason)`` when there is nothing to copy or a copy would not be safe.
+
+    Refused while this process has the file open (a live connection may be writing it);
+    the newest backup is reused when it is identical; only the newest
+    :data:`_MAX_MALFORMED_BACKUPS` are kept.
+    """
     path = Path(db_path)
     if not path.exists():
-        return None
+        return None, f"{path} does not exist"
+    if has_live_connection(path):
+        return None, f"{path} has a live connection in this process; close it before backing the file up"
+    backups = _existing_backups(path)
+    if backups and _same_bytes(path, backups[-1]):
+        return backups[-1], None
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     target = path.with_name(f"{path.name}.malformed-backup-{stamp}")
     n = 1
@@ -332,7 +338,29 @@ def _backup_db_file(db_path: Path) -> Path | None:
             dst = Path(f"{target}{suffix}")
             shutil.copyfile(src, dst)
             os.chmod(dst, 0o600)
-    return target
+    for old in _existing_backups(path)[:-_MAX_MALFORMED_BACKUPS]:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{old}{suffix}").unlink(missing_ok=True)
+    return target, None
+
+
+def _existing_backups(path: Path) -> list[Path]:
+    """The file's malformed-backups, oldest first (by modification time, then name)."""
+    prefix = f"{path.name}.malformed-backup-"
+    found = [p for p in path.parent.glob(f"{path.name}.malformed-backup-*")
+             if p.name.startswith(prefix) and not p.name.endswith(("-wal", "-shm"))]
+    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """Whether two files (and their -wal files) hold the same bytes."""
+    for suffix in ("", "-wal"):
+        x, y = Path(f"{a}{suffix}"), Path(f"{b}{suffix}")
+        if x.exists() != y.exists():
+            return False
+        if x.exists() and (x.stat().st_size != y.stat().st_size or x.read_bytes() != y.read_bytes()):
+            return False
+    return True
 
 
 def repair_state_db_schema(db_path: Path, *, backup: bool = True) -> dict[str, Any]:
@@ -355,11 +383,14 @@ def repair_state_db_schema(db_path: Path, *, backup: bool = True) -> dict[str, A
         return result
     if backup:
         try:
-            saved = _backup_db_file(path)
+            saved, refusal = _patched_backup()(path)
         except OSError as exc:
-            result["error"] = f"backup failed: {exc}"
+            saved, refusal = None, f"backup failed: {exc}"
+        if saved is None:
+            # No copy, no surgery: the file is left exactly as it was.
+            result["error"] = f"pre-repair backup refused; {refusal or 'no backup was made'}"
             return result
-        result["backup_path"] = str(saved) if saved else None
+        result["backup_path"] = str(saved)
     last_error: str | None = None
     for name, strategy in _STRATEGIES:
         try:
@@ -374,6 +405,12 @@ def repair_state_db_schema(db_path: Path, *, backup: bool = True) -> dict[str, A
         last_error = f"{name}: {reason}"
     result["error"] = last_error or "no strategy repaired the file"
     return result
+
+
+def _patched_backup() -> Any:
+    """``hermes_state._backup_db_file`` as it is now (Hermes' tests patch it there)."""
+    facade = sys.modules.get("hermes_store.facade")
+    return getattr(facade, "_backup_db_file", _backup_db_file) if facade is not None else _backup_db_file
 
 
 def _fts_tables(conn: sqlite3.Connection) -> list[str]:

@@ -165,6 +165,12 @@ def test_default_path_under_hermes_home_created_0600(tmp_path: Path, monkeypatch
 def test_default_path_without_hermes_home(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delenv("HERMES_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
+    # ~/.hermes is the real Hermes state: under pytest the live-system guard refuses it ...
+    with pytest.raises(RuntimeError, match="live-system guard"):
+        SessionDB()
+    assert not (tmp_path / ".hermes" / "state.db").exists()
+    # ... unless the test says it means it.
+    monkeypatch.setenv("HERMES_STATE_DB_GUARD_BYPASS", "1")
     with SessionDB() as db:
         assert db.db_path == tmp_path / ".hermes" / "state.db"
 
@@ -181,8 +187,15 @@ class FakeConn:
         return type("R", (), {"fetchone": lambda _self: (mode,)})()
 
 
-@pytest.mark.parametrize("cause", ["locking protocol", "not authorized"])  # v23 dropped "disk I/O error"
-def test_wal_fallback_warns_once_per_label(cause: str, caplog) -> None:
+@pytest.fixture
+def fixed_sqlite(monkeypatch) -> None:
+    """Hermes v26's rules for a SQLite without the WAL-reset bug (tests/compat/test_v26_journal.py
+    covers the vulnerable branch, which this machine's 3.40.1 takes by default)."""
+    monkeypatch.setattr(facade, "is_sqlite_wal_reset_vulnerable", lambda *a: False)
+
+
+@pytest.mark.parametrize("cause", ["locking protocol", "not authorized", "disk I/O error"])  # v26: disk I/O is back
+def test_wal_fallback_warns_once_per_label(cause: str, caplog, fixed_sqlite) -> None:
     facade._wal_warned.clear()
     with caplog.at_level(logging.WARNING, logger="hermes_store.facade"):
         assert apply_wal_with_fallback(FakeConn(cause), db_label="nfs.db") == "delete"
@@ -192,7 +205,7 @@ def test_wal_fallback_warns_once_per_label(cause: str, caplog) -> None:
     assert len(warnings) == 2 and "nfs.db" in warnings[0].getMessage()
 
 
-def test_wal_other_errors_raise_and_success_returns_wal() -> None:
+def test_wal_other_errors_raise_and_success_returns_wal(fixed_sqlite) -> None:
     with pytest.raises(sqlite3.OperationalError, match="unrelated"):
         apply_wal_with_fallback(FakeConn("something unrelated"))
     assert apply_wal_with_fallback(FakeConn(None)) == "wal"

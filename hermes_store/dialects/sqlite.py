@@ -20,7 +20,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
-from .. import errors
+from .. import errors, journal
 from .base import OUR_TABLES, MessageRuns, translate_python_error
 # The FTS5 names stay importable from here (the copier, Hermes-facing modules).
 from .fts5 import (
@@ -39,9 +39,10 @@ from ..search.fts import TRIGRAM_INDEX, TRIGRAM_SOURCE_VIEW, WORD_INDEX, fts5 as
 log = logging.getLogger("hermes_store.facade")
 
 #: Error texts meaning the filesystem cannot do WAL's shared-memory locking (NFS/SMB),
-#: as Hermes v23 ("disk i/o error" was dropped there: it is usually real damage).
+#: for our own connections ("disk i/o error" left out: it is usually real damage).
 _WAL_FALLBACK_CAUSES = ("locking protocol", "not authorized")
-_wal_warned: set[str] = set()
+#: Labels warned about a WAL fallback: one set for our connections and Hermes' function.
+_wal_warned = journal._wal_fallback_warned_paths
 _LOCKED = ("database is locked", "database is busy", "database table is locked")
 
 
@@ -50,14 +51,16 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def apply_wal_with_fallback(conn: sqlite3.Connection, *, db_label: str = "state.db") -> str:
-    """Switch to WAL; on filesystems that refuse it (NFS/SMB...) use rollback journal.
+def enable_wal(conn: sqlite3.Connection, *, db_label: str = "state.db") -> str:
+    """Our connections' journal mode: WAL, or the rollback journal where the filesystem
+    refuses WAL (NFS/SMB...). Returns "wal" or "delete".
 
-    Returns "wal" or "delete", as Hermes v23: a file already in WAL is left alone
-    (no mode switch on every open); a WAL-incapable filesystem falls back to DELETE
-    with one warning per label, unless the file on disk is in WAL already (other
-    processes rely on it: the error is raised instead). Other errors propagate. On
-    macOS, checkpoints get a full fsync barrier and commits synchronous=FULL.
+    A file already in WAL is left alone (no mode switch on every open); a WAL-incapable
+    filesystem falls back to DELETE with one warning per label, unless the file on disk
+    is in WAL already (other processes rely on it: the error is raised instead). Other
+    errors propagate. On macOS, checkpoints get a full fsync barrier and commits
+    synchronous=FULL. (Hermes' own rules, which also weigh the SQLite version, are
+    :func:`hermes_store.journal.apply_wal_with_fallback`.)
     """
     def mode_now() -> str | None:
         try:
@@ -375,9 +378,9 @@ class SQLiteDialect:
         return None  # BEGIN IMMEDIATE already holds the write lock; waits end at busy_timeout
 
     def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
-        mode = apply_wal_with_fallback(dbapi_conn, db_label=label)
+        mode = enable_wal(dbapi_conn, db_label=label)
         # NORMAL is durable across application crashes in WAL mode and saves an fsync
-        # per commit (not on macOS, where apply_wal_with_fallback asked for FULL).
+        # per commit (not on macOS, where enable_wal asked for FULL).
         if sys.platform != "darwin":
             dbapi_conn.execute("PRAGMA synchronous=NORMAL")
         return mode

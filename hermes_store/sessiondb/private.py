@@ -16,17 +16,24 @@ store unchanged, without weakening our own write path:
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import sys
 import threading
-from typing import Any, Callable, TypeVar
+import time as _time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
 
 from sqlalchemy import Connection
 
 from .. import errors
 from ..hermes_names import open_raw_connection
+from ..journal import checkpoint_passive
+from ..operations.steps import jitter
 from ..repositories.base import driver_errors
 from ._host import Host
+
+log = logging.getLogger("hermes_store.facade")
 
 T = TypeVar("T")
 
@@ -43,8 +50,13 @@ class NoRawConnectionError(errors.UnsupportedDatabaseError, AttributeError):
 
 def _sqlite3() -> Any:
     """The ``sqlite3`` module the facade names now (``hermes_state.sqlite3`` after the swap)."""
+    return _facade_name("sqlite3", sqlite3)
+
+
+def _facade_name(name: str, default: Any) -> Any:
+    """``hermes_state.<name>`` as it is now (Hermes' tests patch module globals there)."""
     facade = sys.modules.get("hermes_store.facade")
-    return getattr(facade, "sqlite3", sqlite3)
+    return getattr(facade, name, default) if facade is not None else default
 
 
 class PrivateSurfaceMixin(Host):
@@ -101,3 +113,135 @@ class PrivateSurfaceMixin(Host):
                 return fn(driver)
 
         return self._write(run)
+
+    # ------------------------------------------------------------------ Hermes v25/v26 internals
+
+    def _try_wal_checkpoint(self) -> bool:
+        """One PASSIVE checkpoint on ``_conn``; a failure is a WARNING, never an error."""
+        try:
+            checkpoint_passive(self._conn)
+        except (sqlite3.Error, errors.HermesStoreError, AttributeError) as exc:
+            log.warning("WAL checkpoint (PASSIVE) failed: %s", exc)
+            return False
+        return True
+
+    def _sleep_before_write_retry(self, deadline: float, patience_s: float) -> bool:
+        """One jittered wait before the next try of a locked write; False once ``deadline``
+        (a ``time.monotonic()`` value) has passed."""
+        clock = _facade_name("time", _time)
+        now = clock.monotonic()
+        left = deadline - now
+        if left <= 0:
+            return False
+        self._sleep(jitter(max(0.0, patience_s - left), left))
+        return True
+
+    @staticmethod
+    def _is_not_a_database_error(exc: BaseException) -> bool:
+        """A ``sqlite3.DatabaseError`` saying "file is not a database" (a swapped or damaged file)."""
+        cause = exc if isinstance(exc, sqlite3.DatabaseError) else getattr(exc, "orig", None) or exc.__cause__
+        return isinstance(cause, sqlite3.DatabaseError) and "file is not a database" in str(cause).lower()
+
+    def _reconnect_after_notadb(self) -> bool:
+        """Reopen the store once, as the constructor does (the file was replaced under us);
+        False when already tried or the reopen fails (the caller re-raises its error)."""
+        if self.__dict__.get("_notadb_reconnected") or getattr(self, "db_path", None) is None:
+            return False
+        self.__dict__["_notadb_reconnected"] = True
+        try:
+            self.close()
+            self._open(*self._open_args)
+        except Exception as exc:  # noqa: BLE001 - the caller's original error is what matters
+            log.warning("%s: reopening after 'file is not a database' failed: %s", self._label(), exc)
+            return False
+        return True
+
+    # Hermes v25's read pool: read-only ``sqlite3`` connections for code that reads raw
+    # while another thread writes. Our own reads use the engine's pool.
+
+    @property
+    def _read_pool(self) -> list[sqlite3.Connection]:
+        """Idle pooled read connections."""
+        return self.__dict__.setdefault("_read_pool_list", [])
+
+    @property
+    def _read_permits(self) -> threading.BoundedSemaphore:
+        """At most ``_READ_POOL_MAX`` live pooled read connections."""
+        found = self.__dict__.get("_read_permits_sem")
+        if found is None:
+            found = self.__dict__["_read_permits_sem"] = threading.BoundedSemaphore(
+                int(_facade_name("_READ_POOL_MAX", 8)))
+        return found
+
+    def _get_read_conn(self) -> sqlite3.Connection | None:
+        """A pooled read-only connection, or None when reads should use ``_conn``: not WAL,
+        read-only store, a server, all permits taken, or opening failed in the last 60 s."""
+        return self._checkout_read_conn()
+
+    def _checkout_read_conn(self) -> sqlite3.Connection | None:
+        path = getattr(self, "db_path", None)
+        if path is None or self.read_only or not getattr(self, "_wal_active", False):
+            return None
+        retry_after = self.__dict__.get("_read_open_failed_at")
+        clock = _facade_name("time", _time)
+        if retry_after is not None and clock.monotonic() - retry_after < float(
+                _facade_name("_READ_OPEN_RETRY_SECONDS", 60)):
+            return None
+        if not self._read_permits.acquire(blocking=False):
+            return None
+        with self._raw_lock:
+            if self._read_pool:
+                return self._read_pool.pop()
+        try:
+            conn = _sqlite3().connect(f"file:{path}?mode=ro", uri=True, timeout=RAW_BUSY_TIMEOUT_S,
+                                      check_same_thread=False)
+        except sqlite3.Error:
+            self.__dict__["_read_open_failed_at"] = clock.monotonic()
+            self._read_permits.release()
+            return None
+        try:
+            conn.row_factory = sqlite3.Row
+            _facade_name("apply_database_pragmas", lambda *_a, **_k: None)(conn, db_label=path.name)
+        except BaseException:
+            conn.close()
+            self._read_permits.release()
+            raise
+        return conn
+
+    def _close_read_conn(self, conn: sqlite3.Connection | None) -> None:
+        """Close a checked-out read connection and free its permit."""
+        if conn is None:
+            return
+        try:
+            conn.close()
+        except sqlite3.Error:
+            pass
+        self._read_permits.release()
+
+    @contextmanager
+    def _read_ctx(self) -> Iterator[sqlite3.Connection]:
+        """A ``sqlite3`` connection to read with: a pooled read-only one under WAL (no
+        ``_lock``), else ``_conn`` under ``_lock``."""
+        conn = self._checkout_read_conn()
+        if conn is None:
+            with self._lock:
+                yield self._conn
+            return
+        try:
+            yield conn
+        except BaseException:
+            self._close_read_conn(conn)
+            raise
+        with self._raw_lock:
+            self._read_pool.append(conn)
+        self._read_permits.release()
+
+    def _close_read_pool(self) -> None:
+        """Close the idle pooled read connections (``close()``)."""
+        with self._raw_lock:
+            idle, self.__dict__["_read_pool_list"] = list(self.__dict__.get("_read_pool_list", [])), []
+        for conn in idle:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass

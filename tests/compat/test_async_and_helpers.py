@@ -92,7 +92,9 @@ def test_init_error_text_and_the_nfs_hint(hermes_state) -> None:
         hermes_state._set_last_init_error("OperationalError: locking protocol")
         text = hermes_state.format_session_db_unavailable("No DB")
         assert text.startswith("No DB: OperationalError: locking protocol") and "NFS" in text and text.endswith(".")
-        hermes_state._set_last_init_error("OperationalError: disk I/O error")  # v23 dropped this marker
+        hermes_state._set_last_init_error("OperationalError: disk I/O error")  # v26 made it a marker again
+        assert "NFS" in hermes_state.format_session_db_unavailable()
+        hermes_state._set_last_init_error("OperationalError: no such table: x")
         assert "NFS" not in hermes_state.format_session_db_unavailable()
     finally:
         hermes_state._set_last_init_error(None)
@@ -123,8 +125,10 @@ class _Conn:
 
 
 @pytest.mark.sqlite_only
-def test_apply_wal_with_fallback_v23_rules(hermes_state, caplog, monkeypatch) -> None:
+def test_apply_wal_with_fallback_v26_rules_on_a_fixed_sqlite(hermes_state, caplog, monkeypatch) -> None:
     monkeypatch.setattr("hermes_state.sys.platform", "linux")
+    monkeypatch.setattr(hermes_state, "is_sqlite_wal_reset_vulnerable", lambda *a: False)
+    hermes_state._wal_fallback_warned_paths.discard("nfs-label")
     already = _Conn("wal", None)
     assert hermes_state.apply_wal_with_fallback(already) == "wal"
     assert "PRAGMA journal_mode=WAL" not in already.sql  # not switched again
@@ -134,10 +138,13 @@ def test_apply_wal_with_fallback_v23_rules(hermes_state, caplog, monkeypatch) ->
         assert hermes_state.apply_wal_with_fallback(_Conn("delete", "not authorized"), db_label="nfs-label") == "delete"
     assert sum("nfs-label" in r.getMessage() for r in caplog.records) == 1  # once per label
     assert "nfs-label" in hermes_state._wal_fallback_warned_paths
-    with pytest.raises(sqlite3.OperationalError):
-        hermes_state.apply_wal_with_fallback(_Conn("delete", "disk I/O error"))  # no longer a marker
+    eio = _Conn("delete", "disk I/O error")
+    assert hermes_state.apply_wal_with_fallback(eio) == "delete"  # a marker again in v26, after 3 tries
+    assert eio.sql.count("PRAGMA journal_mode=WAL") == 3
     with pytest.raises(sqlite3.OperationalError):
         hermes_state.apply_wal_with_fallback(_Conn("delete", "something else"))
+    with pytest.raises(hermes_state.WalUnsupportedError):
+        hermes_state.apply_wal_with_fallback(_Conn("delete", "locking protocol"), require_wal=True)
 
 
 @pytest.mark.sqlite_only
