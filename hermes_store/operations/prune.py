@@ -8,15 +8,21 @@ is old enough (``last_vacuum``, stamped only after a VACUUM succeeded).
 
 from __future__ import annotations
 
+import logging
+import time as _time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 
+from ..dialects import for_connection
 from ..repositories import MaintenanceRepository
+from ..repositories.base import driver_errors
 from ..repositories.housekeeping import DAY, HousekeepingRepository
-from .fts import vacuum as vacuum_store
+from ..repositories.maintenance import MARKER_BACKUP_PREFIX, vacuum_into
 from .steps import Steps
+
+log = logging.getLogger(__name__)
 
 #: The ``state_meta`` key holding when auto-prune last ran (Hermes v11).
 LAST_AUTO_PRUNE_KEY = "last_auto_prune"
@@ -75,7 +81,7 @@ def auto_prune_and_vacuum(
             if run_vacuum is not None:
                 run_vacuum()
             else:
-                vacuum_store(steps)
+                steps.outside(vacuum_v26)
             steps.write(lambda c: MaintenanceRepository(c).set_meta(LAST_VACUUM_KEY, repr(steps.now())))
             result["vacuumed"] = True
     except Exception as exc:  # reported, never raised: this runs on startup paths
@@ -105,4 +111,58 @@ def auto_archive(
         result["archived"] = steps.write(run)
     except Exception as exc:  # reported, never raised: this runs on startup paths
         result["error"] = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def vacuum_v26(engine: Engine) -> None:
+    """Hermes v26's VACUUM, outside any transaction: a PASSIVE checkpoint, ``VACUUM``
+    (``VACUUM ANALYZE`` on a server), then a TRUNCATE checkpoint that empties the WAL
+    the VACUUM itself wrote. Run it with ``steps.outside``."""
+    dialect = for_connection(engine)
+    with driver_errors():
+        dialect.checkpoint(engine)
+        dialect.vacuum(engine)
+        dialect.checkpoint_truncate(engine)
+
+
+def vacuum(steps: Steps, *, optimize: Callable[[], int]) -> int:
+    """Hermes v26's ``vacuum()``: ``optimize`` first (a failure is logged and counts as
+    0), then :func:`vacuum_v26`, whose errors propagate. Returns the optimize count."""
+    try:
+        optimized = optimize()
+    except Exception as exc:  # noqa: BLE001 - Hermes: logged, counts as 0
+        log.warning("optimize before vacuum failed: %s", exc)
+        optimized = 0
+    steps.outside(vacuum_v26)
+    return optimized
+
+
+def purge_stale_tool_call_markers(steps: Steps, *, dry_run: bool = False, backup: bool = True) -> dict[str, Any]:
+    """Blank the content of stored stale ``[tool_name]`` markers (Hermes v25).
+
+    A dry run, or nothing to do: no write and no backup. Otherwise, with ``backup``, a
+    copy first: ``VACUUM INTO "<db>.pre-clean-markers-backup-<stamp>"`` for a file (only
+    rows that copy holds are blanked), or the rows' content in ``state_meta`` under
+    ``pre-clean-markers-backup-<stamp>`` on a server, written in the blanking transaction
+    (``backup_path`` then names that key as ``state_meta:<key>``).
+    """
+    found = [i for i, _ in steps.read(lambda c: MaintenanceRepository(c).stale_tool_call_markers())]
+    result: dict[str, Any] = {"dry_run": bool(dry_run), "rows_affected": len(found), "row_ids": found,
+                              "backup_path": None}
+    if dry_run or not found:
+        return result
+    stamp = _time.strftime("%Y%m%d-%H%M%S", _time.gmtime(steps.now()))
+    key = None
+    if backup:
+        engine = steps.engine
+        database = engine.url.database
+        if for_connection(engine).is_file and database and database != ":memory:":
+            path = f"{database}.pre-clean-markers-backup-{stamp}"
+            steps.outside(lambda e: vacuum_into(e, path))
+            result["backup_path"] = path
+        else:
+            key = MARKER_BACKUP_PREFIX + stamp
+            result["backup_path"] = f"state_meta:{key}"
+    done = steps.write(lambda c: MaintenanceRepository(c).blank_tool_call_markers(found, key))
+    result.update(rows_affected=len(done), row_ids=done)
     return result

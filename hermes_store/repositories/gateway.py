@@ -12,6 +12,7 @@ Session rows are read as ``s.*`` (every column the database has, like Hermes'
 
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
 from sqlalchemy import (
@@ -29,6 +30,8 @@ from sqlalchemy import (
 from ..dialects import Dialect
 from ..models import Base
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, now, per_dialect
+from .housekeeping import HousekeepingRepository, activity_recency
+from .lineage import BRANCH_MARKER, DELEGATE_MARKER, marker_value
 from .sessions import SessionRepository
 
 ROUTING = Base.metadata.tables["gateway_routing"]
@@ -185,3 +188,205 @@ class GatewayRepository(Repository):
                 return rows[0]
         return None
 
+
+
+# ---------------------------------------------------------------------- repair (Hermes v25-v26)
+
+HYGIENE = Base.metadata.tables["gateway_hygiene_state"]
+#: How long (seconds) a donor may have been quiet before an orphan started (Hermes' default).
+DEFAULT_ORPHAN_GAP_S = 900.0
+#: End reason of a donor whose key moved to the orphan it continued.
+SUPERSEDED_BY_REPAIR = "superseded_by_repair"
+
+
+@per_dialect
+def _bump_hygiene(dialect: Dialect) -> Any:
+    """A chat's failure streak: a new row starts at 1, an existing one goes up by one."""
+    ins = dialect.insert(HYGIENE)
+    return ins.on_conflict_do_update(index_elements=[HYGIENE.c.session_key],
+                                     set_={"failure_streak": HYGIENE.c.failure_streak + 1})
+
+
+def _keyed(column: Any) -> Any:
+    return and_(column.is_not(None), column != "")
+
+
+def _forked(model_config: Any) -> bool:
+    """A branch or delegate child (its marker names any session)."""
+    return any(marker_value(model_config, m) is not None for m in (BRANCH_MARKER, DELEGATE_MARKER))
+
+
+def _entry_session(entry_json: Any) -> Any:
+    """The ``session_id`` a routing entry names (None for malformed JSON or no object)."""
+    try:
+        value = json.loads(entry_json)
+    except (TypeError, ValueError):
+        return None
+    return value.get("session_id") if isinstance(value, dict) else None
+
+
+class GatewayRepairRepository(Repository):
+    """Hygiene streaks, never-active keyed sessions, orphaned gateway sessions. Never commits."""
+
+    # ------------------------------------------------------------------ hygiene streaks
+
+    def increment_hygiene(self, session_key: str) -> int:
+        self.conn.execute(_bump_hygiene(self.conn), {"session_key": session_key, "failure_streak": 1})
+        value = self.conn.execute(select(HYGIENE.c.failure_streak)
+                                  .where(HYGIENE.c.session_key == session_key)).scalar()
+        return int(value or 0)
+
+    def reset_hygiene(self, session_key: str) -> None:
+        self.conn.execute(delete(HYGIENE).where(HYGIENE.c.session_key == session_key))
+
+    # ------------------------------------------------------------------ never-active keyed sessions
+
+    def never_active(self, cutoff: float, *, lock: bool = False) -> list[dict[str, Any]]:
+        """Keyed, running, untitled sessions started before ``cutoff`` that never did
+        anything: no activity stamp, zero counters, not pinned or archived, no message
+        row. Oldest first."""
+        s = SESSIONS.c
+        zero = [func.coalesce(s[c], 0) == 0 for c in ("message_count", "tool_call_count", "api_call_count",
+                                                        "input_tokens", "output_tokens")]
+        stmt = (
+            select(s.id, s.session_key, s.source, s.chat_id, s.chat_type, s.user_id, s.started_at)
+            .where(_keyed(s.session_key), s.ended_at.is_(None), s.started_at < cutoff,
+                   or_(s.title.is_(None), s.title == ""), s.last_activity_at.is_(None), *zero,
+                   s.pinned == 0, s.archived == 0,
+                   ~exists().where(MESSAGES.c.session_id == s.id))
+            .order_by(s.started_at, s.id)
+        )
+        if lock:
+            stmt = stmt.with_for_update(of=SESSIONS)
+        return [dict(r) for r in self.conn.execute(stmt).mappings()]
+
+    def prune_never_active(self, cutoff: float, sessions_dir: Any) -> tuple[int, int]:
+        """Delete the never-active sessions and the routing entries that point at them.
+
+        Decided in this transaction (a session that got a message since it was listed
+        stays). An entry goes only when its JSON ``session_id`` is exactly the session
+        and its key is the session's own (any scope); a session that a routing entry
+        under another key still points at is kept, as something routes to it.
+        """
+        found = {r["id"]: r["session_key"] for r in self.never_active(cutoff, lock=True)}
+        if not found:
+            return 0, 0
+        r = ROUTING.c
+        own: list[tuple[str, str, str]] = []
+        kept: set[str] = set()
+        for scope, key, entry in self.conn.execute(select(r.scope, r.session_key, r.entry_json)):
+            target = _entry_session(entry)
+            if target not in found:
+                continue
+            if key == found[target]:
+                own.append((target, scope, key))
+            else:
+                kept.add(target)
+        routes = 0
+        for target, scope, key in own:
+            if target not in kept:
+                routes += self.conn.execute(delete(ROUTING).where(r.scope == scope, r.session_key == key)).rowcount
+        ids = [sid for sid in found if sid not in kept]
+        deleted = HousekeepingRepository(self.conn).delete_sessions(ids, sessions_dir)
+        return deleted, routes
+
+    # ------------------------------------------------------------------ orphaned gateway sessions
+
+    def _rows(self, *where: Any) -> list[dict[str, Any]]:
+        s = SESSIONS.c
+        stmt = select(s.id, s.source, s.user_id, s.session_key, s.parent_session_id, s.model_config,
+                      s.message_count, s.started_at, s.ended_at, activity_recency().label("last_active")
+                      ).where(*where).order_by(s.started_at, s.id)
+        return [dict(r) for r in self.conn.execute(stmt).mappings()]
+
+    def orphans(self, max_gap_s: float) -> list[dict[str, Any]]:
+        """Unkeyed sessions with messages (no tool runs, branches or delegates), each with
+        the keyed session it most likely continued (see SessionDB.find_orphaned_gateway_sessions)."""
+        s = SESSIONS.c
+        has_messages = or_(s.message_count > 0, exists().where(MESSAGES.c.session_id == s.id))
+        orphans = [o for o in self._rows(~_keyed(s.session_key), has_messages,
+                                         or_(s.source.is_(None), s.source != "tool"))
+                   if not _forked(o["model_config"])]
+        if not orphans:
+            return []
+        sources = sorted({o["source"] for o in orphans if o["source"] is not None})
+        keyed = self._rows(_keyed(s.session_key), s.source.in_(sources)) if sources else []
+        by_id = {k["id"]: k for k in keyed}
+        out = [_orphan_record(o, by_id, keyed, max_gap_s) for o in orphans]
+        claims: dict[str, int] = {}
+        for rec in out:
+            if rec["adoptable"]:
+                claims[rec["donor_id"]] = claims.get(rec["donor_id"], 0) + 1
+        for rec in out:
+            if rec["adoptable"] and claims[rec["donor_id"]] > 1:
+                rec.update(adoptable=False, reason="donor_claimed_twice")
+        return out
+
+    def adopt(self, orphan_id: str, donor_id: str, stamp: float) -> bool:
+        """Give the orphan the donor's key (and its routing columns where the orphan's
+        are NULL), make the donor its parent and end the donor 'superseded_by_repair'.
+
+        Re-checked here: donor keyed, orphan unkeyed with messages and not a fork, same
+        source, the same user (both empty counts; one empty does not), and the orphan
+        has no other parent. False, and nothing written, otherwise.
+        """
+        if orphan_id == donor_id:
+            return False
+        s = SESSIONS.c
+        cols = [s.id, s.source, s.user_id, s.session_key, s.parent_session_id, s.model_config, s.ended_at,
+                s.chat_id, s.chat_type, s.thread_id, s.display_name, s.origin_json]
+        rows = {r["id"]: dict(r) for r in self.conn.execute(
+            select(*cols).where(s.id.in_([orphan_id, donor_id])).with_for_update()).mappings()}
+        orphan, donor = rows.get(orphan_id), rows.get(donor_id)
+        if orphan is None or donor is None or not donor["session_key"] or orphan["session_key"]:
+            return False
+        if orphan["source"] != donor["source"] or orphan["source"] == "tool" or _forked(orphan["model_config"]):
+            return False
+        if _blank(orphan["user_id"]) != _blank(donor["user_id"]):
+            return False
+        if orphan["parent_session_id"] not in (None, donor_id):
+            return False
+        fills: dict[str, Any] = {"session_key": donor["session_key"], "parent_session_id": donor_id}
+        for name in ("user_id", "chat_id", "chat_type", "thread_id", "display_name", "origin_json"):
+            if orphan[name] is None and donor[name] is not None:
+                fills[name] = donor[name]
+        self.conn.execute(update(SESSIONS).where(s.id == orphan_id).values(**fills))
+        if donor["ended_at"] is None:
+            self.conn.execute(update(SESSIONS).where(s.id == donor_id, s.ended_at.is_(None))
+                              .values(ended_at=stamp, end_reason=SUPERSEDED_BY_REPAIR))
+        return True
+
+
+def _orphan_record(orphan: dict[str, Any], by_id: dict[str, dict[str, Any]], keyed: list[dict[str, Any]],
+                   max_gap_s: float) -> dict[str, Any]:
+    """One orphan with its donor: its keyed same-source parent ("lineage"), else the one
+    keyed same-source session that went quiet within ``max_gap_s`` of the orphan's start
+    and before its last activity ("contiguity"). Users must agree to adopt: equal, or
+    both empty (ours: Hermes also lets an empty user match any)."""
+    rec: dict[str, Any] = {
+        "orphan_id": orphan["id"], "source": orphan["source"], "message_count": orphan["message_count"],
+        "started_at": orphan["started_at"], "last_active": orphan["last_active"],
+        "donor_id": None, "session_key": None, "evidence": None, "adoptable": False, "reason": None,
+    }
+    parent = by_id.get(orphan["parent_session_id"])
+    if parent is not None:
+        donor, rec["evidence"] = parent, "lineage"
+    else:
+        near = [k for k in keyed
+                if k["source"] == orphan["source"] and k["id"] != orphan["id"]
+                and abs(orphan["started_at"] - k["last_active"]) <= max_gap_s
+                and k["last_active"] < orphan["last_active"]
+                and not (k["user_id"] and orphan["user_id"] and k["user_id"] != orphan["user_id"])]
+        if not near:
+            rec["reason"] = "no_donor"
+            return rec
+        if len(near) > 1:
+            rec["reason"] = "ambiguous_donor"
+            return rec
+        donor, rec["evidence"] = near[0], "contiguity"
+    rec.update(donor_id=donor["id"], session_key=donor["session_key"])
+    if _blank(donor["user_id"]) != _blank(orphan["user_id"]):
+        rec["reason"] = "user_mismatch" if donor["user_id"] and orphan["user_id"] else "user_unverified"
+        return rec
+    rec["adoptable"] = True
+    return rec

@@ -7,22 +7,24 @@ and the FTS upkeep in :mod:`.fts_upkeep`; this module imports them, never the re
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from sqlalchemy import bindparam
+from sqlalchemy import Engine, bindparam, select, update
 
 from .. import errors
-from ..codec import check_key
+from ..codec import check_key, is_stale_tool_call_marker_message
+from ..models import Base
 from ..search import bigram, bigram_upkeep
 from ..tenancy import SchemaSQL
 from . import fts_upkeep
-from .base import Repository, insert_or_skip, now
-from .housekeeping import HousekeepingRepository
+from .base import MESSAGES, SESSIONS, Repository, insert_or_skip, now
+from .housekeeping import HousekeepingRepository, cwd_prefix_condition
 from .messages import MessageRepository, decode_row, encode_message
 from .records import UsageRow
 from .sessions import SessionRepository
-from .state_meta import get_meta, set_meta
+from .state_meta import get_meta, list_meta_prefix, set_meta
 from .transcripts import (  # noqa: F401 - importable from here since v1 (the CLI, tests)
     DUMP_PREFIX,
     PENDING_FILES,
@@ -53,6 +55,27 @@ _ORPHANED_COMPRESSION = SchemaSQL(
 )
 
 
+#: The on-disk size of our tables (with indexes and TOAST) in the schema we work in.
+_SERVER_SIZE = SchemaSQL(
+    "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+    " JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE n.nspname = COALESCE(:schema, current_schema()) AND c.relkind IN ('r', 'm', 'p')"
+    " AND c.relname IN :names",
+    bindparam("names", expanding=True),
+)
+#: ``state_meta`` key prefix of the once-per-root kanban retag (ours: Hermes' is not known).
+KANBAN_RETAG_PREFIX = "kanban_worker_retag:"
+#: ``state_meta`` key prefix of a server's marker-purge backup (a file store backs up to a file).
+MARKER_BACKUP_PREFIX = "pre-clean-markers-backup-"
+
+
+def vacuum_into(engine: Engine, path: str) -> None:
+    """``VACUUM INTO path`` (a consistent copy of a SQLite file), outside any transaction:
+    our engine's DB-API connections are in autocommit and issue BEGIN themselves."""
+    with engine.connect() as conn:
+        conn.connection.dbapi_connection.execute("VACUUM INTO ?", (path,)).fetchall()  # type: ignore[union-attr]
+
+
 def _dict_rows(cursor: Any) -> list[dict[str, Any]]:
     keys = [d[0] for d in cursor.description]
     return [dict(zip(keys, r)) for r in cursor.fetchall()]
@@ -66,6 +89,64 @@ class MaintenanceRepository(Repository):
 
     def set_meta(self, key: str, value: Any) -> None:
         set_meta(self.conn, key, value)  # a plain upsert, never a delete and re-insert
+
+    def list_meta_prefix(self, prefix: str) -> list[tuple[str, str]]:
+        return list_meta_prefix(self.conn, prefix)
+
+    # ------------------------------------------------------------------ size, retag, markers (v23L-v25)
+
+    def logical_size_bytes(self) -> int | None:
+        """SQLite: ``page_count × page_size``. A server: the on-disk size of our tables in
+        this schema (indexes and TOAST included), the nearest it has to a file's size."""
+        if self.dialect.is_file:
+            pages = self.conn.exec_driver_sql("PRAGMA page_count").scalar()
+            size = self.conn.exec_driver_sql("PRAGMA page_size").scalar()
+            return None if pages is None or size is None else int(pages) * int(size)
+        names = sorted(Base.metadata.tables)
+        total = self.conn.execute(_SERVER_SIZE.on(self.conn), {"schema": self.schema, "names": names}).scalar()
+        return int(total or 0)
+
+    def retag_kanban_workers(self, root: str) -> int:
+        """Once per root (stamped in ``state_meta``): sessions of source ``cli`` whose cwd
+        is the root or below it become ``kanban``. Rows changed (0 when already done)."""
+        key = KANBAN_RETAG_PREFIX + root
+        if get_meta(self.conn, key) is not None:
+            return 0
+        stmt = (update(SESSIONS).where(SESSIONS.c.source == "cli", cwd_prefix_condition(SESSIONS.c.cwd, root))
+                .values(source="kanban"))
+        changed = self.conn.execute(stmt).rowcount
+        set_meta(self.conn, key, repr(now()))
+        return int(changed or 0)
+
+    def stale_tool_call_markers(self) -> list[tuple[int, Any]]:
+        """``(id, stored content)`` of assistant rows whose whole reply is a stale
+        ``[tool_name]`` marker beside real tool calls, in id order."""
+        m = MESSAGES.c
+        stmt = (select(m.id, m.role, m.content, m.tool_calls)
+                .where(m.role == "assistant", m.tool_calls.is_not(None), m.content.like("%[%]%"))
+                .order_by(m.id))
+        found = []
+        for row in self.conn.execute(stmt).mappings():
+            stored = row["content"]
+            if is_stale_tool_call_marker_message(decode_row(dict(row))):
+                found.append((int(row["id"]), stored))
+        return found
+
+    def blank_tool_call_markers(self, ids: Iterable[int], backup_key: str | None = None) -> list[int]:
+        """Blank (``''``) the rows of ``ids`` that are still stale markers; with
+        ``backup_key`` their stored content is first kept in ``state_meta`` as JSON
+        ``{id: content}`` (a server's backup, in this transaction). The ids blanked."""
+        wanted = set(ids)
+        rows = [(i, c) for i, c in self.stale_tool_call_markers() if i in wanted]
+        if not rows:
+            return []
+        if backup_key is not None:
+            set_meta(self.conn, backup_key, json.dumps({str(i): c for i, c in rows}))
+        done = [i for i, _ in rows]
+        for start in range(0, len(done), 500):
+            chunk = done[start:start + 500]
+            self.conn.execute(update(MESSAGES).where(MESSAGES.c.id.in_(chunk)).values(content=""))
+        return done
 
     # ------------------------------------------------------------------ export / import
 

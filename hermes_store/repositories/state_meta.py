@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select
+from sqlalchemy import Connection, bindparam, func, literal, select
 
 from ..dialects import Dialect
 from ..models import Base
@@ -73,6 +73,16 @@ def stamp_meta(executor: Executor, key: str, value: Any) -> None:
     conn.execute(_stamp(conn), {"key": key, "value": _text(value)})
 
 
+def list_meta_prefix(executor: Executor, prefix: str) -> list[tuple[str, str]]:
+    """``(key, value)`` of every key starting with ``prefix`` (literally: ``%`` and ``_``
+    are plain characters, case counts), in key order."""
+    k = STATE_META.c.key
+    stmt = (select(k, STATE_META.c.value)
+            .where(func.substr(k, 1, func.length(literal(prefix))) == literal(prefix))
+            .order_by(k))
+    return [(r[0], r[1]) for r in as_connection(executor).execute(stmt)]
+
+
 class StateMetaRepository(Repository):
     """:func:`get_meta` / :func:`set_meta` on the repository's connection."""
 
@@ -86,4 +96,4 @@ class StateMetaRepository(Repository):
         return add_meta(self.conn, key, value)
 
 
-__all__ = ["STATE_META", "StateMetaRepository", "add_meta", "get_meta", "set_meta", "stamp_meta"]
+__all__ = ["STATE_META", "StateMetaRepository", "add_meta", "get_meta", "list_meta_prefix", "set_meta", "stamp_meta"]

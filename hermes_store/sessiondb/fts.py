@@ -27,12 +27,14 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .. import errors
 from ..engine import schema_of
 from ..dialects.fts5 import FTS_TRASH_PREFIX, HERMES_FTS_TABLES
 from ..operations import fts as fts_ops
 from ..operations import imports as import_ops
+from ..operations import prune as prune_ops
 from ..operations import search_index as search_ops
 from ..repositories import MaintenanceRepository
 from ..repositories.base import driver_errors
@@ -215,18 +217,29 @@ class FtsMixin(Host):
     def vacuum(self) -> int:
         """Optimize the indexes, then give free pages back to the filesystem.
 
-        As Hermes v23: :meth:`optimize_fts` first (a failure is logged and counts as 0),
-        then a TRUNCATE checkpoint of the WAL and ``VACUUM`` (``VACUUM ANALYZE`` on a
-        server), whose errors propagate. Returns the optimize count. The workflow is
-        :func:`hermes_store.operations.fts.vacuum`; the optimize step is this instance's
-        ``optimize_fts`` as it is now (Hermes' tests patch it on the instance).
+        As Hermes v26: :meth:`optimize_fts` first (a failure is logged and counts as 0),
+        then a PASSIVE checkpoint, ``VACUUM`` (``VACUUM ANALYZE`` on a server) and a
+        TRUNCATE checkpoint, whose errors propagate. Returns the optimize count. The
+        optimize step is this instance's ``optimize_fts`` as it is now (Hermes' tests
+        patch it on the instance).
         """
-        return fts_ops.vacuum(self._maintenance_steps(), optimize=self.optimize_fts)
+        return prune_ops.vacuum(self._maintenance_steps(), optimize=self.optimize_fts)
+
+    def logical_size_bytes(self) -> Optional[int]:
+        """``page_count × page_size`` of the file; on a server, the on-disk size of our
+        tables (with their indexes) in this store's schema."""
+        return self._read(lambda c: MaintenanceRepository(c).logical_size_bytes())
 
     # ------------------------------------------------------------------ state_meta
 
     def get_meta(self, key: str) -> str | None:
         return self._read(lambda c: MaintenanceRepository(c).get_meta(key))
+
+    def list_meta_prefix(self, prefix: str) -> List[Tuple[str, str]]:
+        """``(key, value)`` of the keys starting with ``prefix`` (a literal prefix), in key order."""
+        if not isinstance(prefix, str):
+            raise errors.InvalidInputError(f"prefix must be str, not {type(prefix).__name__}")
+        return self._read(lambda c: MaintenanceRepository(c).list_meta_prefix(prefix))
 
     def set_meta(self, key: str, value: str, *, cursor: Optional[sqlite3.Cursor] = None) -> None:
         """Upsert ``state_meta[key]`` (stored as text; None stays NULL).

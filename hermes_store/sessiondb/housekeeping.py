@@ -155,6 +155,22 @@ class HousekeepingMixin(Host):
     def finalize_orphaned_compression_sessions(self) -> int:
         return self._write(lambda c: MaintenanceRepository(c).finalize_orphaned_compression_sessions())
 
+    # ------------------------------------------------------------------ transcript upkeep (v23L-v25)
+
+    def retag_kanban_worker_sessions(self, workspaces_root: str) -> int:
+        """Once per root: sessions of source ``cli`` working at or under ``workspaces_root``
+        become ``kanban``; returns rows retagged (0 when this root was done before)."""
+        if not isinstance(workspaces_root, str) or not workspaces_root.strip():
+            return 0
+        root = workspaces_root.strip().rstrip("/\\") or workspaces_root.strip()
+        return self._write(lambda c: MaintenanceRepository(c).retag_kanban_workers(root))
+
+    def purge_stale_tool_call_markers(self, *, dry_run: bool = False, backup: bool = True) -> dict[str, Any]:
+        """Blank stored ``[tool_name]`` marker replies: ``{dry_run, rows_affected, row_ids,
+        backup_path}``. A dry run or nothing found writes nothing; otherwise a backup is
+        taken first unless ``backup=False`` (the blanking cannot be undone otherwise)."""
+        return prune_ops.purge_stale_tool_call_markers(HostSteps(self), dry_run=bool(dry_run), backup=bool(backup))
+
     # ------------------------------------------------------------------ export
 
     def export_session(self, session_id: str, *, include_inactive: bool = False) -> Optional[dict[str, Any]]:
