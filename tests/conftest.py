@@ -2,56 +2,23 @@
 
 from __future__ import annotations
 
-import json
-from contextlib import ExitStack, contextmanager
+import os
 import sqlite3
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session as OrmSession
 
-from hermes_store import migrations, paths
+from hermes_store import SessionDB, migrations, paths
 from hermes_store.engine import create_engine
 
-DATA = Path(__file__).parent / "data"
-SCHEMA_DIR = DATA / "schema"
-HERMES_DBS = DATA / "hermes-dbs"
-
-
-def reference_schema(name: str | int) -> dict:
-    """The normalized Hermes schema ``hermes_v<name>.json`` carried in tests/data."""
-    return json.loads((SCHEMA_DIR / f"hermes_v{name}.json").read_text())
-
-
-def rev(n: int) -> str:
-    return f"{n:04d}"
-
-
-def snap(path: Path) -> dict:
-    """Normalized schema snapshot of a database file."""
-    from hermes_store import introspect
-
-    conn = sqlite3.connect(path)
-    try:
-        return introspect.snapshot(conn)
-    finally:
-        conn.close()
-
-
-def sha(path: Path) -> str:
-    """Content hash, to prove a refused file was left byte-for-byte unchanged."""
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def integrity_check(conn: sqlite3.Connection) -> None:
-    """FTS5's own check of every FTS table: the index matches its content (raises if not)."""
-    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%'")]
-    for table in tables:
-        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES('integrity-check', 1)")
+from .helpers import (  # noqa: F401 - the names below PG_URL_ENV are re-exported until every test imports helpers
+    PG_URL_ENV, PGBOUNCER_URL_ENV, required_env, server_database, via_pooler,
+    HERMES_DBS, SCHEMA_DIR, hostile_search_path, integrity_check, module_store, reference_schema, rev, set_times,
+    sha, snap,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -163,8 +130,6 @@ def backend() -> str:
 @pytest.fixture
 def db(tmp_path: Path, backend: str, request: pytest.FixtureRequest):
     """A SessionDB on a fresh SQLite file, or on a fresh PostgreSQL database, closed afterwards."""
-    from hermes_store import SessionDB
-
     if backend == "postgresql":
         store = SessionDB(request.getfixturevalue("pg_database"))
     else:
@@ -173,27 +138,7 @@ def db(tmp_path: Path, backend: str, request: pytest.FixtureRequest):
     store.close()
 
 
-def set_times(store, session_id: str, *, started_at: float | None = None, ended_at: float | None = None,
-              end_reason: str | None = None) -> None:
-    """Test helper: place a session in time (Hermes stamps times itself)."""
-    from sqlalchemy import text
-
-    def run(conn):
-        conn.execute(
-            text(
-                "UPDATE sessions SET started_at = COALESCE(CAST(:s AS DOUBLE PRECISION), started_at),"
-                " ended_at = :e, end_reason = :r WHERE id = :id"
-            ),
-            {"s": started_at, "e": ended_at, "r": end_reason, "id": session_id},
-        )
-
-    store._write(run)
-
-
 # --------------------------------------------------------------------- PostgreSQL
-
-PG_URL_ENV = "HERMES_STORE_TEST_PG_URL"
-
 
 @pytest.fixture(scope="session")
 def pg_url() -> str:
@@ -205,35 +150,6 @@ def pg_url() -> str:
     return required_env(PG_URL_ENV, "PostgreSQL tests", "start a server with")
 
 
-def required_env(name: str, what: str, how: str) -> str:
-    """``$name``; without it skip, saying why, or under CI=true fail (a skip would hide it)."""
-    import os
-
-    value = os.environ.get(name)
-    if not value:
-        reason = f"{name} is not set: {how} `eval \"$(scripts/pg-test-server start)\"`"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{what} must run under CI: {reason}")
-        pytest.skip(reason)
-    return value
-
-
-def hostile_search_path(direct_url: str, search_path: str = "'nowhere'") -> None:
-    """Give new connections to the database at ``direct_url`` a ``search_path`` that
-    names nothing (or another tenant): a statement that does not name its schema then
-    fails, or lands in the wrong tenant, where a test sees it."""
-    from sqlalchemy import create_engine as sa_create_engine
-    from sqlalchemy.engine import make_url
-
-    admin = sa_create_engine(direct_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'ALTER DATABASE "{make_url(direct_url).database}" SET search_path = {search_path}')
-    finally:
-        admin.dispose()
-
-
-PGBOUNCER_URL_ENV = "HERMES_STORE_TEST_PGBOUNCER_URL"
 #: Test modules whose PostgreSQL cases talk to the server directly; every other family
 #: goes through the transaction pooler (when one runs), so both paths stay covered. A
 #: single test says ``@pytest.mark.pg_direct`` when it needs more server connections at
@@ -248,16 +164,6 @@ def pgbouncer_url(pg_url: str) -> str:
     front of the test server; ``scripts/pg-test-server start`` exports it. Required under
     CI=true, like the server itself."""
     return required_env(PGBOUNCER_URL_ENV, "pooler tests", "it is started by")
-
-
-def via_pooler(direct_url: str, pooler_url: str) -> str:
-    """The same database as ``direct_url`` (a test database), reached through the pooler."""
-    from sqlalchemy.engine import make_url
-
-    direct = make_url(direct_url)
-    return make_url(pooler_url).set(database=direct.database, query=direct.query).render_as_string(
-        hide_password=False
-    )
 
 
 @pytest.fixture
@@ -275,8 +181,6 @@ def pg_database(pg_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
     of one test can never be seen by another running in parallel. Reached through the
     transaction pooler when one runs, except from :data:`DIRECT_MODULES`.
     """
-    import os
-
     module = request.module.__name__.rsplit(".", 1)[-1]
     direct = module in DIRECT_MODULES or request.node.get_closest_marker("pg_direct") is not None
     pooler = None
@@ -284,41 +188,3 @@ def pg_database(pg_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
         pooler = request.getfixturevalue("pgbouncer_url")  # under CI=true: required, never skipped
     with server_database(pg_url) as url:
         yield via_pooler(url, pooler) if pooler else url
-
-
-@contextmanager
-def server_database(pg_url: str, options: str = "", prefix: str = "hs_test_") -> Iterator[str]:
-    """A fresh database of its own on the test server (its URL), dropped afterwards;
-    ``options`` go to CREATE DATABASE. Every test database is made here."""
-    import uuid
-
-    from sqlalchemy import create_engine as sa_create_engine
-    from sqlalchemy.engine import make_url
-
-    name = f"{prefix}{uuid.uuid4().hex[:16]}"
-    admin = sa_create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"{options}')
-        try:
-            yield make_url(pg_url).set(database=name).render_as_string(hide_password=False)
-        finally:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        admin.dispose()
-
-
-@contextmanager
-def module_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                 fill: Callable[[Any], Any]) -> Iterator[Any]:
-    """A SessionDB filled once by ``fill`` for a module-scoped fixture whose param is the
-    backend ("sqlite": a file; "postgresql": a database of its own), closed afterwards."""
-    from hermes_store import SessionDB
-
-    with ExitStack() as stack:
-        if request.param == "sqlite":
-            target: Any = tmp_path_factory.mktemp("store") / "state.db"
-        else:
-            target = stack.enter_context(server_database(request.getfixturevalue("pg_url"), prefix="hs_mod_"))
-        yield fill(stack.enter_context(SessionDB(target)))

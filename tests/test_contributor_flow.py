@@ -37,10 +37,12 @@ REPO = Path(__file__).resolve().parent.parent
 #: Hermes' reference databases, which the copied suite needs).
 SKIP_ANYWHERE = {"__pycache__", ".pytest_cache", ".hypothesis"}
 SKIP_AT_TOP = {".venv", ".git", "build", "dist", "bench"}
-#: The test files the copied tree runs: every migration test and the host embedding.
+#: The test files the copied tree runs: every migration test (tests/migrations and the
+#: async and pooler migration files) and the host embedding.
 SUITE = sorted(
-    str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
-    if "migrations" in p.stem or p.stem == "test_host_embedding"
+    [str(p.relative_to(REPO)) for p in (REPO / "tests" / "migrations").glob("test_*.py")]
+    + [str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
+       if "migrations" in p.stem or p.stem == "test_host_embedding"]
 )
 pytestmark = pytest.mark.slow
 
@@ -103,8 +105,10 @@ def test_new_revision_ids_follow_our_namespace() -> None:
 
 
 def test_the_copied_suite_is_every_migration_and_embedding_test() -> None:
-    assert {"tests/test_migrations.py", "tests/test_migrations_api.py", "tests/test_migrations_v24_30.py",
-            "tests/test_pg_migrations.py", "tests/test_aio_migrations.py", "tests/test_host_embedding.py"} <= set(SUITE)
+    assert {"tests/migrations/test_migrations.py", "tests/migrations/test_migrations_api.py",
+            "tests/migrations/test_migrations_v12_23.py", "tests/migrations/test_migrations_v24_30.py",
+            "tests/migrations/test_pg_migrations.py", "tests/test_aio_migrations.py",
+            "tests/test_pooler_migrations.py", "tests/test_host_embedding.py"} <= set(SUITE)
     assert "tests/test_contributor_flow.py" not in SUITE
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import uuid
-from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -21,7 +20,6 @@ from hermes_store.models import AgentSession, Message, metadata
 from hermes_store.models.tables import BIG, DOUBLE
 from hermes_store.repositories.search import SearchRepository
 
-REPO = Path(__file__).resolve().parent.parent
 HEAD = paths.head()
 
 

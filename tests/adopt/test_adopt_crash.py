@@ -29,9 +29,8 @@ from hermes_store import SessionDB, errors, migrations
 from hermes_store import adopt as adopt_mod
 from hermes_store.adopt import swap as swap_mod
 
-from .conftest import HERMES_DBS
+from ..helpers import HERMES_DBS, REPO
 
-REPO = Path(__file__).resolve().parent.parent
 KILLED = 77
 WAL_MESSAGES = 40
 ADOPTED_LISTING = ["state.db", "state.db.pre-adopt.bak", "state.db.pre-adopt.bak-wal"]

@@ -11,13 +11,13 @@ import pytest
 from hermes_store import SessionDB
 from hermes_store.adopt import adopt
 
-DATA = Path(__file__).resolve().parent / "data" / "hermes-dbs"
+from ..helpers import HERMES_DBS
 
 
 @pytest.mark.parametrize("version", ["11", "16", "23"])
 def test_the_report_accounts_for_every_session_the_list_leaves_out(tmp_path: Path, version: str) -> None:
     path = tmp_path / "state.db"
-    shutil.copy(DATA / f"hermes_v{version}.db", path)
+    shutil.copy(HERMES_DBS / f"hermes_v{version}.db", path)
     report = adopt(path)
     total = report.row_counts["sessions"]
     with SessionDB(path) as db:
@@ -34,7 +34,7 @@ def test_the_report_accounts_for_every_session_the_list_leaves_out(tmp_path: Pat
 
 def test_v11_names_its_orphaned_sub_agents(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
-    shutil.copy(DATA / "hermes_v11.db", path)
+    shutil.copy(HERMES_DBS / "hermes_v11.db", path)
     report = adopt(path)
     assert report.hidden_sessions == {"orphaned sub-agent runs": 3, "continuations": 1}
     assert "sub-agent runs whose parent link was lost (tagged at v16): 3" in report.notes[-1]
@@ -48,7 +48,7 @@ def test_the_cli_says_what_the_list_will_not_show(tmp_path: Path) -> None:
     from hermes_store.cli import cli
 
     path = tmp_path / "state.db"
-    shutil.copy(DATA / "hermes_v11.db", path)
+    shutil.copy(HERMES_DBS / "hermes_v11.db", path)
     shown = CliRunner().invoke(cli, ["--db", str(path), "--json", "adopt"])
     assert shown.exit_code == 0, shown.output
     doc = json.loads(shown.stdout)

@@ -25,7 +25,7 @@ import pytest
 from hermes_store import errors, introspect, migrations
 from hermes_store.engine import create_engine
 
-from .conftest import HERMES_DBS, integrity_check, reference_schema, sha, snap
+from ..helpers import HERMES_DBS, integrity_check, reference_schema, sha, snap
 
 Raw = Callable[[], sqlite3.Connection]
 #: A schema difference that only adds to Hermes' objects (see test_migrations.ADDITION).

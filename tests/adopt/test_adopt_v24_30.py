@@ -28,6 +28,7 @@ from hermes_store import errors, migrations
 from hermes_store.adopt import work as work_mod
 from hermes_store.introspect import snapshot
 
+from ..helpers import REPO
 from .test_adopt import (
     adopt_and_check,
     fts_ids,
@@ -36,8 +37,6 @@ from .test_adopt import (
     ro,
     state,
 )
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")

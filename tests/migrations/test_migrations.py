@@ -37,7 +37,7 @@ from hermes_store.models import metadata
 
 from hermes_store.alembic_support import HERMES_REVISION, OWN_REVISION
 
-from .conftest import SCHEMA_DIR, integrity_check, reference_schema, sha, snap
+from ..helpers import DATA, REPO, SCHEMA_DIR, integrity_check, reference_schema, sha, snap
 
 SCRIPT = ScriptDirectory.from_config(migrations.make_config())
 HEAD = SCRIPT.get_current_head()
@@ -71,9 +71,8 @@ HERMES_N = [n for n in ALL_N if is_hermes(n)]
 OWN_N = [n for n in ALL_N if not is_hermes(n)]
 
 
-REPO = Path(__file__).resolve().parent.parent
 #: Hand-written additions of our own revisions (one JSON per revision, named by its id).
-OWN_SCHEMA_DIR = Path(__file__).parent / "data" / "own_schema"
+OWN_SCHEMA_DIR = DATA / "own_schema"
 SCHEMA_KINDS = ("indexes", "triggers", "views", "virtual")
 
 

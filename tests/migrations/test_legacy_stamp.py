@@ -8,7 +8,8 @@ from pathlib import Path
 
 from hermes_store import SessionDB, adopt, migrations
 
-DATA = Path(__file__).parent / "data"
+from ..helpers import DATA
+
 
 
 def _copy(tmp_path: Path) -> Path:

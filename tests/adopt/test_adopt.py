@@ -26,7 +26,7 @@ from hermes_store import SessionDB, errors, migrations
 from hermes_store.engine import create_engine
 from hermes_store.introspect import diff, snapshot
 
-from .conftest import HERMES_DBS
+from ..helpers import HERMES_DBS, SCHEMA_DIR
 
 HERMES_FILES = sorted(HERMES_DBS.glob("*.db"))
 CJK = re.compile(r"[\u4e00-\u9fff\u3400-\u4dbf\u3040-\u309f\u30a0-\u30ff\uac00-\ud7af]{3,}")
@@ -804,7 +804,6 @@ def test_progress_is_reported(tmp_path: Path) -> None:
 
 def test_package_ships_its_reference_schemas() -> None:
     """detect() must not depend on tests/: the package carries the same JSON files."""
-    from .conftest import SCHEMA_DIR
 
     shipped = Path(adopt_mod.__file__).parent.parent / "reference_schemas"
     assert sorted(f.name for f in shipped.glob("*.json")) == sorted(f.name for f in SCHEMA_DIR.glob("*.json"))

@@ -19,7 +19,7 @@ from sqlalchemy import event
 from hermes_store import introspect, migrations
 from hermes_store.engine import create_engine
 
-from .conftest import integrity_check, reference_schema, rev, snap
+from ..helpers import integrity_check, reference_schema, rev, snap
 
 Raw = Callable[[], sqlite3.Connection]
 

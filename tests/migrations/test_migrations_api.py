@@ -33,11 +33,10 @@ from sqlalchemy import Engine, create_engine as sa_create_engine, event, inspect
 from hermes_store import SessionDB, UnitOfWork, errors, migrations, paths
 from hermes_store.engine import create_engine
 
-from .conftest import sha, snap
+from ..helpers import REPO, sha, snap
 
 pytestmark = pytest.mark.both_backends
 
-REPO = Path(__file__).resolve().parent.parent
 ORDER = paths.revision_order()
 HEAD = paths.head()
 BEFORE_HEAD = ORDER[-2]
