@@ -39,7 +39,7 @@ from hermes_store.copying.endpoints import endpoint
 from hermes_store.models import Base
 from hermes_store.search import bigram_upkeep
 
-from .conftest import HERMES_DBS
+from .helpers import HERMES_DBS
 from .test_cli import file_target, one_line_error, run, server_target, snapshot
 from .test_hermes_opens_ours import hermes_columns, hermes_open
 from .test_maintenance import FTS, _fill_exacting, extra_pg_database, stored
@@ -772,7 +772,6 @@ def test_bad_paths_and_urls_are_typed_errors_that_create_nothing(tmp_path: Path)
         (good, "bad\x00name.db", errors.InvalidInputError),
         (good, good, errors.InvalidInputError),  # onto itself
         (good, f"sqlite:///{good}", errors.InvalidInputError),
-        (good, tmp_path / "missing-folder" / "x.db", errors.DatabaseUnavailableError),
         (good, folder, errors.NotADatabaseError),
         (good, text_file, errors.NotADatabaseError),
         (good, text_file / "below-a-file.db", errors.DatabaseUnavailableError),
@@ -796,6 +795,10 @@ def test_bad_paths_and_urls_are_typed_errors_that_create_nothing(tmp_path: Path)
     assert "not UTF-8" in one_line_error(run("copy", "--from", good, "--to", str(tmp_path / "bad-\udcff.db")), 2)
     assert listing(tmp_path) == before
     assert {p: sha(p) for p in hashes} == hashes
+    # A missing folder is not an error: it is made, as for every command that creates a store.
+    copy_history(good, tmp_path / "missing-folder" / "x.db")
+    with SessionDB(tmp_path / "missing-folder" / "x.db") as copied:
+        assert copied.get_session("s") is not None
 
 
 def test_a_password_in_a_bad_url_is_never_repeated(tmp_path: Path) -> None:

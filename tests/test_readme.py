@@ -142,7 +142,8 @@ def test_every_python_block_is_run_or_covered() -> None:
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_STORE_URL")}
+    # A user's shell: no pytest markers (Hermes' live-system guard reads them) and no URL.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_STORE_URL", "PYTEST_"))}
     env.update(HERMES_HOME=str(home), HOME=str(home), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
                PYTHONPATH="", COLUMNS="120", NO_COLOR="1")
     return env
@@ -230,3 +231,89 @@ def test_the_first_commands_tail_finds_kubernetes(tmp_path: Path) -> None:
     done = _shell(tail, tmp_path, tmp_path)
     assert done.returncode == 0, done.stderr
     assert ">>>Kubernetes<<<" in done.stdout and "1 result(s)" in done.stdout, done.stdout
+
+
+# --------------------------------------------------------------------------- bash blocks
+
+#: Every ```bash block of README.md, by its first line: run by a test here, or by the test
+#: (or the CI step) named. A new block that is neither fails the first test below.
+BASH_BLOCKS: dict[str, str] = {
+    "python3 -m venv .venv": "test_the_first_commands_tail_finds_kubernetes (its install is this venv)",
+    'pip install ".[test]" && pytest -q -n 2': ".ci/run (it calls exactly this command)",
+    "hermes-store adopt": "test_quick_start_commands_on_a_demo_store",
+    'pip install ".[postgresql]"': "test_postgresql_block_migrates_a_server_database",
+    "hermes-store copy --from ~/.hermes/state.db": "test_copy_block_moves_the_demo_there_and_back",
+    'eval "$(scripts/pg-test-server start)"': "test_the_test_server_block_starts_and_stops_a_server",
+    "branch/commands": "test_host_embedding.py::test_branch",
+}
+
+
+def bash_block(first: str) -> list[str]:
+    """The command lines of the bash block whose first line starts with ``first``, comments cut."""
+    [body] = [body for label, body in blocks("bash") if label.startswith(first)]
+    return [line.partition(" #")[0].strip() for line in body.splitlines() if line.strip()]
+
+
+def test_every_bash_block_is_run_or_covered() -> None:
+    labels = [label for label, _ in blocks("bash")]
+    assert len(labels) == len(BASH_BLOCKS), labels
+    for label in labels:
+        assert sum(label.startswith(key) for key in BASH_BLOCKS) == 1, f"README bash block {label!r} is run by no test"
+    for key, where in BASH_BLOCKS.items():
+        name = where.split(" ", 1)[0]
+        file, _, test = name.rpartition("::")
+        if test.startswith("test_"):
+            assert re.search(rf"^def {test}\(", (REPO / "tests" / (file or "test_readme.py")).read_text(), re.M), where
+    ci = (REPO / ".ci" / "run").read_text()
+    assert 'pip install ".[test]" && pytest -q -n 2' in README and "README.md" in ci
+
+
+def test_postgresql_block_migrates_a_server_database(pg_database: str, tmp_path: Path) -> None:
+    """The install line names an extra this checkout has (psycopg is in it, and installed
+    here), and the ``alembic -x url=…`` line, run from a checkout, creates the store."""
+    install, migrate = bash_block('pip install ".[postgresql]"')
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert install == 'pip install ".[postgresql]"' and re.search(r'^postgresql = \["psycopg', pyproject, re.M)
+    line = migrate.replace("postgresql+psycopg://user:pw@host/db", pg_database)
+    assert line != migrate and line.startswith("alembic -x url=")
+    home = tmp_path / "home"
+    home.mkdir()
+    done = subprocess.run(["bash", "-c", line], cwd=REPO, env=_env(home), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    from_python = subprocess.run([sys.executable, "-c", f"from hermes_store import migrations; print(migrations.current({pg_database!r}), migrations.head())"],
+                                 env=_env(home), capture_output=True, text=True, timeout=120)
+    revision, head = from_python.stdout.split()
+    assert revision == head, from_python.stderr
+
+
+def test_copy_block_moves_the_demo_there_and_back(pg_database: str, tmp_path: Path) -> None:
+    """``copy`` to a server and back to ``~/back/state.db``: the same 6 demo sessions."""
+    home = tmp_path / "home"
+    (home / ".hermes").mkdir(parents=True)
+    assert _shell("hermes-store --db ~/.hermes/state.db demo", tmp_path, home).returncode == 0
+    lines = bash_block("hermes-store copy --from ~/.hermes/state.db")
+    assert len(lines) == 2
+    for line in lines:
+        done = _shell(line.replace("postgresql+psycopg://user@host/hermes", pg_database), tmp_path, home)
+        assert done.returncode == 0, f"{line}: {done.stderr}"
+    listed = {where: json.loads(_shell(f"hermes-store {where} --json sessions --all", tmp_path, home).stdout)["sessions"]
+              for where in ("--db ~/.hermes/state.db", f"--url {pg_database}", "--db ~/back/state.db")}
+    ids = [sorted(s["id"] for s in found) for found in listed.values()]
+    assert len(ids[0]) == 6 and ids[0] == ids[1] == ids[2], ids
+
+
+def test_the_test_server_block_starts_and_stops_a_server(tmp_path: Path) -> None:
+    """The block's first and last lines, as written, around a check that both exported
+    URLs connect (its middle line is the README's test command, which CI runs)."""
+    start, middle, stop = bash_block('eval "$(scripts/pg-test-server start)"')
+    assert middle == 'pytest -q -n 2'
+    probe = ("python -c 'import os, psycopg\n"
+             "for k in (\"HERMES_STORE_TEST_PG_URL\", \"HERMES_STORE_TEST_PGBOUNCER_URL\"):\n"
+             "    url = os.environ[k].replace(\"+psycopg\", \"\")\n"
+             "    print(k, psycopg.connect(url, autocommit=True).execute(\"SELECT 1\").fetchone()[0])'")
+    script = f'set -e\n{start}\ntrap \'{stop}\' EXIT\n{probe}\necho "dir=$PG_TEST_DIR"\n'
+    done = subprocess.run(["bash", "-c", script], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "HERMES_STORE_TEST_PG_URL 1" in done.stdout and "HERMES_STORE_TEST_PGBOUNCER_URL 1" in done.stdout, done.stdout
+    folder = Path(re.search(r"^dir=(\S+)$", done.stdout, re.M).group(1))
+    assert not folder.exists()  # the stop line removed the server and its folder

@@ -41,7 +41,10 @@ def destination_lock(dst: Endpoint) -> Iterator[None]:
     so a killed copy never blocks its own resume.
     """
     if dst.path is not None:
-        real = paths.check_target(dst.path, write=True, create=True)
+        # A new file in a new folder (``--to ~/back/state.db``): the folder is made here,
+        # as the other commands that create a store make theirs.
+        real = paths.check_target(dst.path, write=True, create=True, make_parents=True)
+        paths.make_parents(real)
         lock = real.with_name(real.name + LOCK_SUFFIX)
         fd = try_flock(lock, error=CopyError)
         if fd is None:
@@ -135,7 +138,7 @@ def _dest_state(conn: Connection, label: str) -> DestState:
 def inspect_destination(dst: Endpoint) -> DestState:
     """What the destination holds, read without writing or creating anything."""
     if dst.path is not None:
-        real = paths.check_target(dst.path, write=True, create=True)
+        real = paths.check_target(dst.path, write=True, create=True, make_parents=True)
         if not real.exists() or real.stat().st_size == 0:
             return DestState()
         paths.check_file(real, recovery_ok=True)
