@@ -12,10 +12,23 @@ import re
 from .codec import clean_text
 from .errors import InvalidTitleError
 
-__all__ = ["MAX_TITLE_LENGTH", "sanitize_title", "split_title_number"]
+__all__ = [
+    "AUTO_TITLE_SOURCES", "MAX_TITLE_LENGTH", "TITLE_SOURCES", "TITLE_SOURCE_DERIVED", "TITLE_SOURCE_LLM",
+    "TITLE_SOURCE_USER", "automatic_title_lands", "sanitize_title", "split_title_number",
+]
 
 #: Longest title accepted, counted in characters after cleaning.
 MAX_TITLE_LENGTH = 100
+
+#: Who set a title (Hermes v25 ``title_source``): derived from the first message, generated
+#: by a model, or typed by a person.
+TITLE_SOURCE_DERIVED = "derived"
+TITLE_SOURCE_LLM = "llm"
+TITLE_SOURCE_USER = "user"
+#: Lowest rank first: an automatic title replaces only a title of a strictly lower rank.
+TITLE_SOURCES = (TITLE_SOURCE_DERIVED, TITLE_SOURCE_LLM, TITLE_SOURCE_USER)
+#: The sources an automatic title may claim.
+AUTO_TITLE_SOURCES = (TITLE_SOURCE_DERIVED, TITLE_SOURCE_LLM)
 
 # Tab, newline and carriage return are layout, not garbage: they become spaces so
 # "a\tb" stays two words. Every other ASCII control character is dropped.
@@ -68,3 +81,16 @@ def split_title_number(title: str) -> tuple[str, int | None]:
     if m is None:
         return title, None
     return m.group("base"), int(m.group("n"))
+
+
+def automatic_title_lands(current_title: str | None, current_source: str | None, source: str) -> bool:
+    """Whether an automatic title from ``source`` may replace what the row holds (v25).
+
+    An untitled row takes it; a titled one only when its source ranks strictly lower.
+    A title of NULL or unknown source (written before v25, or by a newer Hermes) ranks
+    as a person's, so no automatic title ever replaces it.
+    """
+    if current_title is None:
+        return True
+    held = TITLE_SOURCES.index(current_source) if current_source in TITLE_SOURCES else len(TITLE_SOURCES) - 1
+    return held < TITLE_SOURCES.index(source)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from sqlalchemy import bindparam, case, func, or_, select, update
+from sqlalchemy import String, and_, bindparam, case, func, literal, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from .. import errors
@@ -14,7 +14,7 @@ from ..codec import check_key, clean_text, text_from_bytes
 from ..dialects import Dialect
 from ..models import Base
 from ..tenancy import SchemaSQL
-from ..titles import sanitize_title, split_title_number
+from ..titles import TITLE_SOURCE_USER, TITLE_SOURCES, automatic_title_lands, sanitize_title, split_title_number
 from .base import (
     MESSAGES,
     SESSIONS,
@@ -32,16 +32,17 @@ from .records import SessionRecord
 _PROMPTS = SchemaSQL("SELECT hash, prompt FROM {system_prompts} WHERE hash IN :hashes",
                      bindparam("hashes", expanding=True))
 _NUMBERED = SchemaSQL("SELECT id, title, started_at FROM {sessions} WHERE title = :t OR title LIKE :p ESCAPE '\\'")
-#: What ``create_session`` / ``ensure_session`` accept (Hermes v23); anything else is a TypeError.
+#: What ``create_session`` / ``ensure_session`` accept (Hermes v26: v23's list plus the
+#: gateway's ``display_name`` / ``origin_json``); anything else is a TypeError.
 CREATE_FIELDS = (
     "model", "model_config", "system_prompt", "user_id", "session_key", "chat_id", "chat_type", "thread_id",
-    "parent_session_id", "cwd", "profile_name", "git_repo_root",
+    "parent_session_id", "cwd", "profile_name", "git_repo_root", "display_name", "origin_json",
 )
 #: Set once, at creation: a later create/ensure of the same id never changes them (v23),
 #: not even from NULL (a user id filled in afterwards could hand a session to someone else).
 NEVER_REFILLED = ("source", "user_id", "started_at")
-#: Copied from the parent into a new child's NULL columns (v23)...
-INHERITED = ("cwd", "git_repo_root", "git_branch")
+#: Copied from the parent into a new child's NULL columns (v23; ``profile_name`` from v26)...
+INHERITED = ("cwd", "git_repo_root", "git_branch", "profile_name")
 #: ...and these too when the parent ended with 'compression': the continuation is the
 #: same conversation, so it keeps the gateway routing. A delegate of a live parent does not.
 INHERITED_BY_CONTINUATION = ("user_id", "session_key", "chat_id", "chat_type", "thread_id", "display_name", "origin_json")
@@ -49,8 +50,15 @@ INHERITED_BY_CONTINUATION = ("user_id", "session_key", "chat_id", "chat_type", "
 RESETTABLE_END_REASONS = ("agent_close", "ws_orphan_reap")
 #: Hermes bounds an activity description to this many characters (v24).
 ACTIVITY_DESCRIPTION_CHARS = 120
-#: Title provenance, lowest rank first: an automatic title never replaces a user one (v25).
-TITLE_SOURCES = ("derived", "llm", "user")
+#: End reasons of a session reset (Hermes' ``_RESET_END_REASONS``): a child keyed like a
+#: parent that ended so is that parent's reset child, even without a ``_reset_from`` marker.
+RESET_END_REASONS = frozenset(
+    {"session_reset", "session_switch", "idle", "daily", "suspended", "resume_pending_expired"}
+)
+#: The ``model_config`` marker of a reset child (its value: the session it reset).
+RESET_MARKER = "_reset_from"
+#: The ``model_config`` key of a runtime (browser) model lock; a model switch drops it.
+RUNTIME_LOCK_KEY = "browser_model_lock"
 
 
 PROMPTS = Base.metadata.tables["system_prompts"]
@@ -79,10 +87,58 @@ def _create(dialect: Dialect, target: TableKey, names: tuple[str, ...], prompt_s
     return ins.on_conflict_do_update(index_elements=["id"], set_=fills)
 
 
+def compression_lineage(session_id: str) -> Any:
+    """The ids of the session's compression lineage, as a SELECT (set_session_archived's row set).
+
+    Up through parents that ended 'compression', then down to every child of a member
+    that itself ended 'compression' (delegate and branch children of such members
+    included). UNION keeps a corrupt parent cycle finite.
+    """
+    s = SESSIONS
+    child, parent = s.alias("lin_c"), s.alias("lin_p")
+    up = select(s.c.id).where(s.c.id == session_id).cte("lineage_up", recursive=True, nesting=True)
+    up = up.union(
+        select(parent.c.id)
+        .select_from(up.join(child, child.c.id == up.c.id).join(parent, parent.c.id == child.c.parent_session_id))
+        .where(parent.c.end_reason == "compression")
+    )
+    node, kid = s.alias("lin_n"), s.alias("lin_k")
+    lineage = select(up.c.id).cte("lineage_all", recursive=True, nesting=True)
+    lineage = lineage.union(
+        select(kid.c.id)
+        .select_from(lineage.join(node, node.c.id == lineage.c.id).join(kid, kid.c.parent_session_id == node.c.id))
+        .where(node.c.end_reason == "compression")
+    )
+    return select(lineage.c.id)
+
+
 @per_dialect
 def _store_prompt(dialect: Dialect) -> Any:
     """A prompt is stored once per distinct text: a clash (same hash) keeps the row."""
     return dialect.insert(PROMPTS).on_conflict_do_nothing()
+
+
+def config_dict(value: Any) -> dict[str, Any] | None:
+    """A stored ``model_config`` as a dict: {} when empty, None when it is not a JSON object."""
+    if isinstance(value, dict):
+        return dict(value)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return {}
+    try:
+        parsed = json.loads(value)
+    except (TypeError, ValueError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _config_text(config: Mapping[str, Any]) -> str | None:
+    """What is stored for a config: its JSON, NULL when empty (as create_session does)."""
+    return json.dumps(config, ensure_ascii=False) if config else None
+
+
+def _stripped(value: Any) -> str | None:
+    """A git field as stored: stripped text, None when blank or not text."""
+    return value.strip() or None if isinstance(value, str) else None
 
 
 def _json_field(value: Any) -> Any:
@@ -138,9 +194,23 @@ class SessionRepository(Repository):
         self._exec(_create(self.conn, target, names, stored is not None), values)
         if stored is not None:
             self.drop_unused_prompts([stored])  # the session already had one
+        if "model_config" in cols:
+            self._fill_reset_only_config(session_id, cols["model_config"])
         if parent:
             self._inherit_from_parent(session_id)
         return session_id
+
+    def _fill_reset_only_config(self, session_id: str, given: Any) -> None:
+        """A stored config that holds only ``_reset_from`` (a reset child created before its
+        agent knew its model) takes the incoming config, keeping the marker (v26)."""
+        stored = self._scalar("SELECT model_config FROM {sessions} WHERE id = :id", {"id": session_id})
+        held, incoming = config_dict(stored), config_dict(given)
+        if held is None or set(held) != {RESET_MARKER} or not incoming:
+            return
+        merged = {**incoming, RESET_MARKER: held[RESET_MARKER]}
+        if merged != held:
+            self.conn.execute(update(SESSIONS).where(SESSIONS.c.id == session_id)
+                              .values(model_config=_config_text(merged)))
 
     def _inherit_from_parent(self, session_id: str) -> None:
         """Fill the child's NULL workspace (and, after a compression, routing) columns.
@@ -262,9 +332,36 @@ class SessionRepository(Repository):
         )
 
     def reopen(self, session_id: str) -> bool:
+        """Clear the end; reset children known only by Hermes' legacy rule get their marker first.
+
+        A child keyed like its parent counts as that parent's reset child only while the
+        parent stays ended with a reset reason; reopening would turn it into an ordinary
+        resume target, so it is stamped ``_reset_from = parent`` first (Hermes v26 §5.2).
+        """
+        self._stamp_legacy_reset_children(session_id)
         return self._exec(
             "UPDATE {sessions} SET ended_at = NULL, end_reason = NULL WHERE id = :id", {"id": session_id}
         ) > 0
+
+    def _stamp_legacy_reset_children(self, session_id: str) -> None:
+        child, parent = SESSIONS.alias("child"), SESSIONS.alias("parent")
+        rows = self.conn.execute(
+            select(child.c.id, child.c.model_config)
+            .select_from(child.join(parent, parent.c.id == child.c.parent_session_id))
+            .where(
+                parent.c.id == session_id,
+                parent.c.end_reason.in_(sorted(RESET_END_REASONS)),
+                child.c.session_key.is_not(None), child.c.session_key != "",
+                child.c.session_key == parent.c.session_key,
+            )
+        ).fetchall()
+        for child_id, stored in rows:
+            config = config_dict(stored)
+            if config is None or RESET_MARKER in config:
+                continue  # marked already, or a config we cannot read (left as it is)
+            config[RESET_MARKER] = session_id
+            self.conn.execute(update(SESSIONS).where(SESSIONS.c.id == child_id)
+                              .values(model_config=_config_text(config)))
 
     def update_system_prompt(self, session_id: str, system_prompt: str | None) -> bool:
         """Replace the session's prompt (None clears it); stored by hash from v25."""
@@ -284,21 +381,50 @@ class SessionRepository(Repository):
         )
         return result.rowcount > 0
 
-    def update_cwd(self, session_id: str, cwd: str, git_branch: str | None, git_repo_root: str | None) -> None:
-        """Set the working directory, and the git branch/root when given non-blank (stripped).
+    def update_cwd(self, session_id: str, cwd: str, git_branch: str | None, git_repo_root: str | None,
+                   replace_git_meta: bool = False) -> int | None:
+        """Set the working directory and claim a new ``git_metadata_generation`` (Hermes v26).
 
-        A blank branch or root never clears the stored one. Every such write also
-        advances ``git_metadata_generation`` (Hermes v26's compare-and-set guard), so a
-        late asynchronous git lookup by a newer Hermes cannot overwrite it.
+        A new cwd (or ``replace_git_meta``) replaces both git fields with the stripped
+        arguments, blank ones clearing them; the same cwd keeps a field unless given
+        non-blank. Decided in the one UPDATE, against the row as it was. Returns the
+        generation claimed (compare-and-set key of publish_git_metadata), None for an
+        unknown id.
         """
         s = SESSIONS.c
         values: dict[str, Any] = {"cwd": cwd}
-        for name, value in (("git_branch", git_branch), ("git_repo_root", git_repo_root)):
-            if isinstance(value, str) and value.strip():
-                values[name] = value.strip()
-        if "git_metadata_generation" in self.columns_of("sessions"):
+        moved = s.cwd.is_distinct_from(cwd)
+        for name, value in (("git_branch", _stripped(git_branch)), ("git_repo_root", _stripped(git_repo_root))):
+            given = literal(value, String)
+            if replace_git_meta:
+                values[name] = value
+            else:
+                values[name] = case((moved, given), else_=s[name] if value is None else given)
+        counted = "git_metadata_generation" in self.columns_of("sessions")
+        if counted:
             values["git_metadata_generation"] = func.coalesce(s.git_metadata_generation, 0) + 1
-        self.conn.execute(update(SESSIONS).where(s.id == session_id).values(values))
+        if self.conn.execute(update(SESSIONS).where(s.id == session_id).values(values)).rowcount == 0:
+            return None
+        if not counted:
+            return None
+        return int(self.conn.execute(select(s.git_metadata_generation).where(s.id == session_id)).scalar_one())
+
+    def publish_git_metadata(self, session_id: str, cwd: str, generation: int, git_branch: str | None,
+                             git_repo_root: str | None) -> bool:
+        """Write the non-blank git fields of a lookup begun at ``generation`` (Hermes v26).
+
+        Lands only while the row still has that exact cwd and generation: any claim
+        made since (another cwd and back, the same cwd again, another process) wins.
+        """
+        s = SESSIONS.c
+        values = {name: v for name, v in (("git_branch", _stripped(git_branch)),
+                                          ("git_repo_root", _stripped(git_repo_root))) if v is not None}
+        if not values:
+            return False
+        stmt = (update(SESSIONS)
+                .where(s.id == session_id, s.cwd == cwd, s.git_metadata_generation == generation)
+                .values(values))
+        return self.conn.execute(stmt).rowcount > 0
 
     def backfill_repo_roots(self, pairs: Sequence[tuple[str, str]]) -> int:
         """Give sessions in each exact ``cwd`` its repo root where they have none; rows changed."""
@@ -330,6 +456,61 @@ class SessionRepository(Repository):
         if billing_mode is not None:
             fields["billing_mode"] = billing_mode
         return self.update_fields(session_id, **fields)
+
+    # ------------------------------------------------------------------ model_config (v23-late..v26)
+
+    def edit_config(self, session_id: str, edit: Callable[[dict[str, Any]], None], **fields: Any) -> bool:
+        """Change ``model_config`` in place by ``edit`` (read with the row locked, so two
+        edits never lose one another on a server), with other columns in the same
+        UPDATE. An empty result is stored as NULL; False for an unknown id.
+
+        A stored value that is not a JSON object is unreadable to Hermes as well and
+        is replaced by the edit of an empty config.
+        """
+        s = SESSIONS.c
+        found = self.conn.execute(select(s.model_config).where(s.id == session_id).with_for_update()).first()
+        if found is None:
+            return False
+        config = config_dict(found[0]) or {}
+        edit(config)
+        return self.update_fields(session_id, model_config=_config_text(config), **fields)
+
+    def config_value(self, session_id: str, key: str, default: Any = None) -> Any:
+        """One key of the session's ``model_config``; ``default`` when absent or unreadable."""
+        config = config_dict(self._scalar("SELECT model_config FROM {sessions} WHERE id = :id", {"id": session_id}))
+        return default if not config or key not in config else config[key]
+
+    def patch_config(self, session_id: str, patch: Mapping[str, Any]) -> bool:
+        """Merge ``patch`` into ``model_config``: a None value deletes its key."""
+        def merge(config: dict[str, Any]) -> None:
+            for key, value in patch.items():
+                if value is None:
+                    config.pop(key, None)
+                else:
+                    config[key] = value
+        return self.edit_config(session_id, merge)
+
+    def update_model(self, session_id: str, model: str | None, provider: str | None) -> bool:
+        """Switch the session's model (Hermes v25): the runtime lock goes, the config
+        names the model (when given) and provider (when not None), other keys and the
+        lineage markers stay; the prompt is cleared so the agent rebuilds it."""
+        def switch(config: dict[str, Any]) -> None:
+            config.pop(RUNTIME_LOCK_KEY, None)
+            if model:
+                config["model"] = model
+            if provider is not None:
+                config["provider"] = provider
+        return self.edit_config(session_id, switch, model=model, system_prompt=None)
+
+    def update_runtime_lock(self, session_id: str, lock: Mapping[str, Any], model: str | None) -> bool:
+        """Record the runtime model lock in ``model_config``; ``model`` set when given;
+        the prompt cleared (it names the model)."""
+        def set_lock(config: dict[str, Any]) -> None:
+            config[RUNTIME_LOCK_KEY] = dict(lock)
+        fields: dict[str, Any] = {"system_prompt": None}
+        if model is not None:
+            fields["model"] = model
+        return self.edit_config(session_id, set_lock, **fields)
 
     def distinct_cwds(self, include_archived: bool = False) -> list[dict[str, Any]]:
         """One entry per exact working directory: how many sessions, and when last active.
@@ -400,46 +581,91 @@ class SessionRepository(Repository):
             last_activity_provenance=provenance,
         )
 
+    # ------------------------------------------------------------------ activity (v23-late)
+
+    def touch_activity(self, session_id: str, at: float, description: str, provenance: str) -> bool:
+        """Stamp the activity triple unless the stored stamp is as new or newer."""
+        s = SESSIONS.c
+        stmt = (update(SESSIONS)
+                .where(s.id == session_id, or_(s.last_activity_at.is_(None), s.last_activity_at < at))
+                .values(last_activity_at=at, last_activity_description=description,
+                        last_activity_provenance=provenance))
+        return self.conn.execute(stmt).rowcount > 0
+
+    def clear_activity_labels(self, session_id: str) -> bool:
+        """Blank what the last activity was (its time stays); no write when already blank."""
+        s = SESSIONS.c
+        labelled = or_(func.coalesce(s.last_activity_description, "") != "",
+                       func.coalesce(s.last_activity_provenance, "unknown") != "unknown")
+        stmt = (update(SESSIONS).where(s.id == session_id, labelled)
+                .values(last_activity_description="", last_activity_provenance="unknown"))
+        return self.conn.execute(stmt).rowcount > 0
+
+    def activity(self, session_id: str) -> dict[str, Any] | None:
+        s = SESSIONS.c
+        row = self.conn.execute(
+            select(s.last_activity_at, s.last_activity_description, s.last_activity_provenance)
+            .where(s.id == session_id)
+        ).mappings().first()
+        return None if row is None else dict(row)
+
+    # ------------------------------------------------------------------ lineage-wide flags
+
+    def set_on_lineage(self, session_id: str, **values: Any) -> bool:
+        """Set columns on the session's whole compression lineage; True if any row matched.
+
+        The lineage is set_session_archived's: ancestors reached through parents that
+        ended 'compression', then every child of any member that itself ended
+        'compression', recursively (UNION keeps a corrupt cycle finite).
+        """
+        stmt = update(SESSIONS).where(SESSIONS.c.id.in_(compression_lineage(session_id))).values(values)
+        return self.conn.execute(stmt).rowcount > 0
+
+    # ------------------------------------------------------------------ lifecycle (v26)
+
+    def last_messages(self, session_ids: Sequence[str]) -> dict[str, tuple[str | None, Any, str | None]]:
+        """``(role, tool_calls, finish_reason)`` of each session's newest active message
+        (highest id); sessions without one are left out."""
+        m = MESSAGES.c
+        newest = (select(func.max(m.id)).where(m.session_id.in_(bindparam("ids", expanding=True)), m.active == 1)
+                  .group_by(m.session_id))
+        stmt = select(m.session_id, m.role, m.tool_calls, m.finish_reason).where(m.id.in_(newest))
+        out: dict[str, tuple[str | None, Any, str | None]] = {}
+        ids = list(dict.fromkeys(session_ids))
+        for start in range(0, len(ids), 500):
+            for sid, role, calls, finish in self.conn.execute(stmt, {"ids": ids[start:start + 500]}):
+                out[sid] = (role, calls, finish)
+        return out
+
     # ------------------------------------------------------------------ titles
 
-    def set_title(self, session_id: str, title: str | None, title_source: str = "user",
-                  *, only_if_empty: bool = False) -> bool:
-        """Set a sanitized title (Hermes v23 ``set_session_title`` / ``set_auto_title_if_empty``).
+    def set_title(self, session_id: str, title: str | None, title_source: str = TITLE_SOURCE_USER) -> bool:
+        """Set a sanitized title with its provenance (Hermes v25 ``title_source``).
+
+        A person's title ('user') always lands; a title that cleans to nothing clears
+        the title and its source. An automatic one ('llm', 'derived') lands only on an
+        untitled row or over a strictly lower-ranked title (see
+        :func:`hermes_store.titles.automatic_title_lands`); one that cleans to nothing
+        writes nothing (True on an untitled row, else False).
 
         A title held by another session raises TitleConflictError, unless that session
         is a compression ancestor of this one (up through parents that ended with
-        'compression'): the title then moves here and the ancestor's is cleared.
-
-        From v25 the title's provenance goes to ``title_source`` ('user' for a title
-        set by a person, as Hermes records it; 'llm' / 'derived' for automatic ones).
-        An automatic title never replaces a higher-ranked one (user > llm > derived),
-        nor a title of unknown source: the call then returns False and changes
-        nothing. Clearing the title clears its source.
-
-        ``only_if_empty``: write only while the session has no title (checked in this
-        transaction); False for a missing or titled row, True (nothing written) for a
-        title that cleans to nothing on an untitled row.
+        'compression'): the title then moves here and the ancestor's is cleared. The
+        row is read locked and written as a compare-and-swap on that read, so a
+        decision is never applied over a title that changed meanwhile.
         """
         if title_source not in TITLE_SOURCES:
             raise errors.InvalidInputError(f"title_source must be one of {TITLE_SOURCES}, not {title_source!r}")
         clean = sanitize_title(title)
         s = SESSIONS.c
         ranked = "title_source" in self.columns_of("sessions")
-        # Which rows may take this title: any (a person's title), an untitled one
-        # (only_if_empty), or one whose title ranks no higher (an automatic title).
-        if only_if_empty:
-            may_take = s.title.is_(None)
-        elif ranked and title_source != "user":
-            lower = TITLE_SOURCES[: TITLE_SOURCES.index(title_source) + 1]
-            may_take = or_(s.title.is_(None), s.title_source.in_(lower))
-        else:
-            may_take = None
-        if only_if_empty:
-            current = self.conn.execute(select(s.title).where(s.id == session_id)).first()
-            if current is None or current[0] is not None:
+        read = select(s.title, s.title_source if ranked else literal(None, String)).where(s.id == session_id)
+        current = self.conn.execute(read.with_for_update()).first()
+        if title_source != TITLE_SOURCE_USER:
+            if current is None or not automatic_title_lands(current[0], current[1], title_source):
                 return False
             if clean is None:
-                return True
+                return current[0] is None
         holder = None
         if clean is not None:
             holder = self.conn.execute(
@@ -447,25 +673,31 @@ class SessionRepository(Repository):
             ).scalar()
             if holder is not None and not self.is_compression_ancestor(holder, session_id):
                 raise errors.TitleConflictError(f"Title '{clean}' is already in use by session {holder}")
-        target = s.id == session_id
-        if may_take is not None:
-            target = target & may_take
+        if current is None:
+            return False
+        values: dict[str, Any] = {"title": clean}
+        same = [s.id == session_id, s.title.is_not_distinct_from(current[0])]
+        if ranked:
+            values["title_source"] = None if clean is None else title_source
+            same.append(s.title_source.is_not_distinct_from(current[1]))
         if holder is not None:
-            # Check before the ancestor gives its title up: a call that changes
-            # nothing here must not clear it there.
-            if self.conn.execute(select(s.id).where(target)).first() is None:
-                return False
             cleared: dict[str, Any] = {"title": None}
             if ranked:
                 cleared["title_source"] = None
             self.conn.execute(update(SESSIONS).where(s.id == holder).values(cleared))
-        values: dict[str, Any] = {"title": clean}
-        if ranked:
-            values["title_source"] = None if clean is None else title_source
         try:
-            return self.conn.execute(update(SESSIONS).where(target).values(values)).rowcount > 0
+            return self.conn.execute(update(SESSIONS).where(and_(*same)).values(values)).rowcount > 0
         except IntegrityError as exc:  # a concurrent writer took it between check and update
             raise errors.TitleConflictError(f"Title '{clean}' is already in use") from exc
+
+    def get_title_source(self, session_id: str) -> str | None:
+        return self._scalar("SELECT title_source FROM {sessions} WHERE id = :id", {"id": session_id})
+
+    def set_title_source(self, session_id: str, source: str) -> bool:
+        """Re-label who set the title of a titled row; False for an untitled or unknown one."""
+        s = SESSIONS.c
+        stmt = update(SESSIONS).where(s.id == session_id, s.title.is_not(None)).values(title_source=source)
+        return self.conn.execute(stmt).rowcount > 0
 
     def is_compression_ancestor(self, candidate: str, session_id: str) -> bool:
         """Whether ``candidate`` is reached from ``session_id`` going up through parents

@@ -23,6 +23,8 @@ LEDGER = "session_model_usage"
 LEDGER_TABLE = Base.metadata.tables[LEDGER]
 COUNTERS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
 ROUTE = ("billing_provider", "billing_base_url", "billing_mode")
+#: The counters a token total adds up (reasoning tokens are already part of the output).
+TOKEN_TOTAL = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
 _KEY = ("session_id", "model", *ROUTE, "task")
 
 
@@ -182,20 +184,60 @@ class UsageRepository(Repository):
         cache_write_tokens: int = 0,
         reasoning_tokens: int = 0,
         estimated_cost_usd: float | None = None,
+        api_call_count: int | None = 1,
     ) -> None:
-        """One side-task call on the ledger (Hermes v23 ``record_auxiliary_usage``).
+        """Side-task calls on the ledger (Hermes v26 ``record_auxiliary_usage``).
 
         The session row is ensured (source 'unknown') but its counters never move; the
         route is the call's own (no borrowing from the session), billing mode ''.
+        ``api_call_count`` None counts one call.
         """
         counts = {c: _count(v, c) for c, v in zip(
             COUNTERS, (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens)
         )}
-        counts["api_call_count"] = 1
+        counts["api_call_count"] = 1 if api_call_count is None else _count(api_call_count, "api_call_count")
         estimated_cost_usd = _cost(estimated_cost_usd, "estimated_cost_usd")
         SessionRepository(self.conn).create(session_id, "unknown")
         self._add_to_ledger(session_id, model or "unknown", [billing_provider or "", billing_base_url or "", ""],
                             task, counts, estimated_cost_usd, None, None, None, now())
+
+    def totals(self, min_message_count: int, include_archived: bool) -> dict[str, float]:
+        """Tokens and cost of root sessions with at least ``min_message_count`` messages.
+
+        Tokens are what the calls sent and received: input, output, cache reads and
+        cache writes (reasoning tokens are part of the output). A session's cost is
+        its actual cost where known, else its estimate.
+        """
+        s = SESSIONS.c
+        tokens = sum((func.coalesce(s[c], 0) for c in TOKEN_TOTAL), literal(0))
+        cost = func.coalesce(s.actual_cost_usd, s.estimated_cost_usd, 0.0)
+        stmt = select(func.coalesce(func.sum(tokens), 0), func.coalesce(func.sum(cost), 0.0)).where(
+            s.parent_session_id.is_(None), func.coalesce(s.message_count, 0) >= min_message_count,
+        )
+        if not include_archived:
+            stmt = stmt.where(func.coalesce(s.archived, 0) == 0)
+        total_tokens, total_cost = self.conn.execute(stmt).one()
+        return {"tokens": int(total_tokens or 0), "cost_usd": float(total_cost or 0.0)}
+
+    def dominant_route(self, session_id: str) -> dict[str, Any] | None:
+        """The main loop's most used route of a session (Hermes v26): the task-'' ledger
+        row naming a real model and provider with the most calls, then tokens, then the
+        latest use."""
+        t = LEDGER_TABLE.c
+        tokens = sum((func.coalesce(t[c], 0) for c in TOKEN_TOTAL), literal(0))
+        stmt = (
+            select(t.model, t.billing_provider, t.billing_base_url, t.billing_mode, t.api_call_count)
+            .where(t.session_id == session_id, t.task == "",
+                   t.model.not_in(("", "unknown")), t.billing_provider != "")
+            .order_by(t.api_call_count.desc(), tokens.desc(), t.last_seen.desc())
+            .limit(1)
+        )
+        row = self.conn.execute(stmt).mappings().first()
+        if row is None:
+            return None
+        found = dict(row)
+        found["api_call_count"] = int(found["api_call_count"] or 0)
+        return found
 
     def _add_to_ledger(
         self,

@@ -20,7 +20,7 @@ EXTRA_CREATE_FIELDS = ("started_at",)
 
 
 def _create_fields(method: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Hermes v23's keyword list for create/ensure; anything else is a TypeError.
+    """Hermes v26's keyword list for create/ensure; anything else is a TypeError.
 
     UnknownFieldError is a TypeError (what Python raises for an unexpected keyword in
     Hermes' own code) and an InvalidInputError; nothing is written.
@@ -40,10 +40,12 @@ class SessionsMixin(Host):
 
         Keywords: model, model_config (dict, JSON-encoded), system_prompt, user_id,
         session_key, chat_id, chat_type, thread_id, parent_session_id, cwd,
-        profile_name, git_repo_root. An existing row keeps its source, user_id and
-        start. A child inherits its parent's cwd/git columns, and its routing columns
-        when the parent ended with 'compression'. ``started_at=`` (ours) places the
-        session in time, e.g. for imports and demos; default now.
+        profile_name, git_repo_root, display_name, origin_json (v26). An existing row
+        keeps its source, user_id and start; a stored config holding only the
+        ``_reset_from`` marker takes the given one, marker kept (v26). A child inherits
+        its parent's cwd/git columns and profile, and its routing columns when the
+        parent ended with 'compression'. ``started_at=`` (ours) places the session in
+        time, e.g. for imports and demos; default now.
         """
         fields = _create_fields("create_session", kwargs)
         return self._write(lambda c: SessionRepository(c).create(session_id, source, **fields))
@@ -59,9 +61,11 @@ class SessionsMixin(Host):
         self._write(lambda c: SessionRepository(c).end(session_id, end_reason))
 
     def reopen_session(self, session_id: str) -> None:
+        """Clear the end; legacy reset children get their ``_reset_from`` marker first (v26)."""
         self._write(lambda c: SessionRepository(c).reopen(session_id))
 
-    def update_system_prompt(self, session_id: str, system_prompt: str | None) -> None:
+    def update_system_prompt(self, session_id: str, system_prompt: Optional[str]) -> None:
+        """Replace the prompt (None clears it); stored once by hash (v25)."""
         self._write(lambda c: SessionRepository(c).update_system_prompt(session_id, system_prompt))
 
     def promote_to_session_reset(self, session_id: str, reason: str = "session_reset") -> bool:
@@ -80,16 +84,25 @@ class SessionsMixin(Host):
             return False
 
     def update_session_cwd(
-        self, session_id: str, cwd: str, git_branch: str | None = None, git_repo_root: str | None = None
-    ) -> None:
-        """Record the working directory (and git branch/root when non-blank, stripped).
+        self,
+        session_id: str,
+        cwd: str,
+        git_branch: Optional[str] = None,
+        git_repo_root: Optional[str] = None,
+        replace_git_meta: bool = False,
+    ) -> Optional[int]:
+        """Record the working directory and claim a new git metadata generation (v26).
 
-        No-op for a falsy id or cwd; an unknown id is silently ignored.
+        A changed cwd (or ``replace_git_meta``) replaces both git fields with the
+        stripped arguments (blank clears); the same cwd keeps each unless given
+        non-blank. Returns the generation for publish_session_git_metadata; None for
+        a falsy id or cwd (nothing written) or an unknown row.
         """
         if not session_id or not cwd:
-            return
+            return None
         path = os.fspath(cwd) if isinstance(cwd, os.PathLike) else cwd
-        self._write(lambda c: SessionRepository(c).update_cwd(session_id, path, git_branch, git_repo_root))
+        return self._write(lambda c: SessionRepository(c).update_cwd(
+            session_id, path, git_branch, git_repo_root, bool(replace_git_meta)))
 
     def backfill_repo_roots(self, cwd_to_root: Dict[str, str]) -> None:
         """Set the repo root of sessions in each exact cwd that have none (one transaction)."""
@@ -102,15 +115,17 @@ class SessionsMixin(Host):
         """Replace ``model_config`` with the given JSON text as is; set ``model`` when given."""
         self._write(lambda c: SessionRepository(c).update_meta(session_id, model_config_json, model))
 
-    def update_session_model(self, session_id: str, model: str) -> None:
-        """Set the model unconditionally (the system prompt is left alone)."""
-        self._write(lambda c: SessionRepository(c).update_fields(session_id, model=model))
+    def update_session_model(self, session_id: str, model: str, provider: Optional[str] = None) -> None:
+        """Switch the model (v25): ``model_config`` drops its runtime lock and names the
+        model (when truthy) and provider (when given), markers kept; the column is set;
+        the system prompt is cleared so the agent rebuilds it. Unknown id: no-op."""
+        self._write(lambda c: SessionRepository(c).update_model(session_id, model, provider))
 
     def update_session_billing_route(
         self, session_id: str, *, provider: str, base_url: str, billing_mode: Optional[str] = None
     ) -> None:
         """Switch provider and base URL (mode kept when None) and clear the system
-        prompt, so the agent rebuilds it for the new route."""
+        prompt and its hash, so the agent rebuilds it for the new route."""
         self._write(lambda c: SessionRepository(c).update_billing_route(session_id, provider, base_url, billing_mode))
 
     def distinct_session_cwds(self, include_archived: bool = False) -> List[Dict[str, Any]]:

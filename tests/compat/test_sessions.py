@@ -53,7 +53,7 @@ def test_create_stores_an_empty_model_config_as_null(db) -> None:
     assert row(db, "s")["model_config"] is None
 
 
-@pytest.mark.parametrize("bad", ["git_branch", "title", "display_name", "archived", "no_such_column"])
+@pytest.mark.parametrize("bad", ["git_branch", "title", "title_source", "archived", "no_such_column"])
 def test_create_refuses_other_keywords_with_a_type_error(db, bad: str) -> None:
     with pytest.raises(TypeError, match=bad):
         db.create_session("s", "cli", **{bad: "x"})
@@ -258,18 +258,19 @@ def test_two_racing_promotions_change_the_row_once(hermes_state, db) -> None:
 
 def test_update_session_cwd_sets_cwd_and_stripped_git_fields(db) -> None:
     db.create_session("s", "cli")
-    assert db.update_session_cwd("s", " /w/x ", git_branch="  feat/a\n", git_repo_root=" /w ") is None
+    assert db.update_session_cwd("s", " /w/x ", git_branch="  feat/a\n", git_repo_root=" /w ") == 1
     got = row(db, "s")
     assert (got["cwd"], got["git_branch"], got["git_repo_root"]) == (" /w/x ", "feat/a", "/w")
 
 
-def test_update_session_cwd_never_clears_git_fields_with_blanks(db) -> None:
+def test_update_session_cwd_in_the_same_cwd_never_clears_git_fields_with_blanks(db) -> None:
+    """v26: blanks keep the stored fields only while the cwd stays (see test_v26_sessions)."""
     db.create_session("s", "cli")
     db.update_session_cwd("s", "/a", git_branch="main", git_repo_root="/a")
-    db.update_session_cwd("s", "/b", git_branch="   ", git_repo_root="")
-    db.update_session_cwd("s", "/c")
+    db.update_session_cwd("s", "/a", git_branch="   ", git_repo_root="")
+    db.update_session_cwd("s", "/a")
     got = row(db, "s")
-    assert (got["cwd"], got["git_branch"], got["git_repo_root"]) == ("/c", "main", "/a")
+    assert (got["cwd"], got["git_branch"], got["git_repo_root"]) == ("/a", "main", "/a")
 
 
 @pytest.mark.parametrize(("sid", "cwd"), [("", "/w"), (None, "/w"), ("s", ""), ("s", None)])
@@ -332,11 +333,12 @@ def test_update_session_meta_of_an_unknown_id_writes_nothing(db) -> None:
     assert db.get_session("ghost") is None
 
 
-def test_update_session_model_is_unconditional_and_keeps_the_prompt(db) -> None:
+def test_update_session_model_is_unconditional_and_clears_the_prompt(db) -> None:
+    """v25: the prompt names the model, so a switch clears it (and its hash)."""
     db.create_session("s", "cli", model="m1", system_prompt="prompt")
     db.update_session_model("s", "m2")
     got = row(db, "s")
-    assert (got["model"], got["system_prompt"]) == ("m2", "prompt")
+    assert (got["model"], got["system_prompt"], got["system_prompt_hash"]) == ("m2", None, None)
     db.update_session_model("s", None)
     assert row(db, "s")["model"] is None
 
