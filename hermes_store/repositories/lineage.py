@@ -20,6 +20,12 @@ walk runs over the rows themselves (a 1000-deep chain is 1000 dict lookups).
 The forward compression edge (Hermes v23): parent ``end_reason='compression'`` →
 child without ``_branched_from``, without ``_delegate_from`` and ``source != 'tool'``.
 Unlike v11 there is no ``child.started_at >= parent.ended_at`` condition.
+
+Hermes v26 names two more kinds of child. A *fork* is a tool run, or a child whose
+``_branched_from``/``_delegate_from`` names its own parent: it never continues a
+compressed parent (``get_compression_lineage``, the live-child and orphan checks). A
+*reset child* carries ``_reset_from``, or (legacy) shares its parent's non-empty
+``session_key`` while the parent ended with a reset reason: a resume never walks into it.
 """
 
 from __future__ import annotations
@@ -62,6 +68,9 @@ RESUME_HOPS = 32
 COMPRESSION = "compression"
 BRANCH_MARKER = "_branched_from"
 DELEGATE_MARKER = "_delegate_from"
+RESET_MARKER = "_reset_from"
+#: Hermes' ``_RESET_END_REASONS``: a session ended so is followed by a reset child (v26).
+RESET_END_REASONS = ("session_reset", "session_switch", "idle", "daily", "suspended", "resume_pending_expired")
 
 _S = SESSIONS
 _M = MESSAGES
@@ -184,16 +193,25 @@ def link_columns(t: Any) -> list[Any]:
 
 def _node_columns(kind: int, t: Any = _S, *, messages: bool = False) -> list[Any]:
     """What a walk needs of each session: links, end state, markers, latest activity
-    (the shape :class:`Graph` reads, after the leading ``kind``). ``has_messages`` only
-    with ``messages`` (the resume walk): the EXISTS per node is a quarter of the work."""
+    (the shape :class:`Graph` reads, after the leading ``kind``). ``has_messages`` and
+    the reset evidence only with ``messages`` (the resume walk): the EXISTS per node is
+    a quarter of the work."""
     has = exists().where(_M.c.session_id == t.c.id) if messages else cast(null(), Boolean)
-    return [
+    columns = [
         literal_column(str(kind), Integer).label("kind"),
         *link_columns(t),
         marker_text(t).label("markers"),
         select(func.max(_M.c.timestamp)).where(_M.c.session_id == t.c.id).scalar_subquery().label("activity"),
         has.label("has_messages"),
     ]
+    if messages:
+        mc = t.c.model_config
+        columns += [
+            case((mc.like(f"%{RESET_MARKER}%"), mc), else_=null()).label("reset_marker"),
+            t.c.session_key,
+            case((t.c.end_reason.in_(RESET_END_REASONS), 1), else_=0).label("reset_ended"),
+        ]
+    return columns
 
 
 def _nodes(ids_select: Select, kind: int = 0, *, messages: bool = False) -> Select:
@@ -260,13 +278,29 @@ def _marker(model_config: Any, key: str) -> bool:
     Same test as SQLite's ``json_extract(model_config, '$.key') IS NOT NULL`` on valid
     JSON; malformed JSON or a non-object counts as no marker.
     """
+    return marker_value(model_config, key) is not None
+
+
+def marker_value(model_config: Any, key: str) -> Any:
+    """The value ``key`` holds in the JSON object ``model_config`` (None: absent, JSON
+    null, malformed JSON or not an object)."""
     if not model_config or not isinstance(model_config, str) or key not in model_config:
-        return False
+        return None
     try:
         value = json.loads(model_config)
     except ValueError:
+        return None
+    return value.get(key) if isinstance(value, dict) else None
+
+
+def is_fork(*, tool: bool, model_config: Any, parent_id: Any) -> bool:
+    """Hermes v26: a tool run, or a branch/delegate of its own parent, is a fork and never
+    continues that parent (a marker naming some other session does not count)."""
+    if tool:
+        return True
+    if parent_id is None:
         return False
-    return isinstance(value, dict) and value.get(key) is not None
+    return parent_id in (marker_value(model_config, BRANCH_MARKER), marker_value(model_config, DELEGATE_MARKER))
 
 
 def _num(value: Any) -> float:
@@ -277,8 +311,9 @@ def _num(value: Any) -> float:
         return float("-inf")
 
 
-#: Positions in a node row (after ``kind``): see :func:`_node_columns`.
-_ID, _PARENT, _TOOL, _STARTED, _ENDED, _COMPRESSED, _MARKERS, _ACTIVITY, _HAS = range(1, 10)
+#: Positions in a node row (after ``kind``): see :func:`_node_columns`; the last three
+#: only in rows of the resume walk.
+_ID, _PARENT, _TOOL, _STARTED, _ENDED, _COMPRESSED, _MARKERS, _ACTIVITY, _HAS, _RESET, _KEY, _RESET_ENDED = range(1, 13)
 
 
 def _marked(row: Any) -> bool:
@@ -299,7 +334,7 @@ class Node:
     """One fetched session (a view of its row in a :class:`Graph`)."""
 
     __slots__ = ("graph", "row", "id", "parent", "tool", "started_at", "ended_at", "compressed", "activity",
-                 "has_messages", "branched", "delegated")
+                 "has_messages", "branched", "delegated", "fork")
 
     def __init__(self, graph: "Graph", row: Any) -> None:
         self.graph = graph
@@ -315,6 +350,7 @@ class Node:
         config = row[_MARKERS]  # NULL when no marker can be there (most rows)
         self.branched = config is not None and _marker(config, BRANCH_MARKER)
         self.delegated = config is not None and _marker(config, DELEGATE_MARKER)
+        self.fork = is_fork(tool=self.tool, model_config=config, parent_id=self.parent)
 
     @property
     def children(self) -> list["Node"]:
@@ -326,13 +362,26 @@ class Node:
         return None if row is None else self.graph.node(row)
 
     def newest_child(self) -> "Node | None":
-        """The most recently started child that is neither a branch, a delegate nor a tool run."""
-        kids = [c for c in self.children if not c.tool and not c.branched and not c.delegated]
+        """The most recently started child that is neither a branch, a delegate, a tool run
+        nor (in rows of the resume walk) a reset child."""
+        kids = [c for c in self.children
+                if not c.tool and not c.branched and not c.delegated and not self.reset_into(c)]
         return max(kids, key=lambda c: (_num(c.started_at), c.id)) if kids else None
 
-    def first_non_branch_child(self) -> "Node | None":
-        """The earliest-started child that is not a branch (delegates and tool runs count)."""
-        kids = [c for c in self.children if not c.branched]
+    def reset_into(self, child: "Node") -> bool:
+        """Whether ``child`` began after a reset of this session (Hermes v26): it carries
+        ``_reset_from``, or shares this session's non-empty ``session_key`` while this
+        session ended with a reset reason. Only rows of the resume walk hold the evidence."""
+        me, kid = self.row, child.row
+        if len(kid) <= _RESET_ENDED:
+            return False
+        if _marker(kid[_RESET], RESET_MARKER):
+            return True
+        return bool(me[_RESET_ENDED]) and bool(kid[_KEY]) and kid[_KEY] == me[_KEY]
+
+    def first_continuation(self) -> "Node | None":
+        """The earliest-started child that is not a fork (Hermes v26's lineage rule)."""
+        kids = [c for c in self.children if not c.fork]
         return min(kids, key=lambda c: (_num(c.started_at), c.id)) if kids else None
 
 
@@ -453,9 +502,10 @@ class LineageRepository(Repository):
         return self._forward_graph(session_id).tip(session_id)
 
     def resume_target(self, session_id: str) -> str:
-        """Where a resume lands (Hermes v23): from the compression tip, walk down through the
-        most recently started child (branches, delegates, tool runs skipped; ≤32 hops) and
-        take the deepest session on that path holding any message row; else the tip.
+        """Where a resume lands (Hermes v26): from the compression tip, walk down through the
+        most recently started child (branches, delegates, tool runs and reset children
+        skipped; ≤32 hops) and take the deepest session on that path holding any message
+        row; else the tip.
 
         One statement: the forward subgraph, plus what lies up to 32 levels below its
         members that did not end 'compression' (where the tip can be).
@@ -478,13 +528,14 @@ class LineageRepository(Repository):
         return target if target is not None else tip
 
     def compression_lineage(self, session_id: str) -> list[str]:
-        """Hermes v23 ``get_compression_lineage``: root-first ids of the compression chain
+        """Hermes v26 ``get_compression_lineage``: root-first ids of the compression chain
         through this session; ``[]`` when unknown, ``[id]`` for a branch child or when the
         chain walked down from the root does not pass through the session.
 
-        Up: while the row is not a branch child and its parent ended 'compression'.
-        Down from that root: while the node ended 'compression', its earliest-started
-        non-branch child (delegates and tool runs count here), past the session to the end.
+        Up: while the row is not a fork and its parent ended 'compression'. Down from that
+        root: while the node ended 'compression', its earliest-started child that is not a
+        fork (v26: a delegate or tool run of the parent no longer takes the chain over),
+        past the session to the end.
         """
         graph = Graph(self.conn.execute(_lineage_stmt(), {"ids": [session_id]}).fetchall())
         me = graph.get(session_id)
@@ -495,7 +546,7 @@ class LineageRepository(Repository):
         node, seen = me, {me.id}
         for _ in range(MAX_DEPTH):
             parent = graph.get(node.parent) if node.parent is not None else None
-            if parent is None or parent.id in seen or not parent.compressed or node.branched:
+            if parent is None or parent.id in seen or not parent.compressed or node.fork:
                 break
             node = parent
             seen.add(node.id)
@@ -503,7 +554,7 @@ class LineageRepository(Repository):
         for _ in range(MAX_DEPTH):
             if not node.compressed:
                 break
-            nxt = node.first_non_branch_child()
+            nxt = node.first_continuation()
             if nxt is None or nxt.id in seen:
                 break
             node = nxt
@@ -548,4 +599,5 @@ class LineageRepository(Repository):
         return tips
 
 
-__all__ = ["COMPRESSION", "Graph", "LineageRepository", "MAX_DEPTH", "Node", "RESUME_HOPS"]
+__all__ = ["COMPRESSION", "Graph", "LineageRepository", "MAX_DEPTH", "Node", "RESET_END_REASONS", "RESUME_HOPS",
+           "is_fork", "marker_value"]

@@ -6,21 +6,32 @@ The transcript guard runs inside the append's own transaction: on PostgreSQL the
 row is read ``FOR SHARE`` so a release or a takeover by another holder waits until the
 append has committed; on SQLite the writer lock (BEGIN IMMEDIATE) already serializes
 them and SQLAlchemy renders no locking clause.
+
+The lease itself (:class:`TurnLeaseRepository`) is taken as the compression lease is:
+one transaction reads the row ``FOR UPDATE``, drops it if it expired or its holder's
+process is provably gone (compare-and-delete of the row as read), inserts ours unless
+one is there (``ON CONFLICT DO NOTHING``: on PostgreSQL a racing insert waits for the
+other transaction, then does nothing) and reads who holds it now.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any, Callable
 
-from sqlalchemy import Connection, Integer, String, bindparam, literal_column, select, update
+from sqlalchemy import Connection, Integer, String, bindparam, delete, literal_column, select, update
 from sqlalchemy.sql import Select
 
+from ..dialects import Dialect
 from ..errors import CompressionSessionClosedError, SessionTurnLeaseLostError
 from ..models import Base
-from .base import SESSIONS
+from .base import SESSIONS, Repository, per_dialect
+from .base import now as current_time
 from .lineage import COMPRESSION, MAX_DEPTH
 
 LEASES = Base.metadata.tables["session_turn_leases"]
+#: Whether a lease holder's process is provably gone (True), given the holder text.
+DeadHolder = Callable[[str], bool]
 
 _S = SESSIONS
 _SID = bindparam("sid", type_=String)
@@ -51,7 +62,9 @@ def _lease_row_stmt() -> Select:
     )
 
 
-_END_REASON = select(_S.c.end_reason).where(_S.c.id == _SID)
+#: The target's end reason, its row locked until the write ends (PostgreSQL): a compression
+#: that ends the session waits for the append, or the append sees it ended.
+_END_REASON = select(_S.c.end_reason).where(_S.c.id == _SID).with_for_update()
 
 
 def turn_lease_key(conn: Connection, session_id: str) -> str:
@@ -89,3 +102,60 @@ def guard_transcript_write(conn: Connection, session_id: str, *, holder: str | N
         guard_turn_lease(conn, session_id, holder=holder, ttl_seconds=ttl_seconds, now=now)
     raise_if_closed_by_compression(session_id, conn.execute(_END_REASON, {"sid": session_id}).scalar())
 
+
+
+@per_dialect
+def _take_lease(dialect: Dialect) -> Any:
+    """Insert a lease unless the conversation has one (whoever holds it keeps it)."""
+    return dialect.insert(LEASES).on_conflict_do_nothing(index_elements=[LEASES.c.conversation_id])
+
+
+class TurnLeaseRepository(Repository):
+    """The turn lease of a session's conversation; every method resolves the key itself,
+    inside the caller's transaction."""
+
+    def try_acquire(self, session_id: str, holder: str, ttl_seconds: float,
+                    dead_holder: DeadHolder | None = None) -> bool:
+        """Drop the conversation's lease if it expired (or, with ``dead_holder``, if another
+        holder's process is provably gone), insert ours unless one is held, and report
+        whether ``holder`` holds it now. Re-entrant; never extends a lease."""
+        key = turn_lease_key(self.conn, session_id)
+        current = current_time()
+        row = self.conn.execute(
+            select(LEASES.c.holder, LEASES.c.expires_at).where(LEASES.c.conversation_id == key).with_for_update()
+        ).first()
+        if row is not None and lease_reclaimable(row, holder, current, dead_holder):
+            self.conn.execute(
+                delete(LEASES).where(LEASES.c.conversation_id == key, LEASES.c.holder == row[0],
+                                     LEASES.c.expires_at == row[1])
+            )
+        self.conn.execute(
+            _take_lease(self.conn),
+            {"conversation_id": key, "holder": holder, "acquired_at": current, "expires_at": current + ttl_seconds},
+        )
+        stored = self.conn.execute(select(LEASES.c.holder).where(LEASES.c.conversation_id == key)).scalar()
+        return stored == holder
+
+    def refresh(self, session_id: str, holder: str, ttl_seconds: float) -> bool:
+        """Push the expiry to now + ttl while the row is still ``holder``'s (expired or not)."""
+        key = turn_lease_key(self.conn, session_id)
+        return self.conn.execute(
+            update(LEASES).where(LEASES.c.conversation_id == key, LEASES.c.holder == holder)
+            .values(expires_at=current_time() + ttl_seconds)
+        ).rowcount > 0
+
+    def release(self, session_id: str, holder: str) -> int:
+        key = turn_lease_key(self.conn, session_id)
+        return self.conn.execute(
+            delete(LEASES).where(LEASES.c.conversation_id == key, LEASES.c.holder == holder)
+        ).rowcount
+
+
+def lease_reclaimable(row: Any, holder: str, current: float, dead_holder: DeadHolder | None) -> bool:
+    """Whether a lease row ``(holder, expires_at)`` may be dropped before taking it
+    (turn and compression leases): expired, or another holder whose process
+    ``dead_holder`` proves gone."""
+    stored, expires = row[0], row[1]
+    if expires is None or float(expires) < current:
+        return True
+    return dead_holder is not None and stored != holder and isinstance(stored, str) and dead_holder(stored)

@@ -370,20 +370,30 @@ def test_compression_lineage_unknown_empty_and_branch_child(db, clock) -> None:
     assert db.get_compression_lineage("bc") == ["b", "bc"]  # the climb stops at the branch child
 
 
-def test_compression_lineage_takes_the_earliest_non_branch_child(db, clock) -> None:
+def test_compression_lineage_takes_the_earliest_child_that_is_not_a_fork(db, clock) -> None:
+    """v26: a delegate (or branch) of its own parent is a fork; an earlier one no longer
+    takes the chain over. A marker naming another session is no fork."""
     make(db, clock, "root", 0, ended=(100, "compression"))
     make(db, clock, "branch", 10, parent="root", config={"_branched_from": "root"})
-    make(db, clock, "deleg", 20, parent="root", config={"_delegate_from": "root"})  # counts here
+    make(db, clock, "deleg", 20, parent="root", config={"_delegate_from": "root"})
     make(db, clock, "later", 30, parent="root")
-    assert db.get_compression_lineage("deleg") == ["root", "deleg"]
-    assert db.get_compression_lineage("root") == ["root", "deleg"]
-    assert db.get_compression_lineage("later") == ["later"]  # not on the root's path
+    make(db, clock, "latest", 40, parent="root")
+    assert db.get_compression_lineage("deleg") == ["deleg"]
+    assert db.get_compression_lineage("root") == ["root", "later"]
+    assert db.get_compression_lineage("later") == ["root", "later"]
+    assert db.get_compression_lineage("latest") == ["latest"]  # not on the root's path
+    make(db, clock, "r2", 50, ended=(100, "compression"))
+    make(db, clock, "foreign", 60, parent="r2", config={"_delegate_from": "elsewhere"})
+    make(db, clock, "after", 70, parent="r2")
+    assert db.get_compression_lineage("after") == ["after"]
+    assert db.get_compression_lineage("r2") == ["r2", "foreign"]
 
 
-def test_compression_lineage_keeps_tool_children_and_stops_at_live_parents(db, clock) -> None:
+def test_compression_lineage_skips_tool_children_and_stops_at_live_parents(db, clock) -> None:
     make(db, clock, "root", 0, ended=(10, "compression"))
     make(db, clock, "t", 20, parent="root", source="tool")
-    assert db.get_compression_lineage("t") == ["root", "t"]
+    assert db.get_compression_lineage("t") == ["t"]  # v26: a tool run is a fork
+    assert db.get_compression_lineage("root") == ["root"]
     make(db, clock, "live", 30)
     make(db, clock, "kid", 40, parent="live", ended=(50, "compression"))
     make(db, clock, "next", 60, parent="kid")
@@ -533,7 +543,7 @@ def test_lock_expiry_boundary_and_takeover(db, clock) -> None:
     assert db.get_compression_lock_holder("s") == "B"
 
 
-def test_lock_refresh_only_by_the_holder_before_expiry(db, clock) -> None:
+def test_lock_refresh_only_by_the_holder_even_after_expiry(db, clock) -> None:
     assert db.try_acquire_compression_lock("s", "A", 10)
     clock.now = T0 + 5
     assert db.refresh_compression_lock("s", "B", 100) is False
@@ -542,8 +552,14 @@ def test_lock_refresh_only_by_the_holder_before_expiry(db, clock) -> None:
     clock.now = T0 + 50
     assert db.get_compression_lock_holder("s") == "A"
     clock.now = T0 + 106
-    assert db.refresh_compression_lock("s", "A", 100) is False  # expired: not revived
     assert db.get_compression_lock_holder("s") is None
+    assert db.refresh_compression_lock("s", "A", 100) is True  # v26: expired, still A's row: revived
+    assert lock_row(db, "s").expires_at == T0 + 206
+    assert db.get_compression_lock_holder("s") == "A"
+    clock.now = T0 + 300
+    assert db.try_acquire_compression_lock("s", "B", 10) is True  # taken over once expired...
+    assert db.refresh_compression_lock("s", "A", 100) is False  # ...then A cannot revive it
+    assert db.get_compression_lock_holder("s") == "B"
     assert db.refresh_compression_lock("ghost", "A") is False
     assert db.refresh_compression_lock("", "A") is False
     assert db.refresh_compression_lock("s", "") is False
