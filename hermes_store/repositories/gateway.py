@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from sqlalchemy import (
     and_,
+    case,
     delete,
     exists,
     func,
@@ -29,10 +30,10 @@ from sqlalchemy import (
 
 from ..dialects import Dialect
 from ..models import Base
-from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, now, per_dialect
+from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, insert_or_skip, now, per_dialect
 from .housekeeping import HousekeepingRepository, activity_recency
 from .lineage import BRANCH_MARKER, DELEGATE_MARKER, marker_value
-from .sessions import SessionRepository
+from .sessions import RESET_END_REASONS, SessionRepository
 
 ROUTING = Base.metadata.tables["gateway_routing"]
 
@@ -61,11 +62,48 @@ class GatewayRepository(Repository):
 
     # ------------------------------------------------------------------ peers
 
-    def record_peer(self, session_id: str, peer: dict[str, Any], extras: dict[str, Any]) -> int:
-        """Set the peer columns (``peer``: always, None overwrites) and ``extras``
-        (display name / origin: only those given). Rows changed (0 for an unknown id)."""
-        stmt = update(SESSIONS).where(SESSIONS.c.id == session_id).values(**peer, **extras)
-        return self.conn.execute(stmt).rowcount
+    def record_peer(self, session_id: str, peer: dict[str, Any], extras: dict[str, Any], *,
+                    ancestors: bool = False) -> int:
+        """Record the session's peer; a missing row is inserted first (Hermes v26).
+
+        ``session_key`` and ``source`` are set; the other columns only where a value is
+        given (None keeps what is stored: ours, Hermes clears it). ``ancestors``: the
+        same update on the parents reached through 'compression' ends, stopping at a
+        row of another (non-empty) user, so one user's lineage is never re-keyed to
+        another's. Rows changed.
+        """
+        s = SESSIONS.c
+        if not self.session_exists(session_id):
+            row = {"id": session_id, "source": peer["source"], "started_at": now()}
+            self.conn.execute(insert_or_skip(self.conn, "sessions", list(row), ["id"]), row)
+        values = {k: v for k, v in {**peer, **extras}.items() if v is not None}
+        targets = [session_id]
+        if ancestors:
+            targets += self._compression_ancestors(session_id, peer.get("user_id"))
+        changed = 0
+        for sid in targets:
+            changed += self.conn.execute(update(SESSIONS).where(s.id == sid).values(**values)).rowcount
+        return changed
+
+    def _compression_ancestors(self, session_id: str, user_id: str | None) -> list[str]:
+        """Parents reached through 'compression' ends, nearest first, up to (not
+        including) one whose user is set and differs from ``user_id`` (cycle-safe)."""
+        s = SESSIONS.c
+        found: list[str] = []
+        seen = {session_id}
+        current = session_id
+        while True:
+            parent_id = self.conn.execute(select(s.parent_session_id).where(s.id == current)).scalar()
+            if parent_id is None or parent_id in seen:
+                return found
+            parent = self.conn.execute(select(s.end_reason, s.user_id).where(s.id == parent_id)).first()
+            if parent is None or parent[0] != "compression":
+                return found
+            if user_id and parent[1] and parent[1] != user_id:
+                return found
+            found.append(parent_id)
+            seen.add(parent_id)
+            current = parent_id
 
     def set_expiry_finalized(self, session_id: str, finalized: bool) -> int:
         stmt = update(SESSIONS).where(SESSIONS.c.id == session_id).values(expiry_finalized=1 if finalized else 0)
@@ -163,31 +201,49 @@ class GatewayRepository(Repository):
         source: str,
         session_key: str,
         peer: dict[str, str | None] | None,
+        user_id: str | None = None,
     ) -> dict[str, Any] | None:
-        """Hermes' two-pass resume lookup (read-only).
+        """Hermes' two-pass resume lookup (read-only), v26 rules.
 
         Both passes want a recoverable session (live, or ended by ``agent_close`` /
-        ``ws_orphan_reap``) that has messages (a count above 0 or an actual row), the
-        newest start first. Pass 1 matches ``session_key`` and ``source`` exactly;
-        pass 2 (``peer`` given) matches ``source`` and the peer columns with NULL as ''.
+        ``ws_orphan_reap``) and reject a candidate when a row of the same peer ended
+        with a reset reason after the candidate's last activity (the user started
+        over since). Pass 1 matches ``session_key`` and ``source`` exactly, message-
+        bearing rows first, then ``COALESCE(last_activity_at, started_at)`` newest; a
+        row of another (non-empty) user than ``user_id`` is not taken (ours: Hermes
+        ignores the user there). Pass 2 (``peer`` given) matches ``source`` and the
+        peer columns with NULL as '', needs messages, newest start first.
         """
         s = SESSIONS.alias("s")
-        base = [
-            s.c.source == source,
-            or_(s.c.ended_at.is_(None), s.c.end_reason.in_(RECOVERABLE_END_REASONS)),
-            or_(s.c.message_count > 0, exists().where(MESSAGES.c.session_id == s.c.id)),
-        ]
-        passes: list[list[Any]] = [[s.c.session_key == session_key]]
-        if peer is not None:
-            passes.append([func.coalesce(s.c[col], "") == _blank(value) for col, value in peer.items()])
-        for extra in passes:
-            stmt = (select(literal_column("s.*")).select_from(s).where(and_(*base, *extra))
-                    .order_by(s.c.started_at.desc(), s.c.id.desc()).limit(1))
-            rows = self._rows(stmt)
-            if rows:
-                return rows[0]
-        return None
+        reset = SESSIONS.alias("r")
+        has_messages = or_(s.c.message_count > 0, exists().where(MESSAGES.c.session_id == s.c.id))
+        stamp = s.c.last_activity_at
+        newest = select(func.max(MESSAGES.c.timestamp)).where(MESSAGES.c.session_id == s.c.id).scalar_subquery()
+        later = case((stamp.is_(None), newest), (newest.is_(None), stamp), (stamp > newest, stamp), else_=newest)
+        last_active = func.coalesce(later, s.c.started_at)
+        recoverable = or_(s.c.ended_at.is_(None), s.c.end_reason.in_(RECOVERABLE_END_REASONS))
 
+        def not_reset_since(*same_peer: Any) -> Any:
+            return ~exists().where(reset.c.source == source, *same_peer,
+                                   reset.c.end_reason.in_(sorted(RESET_END_REASONS)), reset.c.ended_at > last_active)
+
+        by_key = [s.c.source == source, s.c.session_key == session_key, recoverable,
+                  not_reset_since(reset.c.session_key == session_key)]
+        if user_id:
+            by_key.append(or_(s.c.user_id.is_(None), s.c.user_id == "", s.c.user_id == user_id))
+        stmt = (select(literal_column("s.*")).select_from(s).where(and_(*by_key))
+                .order_by(case((has_messages, 0), else_=1), func.coalesce(stamp, s.c.started_at).desc(),
+                          s.c.started_at.desc(), s.c.id.desc()).limit(1))
+        rows = self._rows(stmt)
+        if rows or peer is None:
+            return rows[0] if rows else None
+        matches = [func.coalesce(s.c[col], "") == _blank(value) for col, value in peer.items()]
+        same = [func.coalesce(reset.c[col], "") == _blank(value) for col, value in peer.items()]
+        stmt = (select(literal_column("s.*")).select_from(s)
+                .where(s.c.source == source, recoverable, has_messages, *matches, not_reset_since(*same))
+                .order_by(s.c.started_at.desc(), s.c.id.desc()).limit(1))
+        rows = self._rows(stmt)
+        return rows[0] if rows else None
 
 
 # ---------------------------------------------------------------------- repair (Hermes v25-v26)

@@ -68,13 +68,15 @@ class GatewayMixin(Host):
         thread_id: str = None,
         display_name: str = None,
         origin_json: str = None,
+        include_compression_ancestors: bool = False,
     ) -> None:
         """Record who the session talks to. No-op unless ``session_id`` and
-        ``session_key`` are both truthy; unknown id: nothing happens.
+        ``session_key`` are both truthy; an unknown id gets a row (Hermes v26).
 
-        ``session_key``, ``source``, ``user_id``, ``chat_id``, ``chat_type`` and
-        ``thread_id`` are always set (None clears); ``display_name`` and
-        ``origin_json`` only when given.
+        ``session_key`` and ``source`` are always set; every other column only when
+        given: None keeps the stored value (Hermes clears the identity columns).
+        ``include_compression_ancestors``: the same update on the parents reached
+        through compression ends, never past a row of another (non-empty) user.
         """
         if not session_id or not session_key:
             return
@@ -94,7 +96,8 @@ class GatewayMixin(Host):
         if origin_json is not None:
             extras["origin_json"] = _text(origin_json, "origin_json")
         sid = _key(session_id, "session id")
-        self._write(lambda c: GatewayRepository(c).record_peer(sid, peer, extras))
+        up = bool(include_compression_ancestors)
+        self._write(lambda c: GatewayRepository(c).record_peer(sid, peer, extras, ancestors=up))
 
     def set_expiry_finalized(self, session_id: str, finalized: bool = True) -> None:
         """Mark (or unmark) the session's expiry as handled; falsy id: no-op."""
@@ -198,24 +201,32 @@ class GatewayMixin(Host):
         chat_type: Optional[str] = None,
         thread_id: Optional[str] = None,
     ) -> Optional[Dict[str, Any]]:
-        """The newest resumable session (live or ended by agent_close / ws_orphan_reap,
-        with messages) of this peer: by ``session_key`` + ``source`` first, then, when
-        ``chat_id`` and ``chat_type`` are given, by source and peer columns (NULL = '').
-        None when ``session_key`` is falsy. Read-only."""
+        """The session a gateway resumes for this peer (live or ended by agent_close /
+        ws_orphan_reap), or None; None when ``session_key`` is falsy. Read-only.
+
+        Pass 1, ``session_key`` + ``source``: message-bearing rows first, then the most
+        recent ``COALESCE(last_activity_at, started_at)``; a row of another non-empty
+        user than ``user_id`` is skipped (ours). Pass 2, when ``chat_id`` and
+        ``chat_type`` are given: source and peer columns (NULL = ''), with messages.
+        Either pass skips a candidate when a row of the same peer ended with a reset
+        reason after the candidate's last activity.
+        """
         if not session_key:
             return None
         if not isinstance(source, str):
             raise errors.InvalidInputError(f"source must be str, not {type(source).__name__}")
         key = str(_key(session_key, "session_key"))
+        user = _key(user_id, "user_id")
         peer = None
         if chat_id is not None and chat_type is not None:
             peer = {
-                "user_id": _key(user_id, "user_id"),
+                "user_id": user,
                 "chat_id": _key(chat_id, "chat_id"),
                 "chat_type": _key(chat_type, "chat_type"),
                 "thread_id": _key(thread_id, "thread_id"),
             }
-        return self._read(lambda c: GatewayRepository(c).latest_for_peer(source=source, session_key=key, peer=peer))
+        return self._read(lambda c: GatewayRepository(c).latest_for_peer(source=source, session_key=key, peer=peer,
+                                                                         user_id=user))
 
     # ------------------------------------------------------------------ Telegram DM topics
 

@@ -51,7 +51,7 @@ def gateway_session(db, sid: str, *, started_at: float, source: str = "telegram"
 # ---------------------------------------------------------------------- peers
 
 
-def test_peer_sets_routing_columns_unconditionally_and_names_only_when_given(db) -> None:
+def test_peer_sets_given_columns_and_never_clears_with_none(db) -> None:
     db.create_session("s", "cli")
     db.record_gateway_session_peer("s", source="telegram", user_id="u", session_key="agent:main:tg:dm:1",
                                    chat_id="c", chat_type="dm", thread_id="t", display_name="Alice",
@@ -60,12 +60,15 @@ def test_peer_sets_routing_columns_unconditionally_and_names_only_when_given(db)
         "session_key": "agent:main:tg:dm:1", "source": "telegram", "user_id": "u", "chat_id": "c",
         "chat_type": "dm", "thread_id": "t", "display_name": "Alice", "origin_json": '{"platform": "telegram"}',
     }
-    # None overwrites the routing columns; display_name / origin_json stay when not given.
+    # Key and source always change; None keeps the identity columns (ours: Hermes v26 clears
+    # them, losing who the session talks to), and display_name / origin_json stay when not given.
     db.record_gateway_session_peer("s", source="discord", session_key="k2")
     assert peer_of(db, "s") == {
-        "session_key": "k2", "source": "discord", "user_id": None, "chat_id": None, "chat_type": None,
-        "thread_id": None, "display_name": "Alice", "origin_json": '{"platform": "telegram"}',
+        "session_key": "k2", "source": "discord", "user_id": "u", "chat_id": "c", "chat_type": "dm",
+        "thread_id": "t", "display_name": "Alice", "origin_json": '{"platform": "telegram"}',
     }
+    db.record_gateway_session_peer("s", source="discord", session_key="k2", chat_id="c2")
+    assert (peer_of(db, "s")["chat_id"], peer_of(db, "s")["user_id"]) == ("c2", "u")
     db.record_gateway_session_peer("s", source="discord", session_key="k2", display_name="Bob", origin_json="{}")
     assert (peer_of(db, "s")["display_name"], peer_of(db, "s")["origin_json"]) == ("Bob", "{}")
 
@@ -78,10 +81,12 @@ def test_peer_is_a_no_op_without_session_id_or_session_key(db, sid, key) -> None
     assert db.get_session("s") == before
 
 
-def test_peer_of_an_unknown_session_is_silent_and_creates_nothing(db) -> None:
-    assert db.record_gateway_session_peer("ghost", source="telegram", session_key="k") is None
-    assert db.get_session("ghost") is None
-    assert query(db, "SELECT count(*) AS n FROM sessions") == [{"n": 0}]
+def test_peer_of_an_unknown_session_inserts_its_row(db) -> None:
+    """Hermes v26: without include_compression_ancestors a missing row is inserted."""
+    assert db.record_gateway_session_peer("ghost", source="telegram", session_key="k", user_id="u") is None
+    row = db.get_session("ghost")
+    assert (row["source"], row["session_key"], row["user_id"], row["ended_at"]) == ("telegram", "k", "u", None)
+    assert query(db, "SELECT count(*) AS n FROM sessions") == [{"n": 1}]
 
 
 def test_integer_peer_ids_are_stored_as_their_text(db) -> None:
