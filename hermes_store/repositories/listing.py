@@ -61,8 +61,8 @@ from sqlalchemy.sql.selectable import Alias
 from .. import errors
 from ..codec import clean_text, decode_content
 from ..models import Base
+from ..skills import SKILL_INVOCATION_PREFIX, skill_preview
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository
-from .housekeeping import like_escape
 from .lineage import (
     BRANCH_MARKER,
     COMPRESSION,
@@ -114,10 +114,19 @@ _LEAST = bindparam("least", type_=BigInteger)
 _LIMIT, _OFFSET = bindparam("limit", type_=BigInteger), bindparam("offset", type_=BigInteger)
 _IDS_PAT, _TEXT_PAT, _SQUEEZED_PAT = (bindparam(n, type_=String) for n in ("ids_pat", "text_pat", "squeezed_pat"))
 _PREFIX = bindparam("prefix", type_=String)
+_SESSION_KEY = bindparam("session_key", type_=String)
+_WORKSPACE, _WORKSPACE_SLASH = bindparam("ws", type_=String), bindparam("ws_slash", type_=String)
+#: Hermes' reset-child marker and the end reasons a reset follows (v26 §5.2).
+RESET_MARKER = "_reset_from"
+RESET_END_REASONS = ("session_reset", "session_switch", "idle", "daily", "suspended", "resume_pending_expired")
+#: Columns ``compact_rows`` leaves out (Hermes v26): the prompt, its key, the git probe counter.
+COMPACT_DROPS = frozenset({"system_prompt", "system_prompt_hash", "git_metadata_generation"})
 
 #: Row kinds in a listing statement: a page row, a node of the page's forward
 #: subgraph, a row whose marker substring must be checked in Python.
 PAGE, NODE, MARKED, COUNTED = 0, 1, 2, 3
+#: Assistant turns read while looking for the first one with text.
+_SCAN_ROWS = 50
 #: Where the full session columns start in a listing row (kind + the 9 node columns).
 _FULL_AT = 10
 
@@ -153,16 +162,26 @@ def _needle(value: Any) -> str:
     return clean_text(value).strip().lower()
 
 
+def escape_like(text: str) -> str:
+    """``text`` for a LIKE pattern with ESCAPE '\\' (Hermes' ``hermes_state_common.escape_like``):
+    ``\\``, ``%`` and ``_`` match themselves."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def _contains(needle: str) -> str:
     """A LIKE pattern (ESCAPE '\\') finding ``needle`` anywhere, wildcards taken literally."""
-    return f"%{like_escape(needle)}%"
+    return f"%{escape_like(needle)}%"
 
 
 def make_preview(content: Any) -> str:
-    """First user message, newlines folded, cut to 60 characters plus '...'."""
+    """First user message, newlines folded, cut to 60 characters plus '...'; a skill
+    invocation shows as ``/skill — instruction`` (Hermes v26 §5.4)."""
     value = decode_content(content) if isinstance(content, str) else content
     if value is None:
         return ""
+    described = skill_preview(value, PREVIEW_CHARS)
+    if described is not None:
+        return described
     if not isinstance(value, str):
         parts = [p.get("text", "") for p in value if isinstance(p, dict)] if isinstance(value, list) else []
         value = " ".join(x for x in parts if isinstance(x, str) and x)
@@ -276,6 +295,11 @@ class Shape(NamedTuple):
     ids_needle: bool = False
     text_needle: bool = False
     squeezed: bool = False
+    session_key: bool = False  # the session_key filter (v26)
+    hidden: bool = False       # leave out hidden rows (v25; the listing, never the counts)
+    pinned: bool = False       # pinned rows only (include_pinned's second read)
+    reset: bool = False        # the file has a parent's session_key and end reason to tell reset children by
+    by_source: bool = False    # counts per source (session_count_by_source)
 
 
 def _full_columns(f: Any, cols: Sequence[str], activity: bool, prompts: bool) -> list[Any]:
@@ -309,6 +333,12 @@ def _filters(s: Any, p: Any, shape: Shape) -> list[ColumnElement[bool]]:
         conds.append(false())
     if shape.least:
         conds.append(s.c.message_count >= _LEAST)
+    if shape.session_key:
+        conds.append(s.c.session_key == _SESSION_KEY)
+    if shape.hidden:
+        conds.append(func.coalesce(s.c.hidden, 0) == 0)
+    if shape.pinned:
+        conds.append(func.coalesce(s.c.pinned, 0) != 0)
     if shape.archived == "only":
         conds.append(s.c.archived != 0)
     elif shape.archived == "hide":
@@ -321,9 +351,22 @@ def _filters(s: Any, p: Any, shape: Shape) -> list[ColumnElement[bool]]:
             p.c.id.is_(None),  # the parent row is gone: nothing to hang it under
             _has(s, BRANCH_MARKER),
             and_(p.c.end_reason == "branched", p.c.ended_at.is_not(None), s.c.started_at >= p.c.ended_at),
+            *_reset_child(s, p, shape),
         )
         conds.append(and_(listable, _lacks(s, DELEGATE_MARKER)))
     return conds
+
+
+def _reset_child(s: Any, p: Any, shape: Shape) -> list[ColumnElement[bool]]:
+    """Hermes v26 §5.2: a reset child (``_reset_from`` in its config, or the legacy
+    shape: its parent's non-empty session_key while the parent ended for a reset) is
+    listed on its own."""
+    marked = s.c.model_config.like(_contains(RESET_MARKER), escape="\\")
+    if not shape.reset:
+        return [marked]
+    legacy = and_(func.coalesce(s.c.session_key, "") != "", s.c.session_key == p.c.session_key,
+                  p.c.end_reason.in_(RESET_END_REASONS))
+    return [marked, legacy]
 
 
 def _page(shape: Shape) -> Select:
@@ -430,14 +473,20 @@ def _listing_stmt(shape: Shape) -> Select:
 
 @functools.cache
 def _count_stmt(shape: Shape) -> Select:
-    """``(COUNTED, count, NULL, NULL)`` and, when children are excluded, ``(MARKED, NULL,
-    id, model_config)`` per marker row to check: one statement."""
+    """``(COUNTED, count, NULL, NULL)`` (``by_source``: ``(COUNTED, count, source, NULL)``
+    per source) and, when children are excluded,
+    ``(MARKED, NULL, id, model_config)`` per marker row to check: one statement."""
     s, p = _LISTED, _PARENT
     conds = _filters(s, p, shape)
     frm = s.outerjoin(p, p.c.id == s.c.parent_session_id) if not shape.children else s
-    counted = select(literal_column(str(COUNTED), Integer).label("kind"), func.count().label("n"),
-                     cast(null(), String).label("id"), cast(null(), String).label("config")) \
-        .select_from(frm).where(*conds)
+    if shape.by_source:
+        counted = select(literal_column(str(COUNTED), Integer).label("kind"), func.count().label("n"),
+                         s.c.source.label("id"), cast(null(), String).label("config")) \
+            .select_from(frm).where(*conds).group_by(s.c.source)
+    else:
+        counted = select(literal_column(str(COUNTED), Integer).label("kind"), func.count().label("n"),
+                         cast(null(), String).label("id"), cast(null(), String).label("config")) \
+            .select_from(frm).where(*conds)
     if not shape.markers:
         return counted
     scope = _marker_scope().subquery("mks")
@@ -474,7 +523,7 @@ class ListingRepository(Repository):
     def _cols(self, compact: bool) -> tuple[str, ...]:
         present = self.columns_of("sessions")
         return tuple(c.name for c in _S.columns
-                     if c.name in present and not (compact and c.name == "system_prompt"))
+                     if c.name in present and not (compact and c.name in COMPACT_DROPS))
 
     def _prompts_in_sql(self, cols: Sequence[str]) -> bool:
         """Whether the statement itself resolves the prompt (``COALESCE(prompt, system_prompt)``)."""
@@ -506,13 +555,21 @@ class ListingRepository(Repository):
 
     def _filter_params(
         self, *, source: Any, exclude_sources: Any, cwd_prefix: Any, min_message_count: Any,
-        include_archived: bool, archived_only: bool,
+        include_archived: bool, archived_only: bool, sources: Any = None, session_key: Any = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``(shape fields, params)`` of Hermes v23's listing filters."""
+        """``(shape fields, params)`` of Hermes v26's listing filters (``source``, else
+        ``sources``; ``session_key`` exact)."""
         present = self.columns_of("sessions")
-        fields: dict[str, Any] = {}
+        fields: dict[str, Any] = {"reset": "session_key" in present}
         params: dict[str, Any] = {}
-        include, exclude = _listed(source), _listed(exclude_sources)
+        include, exclude = _listed(source) or _listed(sources), _listed(exclude_sources)
+        if session_key is not None:
+            if not isinstance(session_key, str):
+                raise errors.InvalidInputError(f"session_key must be a string, not {type(session_key).__name__}")
+            if "session_key" in present:
+                fields["session_key"], params["session_key"] = True, clean_text(session_key)
+            else:
+                fields["cwd"] = 2  # no such column: nothing matches
         if include:
             fields["include"], params["inc"] = True, include
         if exclude:
@@ -556,6 +613,7 @@ class ListingRepository(Repository):
     def list_rich(
         self,
         source: str | Iterable[str] | None = None,
+        sources: Iterable[str] | None = None,
         exclude_sources: Iterable[str] | None = None,
         cwd_prefix: str | None = None,
         limit: int = 20,
@@ -569,16 +627,21 @@ class ListingRepository(Repository):
         id_query: str | None = None,
         search_query: str | None = None,
         compact_rows: bool = False,
+        include_pinned: bool = False,
+        session_key: str | None = None,
+        include_hidden: bool = False,
     ) -> list[SessionRecord]:
-        """Hermes v23 ``list_sessions_rich`` (see the module docstring for lineage rules).
+        """Hermes v26 ``list_sessions_rich`` (see the module docstring for lineage rules).
 
         Without ``order_by_last_active``: newest start first (id breaks ties). With it:
         by the latest activity anywhere in each row's compression chain, then start and
         id; only then are ``id_query`` / ``search_query`` applied (a row is kept when
         any session of its chain matches). A listed session that ended 'compression'
         is shown as its chain's tip: the tip's TIP_COLUMNS over the row, and
-        ``_lineage_root_id`` naming the listed session. One statement (see the module
-        docstring for the rare second one).
+        ``_lineage_root_id`` naming the listed session. Hidden rows are left out unless
+        ``include_hidden``; ``include_pinned`` appends the pinned rows (same filters)
+        the page lacks. Every row gets ``unread``. One statement (see the module
+        docstring for the rare second one), one more for ``include_pinned``.
         """
         limit_n, offset_n = _count_arg(limit, "limit"), _count_arg(offset, "offset")
         compact = bool(compact_rows)
@@ -587,13 +650,16 @@ class ListingRepository(Repository):
         chain = bool(order_by_last_active)
         ids_needle = _needle(id_query) if chain else ""
         text_needle = _needle(search_query) if chain else ""
-        if not limit_n:
+        if not limit_n and not include_pinned:
             return []
         fields, params = self._filter_params(
-            source=source, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
+            source=source, sources=sources, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
             min_message_count=min_message_count, include_archived=include_archived, archived_only=archived_only,
+            session_key=session_key,
         )
-        params.update(limit=limit_n, offset=offset_n)
+        present = self.columns_of("sessions")
+        if not include_hidden and "hidden" in present:
+            fields["hidden"] = True
         if ids_needle:
             fields["ids_needle"], params["ids_pat"] = True, _contains(ids_needle)
         if text_needle:
@@ -601,6 +667,20 @@ class ListingRepository(Repository):
             squeezed = _COMPACT_RE.sub("", text_needle)
             if squeezed:
                 fields["squeezed"], params["squeezed_pat"] = True, _contains(squeezed)
+        page = self._page_rows(fields, dict(params, limit=limit_n, offset=offset_n), compact, children,
+                               project, chain) if limit_n else []
+        if include_pinned and "pinned" in present:
+            listed = {r["id"] for r in page} | {r["_lineage_root_id"] for r in page if "_lineage_root_id" in r}
+            pinned = self._page_rows(dict(fields, pinned=True), dict(params, limit=MAX_ROWS, offset=0), compact,
+                                     children, project, chain)
+            page += [r for r in pinned if r["id"] not in listed and r.get("_lineage_root_id", r["id"]) not in listed]
+        for row in page:
+            row["unread"] = session_unread(row)  # type: ignore[typeddict-unknown-key]
+        return page
+
+    def _page_rows(self, fields: dict[str, Any], params: dict[str, Any], compact: bool, children: bool,
+                   project: bool, chain: bool) -> list[SessionRecord]:
+        """One listing statement's page, tips projected."""
         cols = self._cols(compact)
         prompts = not compact and self._prompts_in_sql(cols)
         markers = not children or chain
@@ -645,6 +725,7 @@ class ListingRepository(Repository):
     def count(
         self,
         source: str | Iterable[str] | None = None,
+        sources: Iterable[str] | None = None,
         cwd_prefix: str | None = None,
         min_message_count: int = 0,
         include_archived: bool = False,
@@ -652,16 +733,42 @@ class ListingRepository(Repository):
         exclude_children: bool = False,
         exclude_sources: Iterable[str] | None = None,
     ) -> int:
-        """Hermes v23 ``session_count``: the listing's filters, no projection (a chain counts
-        once, through its root, when children are excluded). One statement."""
+        """Hermes v26 ``session_count``: the listing's filters (hidden rows counted), no
+        projection (a chain counts once, through its root, when children are excluded).
+        One statement."""
+        return sum(self._counts(source, sources, cwd_prefix, min_message_count, include_archived, archived_only,
+                                exclude_children, exclude_sources, by_source=False).values())
+
+    def count_by_source(self, include_archived: bool = False, archived_only: bool = False,
+                        exclude_children: bool = False) -> dict[str, int]:
+        """Hermes v26 ``session_count_by_source``: the same counts per source (a missing
+        or empty source is 'cli'). One statement."""
+        return self._counts(None, None, None, 0, include_archived, archived_only, exclude_children, None,
+                            by_source=True)
+
+    def _counts(self, source: Any, sources: Any, cwd_prefix: Any, min_message_count: Any, include_archived: bool,
+                archived_only: bool, exclude_children: bool, exclude_sources: Any, *, by_source: bool
+                ) -> dict[str, int]:
         fields, params = self._filter_params(
-            source=source, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
+            source=source, sources=sources, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
             min_message_count=min_message_count, include_archived=include_archived, archived_only=archived_only,
         )
         markers = bool(exclude_children)
-        shape = Shape((), False, False, False, not markers, markers, False, **fields)
+        shape = Shape((), False, False, False, not markers, markers, False, by_source=by_source, **fields)
         rows = self._run(_count_stmt(shape), params, markers, 0, 2, 3)
-        return next((int(r[1] or 0) for r in rows if r[0] == COUNTED), 0)
+        out: dict[str, int] = {}
+        for r in rows:
+            if r[0] == COUNTED:
+                name = r[2] or "cli"
+                out[name] = out.get(name, 0) + int(r[1] or 0)
+        return out
+
+    def count_at_least(self, n: Any) -> bool:
+        """Whether the store holds at least ``n`` sessions of any kind (reads at most ``n`` ids)."""
+        wanted = _count_arg(n, "n")
+        if wanted <= 0:
+            return True
+        return self.conn.execute(select(_S.c.id).limit(1).offset(wanted - 1)).first() is not None
 
     def cron_job_runs(self, job_id: Any, limit: int = 20, offset: int = 0) -> list[SessionRecord]:
         """Runs of one cron job: ``source='cron'`` sessions whose id starts ``cron_<job_id>_``.
@@ -680,15 +787,17 @@ class ListingRepository(Repository):
         self._resolve(rows, False, prompts)
         return rows
 
-    def search_by_id(self, query: Any, limit: Any = 20, include_archived: bool = True) -> list[SessionRecord]:
-        """Hermes v23 ``search_sessions_by_id``: chains whose ids contain the query, exact
+    def search_by_id(self, query: Any, limit: Any = 20, include_archived: bool = True, source: Any = None,
+                     sources: Any = None, exclude_sources: Any = None) -> list[SessionRecord]:
+        """Hermes v26 ``search_sessions_by_id``: chains whose ids contain the query, exact
         matches (the row's id or its chain root's) first, then prefixes, then the rest;
-        stable within each group (most recent activity first)."""
+        stable within each group (most recent activity first); the listing's source filters."""
         needle = _needle(query) if query is not None else ""
         n = _count_arg(limit, "limit")
         if not needle or n <= 0:
             return []
-        rows = self.list_rich(limit=max(4 * n, n), include_archived=include_archived,
+        rows = self.list_rich(source=source, sources=sources, exclude_sources=exclude_sources,
+                              limit=max(4 * n, n), include_archived=include_archived,
                               order_by_last_active=True, id_query=needle)
 
         def rank(row: SessionRecord) -> int:
@@ -699,25 +808,87 @@ class ListingRepository(Repository):
 
         return sorted(rows, key=rank)[:n]
 
-    def search(self, source: str | Iterable[str] | None = None, limit: int = 20, offset: int = 0
-               ) -> list[SessionRecord]:
-        """``search_sessions``: every session (children and archived too), most recent activity first."""
+    def search(self, source: str | Iterable[str] | None = None, limit: int = 20, offset: int = 0,
+               workspace_key: str | None = None) -> list[SessionRecord]:
+        """``search_sessions``: every session (children and archived too), most recent
+        activity first (then start, then id). ``workspace_key``: sessions of that
+        repository root, or without a root whose cwd is the key or below it."""
         t = _ROW
         include = _listed(source)
         activity = last_active(t, self._has_activity).label("last_active")
         present = self.columns_of("sessions")
         stmt = select(*(t.c[c.name] for c in _S.columns if c.name in present), activity)
+        params: dict[str, Any] = {}
         if include:
             stmt = stmt.where(t.c.source.in_(include))
-        stmt = stmt.order_by(activity.desc(), t.c.id.desc()) \
+        if workspace_key:
+            if not isinstance(workspace_key, str):
+                raise errors.InvalidInputError(f"workspace_key must be a string, not {type(workspace_key).__name__}")
+            key = clean_text(workspace_key).rstrip("/\\") or clean_text(workspace_key)
+            params.update(ws=key, ws_slash=key.rstrip("/") + "/")
+            under = or_(t.c.cwd == _WORKSPACE,
+                        func.substr(t.c.cwd, 1, func.length(_WORKSPACE_SLASH)) == _WORKSPACE_SLASH)
+            stmt = stmt.where(or_(t.c.git_repo_root == _WORKSPACE,
+                                  and_(func.coalesce(t.c.git_repo_root, "") == "", under)))
+        stmt = stmt.order_by(activity.desc(), t.c.started_at.desc(), t.c.id.desc()) \
             .limit(_count_arg(limit, "limit")).offset(_count_arg(offset, "offset"))
-        rows = [dict(r) for r in self.conn.execute(stmt).mappings()]
+        rows = [dict(r) for r in self.conn.execute(stmt, params).mappings()]
         SessionRepository(self.conn).resolve_prompts(rows)
         return rows  # type: ignore[return-value]
 
-    def rich_row(self, session_id: str) -> SessionRecord | None:
+    def rich_row(self, session_id: str, compact: bool = False) -> SessionRecord | None:
         """One session as the listing shows it (row, preview, last_active); None when unknown."""
-        return self._rows_by_id([session_id], False).get(session_id)
+        if not isinstance(session_id, str):
+            return None
+        return self._rows_by_id([session_id], bool(compact)).get(session_id)
+
+    def skill_scaffolded(self, limit: Any = 200) -> list[dict[str, Any]]:
+        """Titled sessions whose first user turn invokes a skill: ``{id, title, content}``,
+        newest first."""
+        t = _ROW
+        first = _first_user_content(t).label("content")
+        inner = select(t.c.id, t.c.title, t.c.started_at, first) \
+            .where(func.coalesce(t.c.title, "") != "").subquery("titled")
+        stmt = select(inner.c.id, inner.c.title, inner.c.content) \
+            .where(inner.c.content.like(escape_like(SKILL_INVOCATION_PREFIX) + "%", escape="\\")) \
+            .order_by(inner.c.started_at.desc(), inner.c.id.desc()).limit(_count_arg(limit, "limit"))
+        return [{"id": i, "title": title, "content": content} for i, title, content in self.conn.execute(stmt)]
+
+    def first_assistant_text(self, session_id: Any) -> str:
+        """The text of the session's first live assistant turn that has any ('' if none)."""
+        if not isinstance(session_id, str) or not session_id:
+            return ""
+        stmt = select(_M.c.content).where(_M.c.session_id == session_id, _M.c.role == "assistant",
+                                         _M.c.active == 1, _M.c.content.is_not(None), _M.c.content != "") \
+            .order_by(_M.c.timestamp, _M.c.id)
+        for (content,) in self.conn.execute(stmt.limit(_SCAN_ROWS)):
+            text = _plain_text(content)
+            if text.strip():
+                return text
+        return ""
 
 
-__all__ = ["ListingRepository", "Shape", "exceptions_of", "last_active", "make_preview"]
+def session_unread(row: Any) -> bool:
+    """Hermes v25 ``session_unread``: never read (``last_read_at`` None) is not unread;
+    else whether the session moved (``last_active``, else its start) after the read."""
+    if not isinstance(row, dict):
+        return False
+    read = row.get("last_read_at")
+    if read is None:
+        return False
+    moved = row.get("last_active") or row.get("started_at")
+    try:
+        return moved is not None and float(moved) > float(read)
+    except (TypeError, ValueError):
+        return False
+
+
+def _plain_text(content: Any) -> str:
+    value = decode_content(content)
+    if isinstance(value, list):
+        return " ".join(p["text"] for p in value if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return value if isinstance(value, str) else ""
+
+
+__all__ = ["ListingRepository", "Shape", "escape_like", "exceptions_of", "last_active", "make_preview",
+           "session_unread"]

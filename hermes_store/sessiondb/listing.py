@@ -6,7 +6,7 @@ The queries are in :mod:`hermes_store.repositories.listing` (sessions) and
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..repositories import SearchRepository
 from ..repositories.listing import ListingRepository
@@ -20,7 +20,8 @@ class ListingMixin(Host):
 
     def list_sessions_rich(
         self,
-        source: Optional[str | Iterable[str]] = None,
+        source: Optional[str] = None,
+        sources: Optional[List[str]] = None,
         exclude_sources: Optional[List[str]] = None,
         cwd_prefix: Optional[str] = None,
         limit: int = 20,
@@ -34,26 +35,32 @@ class ListingMixin(Host):
         id_query: Optional[str] = None,
         search_query: Optional[str] = None,
         compact_rows: bool = False,
+        include_pinned: bool = False,
+        session_key: Optional[str] = None,
+        include_hidden: bool = False,
     ) -> List[Dict[str, Any]]:
-        """Sessions with ``preview`` and ``last_active``, lineage-aware (Hermes v23).
+        """Sessions with ``preview``, ``last_active`` and ``unread``, lineage-aware (Hermes v26).
 
-        Children are hidden unless ``include_children`` (branches stay listed, delegates
-        never); archived sessions are hidden unless ``include_archived`` or
-        ``archived_only``. A compression chain is listed once, as its tip, marked with
-        ``_lineage_root_id``. ``id_query`` / ``search_query`` apply only with
-        ``order_by_last_active=True``. ``source`` may also be a list of sources (ours).
+        Children are hidden unless ``include_children`` (branches and reset children stay
+        listed, delegates never); archived sessions unless ``include_archived`` or
+        ``archived_only``; hidden ones unless ``include_hidden``. A compression chain is
+        listed once, as its tip, marked with ``_lineage_root_id``. ``id_query`` /
+        ``search_query`` apply only with ``order_by_last_active=True``.
+        ``include_pinned`` appends the pinned sessions the page lacks (same filters).
+        ``source`` else ``sources`` filter by source (``source`` may be a list too: ours).
         """
         return self._read(  # type: ignore[return-value]
             lambda c: ListingRepository(c).list_rich(
-                source, exclude_sources, cwd_prefix, limit, offset, include_children, min_message_count,
+                source, sources, exclude_sources, cwd_prefix, limit, offset, include_children, min_message_count,
                 project_compression_tips, order_by_last_active, include_archived, archived_only,
-                id_query, search_query, compact_rows,
+                id_query, search_query, compact_rows, bool(include_pinned), session_key, bool(include_hidden),
             )
         )
 
     def session_count(
         self,
-        source: Optional[str | Iterable[str]] = None,
+        source: Optional[str] = None,
+        sources: Optional[List[str]] = None,
         cwd_prefix: Optional[str] = None,
         min_message_count: int = 0,
         include_archived: bool = False,
@@ -61,12 +68,26 @@ class ListingMixin(Host):
         exclude_children: bool = False,
         exclude_sources: Optional[List[str]] = None,
     ) -> int:
-        """How many sessions match the listing's filters (archived ones left out by default)."""
+        """How many sessions match the listing's filters (archived ones left out by
+        default; hidden ones counted, as in Hermes)."""
         return self._read(
             lambda c: ListingRepository(c).count(
-                source, cwd_prefix, min_message_count, include_archived, archived_only, exclude_children,
+                source, sources, cwd_prefix, min_message_count, include_archived, archived_only, exclude_children,
                 exclude_sources,
             )
+        )
+
+    def session_count_ge(self, n: int = 1) -> bool:
+        """Whether at least ``n`` sessions of any kind exist (cheaper than counting them all)."""
+        return self._read(lambda c: ListingRepository(c).count_at_least(n))
+
+    def session_count_by_source(
+        self, *, include_archived: bool = False, archived_only: bool = False, exclude_children: bool = False
+    ) -> Dict[str, int]:
+        """``{source: count}`` under the listing's filters; no source counts as 'cli'."""
+        return self._read(
+            lambda c: ListingRepository(c).count_by_source(
+                bool(include_archived), bool(archived_only), bool(exclude_children))
         )
 
     def list_cron_job_runs(self, job_id: str, limit: int = 20, offset: int = 0) -> List[Dict[str, Any]]:
@@ -76,20 +97,43 @@ class ListingMixin(Host):
         )
 
     def search_sessions_by_id(
-        self, query: str, limit: int = 20, include_archived: bool = True
+        self,
+        query: str,
+        limit: int = 20,
+        include_archived: bool = True,
+        source: Optional[str] = None,
+        sources: Optional[List[str]] = None,
+        exclude_sources: Optional[List[str]] = None,
     ) -> List[Dict[str, Any]]:
         """Sessions (chains) whose ids contain ``query``: exact, then prefix, then substring matches."""
         return self._read(  # type: ignore[return-value]
-            lambda c: ListingRepository(c).search_by_id(query, limit, include_archived)
+            lambda c: ListingRepository(c).search_by_id(query, limit, include_archived, source, sources,
+                                                        exclude_sources)
         )
 
-    def search_sessions(self, source: Optional[str] = None, limit: int = 20, offset: int = 0) -> List[Dict[str, Any]]:
-        """Every session (children and archived included), most recent activity first."""
-        return self._read(lambda c: ListingRepository(c).search(source, limit, offset))  # type: ignore[return-value]
+    def search_sessions(
+        self, source: Optional[str] = None, limit: int = 20, offset: int = 0, workspace_key: Optional[str] = None
+    ) -> List[Dict[str, Any]]:
+        """Every session (children and archived included), most recent activity first;
+        ``workspace_key`` keeps one repository's (its root, else its cwd at or below the key)."""
+        return self._read(  # type: ignore[return-value]
+            lambda c: ListingRepository(c).search(source, limit, offset, workspace_key)
+        )
 
-    def _get_session_rich_row(self, session_id: str) -> Optional[Dict[str, Any]]:
+    def get_session_rich_row(self, session_id: str, compact_rows: bool = False) -> Optional[Dict[str, Any]]:
         """One session row plus ``preview`` and ``last_active`` (what a listing shows); None if unknown."""
-        return self._read(lambda c: ListingRepository(c).rich_row(session_id))  # type: ignore[return-value]
+        return self._read(lambda c: ListingRepository(c).rich_row(session_id, bool(compact_rows)))  # type: ignore[return-value]
+
+    def _get_session_rich_row(self, session_id: str, compact_rows: bool = False) -> Optional[Dict[str, Any]]:
+        return self.get_session_rich_row(session_id, compact_rows)
+
+    def list_skill_scaffolded_sessions(self, limit: int = 200) -> List[Dict[str, Any]]:
+        """Titled sessions whose first user turn invoked a skill: ``{id, title, content}``."""
+        return self._read(lambda c: ListingRepository(c).skill_scaffolded(limit))
+
+    def get_first_assistant_text(self, session_id: str) -> str:
+        """The first assistant reply's text ('' when there is none)."""
+        return self._read(lambda c: ListingRepository(c).first_assistant_text(session_id))
 
     def search_messages(
         self,

@@ -57,36 +57,39 @@ def _params(fn) -> list[tuple[str, str, object]]:
     return [(p.name, p.kind.name, p.default) for p in inspect.signature(fn).parameters.values()]
 
 
-def test_signatures_are_hermes_v23(hermes_state) -> None:
+def test_signatures_are_hermes_v26(hermes_state) -> None:
     S = hermes_state.SessionDB
     assert _params(S.list_sessions_rich) == [
-        ("self", PK, E), ("source", PK, None), ("exclude_sources", PK, None), ("cwd_prefix", PK, None),
-        ("limit", PK, 20), ("offset", PK, 0), ("include_children", PK, False), ("min_message_count", PK, 0),
-        ("project_compression_tips", PK, True), ("order_by_last_active", PK, False),
+        ("self", PK, E), ("source", PK, None), ("sources", PK, None), ("exclude_sources", PK, None),
+        ("cwd_prefix", PK, None), ("limit", PK, 20), ("offset", PK, 0), ("include_children", PK, False),
+        ("min_message_count", PK, 0), ("project_compression_tips", PK, True), ("order_by_last_active", PK, False),
         ("include_archived", PK, False), ("archived_only", PK, False), ("id_query", PK, None),
-        ("search_query", PK, None), ("compact_rows", PK, False),
+        ("search_query", PK, None), ("compact_rows", PK, False), ("include_pinned", PK, False),
+        ("session_key", PK, None), ("include_hidden", PK, False),
     ]
     assert _params(S.session_count) == [
-        ("self", PK, E), ("source", PK, None), ("cwd_prefix", PK, None), ("min_message_count", PK, 0),
-        ("include_archived", PK, False), ("archived_only", PK, False), ("exclude_children", PK, False),
-        ("exclude_sources", PK, None),
+        ("self", PK, E), ("source", PK, None), ("sources", PK, None), ("cwd_prefix", PK, None),
+        ("min_message_count", PK, 0), ("include_archived", PK, False), ("archived_only", PK, False),
+        ("exclude_children", PK, False), ("exclude_sources", PK, None),
     ]
     assert _params(S.list_cron_job_runs) == [("self", PK, E), ("job_id", PK, E), ("limit", PK, 20), ("offset", PK, 0)]
     assert _params(S.search_sessions_by_id) == [
-        ("self", PK, E), ("query", PK, E), ("limit", PK, 20), ("include_archived", PK, True)]
-    assert _params(S.search_sessions) == [("self", PK, E), ("source", PK, None), ("limit", PK, 20), ("offset", PK, 0)]
+        ("self", PK, E), ("query", PK, E), ("limit", PK, 20), ("include_archived", PK, True), ("source", PK, None),
+        ("sources", PK, None), ("exclude_sources", PK, None)]
+    assert _params(S.search_sessions) == [("self", PK, E), ("source", PK, None), ("limit", PK, 20), ("offset", PK, 0),
+                                          ("workspace_key", PK, None)]
 
 
-def test_positional_calls_follow_the_v23_order(db) -> None:
-    """cwd_prefix is 3rd and min_message_count 7th: a v11-style positional call would break."""
+def test_positional_calls_follow_the_v26_order(db) -> None:
+    """v26 put ``sources`` 2nd: cwd_prefix is 4th and min_message_count 8th (session_count: 4th)."""
     add(db, "in_proj", 100.0, cwd="/proj", user="hi")
     db.append_message("in_proj", "assistant", "hello", timestamp=102.0)
     add(db, "in_proj_quiet", 200.0, cwd="/proj", user="one")
     add(db, "elsewhere", 300.0, cwd="/other", user="hi")
-    assert ids(db.list_sessions_rich(None, None, "/proj")) == ["in_proj_quiet", "in_proj"]
-    assert ids(db.list_sessions_rich(None, None, "/proj", 20, 0, False, 2)) == ["in_proj"]
-    assert ids(db.list_sessions_rich(None, None, None, 1, 1)) == ["in_proj_quiet"]
-    assert db.session_count(None, "/proj", 2) == 1
+    assert ids(db.list_sessions_rich(None, None, None, "/proj")) == ["in_proj_quiet", "in_proj"]
+    assert ids(db.list_sessions_rich(None, None, None, "/proj", 20, 0, False, 2)) == ["in_proj"]
+    assert ids(db.list_sessions_rich(None, None, None, None, 1, 1)) == ["in_proj_quiet"]
+    assert db.session_count(None, None, "/proj", 2) == 1
     assert db.session_count("cli") == 3  # source is still first
 
 
@@ -346,17 +349,21 @@ def test_equal_activity_falls_back_to_start_then_id(db) -> None:
     assert ids(db.list_sessions_rich(order_by_last_active=True)) == ["c", "b", "a"]
 
 
+COMPACT_DROPS = ("system_prompt", "system_prompt_hash", "git_metadata_generation")
+
+
 def test_compact_rows_leave_out_the_system_prompt_everywhere(db) -> None:
+    """v26: compact rows drop the prompt, its hash and the git probe counter."""
     chain(db)
     rows = db.list_sessions_rich(compact_rows=True)
     assert pairs(rows) == [("other", None), ("tip", "root")]
     for row in rows:
-        assert "system_prompt" not in row
-        assert {"id", "model_config", "cwd", "archived", "title", "preview", "last_active"} <= set(row)
+        assert not set(COMPACT_DROPS) & set(row)
+        assert {"id", "model_config", "cwd", "archived", "title", "preview", "last_active", "unread"} <= set(row)
     assert rows[1]["cwd"] == "/t"
     full = db.list_sessions_rich()
-    assert all("system_prompt" in r for r in full)
-    assert {k: v for k, v in full[1].items() if k != "system_prompt"} == rows[1]
+    assert all(set(COMPACT_DROPS) <= set(r) for r in full)
+    assert {k: v for k, v in full[1].items() if k not in COMPACT_DROPS} == rows[1]
 
 
 def test_a_parent_link_cycle_ends_every_walk(db) -> None:
