@@ -11,8 +11,9 @@ other transaction and then does nothing, and the final SELECT sees whoever commi
 Every removal of someone else's lease is a compare-and-delete of the row exactly as it
 was read (holder and expiry), so a refresh that landed in between wins.
 
-Publication and the orphan reopen lock the parent's row (``FOR UPDATE``; SQLite's
-writer lock does the same) so the two never interleave on PostgreSQL.
+Publication and the orphan reopen lock the parent's lease row, then the parent's row
+(``FOR UPDATE``, in that order in both; SQLite's writer lock serializes them anyway), so
+on PostgreSQL the two never interleave and never deadlock.
 """
 
 from __future__ import annotations
@@ -212,10 +213,10 @@ class CompressionRepository(Repository):
         False when it did not end 'compression', has any continuation (ended or not),
         or a live lease; an expired lease is removed only if it is still the row read.
         """
+        lease = self._lease(session_id)  # the lease row first, then the session's: publication's order
         parent = self.conn.execute(select(_S.end_reason).where(_S.id == session_id).with_for_update()).first()
         if parent is None or parent[0] != COMPRESSION or self._children(session_id, live_only=False):
             return False
-        lease = self._lease(session_id)
         if lease is not None:
             if lease[1] is not None and float(lease[1]) >= now():
                 return False

@@ -1,7 +1,7 @@
 """Lineage: compression tips, resume targets, roots, compression lineages, ancestors, descendants.
 
-Hermes v23 rules (see repositories/lineage.py for the forward compression edge and the
-per-step order). Every walk is cycle-safe; ours go up to MAX_DEPTH hops instead of
+Hermes v23 rules with v26's changes (see repositories/lineage.py for the forward
+compression edge, the per-step order, forks and reset children). Every walk is cycle-safe; ours go up to MAX_DEPTH hops instead of
 Hermes' 100, so a very long chain is never cut mid-way.
 """
 
@@ -40,7 +40,8 @@ class LineageMixin(Host):
 
     def resolve_resume_session_id(self, session_id: str) -> str:
         """Which session a resume of ``session_id`` should open: the deepest session holding
-        messages on the most-recent-child path below its compression tip, else the tip."""
+        messages on the most-recent-child path below its compression tip (never a reset
+        child, v26), else the tip."""
         if not session_id:
             return session_id
         try:
@@ -58,7 +59,8 @@ class LineageMixin(Host):
         return self._read(lambda c: LineageRepository(c).conversation_root(session_id))
 
     def get_compression_lineage(self, session_id: str) -> List[str]:
-        """Root-first ids of the compression chain through ``session_id`` ([] when unknown)."""
+        """Root-first ids of the compression chain through ``session_id`` ([] when unknown);
+        forks (tool runs, branches/delegates of their own parent) are not part of it (v26)."""
         if not session_id:
             return []
         return self._read(lambda c: LineageRepository(c).compression_lineage(session_id))
