@@ -47,8 +47,12 @@ class Repair:
     #: ``drop_column`` (of a later version, holding nothing), ``set_aside_table`` /
     #: ``set_aside_column`` (of a later version, holding data: moved aside, dropped, and
     #: put back once the revision that creates it has run), ``add_column``,
-    #: ``create_table``, ``add_foreign_key``, ``create_object`` / ``replace_object``
-    #: (an index/trigger/view of the stamped revision), ``fts_reset``.
+    #: ``create_table``, ``rename_titles`` (duplicate titles made unique),
+    #: ``rebuild_table`` (a table whose columns Hermes declares otherwise, e.g. an older
+    #: primary key or a nullable ``messages.active``, rebuilt as the stamped revision
+    #: declares it; NULLs of a NOT NULL column take its default, as Hermes does),
+    #: ``add_foreign_key``, ``create_object`` / ``replace_object`` (an
+    #: index/trigger/view of the stamped revision), ``fts_reset``.
     kind: str
     description: str
     table: str | None = None
@@ -228,6 +232,8 @@ _REPAIR_ORDER = {
     "set_aside_column": 2,
     "add_column": 3,
     "create_table": 3,
+    "rename_titles": 3,
+    "rebuild_table": 4,
     "add_foreign_key": 4,
     "replace_object": 5,
     "create_object": 5,
@@ -283,6 +289,8 @@ def _compare(
                 Repair("create_table", f"create missing table {table} (it holds nothing yet)", table, name=table)
             )
             continue
+        missing: list[Repair] = []
+        declared: list[tuple[str, str, str]] = []
         for col, want in spec["columns"].items():
             have = got["columns"].get(col)
             if have is None:
@@ -290,15 +298,17 @@ def _compare(
                 if sql is None:
                     det.problems.append(f"column {table}.{col} ({want}) is missing and cannot be added")
                 else:
-                    det.repairs.append(Repair("add_column", f"add missing column {table}.{col} {want}", table, col, sql))
+                    missing.append(Repair("add_column", f"add missing column {table}.{col} {want}", table, col, sql))
             elif have != want:
-                det.problems.append(f"column {table}.{col} is {have!r}, expected {want!r}")
+                declared.append((col, have, want))
+        extras: list[str] = []
         for col, have in got["columns"].items():
             if col in spec["columns"]:
                 continue
             want = later["columns"].get(f"{table}.{col}")
             if want is None:
                 det.extra_columns.setdefault(table, []).append(col)
+                extras.append(col)
             elif have != want:
                 det.problems.append(
                     f"column {table}.{col} belongs to a later Hermes schema than the file's schema_version "
@@ -315,6 +325,13 @@ def _compare(
                            "it) and put them back after the upgrade", table, col,
                            f"ALTER TABLE {_q(table)} DROP COLUMN {_q(col)}")
                 )
+        if declared:
+            # Hermes never checks a kept column's declaration and heals older primary
+            # keys by a rebuild; the copy is rebuilt as the stamped revision declares
+            # the table (which also adds missing columns and foreign keys).
+            det.repairs += _rebuild_repairs(conn, table, got, declared, extras, det.problems)
+            continue
+        det.repairs += missing
         have_fks, want_fks = set(got["fks"]), set(spec["fks"])
         if have_fks < want_fks:
             det.repairs.append(
@@ -325,6 +342,15 @@ def _compare(
             det.problems.append(f"foreign keys of {table} are {got['fks']}, expected {spec['fks']}")
         if spec.get("autoincrement", False) != got.get("autoincrement", False):
             det.problems.append(f"AUTOINCREMENT of {table} differs from Hermes' schema")
+    if "sessions" in ref["tables"] and "title" in ref["tables"]["sessions"]["columns"]:
+        renames = title_renames(conn)
+        if renames:
+            det.repairs.append(
+                Repair("rename_titles", f"{len(renames)} sessions share a title with another one (Hermes' schema "
+                       "keeps titles unique; Hermes would erase theirs): renamed, the newest keeps it: "
+                       + "; ".join(f"{sid}: {old!r} -> {new!r}" for _rowid, sid, old, new in renames),
+                       "sessions", "title")
+            )
     fts_changes: list[str] = []
     for kind, label in _LABELS.items():
         for name, sql in ref[kind].items():
@@ -363,6 +389,77 @@ def _compare(
         )
     det.repairs.sort(key=lambda r: _REPAIR_ORDER[r.kind])
     return det
+
+
+def _rebuild_repairs(
+    conn: sqlite3.Connection,
+    table: str,
+    got: dict[str, Any],
+    declared: list[tuple[str, str, str]],
+    extras: list[str],
+    problems: list[str],
+) -> list[Repair]:
+    """The repair that turns ``table`` into the stamped revision's declaration.
+
+    NULLs of a column it declares NOT NULL take the declared default (Hermes'
+    ``active IS NULL → 1``); every other value is kept as stored (the copy checks it,
+    and adoption stops rather than convert one). What cannot be kept is a problem: a
+    NULL where no default exists, an unknown extra column ``ADD COLUMN`` cannot re-create.
+    """
+    fills = []
+    for col, _have, want in declared:
+        m = _SPEC.match(want)
+        if not m or not m.group("nn"):
+            continue
+        nulls = conn.execute(f"SELECT count(*) FROM {_q(table)} WHERE {_q(col)} IS NULL").fetchone()[0]
+        if not nulls:
+            continue
+        dflt = m.group("dflt")
+        if dflt is None or not _LITERAL.match(dflt):
+            problems.append(f"column {table}.{col} holds NULL in {nulls} rows; Hermes' schema requires a value")
+        else:
+            fills.append(f"{nulls} NULL values of {col} set to its default {dflt}, as Hermes does")
+    for col in extras:
+        spec = got["columns"][col]
+        m = _SPEC.match(spec)
+        if m is None or m.group("pk") or _add_column_sql(table, col, spec) is None:
+            problems.append(f"column {table}.{col} ({spec}) would be lost rebuilding {table} as Hermes declares it")
+    changes = "; ".join(f"{col} {have!r} -> {want!r}" for col, have, want in declared)
+    kept = "; ".join(fills) if fills else "every value kept"
+    return [
+        Repair("rebuild_table", f"rebuild {table} as Hermes' schema declares it ({changes}); every row kept, {kept}",
+               table, name=table)
+    ]
+
+
+def title_renames(conn: sqlite3.Connection) -> list[tuple[int, str, str, str]]:
+    """(rowid, session id, title, new title) for sessions whose title another one has.
+
+    The newest (highest rowid) keeps the title, which is the one Hermes keeps; the
+    others get `` (2)``, `` (3)``… in rowid order, skipping titles already in use,
+    so no title is lost and the unique index can be built.
+    """
+    cols = {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}
+    if "title" not in cols:
+        return []
+    dupes = conn.execute(
+        "SELECT rowid, id, title FROM sessions WHERE title IN "
+        "(SELECT title FROM sessions WHERE title IS NOT NULL GROUP BY title HAVING count(*) > 1) "
+        "AND rowid <> (SELECT max(s2.rowid) FROM sessions AS s2 WHERE s2.title = sessions.title) "
+        "ORDER BY title, rowid"
+    ).fetchall()
+    if not dupes:
+        return []
+    taken = {r[0] for r in conn.execute("SELECT title FROM sessions WHERE title IS NOT NULL")}
+    out = []
+    for rowid, sid, title in dupes:
+        n = 2
+        while f"{title} ({n})" in taken:
+            n += 1
+        new = f"{title} ({n})"
+        taken.add(new)
+        out.append((rowid, sid, title, new))
+    return out
 
 
 def _closest_shape(version: int, live: dict[str, Any]) -> str:

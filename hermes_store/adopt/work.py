@@ -23,7 +23,18 @@ from alembic import command
 from .. import errors
 from ..introspect import diff, snapshot
 from ..paths import create_private_database, migration_connection, readonly_connection, revision_order, run_alembic
-from .shape import AdoptionReport, Detected, Repair, _q, _table_names, fts_names, is_hermes_revision
+from .shape import (
+    _LITERAL,
+    _SPEC,
+    AdoptionReport,
+    Detected,
+    Repair,
+    _q,
+    _table_names,
+    fts_names,
+    is_hermes_revision,
+    title_renames,
+)
 from .swap import step
 
 Progress = Callable[[str, float], None]
@@ -563,6 +574,11 @@ def _apply_repairs(conn: sqlite3.Connection, det: Detected, fresh: Callable[[], 
             _add_foreign_keys(conn, repair.table, fresh().fks.get(repair.table, []))  # type: ignore[arg-type]
         elif repair.kind == "fts_reset":
             _reset_fts(conn, fresh())
+        elif repair.kind == "rebuild_table":
+            _rebuild_as_declared(conn, repair.table, fresh())  # type: ignore[arg-type]
+        elif repair.kind == "rename_titles":
+            for rowid, _sid, _old, new in title_renames(conn):
+                conn.execute("UPDATE sessions SET title = ? WHERE rowid = ?", (new, rowid))
         else:
             conn.execute(repair.sql)  # type: ignore[arg-type]
     return aside
@@ -617,21 +633,67 @@ def _add_foreign_keys(conn: sqlite3.Connection, table: str, wanted: list[tuple[s
 _NOT_NAME = r"[^A-Za-z0-9_$]"
 
 
-def _rebuild_table(conn: sqlite3.Connection, table: str, body: str) -> None:
+def _rebuild_as_declared(conn: sqlite3.Connection, table: str, fresh: Fresh) -> None:
+    """Rebuild ``table`` with the stamped revision's own ``CREATE TABLE`` (what Hermes'
+    primary-key heals do), unknown extra columns re-added after it. A NULL in a column
+    declared NOT NULL takes the declared default; every other value stays as stored."""
+    sql = fresh.objects[table][2]
+    wanted = fresh.snapshot["tables"][table]["columns"]
+    extra, fill = [], {}
+    for _cid, name, type_, notnull, dflt, _pk in conn.execute(f"PRAGMA table_info({_q(table)})").fetchall():
+        if name not in wanted:
+            extra.append(" ".join(
+                [_q(name), type_ or ""] + (["NOT NULL"] if notnull else []) + ([f"DEFAULT {dflt}"] if dflt is not None else [])
+            ))
+            continue
+        m = _SPEC.match(wanted[name])
+        if m and m.group("nn") and m.group("dflt") is not None and _LITERAL.match(m.group("dflt")):
+            fill[name] = m.group("dflt")
+    _rebuild_table(conn, table, sql[sql.index("("):], extra=extra, fill=fill)
+
+
+def _same_values(conn: sqlite3.Connection, old: str, new: str, cols: list[str], fill: dict[str, str]) -> bool:
+    """Every value of ``cols`` in ``old`` (NULLs of ``fill`` as their default) is in
+    ``new`` with the same storage class, and back."""
+    def pick(filled: bool) -> str:
+        exprs = [f"COALESCE({_q(c)}, {fill[c]})" if filled and c in fill else _q(c) for c in cols]
+        return ", ".join(f"{e}, typeof({e})" for e in exprs)
+
+    for a, b, filled in ((old, new, True), (new, old, False)):
+        other = pick(not filled)
+        if conn.execute(f"SELECT EXISTS (SELECT {pick(filled)} FROM {_q(a)} EXCEPT SELECT {other} FROM {_q(b)})").fetchone()[0]:
+            return False
+    return True
+
+
+def _rebuild_table(
+    conn: sqlite3.Connection,
+    table: str,
+    body: str,
+    *,
+    extra: list[str] | None = None,
+    fill: dict[str, str] | None = None,
+) -> None:
     """Replace ``table`` by ``CREATE TABLE table <body>``, keeping rows, rowids, the
     AUTOINCREMENT counter, indexes, triggers and views.
 
     The new table is filled under a work name and renamed; views and triggers that name
     the table are set aside meanwhile, since SQLite checks them when renaming.
+    ``extra`` column definitions are added to the new table first. With ``fill``
+    (column -> default SQL) NULLs of those columns are copied as the default, and a
+    value the new declaration would store differently stops adoption instead.
     """
     work = f"{WORK_TABLE_PREFIX}rebuild"
     conn.execute(f"CREATE TABLE {_q(work)} {body}")
+    for column in extra or ():
+        conn.execute(f"ALTER TABLE {_q(work)} ADD COLUMN {column}")
     cols = _columns(conn, table)
     without_rowid = bool(re.search(r"\)\s*WITHOUT\s+ROWID", body, re.I))
     info = list(conn.execute(f"PRAGMA table_info({_q(table)})"))
     pk = [r for r in info if r[5]]
     alias = len(pk) == 1 and pk[0][2].upper() == "INTEGER"  # the rowid itself
     names = ", ".join(_q(c) for c in cols)
+    values = names if fill is None else ", ".join(f"COALESCE({_q(c)}, {fill[c]})" if c in fill else _q(c) for c in cols)
     keep_rowid = "" if without_rowid or alias else "rowid, "
     mention = re.compile(rf"(^|{_NOT_NAME}){re.escape(table)}($|{_NOT_NAME})", re.I)
     indexes = [r[0] for r in conn.execute(
@@ -654,7 +716,12 @@ def _rebuild_table(conn: sqlite3.Connection, table: str, body: str) -> None:
     for name, tbl, _sql in triggers:
         if tbl != table:
             conn.execute(f"DROP TRIGGER {_q(name)}")
-    conn.execute(f"INSERT INTO {_q(work)} ({keep_rowid}{names}) SELECT {keep_rowid}{names} FROM {_q(table)}")
+    conn.execute(f"INSERT INTO {_q(work)} ({keep_rowid}{names}) SELECT {keep_rowid}{values} FROM {_q(table)}")
+    if fill is not None and not _same_values(conn, table, work, cols, fill):
+        raise errors.AdoptionError(
+            f"rebuilding {table} as Hermes' schema declares it would change stored values "
+            "(a column's type differs); left unchanged"
+        )
     conn.execute(f"DROP TABLE {_q(table)}")
     conn.execute(f"ALTER TABLE {_q(work)} RENAME TO {_q(table)}")
     if seq is not None:
