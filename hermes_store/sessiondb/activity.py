@@ -114,8 +114,16 @@ class ActivityMixin(Host):
                     budget=_ACTIVITY_WRITE_PATIENCE_S)
 
     def clear_session_activity_labels(self, session_id: str) -> None:
-        """Blank the description ('') and provenance ("unknown"); the time stays."""
+        """Blank the description ('') and provenance ("unknown"); the time stays.
+
+        Labels already blank (or never set) are read, not written: no write lock is
+        taken for nothing.
+        """
         if not session_id:
+            return
+        found = self._read(lambda c: SessionRepository(c).activity(session_id))
+        if found is None or (not found["last_activity_description"]
+                             and found["last_activity_provenance"] in (None, "unknown")):
             return
         self._write(lambda c: SessionRepository(c).clear_activity_labels(session_id),
                     budget=_ACTIVITY_WRITE_PATIENCE_S)
