@@ -28,8 +28,9 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
+import weakref
 from functools import lru_cache
-from typing import Any, Iterable, Sequence
+from typing import Any, Collection, Iterable, Sequence
 
 from sqlalchemy import bindparam
 from sqlalchemy.exc import OperationalError
@@ -48,6 +49,7 @@ from ..search.fts import (
     WORD_INDEX,
 )
 from ..search.query import escape_like, plan_search, split_on
+from ..state_modules.common import FTS_STALE_KEY
 from ..tenancy import SchemaSQL
 from .base import Repository, in_filter
 from .base import source_filter as source_clauses
@@ -165,6 +167,8 @@ class SearchRepository(Repository):
         sort: str | None = None,
         *,
         include_inactive: bool = False,
+        fields: Collection[str] | None = None,
+        stale: bool = False,
     ) -> list[SearchHit]:
         """Search; never raises on user input (bad syntax, odd characters → [] or hits).
 
@@ -179,7 +183,13 @@ class SearchRepository(Repository):
         Statements: a word search on PostgreSQL is one (page, sessions, snippet texts
         and context); a substring route is one more, :meth:`_marks`, which the choice
         of plan needs. SQLite's FTS5 routes rank inside the index first.
+
+        Hermes v26: ``fields`` keeps only those of the ten hit keys (context is read only
+        when asked for). While the FTS5 index is stale (``stale``: the store's own flag,
+        or the ``fts_stale`` key seen in ``state_meta``) every query is a LIKE scan.
         """
+        wanted = hit_fields(fields)
+        self._context_wanted = wanted is None or "context" in wanted
         if not isinstance(query, str):
             return []
         plan = plan_search(clean_text(query[:MAX_FTS5_QUERY_CHARS]))
@@ -213,6 +223,8 @@ class SearchRepository(Repository):
         # CJK queries are answered from the trigram index or by substring; every one
         # of those routes leaves out the sessions that index leaves out (v29: cron,
         # v30: cron and sub-agents), so a query's answer does not depend on its length.
+        if dialect.fts5 is not None and (stale or self._stale_seen()):
+            return _project(self._stale_scan(plan.match, filters + visible, params), wanted)
         cjk_filter = "" if plan.kind == "word" else self._cjk_sessions(params, marks)
         # Every route below applies cjk_filter to the rows it returns: the visibility rule too.
         cjk_filter += visible
@@ -222,7 +234,7 @@ class SearchRepository(Repository):
                                                ascii_case=plan.kind == "substring", marks=marks)
             ordering = order.get(sort or "", order["newest"])
             page = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
-            rows = self._all(_with_context(page + " LIMIT :limit OFFSET :offset", ordering), params)
+            rows = self._all(self._with_context(page + " LIMIT :limit OFFSET :offset", ordering), params)
         else:
             index = WORD_INDEX if plan.kind == "word" else TRIGRAM_INDEX
             # From v30 the trigram index holds no tool_calls: a row with tool calls is
@@ -261,8 +273,45 @@ class SearchRepository(Repository):
                 rows = self._with_tool_rows(ranked, plan, filters + cjk_filter, params, window, sort, calls_by_like)
         if len(rows) < params["limit"] and dialect.fts5 is not None:
             # Only FTS5 tables have a rebuild window; PostgreSQL's indexes never skip a row.
-            rows += self._rebuild_gap(plan.terms, filters + visible, params, rows, marks)
-        return self._finish(rows, plan.terms, words, run_terms)
+            # The same read says whether the index went stale since this engine last looked.
+            values = marks.gap if marks is not None else dict(self.conn.execute(_GAP_SQL.on(self.conn)).fetchall())
+            if _is_stale(values.get(FTS_STALE_KEY)):
+                _FRESH.get(self.conn.engine, set()).discard(self.schema)
+                return _project(self._stale_scan(plan.match, filters + visible, params), wanted)
+            rows += self._rebuild_gap(plan.terms, filters + visible, params, rows, values)
+        return _project(self._finish(rows, plan.terms, words, run_terms), wanted)
+
+    def _stale_seen(self) -> bool:
+        """Whether ``state_meta`` says the FTS5 index is stale; a fresh answer is kept per
+        engine (no statement on later searches), a stale one is asked again next time."""
+        fresh = _FRESH.setdefault(self.conn.engine, set())
+        if self.schema in fresh:
+            return False
+        if self.has_table("state_meta") and _is_stale(self.conn.execute(_STALE_SQL.on(self.conn)).scalar()):
+            return True
+        fresh.add(self.schema)
+        return False
+
+    def _stale_scan(self, match: str, filters: str, params: dict[str, Any]) -> list[SearchHit]:
+        """Hermes v26's search while the index is stale: LIKE over content, tool name and
+        tool calls with the query's OR groups and NOT, newest first, a 120-character
+        snippet from 40 characters before the first term."""
+        groups = boolean_groups(match)
+        sql, _flat = self._substring_select(groups, filters, params, MAX_ROWS, flat=True)
+        ordering = "m.timestamp DESC, m.id DESC"
+        rows = self._all(self._with_context(f"{sql} ORDER BY {ordering} LIMIT :limit OFFSET :offset", ordering),
+                         params)
+        first = next((t for positives, _neg in groups for t in positives), "")
+        for row in rows:
+            row["snippet"] = _stale_snippet(row["content"], first)
+        return self._finish(rows, [first] if first else [])
+
+    def _with_context(self, page: str, ordering: str | None = None) -> str:
+        """``page`` with each row's neighbours (:func:`_with_context`) when the caller wants
+        context; else ``page`` in its order."""
+        if getattr(self, "_context_wanted", True):
+            return _with_context(page, ordering)
+        return f"SELECT * FROM ({page}) h ORDER BY {ordering.replace('m.', 'h.')}" if ordering else page
 
     def _marks(self, groups: Groups, *, delegated: bool, gap: bool) -> Marks | None:
         """What a substring route reads before it can choose its plan, in one statement.
@@ -281,7 +330,7 @@ class SearchRepository(Repository):
         missing = bigram.missing_pairs(self.conn, grams) if indexed else []
         key = (indexed, len(missing), delegated, gap)
         found = self.conn.execute(self._sql(_marks_sql(*key)), {
-            "bg_k": bigram.HIGH_WATER_KEY, "hw": GAP_HIGH_WATER, "pr": GAP_PROGRESS,
+            "bg_k": bigram.HIGH_WATER_KEY, "hw": GAP_HIGH_WATER, "pr": GAP_PROGRESS, "st": FTS_STALE_KEY,
             **{f"pc{i}": g for i, g in enumerate(missing)},
         }).fetchall()
         marks = Marks(grams if indexed else None)
@@ -323,14 +372,14 @@ class SearchRepository(Repository):
             )
 
         if runs is None:
-            return self._all(_with_context(page(pg_search.page_sql(join_sessions, where, ordering)), ordering), params)
+            return self._all(self._with_context(page(pg_search.page_sql(join_sessions, where, ordering)), ordering), params)
         guard = pg_search.rank_guard(join_sessions, where) if ranked else ""
         inner = page(pg_search.runs_page_sql(join_sessions, where, ordering))
         exact = False
         while True:
             sql = (
                 f"{pg_search.runs_cte(runs, where, guard, exact=exact)}SELECT x.*, pr.rx_probe AS rx_probe"
-                f" FROM ({pg_search.RUNS_PROBE}) pr LEFT JOIN ({_with_context(inner, ordering)}) x ON TRUE"
+                f" FROM ({pg_search.RUNS_PROBE}) pr LEFT JOIN ({self._with_context(inner, ordering)}) x ON TRUE"
                 f" ORDER BY {ordering.replace('m.', 'x.')}"
             )
             found = self._all(sql, params)  # at least the probe's row, even for an empty page
@@ -347,16 +396,15 @@ class SearchRepository(Repository):
             exact = True
 
     def _rebuild_gap(self, terms: Sequence[str], filters: str, params: dict[str, Any],
-                     found: list[dict[str, Any]], marks: Marks | None = None) -> list[dict[str, Any]]:
+                     found: list[dict[str, Any]], values: dict[str, Any]) -> list[dict[str, Any]]:
         """Rows an interrupted FTS backfill has not indexed yet (Hermes v23's supplement).
 
         While ``fts_rebuild_high_water`` is set (> 0), messages with ids in
         ``(fts_rebuild_progress, high_water]`` are in no index (the triggers skip them
         until the backfill reaches them). A short page is topped up from them by
-        substring, every term required, newest first, without repeating a hit. The
-        markers come from :meth:`_marks` when it ran.
+        substring, every term required, newest first, without repeating a hit.
+        ``values``: the markers (read by :meth:`_marks`, or with ``_GAP_SQL``).
         """
-        values = marks.gap if marks is not None else dict(self.conn.execute(_GAP_SQL.on(self.conn)).fetchall())
         try:
             high = int(values.get(GAP_HIGH_WATER) or 0)
             low = int(values.get(GAP_PROGRESS) or 0)
@@ -406,7 +454,7 @@ class SearchRepository(Repository):
                 f"JOIN {{sessions}} s ON s.id = m.session_id WHERE 1=1{filters}{exclude}"
             )
             if not run_rows:
-                return self._all(_with_context(f"{hits} ORDER BY {ordering} LIMIT :window", ordering), params)
+                return self._all(self._with_context(f"{hits} ORDER BY {ordering} LIMIT :window", ordering), params)
             by_time = sort in ("newest", "oldest")
             # By rank the lookup's rows follow every hit: wanted only when the hits fall short.
             guard = "" if by_time else f" AND (SELECT count(*) FROM ({hits} LIMIT :window)) < :window"
@@ -416,7 +464,7 @@ class SearchRepository(Repository):
                 f" ({run_rows}{guard} ORDER BY {ordering if by_time else newest} LIMIT :window)) u"
                 f" ORDER BY {ordering.replace('h.', 'u.').replace('m.', 'u.')} LIMIT :window"
             )
-            return self._all(_with_context(sql, ordering.replace("h.rank", "m.rank")), params)
+            return self._all(self._with_context(sql, ordering.replace("h.rank", "m.rank")), params)
         window = params["window"]
         fetch = window
         while True:
@@ -425,7 +473,7 @@ class SearchRepository(Repository):
                 if not run_rows:
                     return []
                 page = f"SELECT * FROM ({run_rows}) u ORDER BY {newest.replace('m.', 'u.')} LIMIT :window"
-                return self._all(_with_context(page, newest) if context else page, params)
+                return self._all(self._with_context(page, newest) if context else page, params)
             ranks = {mid: rank for mid, rank, _snippet in top}
             snippets = {mid: snippet for mid, _rank, snippet in top}
             rows: list[dict[str, Any]] = []
@@ -443,7 +491,7 @@ class SearchRepository(Repository):
                     ids = {**params, **ids}
                 # Context with the first page only: a widened one holds rows no page shows
                 # (the few shown get theirs in _finish).
-                rows += self._all(_with_context(sql) if context and fetch == window else sql, ids)
+                rows += self._all(self._with_context(sql) if context and fetch == window else sql, ids)
             if len(rows) >= window or len(top) < fetch or fetch >= MAX_ROWS:
                 break
             fetch = min(fetch * 4, MAX_ROWS)
@@ -476,7 +524,7 @@ class SearchRepository(Repository):
         direction = "ASC" if sort == "oldest" else "DESC"
         ordering = f"m.timestamp {direction}, m.id {direction}"
         tool_sql = f"{tool_sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({tool_sql}) m ORDER BY {ordering}"
-        tools = self._all(_with_context(tool_sql + " LIMIT :window", ordering), params)
+        tools = self._all(self._with_context(tool_sql + " LIMIT :window", ordering), params)
         if sort is None:
             merged = ranked + tools
         else:
@@ -584,7 +632,7 @@ class SearchRepository(Repository):
         if not rows:
             return []
         missing = [r["id"] for r in rows if CONTEXT_KEY not in r]
-        context = self._context(missing) if missing else {}
+        context = self._context(missing) if missing and getattr(self, "_context_wanted", True) else {}
         hits: list[SearchHit] = []
         for r in rows:
             rank = r.pop("rank", None)
@@ -642,7 +690,12 @@ def _cased(term: str) -> bool:
 VISIBLE = " AND (m.active = 1 OR m.compacted = 1)"
 #: state_meta markers of an interrupted FTS backfill (Hermes v23 ``optimize_fts_storage``).
 GAP_HIGH_WATER, GAP_PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
-_GAP_SQL = SchemaSQL("SELECT key, value FROM {state_meta} WHERE key IN (:hw, :pr)", hw=GAP_HIGH_WATER, pr=GAP_PROGRESS)
+_GAP_SQL = SchemaSQL("SELECT key, value FROM {state_meta} WHERE key IN (:hw, :pr, :st)", hw=GAP_HIGH_WATER,
+                     pr=GAP_PROGRESS, st=FTS_STALE_KEY)
+_STALE_SQL = SchemaSQL("SELECT value FROM {state_meta} WHERE key = :st", st=FTS_STALE_KEY)
+#: Per engine, then per tenant schema: the search index was seen not stale (Hermes v26
+#: fail-open). Only that answer is kept; a stale one is asked again on every search.
+_FRESH: "weakref.WeakKeyDictionary[Any, set[str | None]]" = weakref.WeakKeyDictionary()
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 #: A page row: the hit's columns plus the texts a snippet is cut from and the context shows.
@@ -704,8 +757,52 @@ def _marks_sql(indexed: bool, pairs: int, delegated: bool, gap: bool) -> str:
     if delegated:
         parts.append(f"SELECT 2, id, NULL, model_config FROM {{sessions}} WHERE {pg_search.DELEGATED_CANDIDATE}")
     if gap:
-        parts.append("SELECT 3, key, NULL, value FROM {state_meta} WHERE key IN (:hw, :pr)")
+        parts.append("SELECT 3, key, NULL, value FROM {state_meta} WHERE key IN (:hw, :pr, :st)")
     return " UNION ALL ".join(parts)
+
+
+#: The ten keys of a hit, in Hermes' order (what ``fields`` may name).
+HIT_FIELDS = ("id", "session_id", "role", "snippet", "timestamp", "tool_name", "source", "model",
+              "session_started", "context")
+#: Hermes' stale-index snippet: 120 characters from 40 before the first term.
+STALE_SNIPPET_CHARS, STALE_SNIPPET_LEAD = 120, 40
+
+
+def hit_fields(fields: Collection[str] | None) -> tuple[str, ...] | None:
+    """``fields`` checked: None (every key), or the named keys in Hermes' order.
+    A lone string is refused (TypeError: it would read as its letters), an unknown name
+    too (ValueError)."""
+    if fields is None:
+        return None
+    if isinstance(fields, (str, bytes)):
+        raise errors.UnknownFieldError("search fields must be a collection of field names, not a string")
+    try:
+        names = set(fields)
+    except TypeError as exc:
+        raise errors.UnknownFieldError(f"search fields must be a collection of field names, not {fields!r}") from exc
+    unknown = sorted(str(n) for n in names if n not in HIT_FIELDS)
+    if unknown:
+        raise errors.InvalidInputError(f"unknown search fields: {', '.join(unknown)} (known: {', '.join(HIT_FIELDS)})")
+    return tuple(n for n in HIT_FIELDS if n in names)
+
+
+def _project(hits: list[SearchHit], wanted: tuple[str, ...] | None) -> list[SearchHit]:
+    if wanted is None:
+        return hits
+    return [{k: h[k] for k in wanted if k in h} for h in hits]  # type: ignore[misc]
+
+
+def _is_stale(value: Any) -> bool:
+    return value is not None and str(value).strip() not in ("", "0")
+
+
+def _stale_snippet(content: Any, term: str) -> str:
+    """``substr(content, max(1, instr(content, term) - 40), 120)``, as Hermes' stale scan cuts it."""
+    if not isinstance(content, str):
+        return ""
+    at = content.find(term) if term else -1
+    start = max(at - STALE_SNIPPET_LEAD, 0) if at >= 0 else 0
+    return content[start:start + STALE_SNIPPET_CHARS]
 
 
 def _substring_snippet(texts: Sequence[Any], terms: Sequence[str]) -> str:

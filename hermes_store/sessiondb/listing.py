@@ -6,12 +6,22 @@ The queries are in :mod:`hermes_store.repositories.listing` (sessions) and
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import logging
+import os
+import time
+from typing import Any, Collection, Dict, List, Optional
 
 from ..repositories import SearchRepository
 from ..repositories.listing import ListingRepository
 from ..search.query import contains_cjk, sanitize_fts5_query
 from ._host import Host
+
+#: Hermes' slow-search threshold (milliseconds) and where it is read from.
+SLOW_SEARCH_ENV = "HERMES_SEARCH_SLOW_MS"
+DEFAULT_SLOW_SEARCH_MS = 1000.0
+
+#: Hermes' mixins log as ``hermes_state``.
+log = logging.getLogger("hermes_state")
 
 
 class ListingMixin(Host):
@@ -145,13 +155,33 @@ class ListingMixin(Host):
         offset: int = 0,
         sort: Optional[str] = None,
         include_inactive: bool = False,
+        fields: Optional[Collection[str]] = None,
     ) -> List[Dict[str, Any]]:
         """Full-text search. Rewound messages are left out unless ``include_inactive``;
-        messages archived by compaction are found. A read-only store searches too
-        (Hermes returns [] there)."""
-        return self._read(  # type: ignore[return-value]
+        messages archived by compaction are found. A read-only store searches too.
+        ``fields`` keeps only those hit keys (context is read only if named). While the
+        search index is stale (Hermes v26 fail-open) the search is a LIKE scan. A call
+        taking ``HERMES_SEARCH_SLOW_MS`` (default 1000; 0: every call) or longer is logged."""
+        stale = bool(getattr(self, "_fts_stale", False))
+        started = time.perf_counter()
+        hits = self._read(  # type: ignore[return-value]
             lambda c: SearchRepository(c).search_messages(
                 query, source_filter, exclude_sources, role_filter, limit, offset, sort,
-                include_inactive=include_inactive,
+                include_inactive=include_inactive, fields=fields, stale=stale,
             )
         )
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        if elapsed_ms >= _slow_ms():
+            log.warning("search_messages took %.1f ms (query=%r, results=%d)", elapsed_ms,
+                        query[:200] if isinstance(query, str) else query, len(hits))
+        return hits
+
+
+def _slow_ms() -> float:
+    """``HERMES_SEARCH_SLOW_MS`` read now: a non-negative number, else 1000."""
+    raw = os.environ.get(SLOW_SEARCH_ENV)
+    try:
+        value = float(raw) if raw is not None else DEFAULT_SLOW_SEARCH_MS
+    except ValueError:
+        return DEFAULT_SLOW_SEARCH_MS
+    return value if value >= 0 else DEFAULT_SLOW_SEARCH_MS

@@ -58,10 +58,11 @@ VISIBLE = {"c_user", "c_tool", "l_user", "l_tool"}
 EVERYTHING = VISIBLE | {"r_user", "r_tool"}
 
 
-def test_signature_is_hermes_v23(hermes_state) -> None:
+def test_signature_is_hermes_v26(hermes_state) -> None:
     params = [(p.name, p.default) for p in inspect.signature(hermes_state.SessionDB.search_messages).parameters.values()]
     assert params == [("self", E), ("query", E), ("source_filter", None), ("exclude_sources", None),
-                      ("role_filter", None), ("limit", 20), ("offset", 0), ("sort", None), ("include_inactive", False)]
+                      ("role_filter", None), ("limit", 20), ("offset", 0), ("sort", None), ("include_inactive", False),
+                      ("fields", None)]
     assert hermes_state.MAX_FTS5_QUERY_CHARS == 2048
 
 
