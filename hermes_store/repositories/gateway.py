@@ -52,6 +52,14 @@ def _save_entry(dialect: Dialect) -> Any:
 RECOVERABLE_END_REASONS = ("agent_close", "ws_orphan_reap")
 
 
+#: The handoff state machine (Hermes v11): requested, claimed by one worker, then done.
+HANDOFF_PENDING = "pending"
+HANDOFF_RUNNING = "running"
+HANDOFF_COMPLETED = "completed"
+HANDOFF_FAILED = "failed"
+HANDOFF_FINISHED = (HANDOFF_COMPLETED, HANDOFF_FAILED)
+
+
 def _blank(value: str | None) -> str:
     """NULL-as-'' for Hermes' peer equality."""
     return "" if value is None else value
@@ -143,6 +151,41 @@ class GatewayRepository(Repository):
                 delete(ROUTING).where(ROUTING.c.scope == scope, ROUTING.c.session_key.in_(chunk))
             ).rowcount
         return deleted
+
+    # ------------------------------------------------------------------ handoffs
+
+    def request_handoff(self, session_id: str, platform: str) -> bool:
+        """``pending`` for ``platform``, only from no handoff or a finished one."""
+        s = SESSIONS.c
+        stmt = (update(SESSIONS)
+                .where(s.id == session_id,
+                       or_(s.handoff_state.is_(None), s.handoff_state.in_(HANDOFF_FINISHED)))
+                .values(handoff_state=HANDOFF_PENDING, handoff_platform=platform, handoff_error=None))
+        return self.conn.execute(stmt).rowcount > 0
+
+    def move_handoff(self, session_id: str, before: Sequence[str], after: str, error: str | None = None) -> bool:
+        """Compare-and-set of the state: one caller wins a race."""
+        s = SESSIONS.c
+        values: dict[str, Any] = {"handoff_state": after}
+        if after == HANDOFF_FAILED:
+            values["handoff_error"] = error
+        stmt = update(SESSIONS).where(s.id == session_id, s.handoff_state.in_(list(before))).values(**values)
+        return self.conn.execute(stmt).rowcount > 0
+
+    def handoff_state(self, session_id: str) -> dict[str, Any] | None:
+        s = SESSIONS.c
+        row = self.conn.execute(select(s.handoff_state, s.handoff_platform, s.handoff_error)
+                                .where(s.id == session_id)).first()
+        if row is None:
+            return None
+        return {"state": row[0], "platform": row[1], "error": row[2]}
+
+    def pending_handoffs(self) -> list[dict[str, Any]]:
+        """Session rows waiting for a handoff, oldest start first."""
+        s = SESSIONS.alias("s")
+        stmt = (select(literal_column("s.*")).select_from(s).where(s.c.handoff_state == HANDOFF_PENDING)
+                .order_by(s.c.started_at, s.c.id))
+        return self._rows(stmt)
 
     # ------------------------------------------------------------------ lookups
 

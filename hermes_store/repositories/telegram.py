@@ -42,6 +42,7 @@ from sqlalchemy import (
 )
 
 from ..dialects import Dialect
+from ..tenancy import qualified
 from ..models.tables import DOUBLE
 from .base import Repository, now, per_dialect, session_exists
 from .state_meta import stamp_meta
@@ -72,12 +73,18 @@ TOPIC_BINDINGS = Table(
     Column("title", TEXT),
     Column("created_at", DOUBLE),
     Column("updated_at", DOUBLE),
+    # Hermes v26's bind_telegram_topic: who the topic belongs to and how it is managed.
+    Column("user_id", TEXT),
+    Column("session_key", TEXT),
+    Column("managed_mode", TEXT),
     Index("idx_telegram_dm_topic_bindings_session", "session_id"),
 )
 
 #: Names the opt-in step creates (alembic_support hides them from autogenerate).
 TOPIC_TABLES = (TOPIC_MODE.name, TOPIC_BINDINGS.name)
-_OPTIONAL_BINDING_COLUMNS = ("title", "created_at", "updated_at")
+_OPTIONAL_BINDING_COLUMNS = ("title", "created_at", "updated_at", "user_id", "session_key", "managed_mode")
+#: Columns added after the first version of the step: applying it again adds them.
+_LATER_BINDING_COLUMNS = ("user_id", "session_key", "managed_mode")
 
 
 @per_dialect
@@ -91,17 +98,18 @@ def _set_mode(dialect: Dialect) -> Any:
 
 
 @per_dialect
-def _bind(dialect: Dialect, has_title: bool, has_updated_at: bool) -> Any:
-    """A topic's binding: a rebind takes the new session, keeps ``created_at``, keeps the
-    title unless a new one is given, and moves ``updated_at`` (the columns a Hermes-made
-    table may lack are left out)."""
+def _bind(dialect: Dialect, columns: frozenset[str]) -> Any:
+    """A topic's binding: a rebind takes the new session (and its user, key and mode),
+    keeps ``created_at``, keeps the title unless a new one is given, and moves
+    ``updated_at`` (the columns a Hermes-made or older table lacks are left out)."""
     ins = dialect.insert(TOPIC_BINDINGS)
     t = TOPIC_BINDINGS.c
     sets: dict[str, Any] = {"session_id": ins.excluded.session_id}
-    if has_title:
+    if "title" in columns:
         sets["title"] = func.coalesce(ins.excluded.title, t.title)
-    if has_updated_at:
-        sets["updated_at"] = ins.excluded.updated_at
+    for name in ("updated_at", *_LATER_BINDING_COLUMNS):
+        if name in columns:
+            sets[name] = ins.excluded[name]
     return ins.on_conflict_do_update(index_elements=[t.chat_id, t.thread_id], set_=sets)
 
 
@@ -132,6 +140,11 @@ class TelegramTopicRepository(Repository):
         missing = [t for t in (TOPIC_MODE, TOPIC_BINDINGS) if not self._columns(t)]
         if missing:
             TOPIC_METADATA.create_all(self.conn, tables=missing, checkfirst=False)
+        have = self._columns(TOPIC_BINDINGS)
+        for name in _LATER_BINDING_COLUMNS:
+            if name not in have:  # a table made by an earlier step of ours: nullable text, added in place
+                table = qualified(self.schema, TOPIC_BINDINGS.name)
+                self.conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} TEXT")
         return bool(missing)
 
     # ------------------------------------------------------------------ DM topic mode
@@ -158,19 +171,21 @@ class TelegramTopicRepository(Repository):
 
     # ------------------------------------------------------------------ bindings
 
-    def bind(self, chat_id: str, thread_id: str, session_id: str, title: str | None) -> int:
+    def bind(self, chat_id: str, thread_id: str, session_id: str, title: str | None = None,
+             owner: dict[str, str | None] | None = None) -> int:
         """Point the topic at the session (rebinding keeps ``created_at`` and, when
-        ``title`` is None, the title) and turn the chat's topic mode on. 0 when the
-        tables or the session do not exist."""
+        ``title`` is None, the title; ``owner``: ``user_id``, ``session_key``,
+        ``managed_mode``) and turn the chat's topic mode on. 0 when the tables or the
+        session do not exist."""
         if not self.present() or not session_exists(self.conn, session_id):
             return 0
         self._upsert_mode(chat_id, True)  # mode row first: the lock order of every topic write
         have = self._columns(TOPIC_BINDINGS)
         stamp = now()
         values: dict[str, Any] = {"chat_id": chat_id, "thread_id": thread_id, "session_id": session_id,
-                                  "title": title, "created_at": stamp, "updated_at": stamp}
+                                  "title": title, "created_at": stamp, "updated_at": stamp, **(owner or {})}
         names = [n for n in values if n in have or n not in _OPTIONAL_BINDING_COLUMNS]
-        self.conn.execute(_bind(self.conn, "title" in have, "updated_at" in have), {n: values[n] for n in names})
+        self.conn.execute(_bind(self.conn, frozenset(names)), {n: values[n] for n in names})
         return 1
 
     def _binding_columns(self) -> list[Any]:

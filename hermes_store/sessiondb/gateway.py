@@ -8,9 +8,12 @@ are refused with InvalidInputError (nothing written).
 
 Telegram topic bindings are an opt-in schema step (Hermes keeps them so): nothing
 creates their tables except :meth:`apply_telegram_topic_migration`. Before it, every
-topic method returns 0 / None / False / [] and creates nothing. Hermes documents only
-``delete_telegram_topic_binding``; the other nine names are ours (see the report in
-COMPATIBILITY.md).
+topic method returns 0 / None / False / [] and creates nothing. Hermes documents
+``delete_telegram_topic_binding`` and (v26) ``bind_telegram_topic``; the other eight
+names are ours (see the report in COMPATIBILITY.md).
+
+Handoffs (Hermes v11): ``handoff_state`` goes NULL/completed/failed → ``pending``
+(request) → ``running`` (claim, one winner) → ``completed`` / ``failed``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ from typing import Any, Dict, List, Optional
 
 from .. import errors
 from ..codec import check_key, clean_text
-from ..repositories.gateway import GatewayRepository
+from ..repositories.gateway import (
+    HANDOFF_COMPLETED,
+    HANDOFF_FAILED,
+    HANDOFF_PENDING,
+    HANDOFF_RUNNING,
+    GatewayRepository,
+)
 from ..repositories.telegram import TelegramTopicRepository
 from ._host import Host
 
@@ -145,6 +154,52 @@ class GatewayMixin(Host):
             return
         self._write(lambda c: GatewayRepository(c).delete_routing_entries(where, keys))
 
+    # ------------------------------------------------------------------ handoffs (Hermes v11)
+
+    def request_handoff(self, session_id: str, platform: str) -> bool:
+        """Ask for the session to move to ``platform``: ``pending``, only when it has no
+        handoff or its last one completed or failed. True when requested."""
+        if not session_id or not platform:
+            return False
+        sid, where = _key(session_id, "session id"), _text(platform, "platform")
+        return self._write(lambda c: GatewayRepository(c).request_handoff(sid, where))  # type: ignore[arg-type]
+
+    def claim_handoff(self, session_id: str) -> bool:
+        """Take a pending handoff (``running``); of concurrent claimers exactly one wins."""
+        if not session_id:
+            return False
+        sid = _key(session_id, "session id")
+        return self._write(lambda c: GatewayRepository(c).move_handoff(sid, (HANDOFF_PENDING,), HANDOFF_RUNNING))
+
+    def complete_handoff(self, session_id: str) -> bool:
+        """A pending or running handoff is done (``completed``)."""
+        if not session_id:
+            return False
+        sid = _key(session_id, "session id")
+        return self._write(lambda c: GatewayRepository(c).move_handoff(
+            sid, (HANDOFF_PENDING, HANDOFF_RUNNING), HANDOFF_COMPLETED))
+
+    def fail_handoff(self, session_id: str, error: str) -> bool:
+        """A pending or running handoff failed (``failed``, the error's first 500 characters kept)."""
+        if not session_id:
+            return False
+        sid = _key(session_id, "session id")
+        text = None if error is None else _text(str(error), "error")[:500]  # type: ignore[index]
+        return self._write(lambda c: GatewayRepository(c).move_handoff(
+            sid, (HANDOFF_PENDING, HANDOFF_RUNNING), HANDOFF_FAILED, text))
+
+    def get_handoff_state(self, session_id: str) -> Optional[Dict[str, Any]]:
+        """``{"state", "platform", "error"}`` of the session (None values when never
+        requested); None for an unknown session."""
+        if not session_id:
+            return None
+        sid = _key(session_id, "session id")
+        return self._read(lambda c: GatewayRepository(c).handoff_state(sid))  # type: ignore[arg-type]
+
+    def list_pending_handoffs(self) -> List[Dict[str, Any]]:
+        """Session rows with a pending handoff, oldest start first."""
+        return self._read(lambda c: GatewayRepository(c).pending_handoffs())
+
     # ------------------------------------------------------------------ lookups
 
     def list_gateway_sessions(
@@ -261,18 +316,27 @@ class GatewayMixin(Host):
         return self._write(lambda c: TelegramTopicRepository(c).set_topic_mode(chat, bool(enabled)))
 
     def bind_telegram_topic(
-        self, *, chat_id: str, thread_id: str, session_id: str, title: Optional[str] = None
-    ) -> int:
-        """Point the topic ``(chat_id, thread_id)`` at ``session_id`` (rebinding moves it;
-        a None title keeps the old one) and turn the chat's topic mode on. 1, or 0 when
-        the tables or the session do not exist. Ours."""
+        self,
+        *,
+        chat_id: str,
+        thread_id: str,
+        user_id: str,
+        session_key: str,
+        session_id: str,
+        managed_mode: str = "auto",
+    ) -> None:
+        """Point the topic ``(chat_id, thread_id)`` at ``session_id`` for this user and
+        session key (rebinding moves it and keeps its title) and turn the chat's topic
+        mode on. Nothing happens when the tables or the session do not exist (Hermes
+        v26's signature; the title is set with :meth:`touch_telegram_topic_binding`)."""
         chat = _required(chat_id, "chat_id")
         thread = _required(thread_id, "thread_id")
         sid = _required(session_id, "session id")
-        name = _text(title, "title")
+        owner = {"user_id": _key(user_id, "user_id"), "session_key": _key(session_key, "session_key"),
+                 "managed_mode": _text(managed_mode, "managed_mode")}
         if self._no_topic_tables_to_write():
-            return 0
-        return self._write(lambda c: TelegramTopicRepository(c).bind(chat, thread, sid, name))
+            return
+        self._write(lambda c: TelegramTopicRepository(c).bind(chat, thread, sid, owner=owner))
 
     def get_telegram_topic_binding(self, *, chat_id: str, thread_id: str) -> Optional[Dict[str, Any]]:
         """The binding row of a topic (chat_id, thread_id, session_id, title, created_at,

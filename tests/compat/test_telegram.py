@@ -49,7 +49,8 @@ ALL_CALLS = {
     "has_telegram_topic_schema": ({}, False),
     "get_telegram_dm_topic_mode": ({"chat_id": 1}, False),
     "set_telegram_dm_topic_mode": ({"chat_id": 1, "enabled": True}, 0),
-    "bind_telegram_topic": ({"chat_id": 1, "thread_id": 2, "session_id": "s"}, 0),
+    "bind_telegram_topic": ({"chat_id": 1, "thread_id": 2, "user_id": "u1", "session_key": "k", "session_id": "s"},
+                            None),
     "get_telegram_topic_binding": ({"chat_id": 1, "thread_id": 2}, None),
     "get_telegram_topic_bindings_for_session": ({"session_id": "s"}, []),
     "list_telegram_topic_bindings": ({"chat_id": 1}, []),
@@ -97,7 +98,7 @@ def test_apply_creates_both_tables_and_stamps_the_version_once(db) -> None:
     assert db.get_meta(SCHEMA_KEY) == "1"
     assert db.has_telegram_topic_schema() is True
     db.create_session("s", "telegram")
-    db.bind_telegram_topic(chat_id=1, thread_id=2, session_id="s")
+    db.bind_telegram_topic(chat_id=1, thread_id=2, user_id="u1", session_key="k", session_id="s")
     assert db.apply_telegram_topic_migration() is False  # idempotent: nothing re-created, data kept
     assert db.get_telegram_topic_binding(chat_id=1, thread_id=2)["session_id"] == "s"
 
@@ -123,7 +124,7 @@ def test_a_store_opened_before_the_step_sees_the_tables_at_once(db, hermes_state
         assert early.list_telegram_topic_bindings(chat_id=1) == []  # asked while absent
         db.apply_telegram_topic_migration()
         db.create_session("s", "telegram")
-        assert early.bind_telegram_topic(chat_id=1, thread_id=2, session_id="s") == 1
+        early.bind_telegram_topic(chat_id=1, thread_id=2, user_id="u1", session_key="k", session_id="s")
         assert [b["thread_id"] for b in db.list_telegram_topic_bindings(chat_id=1)] == ["2"]
     finally:
         early.close()
@@ -177,7 +178,7 @@ def test_topic_mode_is_off_until_set_and_keeps_bindings_when_turned_off(topics, 
     assert db.set_telegram_dm_topic_mode(chat_id=10) == 1
     assert db.get_telegram_dm_topic_mode(chat_id="10") is True
     assert mode_row(db, "10") == {"enabled": 1, "updated_at": clock.now}
-    db.bind_telegram_topic(chat_id=10, thread_id=1, session_id="s1")
+    db.bind_telegram_topic(chat_id=10, thread_id=1, user_id="u1", session_key="k", session_id="s1")
     clock.now += 7
     db.set_telegram_dm_topic_mode(chat_id=10, enabled=False)
     assert mode_row(db, "10") == {"enabled": 0, "updated_at": clock.now}
@@ -187,40 +188,51 @@ def test_topic_mode_is_off_until_set_and_keeps_bindings_when_turned_off(topics, 
 # ---------------------------------------------------------------------- bindings
 
 
+def test_bind_signature_is_hermes_v26(db) -> None:
+    import inspect
+
+    params = [(p.name, p.default) for p in inspect.signature(db.bind_telegram_topic).parameters.values()]
+    empty = inspect.Parameter.empty
+    assert params == [("chat_id", empty), ("thread_id", empty), ("user_id", empty), ("session_key", empty),
+                      ("session_id", empty), ("managed_mode", "auto")]
+
+
 def test_bind_stores_the_topic_as_text_and_turns_topic_mode_on(topics, clock) -> None:
     db = topics
-    assert db.bind_telegram_topic(chat_id=-100123, thread_id=77, session_id="s1", title="Trip") == 1
+    assert db.bind_telegram_topic(chat_id=-100123, thread_id=77, user_id=42, session_key="agent:main:tg:dm:42",
+                                  session_id="s1", managed_mode="manual") is None
     assert db.get_telegram_topic_binding(chat_id="-100123", thread_id="77") == {
-        "chat_id": "-100123", "thread_id": "77", "session_id": "s1", "title": "Trip",
-        "created_at": clock.now, "updated_at": clock.now,
+        "chat_id": "-100123", "thread_id": "77", "session_id": "s1", "title": None,
+        "created_at": clock.now, "updated_at": clock.now, "user_id": "42", "session_key": "agent:main:tg:dm:42",
+        "managed_mode": "manual",
     }
     assert db.get_telegram_dm_topic_mode(chat_id=-100123) is True
 
 
 def test_rebinding_moves_the_topic_and_keeps_its_birth_and_title(topics, clock) -> None:
     db = topics
-    db.bind_telegram_topic(chat_id=1, thread_id=2, session_id="s1", title="Plans")
+    db.bind_telegram_topic(chat_id=1, thread_id=2, user_id="u1", session_key="k", session_id="s1")
+    db.touch_telegram_topic_binding(chat_id=1, thread_id=2, title="Plans")
     born = clock.now
     clock.now += 60
-    assert db.bind_telegram_topic(chat_id=1, thread_id=2, session_id="s2") == 1
+    db.bind_telegram_topic(chat_id=1, thread_id=2, user_id="u1", session_key="k2", session_id="s2")
     got = db.get_telegram_topic_binding(chat_id=1, thread_id=2)
-    assert (got["session_id"], got["title"], got["created_at"], got["updated_at"]) == ("s2", "Plans", born, clock.now)
-    db.bind_telegram_topic(chat_id=1, thread_id=2, session_id="s2", title="Renamed")
-    assert db.get_telegram_topic_binding(chat_id=1, thread_id=2)["title"] == "Renamed"
+    assert (got["session_id"], got["title"], got["created_at"], got["updated_at"], got["session_key"],
+            got["managed_mode"]) == ("s2", "Plans", born, clock.now, "k2", "auto")
     assert db.get_telegram_topic_bindings_for_session(session_id="s1") == []
 
 
 def test_binding_an_unknown_session_stores_nothing(topics) -> None:
     db = topics
-    assert db.bind_telegram_topic(chat_id=1, thread_id=2, session_id="ghost") == 0
+    assert db.bind_telegram_topic(chat_id=1, thread_id=2, user_id="u1", session_key="k", session_id="ghost") is None
     assert db.get_telegram_topic_binding(chat_id=1, thread_id=2) is None
     assert db.get_telegram_dm_topic_mode(chat_id=1) is False
 
 
 @pytest.mark.parametrize("bad", [{"chat_id": None}, {"thread_id": ""}, {"session_id": None},
-                                 {"chat_id": 1.5}, {"title": 5}])
+                                 {"chat_id": 1.5}, {"managed_mode": 5}, {"user_id": 1.5}])
 def test_bind_refuses_what_would_bind_a_topic_to_nothing(topics, hermes_state, bad) -> None:
-    kwargs = {"chat_id": 1, "thread_id": 2, "session_id": "s1", **bad}
+    kwargs = {"chat_id": 1, "thread_id": 2, "user_id": "u1", "session_key": "k", "session_id": "s1", **bad}
     with pytest.raises(hermes_state.errors.InvalidInputError):
         topics.bind_telegram_topic(**kwargs)
     assert topics.list_telegram_topic_bindings(chat_id=1) == []
@@ -228,11 +240,11 @@ def test_bind_refuses_what_would_bind_a_topic_to_nothing(topics, hermes_state, b
 
 def test_listing_by_chat_and_by_session_oldest_binding_first(topics, clock) -> None:
     db = topics
-    db.bind_telegram_topic(chat_id=1, thread_id=20, session_id="s1")
+    db.bind_telegram_topic(chat_id=1, thread_id=20, user_id="u1", session_key="k", session_id="s1")
     clock.now += 1
-    db.bind_telegram_topic(chat_id=1, thread_id=3, session_id="s2")
+    db.bind_telegram_topic(chat_id=1, thread_id=3, user_id="u1", session_key="k", session_id="s2")
     clock.now += 1
-    db.bind_telegram_topic(chat_id=2, thread_id=5, session_id="s1")
+    db.bind_telegram_topic(chat_id=2, thread_id=5, user_id="u1", session_key="k", session_id="s1")
     assert [b["thread_id"] for b in db.list_telegram_topic_bindings(chat_id=1)] == ["20", "3"]
     assert [(b["chat_id"], b["thread_id"]) for b in db.get_telegram_topic_bindings_for_session(session_id="s1")] \
         == [("1", "20"), ("2", "5")]
@@ -243,7 +255,8 @@ def test_listing_by_chat_and_by_session_oldest_binding_first(topics, clock) -> N
 
 def test_touch_stamps_and_renames_only_a_bound_topic(topics, clock) -> None:
     db = topics
-    db.bind_telegram_topic(chat_id=1, thread_id=2, session_id="s1", title="Old")
+    db.bind_telegram_topic(chat_id=1, thread_id=2, user_id="u1", session_key="k", session_id="s1")
+    db.touch_telegram_topic_binding(chat_id=1, thread_id=2, title="Old")
     born = clock.now
     clock.now += 30
     assert db.touch_telegram_topic_binding(chat_id=1, thread_id=2) == 1
@@ -260,8 +273,8 @@ def test_touch_stamps_and_renames_only_a_bound_topic(topics, clock) -> None:
 
 def test_delete_of_the_last_binding_turns_topic_mode_off_in_the_same_step(topics, clock) -> None:
     db = topics
-    db.bind_telegram_topic(chat_id=1, thread_id=2, session_id="s1")
-    db.bind_telegram_topic(chat_id=1, thread_id=3, session_id="s2")
+    db.bind_telegram_topic(chat_id=1, thread_id=2, user_id="u1", session_key="k", session_id="s1")
+    db.bind_telegram_topic(chat_id=1, thread_id=3, user_id="u1", session_key="k", session_id="s2")
     clock.now += 10
     assert db.delete_telegram_topic_binding(chat_id=1, thread_id=2) == 1
     assert mode_row(db, "1")["enabled"] == 1  # one binding left
@@ -281,8 +294,8 @@ def test_delete_of_an_unbound_topic_returns_0_and_leaves_the_mode(topics) -> Non
 
 def test_delete_leaves_other_chats_alone(topics) -> None:
     db = topics
-    db.bind_telegram_topic(chat_id=1, thread_id=2, session_id="s1")
-    db.bind_telegram_topic(chat_id=5, thread_id=2, session_id="s1")
+    db.bind_telegram_topic(chat_id=1, thread_id=2, user_id="u1", session_key="k", session_id="s1")
+    db.bind_telegram_topic(chat_id=5, thread_id=2, user_id="u1", session_key="k", session_id="s1")
     db.delete_telegram_topic_binding(chat_id=1, thread_id=2)
     assert db.get_telegram_dm_topic_mode(chat_id=5) is True
     assert [b["chat_id"] for b in db.get_telegram_topic_bindings_for_session(session_id="s1")] == ["5"]
@@ -296,8 +309,8 @@ def test_concurrent_deletes_of_a_chats_last_two_topics_turn_the_mode_off(topics,
     try:
         for round_ in range(8):
             chat = 1000 + round_
-            db.bind_telegram_topic(chat_id=chat, thread_id=1, session_id="s1")
-            db.bind_telegram_topic(chat_id=chat, thread_id=2, session_id="s2")
+            db.bind_telegram_topic(chat_id=chat, thread_id=1, user_id="u1", session_key="k", session_id="s1")
+            db.bind_telegram_topic(chat_id=chat, thread_id=2, user_id="u1", session_key="k", session_id="s2")
             barrier = threading.Barrier(2)
             results: list[Any] = []
 
@@ -322,8 +335,8 @@ def test_concurrent_deletes_of_a_chats_last_two_topics_turn_the_mode_off(topics,
 
 def test_deleting_a_session_drops_its_bindings(topics) -> None:
     db = topics
-    db.bind_telegram_topic(chat_id=1, thread_id=2, session_id="s1")
-    db.bind_telegram_topic(chat_id=1, thread_id=3, session_id="s2")
+    db.bind_telegram_topic(chat_id=1, thread_id=2, user_id="u1", session_key="k", session_id="s1")
+    db.bind_telegram_topic(chat_id=1, thread_id=3, user_id="u1", session_key="k", session_id="s2")
     assert db.delete_session("s1") is True
     assert [b["thread_id"] for b in db.list_telegram_topic_bindings(chat_id=1)] == ["3"]
     assert db.get_telegram_topic_binding(chat_id=1, thread_id=2) is None
@@ -339,9 +352,9 @@ def test_read_only_store_without_tables_answers_0_and_with_them_reads(db, hermes
     ro = hermes_state.SessionDB(path, read_only=True)
     try:
         assert ro.delete_telegram_topic_binding(chat_id=1, thread_id=2) == 0
-        assert ro.bind_telegram_topic(chat_id=1, thread_id=2, session_id="s") == 0
+        assert ro.bind_telegram_topic(chat_id=1, thread_id=2, user_id="u1", session_key="k", session_id="s") is None
         db.apply_telegram_topic_migration()
-        db.bind_telegram_topic(chat_id=1, thread_id=2, session_id="s")
+        db.bind_telegram_topic(chat_id=1, thread_id=2, user_id="u1", session_key="k", session_id="s")
         assert ro.get_telegram_topic_binding(chat_id=1, thread_id=2)["session_id"] == "s"
         with pytest.raises(hermes_state.errors.ReadOnlyDatabaseError):
             ro.delete_telegram_topic_binding(chat_id=1, thread_id=2)
@@ -349,3 +362,22 @@ def test_read_only_store_without_tables_answers_0_and_with_them_reads(db, hermes
             ro.apply_telegram_topic_migration()
     finally:
         ro.close()
+
+
+def test_apply_adds_the_v26_columns_to_an_older_bindings_table(db) -> None:
+    """A bindings table made before v26 (no user, key or mode) still binds; applying the
+    step again adds the three nullable columns in place, rows kept."""
+    db.apply_telegram_topic_migration()
+    db._write(lambda c: c.execute(text("DROP TABLE telegram_dm_topic_bindings")))
+    db._write(lambda c: c.execute(text(
+        "CREATE TABLE telegram_dm_topic_bindings (chat_id TEXT NOT NULL, thread_id TEXT NOT NULL,"
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE, title TEXT,"
+        " created_at DOUBLE PRECISION, updated_at DOUBLE PRECISION, PRIMARY KEY (chat_id, thread_id))")))
+    db.create_session("s", "telegram")
+    db.bind_telegram_topic(chat_id=1, thread_id=2, user_id="u1", session_key="k", session_id="s")
+    db.touch_telegram_topic_binding(chat_id=1, thread_id=2, title="Kept")
+    assert "session_key" not in db.get_telegram_topic_binding(chat_id=1, thread_id=2)
+    assert db.apply_telegram_topic_migration() is False
+    db.bind_telegram_topic(chat_id=1, thread_id=2, user_id="u1", session_key="k9", session_id="s")
+    got = db.get_telegram_topic_binding(chat_id=1, thread_id=2)
+    assert (got["title"], got["user_id"], got["session_key"], got["managed_mode"]) == ("Kept", "u1", "k9", "auto")
