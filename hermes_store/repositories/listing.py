@@ -61,6 +61,7 @@ from sqlalchemy.sql.selectable import Alias
 from .. import errors
 from ..codec import clean_text, decode_content
 from ..models import Base
+from ..search.query import escape_like
 from ..skills import SKILL_INVOCATION_PREFIX, skill_preview
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository
 from .lineage import (
@@ -160,12 +161,6 @@ def _needle(value: Any) -> str:
     if not isinstance(value, str):
         raise errors.InvalidInputError(f"a session query must be a string, not {type(value).__name__}")
     return clean_text(value).strip().lower()
-
-
-def escape_like(text: str) -> str:
-    """``text`` for a LIKE pattern with ESCAPE '\\' (Hermes' ``hermes_state_common.escape_like``):
-    ``\\``, ``%`` and ``_`` match themselves."""
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def _contains(needle: str) -> str:
@@ -890,5 +885,5 @@ def _plain_text(content: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-__all__ = ["ListingRepository", "Shape", "escape_like", "exceptions_of", "last_active", "make_preview",
+__all__ = ["ListingRepository", "Shape", "exceptions_of", "last_active", "make_preview",
            "session_unread"]

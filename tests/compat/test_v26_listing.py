@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 
-from hermes_store.repositories.listing import escape_like
-
 from .test_listing import add, ids
 
 pytestmark = pytest.mark.both_backends
@@ -192,6 +190,24 @@ def test_get_first_assistant_text(db) -> None:
     assert db.get_first_assistant_text("missing") == ""
 
 
-def test_escape_like() -> None:
-    assert escape_like("100%_a\\b") == "100\\%\\_a\\\\b"
-    assert escape_like("plain") == "plain"
+def test_escape_like_is_what_the_listing_filters_use(hermes_state, db) -> None:
+    assert hermes_state.escape_like("100%_a\\b") == "100\\%\\_a\\\\b"
+    add(db, "a_1", 100.0)
+    add(db, "ab1", 200.0)
+    add(db, "a%1", 300.0)
+    assert ids(db.search_sessions_by_id("a_1")) == ["a_1"]  # '_' is no wildcard
+    assert ids(db.search_sessions_by_id("a%")) == ["a%1"]
+
+
+def test_listing_honours_the_flag_setters(db, clock) -> None:
+    clock.now = 1000.0
+    add(db, "a", 100.0, user="hi", said_at=150.0)
+    add(db, "b", 200.0, user="hi", said_at=250.0)
+    add(db, "c", 300.0)
+    assert db.set_session_hidden("c", True) and db.set_session_pinned("a", True) and db.set_session_read("b")
+    rows = db.list_sessions_rich(limit=1, include_pinned=True)
+    assert [(r["id"], r["unread"]) for r in rows] == [("b", False), ("a", False)]
+    db.append_message("b", "user", "again", timestamp=2000.0)
+    assert db.list_sessions_rich(limit=1)[0]["unread"] is True
+    assert db.set_session_read("b", False)
+    assert db.list_sessions_rich(limit=1)[0]["unread"] is True  # last_read_at 0.0: everything is newer
