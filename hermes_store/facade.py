@@ -21,6 +21,7 @@ import sqlite3
 import sys  # noqa: F401 - Hermes' tests patch hermes_state.sys.platform
 import threading
 import time
+import weakref
 from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, TypeVar
@@ -258,6 +259,9 @@ class _StaleConnection(Exception):
 class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPortabilityMixin):
     """Hermes-compatible session store on one SQLite file or one PostgreSQL database."""
 
+    # Hermes v26's sanitizer (capped at MAX_FTS5_QUERY_CHARS) over the listing mixin's v23 one.
+    _sanitize_fts5_query = SessionSearchMixin.__dict__["_sanitize_fts5_query"]
+
     def __init__(
         self,
         db_path: str | os.PathLike[str] | URL | Engine | None = None,
@@ -374,10 +378,19 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         self._dialect = dialect = for_connection(self._engine)
 
         # Hook: every new DB-API connection gets the dialect's session setup (WAL on SQLite).
+        # Through a weak reference: SQLAlchemy keeps checked-out connections (our idle
+        # ones) reachable from a global table, so a strong one here would keep this store
+        # alive forever and ``__del__`` would never close it.
+        me = weakref.ref(self)
+        is_file = self.db_path is not None
+
         @event.listens_for(self._engine, "connect")
         def _journal(dbapi_conn: Any, _rec: Any) -> None:
-            self.journal_mode = dialect.on_connect(dbapi_conn, label=label)
-            if self.db_path is not None:
+            mode = dialect.on_connect(dbapi_conn, label=label)
+            store = me()
+            if store is not None:
+                store.journal_mode = mode
+            if is_file:
                 apply_database_pragmas(dbapi_conn, db_label=label)  # config.yaml's database.* (Hermes v26)
 
         with self._engine.connect() as conn:

@@ -327,11 +327,12 @@ def _backup_db_file(db_path: Path) -> tuple[Path | None, str | None]:
     if backups and _same_bytes(path, backups[-1]):
         return backups[-1], None
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    target = path.with_name(f"{path.name}.malformed-backup-{stamp}")
-    n = 1
-    while target.exists():
-        n += 1
-        target = path.with_name(f"{path.name}.malformed-backup-{stamp}-{n}")
+    base = f"{path.name}.malformed-backup-{stamp}"
+    # Past the highest number of this second, so a pruned name is never handed out again.
+    used = [m.group(1) or "1" for m in (re.fullmatch(rf"{re.escape(base)}(?:-(\d+))?(?:-wal|-shm)?", p.name)
+                                         for p in path.parent.glob(f"{base}*")) if m]
+    n = max((int(u) for u in used), default=0) + 1
+    target = path.with_name(base if n == 1 else f"{base}-{n}")
     for suffix in ("", "-wal", "-shm"):
         src = Path(f"{path}{suffix}")
         if src.exists():
