@@ -125,6 +125,15 @@ def vacuum_v26(engine: Engine) -> None:
         dialect.checkpoint_truncate(engine)
 
 
+def vacuum_after_optimize_storage(engine: Engine) -> None:
+    """optimize-storage's VACUUM (Hermes v25): ``VACUUM``, then one PASSIVE checkpoint,
+    never a TRUNCATE. Run it with ``steps.outside``."""
+    dialect = for_connection(engine)
+    with driver_errors():
+        dialect.vacuum(engine)
+        dialect.checkpoint(engine)
+
+
 def vacuum(steps: Steps, *, optimize: Callable[[], int]) -> int:
     """Hermes v26's ``vacuum()``: ``optimize`` first (a failure is logged and counts as
     0), then :func:`vacuum_v26`, whose errors propagate. Returns the optimize count."""

@@ -251,7 +251,8 @@ class FtsUpkeepRepository(Repository):
 
     def optimize_available(self) -> bool:
         """Whether optimize-storage has work: a pre-v23 layout, an open window, CJK work a
-        loaded tokenizer could do, or trash tables of a demotion still to tear down."""
+        loaded tokenizer could do, trash tables of a demotion still to tear down, or
+        (Hermes v25) a word/trigram index left empty beside messages."""
         fts5 = self.fts5
         if fts5 is None:  # no FTS5 storage: only an open window (it closes at the first step)
             return self.meta(REBUILD_HIGH_WATER) is not None
@@ -260,7 +261,7 @@ class FtsUpkeepRepository(Repository):
         cjk_keys = (CJK_REBUILD_HIGH_WATER, CJK_REBUILD_PROGRESS, FTS_CJK_STALE_KEY)
         if self.cjk_index_available() and any(self.meta(k) is not None for k in cjk_keys):
             return True
-        return bool(fts5.trash_tables(self.conn))
+        return bool(fts5.trash_tables(self.conn)) or self._empty_index_with_messages()
 
     def demote_legacy(self) -> list[str]:
         """Replace pre-v23 inline indexes by the head layout and open a window over every
@@ -297,9 +298,61 @@ class FtsUpkeepRepository(Repository):
         deleted = fts5.trash_delete(self.conn, tables[0], rows)
         return deleted, bool(deleted) or len(tables) > 1
 
-    def finish_storage_optimize(self, layout: int = HEAD_FTS_LAYOUT) -> None:
+    def _empty_index_with_messages(self) -> bool:
+        """A word or trigram index that holds no row (its ``_docsize`` table is empty)
+        while messages exist: the shape an interrupted rebuild leaves without markers."""
+        fts5 = self.fts5
+        if fts5 is None or self.conn.execute(select(MESSAGES.c.id).limit(1)).first() is None:
+            return False
+        for index in WINDOWS["main"][2]:
+            docsize = f"{index}_docsize"
+            if index in fts5.tables(self.conn) and fts5.table_exists(self.conn, docsize):
+                if self.conn.exec_driver_sql(f'SELECT 1 FROM "{docsize}" LIMIT 1').first() is None:
+                    return True
+        return False
+
+    def heal_optimize_bookkeeping(self) -> list[str]:
+        """Hermes v25's ``_repair_optimize_bookkeeping``, before optimize-storage works:
+        a high-water mark without progress gets progress 0 and its partial indexes are
+        emptied (the backfill then indexes every row once); an empty index with
+        messages and no window gets a window over every message. The keys seeded."""
+        fts5 = self.fts5
+        if fts5 is None:
+            return []
+        high, progress, indexes = WINDOWS["main"]
+        if self.meta(high) is not None:
+            if self.meta(progress) is not None:
+                return []
+            for index in indexes:
+                if index in fts5.tables(self.conn):
+                    self.dialect.fts_command(self.conn, index, "delete-all")
+            self._set(progress, "0")
+            return [progress]
+        if not self._empty_index_with_messages():
+            return []
+        top = int(self.conn.execute(select(func.max(MESSAGES.c.id))).scalar() or 0)
+        self._set(progress, "0")
+        self._set(high, str(top))
+        return [high, progress]
+
+    def settle_blocker(self) -> str | None:
+        """Why optimize-storage may not settle yet (Hermes v25): ``"backfill_incomplete"``
+        while the high-water mark stays or an index is empty beside messages,
+        ``"teardown_incomplete"`` while trash tables remain; None when it may."""
+        if self.meta(REBUILD_HIGH_WATER) is not None or self._empty_index_with_messages():
+            return "backfill_incomplete"
+        fts5 = self.fts5
+        if fts5 is not None and fts5.trash_tables(self.conn):
+            return "teardown_incomplete"
+        return None
+
+    def finish_storage_optimize(self, layout: int = HEAD_FTS_LAYOUT) -> str | None:
         """Hermes' last optimize-storage step: stamp the layout (never lowering a newer
-        stamp), drop the "optimize available" hint, raise ``schema_version`` to 23."""
+        stamp), drop the "optimize available" hint, raise ``schema_version`` to 23.
+        Refused (nothing written) while :meth:`settle_blocker` names a reason, returned."""
+        blocker = self.settle_blocker()
+        if blocker is not None:
+            return blocker
         stamped = parse_marker(self.meta(STORAGE_VERSION_KEY))
         if stamped is None or stamped < layout:
             self._set(STORAGE_VERSION_KEY, str(layout))
@@ -307,6 +360,7 @@ class FtsUpkeepRepository(Repository):
         self.conn.execute(
             update(SCHEMA_VERSION).where(SCHEMA_VERSION.c.version < MIN_SCHEMA_VERSION).values(version=MIN_SCHEMA_VERSION)
         )
+        return None
 
     # ------------------------------------------------------------------ probes
 

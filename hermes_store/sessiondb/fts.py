@@ -336,16 +336,55 @@ class FtsMixin(Host):
         ``schema_version`` to 23 if lower. ``progress_cb`` gets ``{"phase": "backfill" |
         "teardown" | "vacuum" | "done", "percent", "indexed", "total"}``.
 
+        Hermes v25: the bookkeeping is healed first (a high-water mark without progress
+        restarts its backfill from an emptied index; an empty index beside messages gets
+        a window over them), and the run refuses to settle while a window, trash tables
+        or an empty index with messages remain: ``{"ok": False, "reason":
+        "backfill_incomplete" | "teardown_incomplete", "vacuumed": None}``, nothing
+        stamped, no VACUUM. The VACUUM comes after settling, followed by one PASSIVE
+        checkpoint (no TRUNCATE).
+
         Returns ``{"ok": True, "vacuumed": True | False | None}`` (None: not asked), or
-        ``{"ok": False, "reason": "read_only" | "fts5_unavailable"}``. The workflow, one
-        transaction per step, is :func:`hermes_store.operations.fts.optimize_fts_storage`.
+        ``{"ok": False, "reason": "read_only" | "fts5_unavailable" | ...}``. The workflow,
+        one transaction per step, is :func:`hermes_store.operations.fts.optimize_fts_storage`.
         """
         if self.read_only:
             return {"ok": False, "reason": "read_only"}
-        return fts_ops.optimize_fts_storage(
-            self._maintenance_steps(), progress_cb=progress_cb, vacuum=vacuum, pacing=self._fts_pacing(),
-            fts_enabled=self._fts_enabled, on_demoted=self._forget_trigram_flag,
+        steps = self._maintenance_steps()
+        enabled = self._fts_enabled
+        if enabled:
+            steps.write(lambda c: FtsUpkeepRepository(c).heal_optimize_bookkeeping())
+        held: list[Dict[str, Any]] = []
+
+        def relay(event: Dict[str, Any]) -> None:
+            if event.get("phase") == "done":
+                held.append(event)
+            elif progress_cb is not None:
+                progress_cb(event)
+
+        out = fts_ops.optimize_fts_storage(
+            steps, progress_cb=relay, vacuum=False, pacing=self._fts_pacing(),
+            fts_enabled=enabled, on_demoted=self._forget_trigram_flag,
         )
+        if not out.get("ok"):
+            return out
+        blocker = steps.read(lambda c: FtsUpkeepRepository(c).settle_blocker())
+        if blocker is not None:
+            return {"ok": False, "reason": blocker, "vacuumed": None}
+        vacuumed: Optional[bool] = None
+        if vacuum:
+            last = held[-1] if held else {"indexed": 0, "total": 0}
+            relay({"phase": "vacuum", "percent": 100, "indexed": last["indexed"], "total": last["total"]})
+            try:
+                steps.outside(prune_ops.vacuum_after_optimize_storage)
+                vacuumed = True
+            except Exception as exc:  # noqa: BLE001 - Hermes: a failed VACUUM is not fatal
+                log.warning("vacuum after optimize-storage failed: %s", exc)
+                vacuumed = False
+        for event in held:
+            if progress_cb is not None:
+                progress_cb(event)
+        return {"ok": True, "vacuumed": vacuumed}
 
     # ------------------------------------------------------------------ write-path hooks
 

@@ -145,3 +145,61 @@ def test_vacuum_returns_the_optimize_count_and_keeps_data(db) -> None:
     assert db.vacuum() == 7
     assert contents(db, "s") == ["kept through vacuum"]
     assert db._read(lambda c: c.execute(text("SELECT count(*) FROM messages")).scalar()) == 1
+
+
+# ---------------------------------------------------------------------------- optimize-storage (v25)
+
+
+def _empty_the_indexes(db) -> None:
+    for index in ("messages_fts", "messages_fts_trigram"):
+        db._write(lambda c, i=index: c.exec_driver_sql(f"INSERT INTO {i}({i}) VALUES('delete-all')"))
+
+
+@pytest.mark.sqlite_only
+def test_an_empty_index_beside_messages_is_work_and_is_healed(db) -> None:
+    db.create_session("s", "cli")
+    for i in range(5):
+        db.append_message("s", "user", f"needle number {i}")
+    assert db.fts_optimize_available() is False
+    _empty_the_indexes(db)
+    assert db.search_messages("needle") == []
+    assert db.fts_optimize_available() is True
+    phases: list[str] = []
+    out = db.optimize_fts_storage(progress_cb=lambda e: phases.append(e["phase"]))
+    assert out == {"ok": True, "vacuumed": True}
+    assert phases[-2:] == ["vacuum", "done"]
+    assert len(db.search_messages("needle")) == 5
+    assert db.fts_optimize_available() is False and db.get_meta("fts_rebuild_high_water") is None
+
+
+@pytest.mark.sqlite_only
+def test_a_high_water_mark_without_progress_restarts_from_an_emptied_index(db) -> None:
+    db.create_session("s", "cli")
+    ids = [db.append_message("s", "user", f"needle {i}") for i in range(4)]
+    db.set_meta("fts_rebuild_high_water", str(ids[-1]))
+    out = db.optimize_fts_storage(vacuum=False)
+    assert out == {"ok": True, "vacuumed": None}
+    assert len(db.search_messages("needle")) == 4  # every row once, none twice
+    assert db.check_fts() == {name: None for name in db.check_fts()}
+
+
+@pytest.mark.sqlite_only
+def test_optimize_refuses_to_settle_while_trash_remains(db, monkeypatch) -> None:
+    from hermes_store.operations import fts as fts_ops
+
+    db._write(lambda c: c.exec_driver_sql("CREATE TABLE fts_v22_trash_messages_fts_data (id INTEGER PRIMARY KEY)"))
+    db._write(lambda c: c.exec_driver_sql("INSERT INTO fts_v22_trash_messages_fts_data VALUES (1)"))
+    monkeypatch.setattr(fts_ops, "teardown_trash", lambda *a, **k: 0)  # a teardown that cannot finish here
+    before = db.get_meta("fts_storage_version")
+    assert db.optimize_fts_storage() == {"ok": False, "reason": "teardown_incomplete", "vacuumed": None}
+    assert db.get_meta("fts_storage_version") == before
+    monkeypatch.undo()
+    assert db.optimize_fts_storage(vacuum=False) == {"ok": True, "vacuumed": None}
+
+
+def test_optimize_settles_on_a_healthy_store(db) -> None:
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "healthy")
+    assert db.fts_optimize_available() is False
+    assert db.optimize_fts_storage(vacuum=False) == {"ok": True, "vacuumed": None}
+    assert db.get_meta("fts_storage_version") is not None
