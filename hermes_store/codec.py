@@ -39,10 +39,13 @@ __all__ = [
     "coerce_timestamp",
     "count_tool_calls",
     "decode_content",
+    "decode_display_metadata",
     "decode_json",
     "decode_json_or",
     "dump_json",
+    "is_stale_tool_call_marker_message",
     "encode_content",
+    "encode_display_metadata",
     "encode_json",
     "encode_json_text",
     "message_preview",
@@ -50,6 +53,7 @@ __all__ = [
     "repair_message_sequence",
     "sanitize_turn_text",
     "strip_memory_context",
+    "strip_stale_tool_call_markers",
     "text_from_bytes",
     "tool_call_increment",
 ]
@@ -365,6 +369,60 @@ def decode_json_or(text: Any, fallback: Any) -> Any:
         return json.loads(text)
     except ValueError:
         return fallback
+
+
+def encode_display_metadata(value: Any) -> str | None:
+    """``messages.display_metadata`` as Hermes v24+ writes it: a dict as JSON, JSON text
+    only when it holds an object (kept as given), anything else NULL."""
+    if isinstance(value, dict):
+        return _dumps(value)
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return None
+        return clean_text(value) if isinstance(parsed, dict) else None
+    return None
+
+
+def decode_display_metadata(text: Any) -> dict[str, Any] | None:
+    """A stored ``display_metadata`` as every reader returns it: a JSON object as a dict
+    (one extra layer of JSON string unwrapped: text stored twice encoded); NULL,
+    invalid JSON, ``''``, arrays, scalars and strings → None."""
+    if isinstance(text, dict):
+        return text
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        value = json.loads(text)
+        if isinstance(value, str):
+            value = json.loads(value)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+#: An assistant reply that is only ``[tool_name]``: a placeholder an older Hermes stored
+#: beside the real tool calls, which a model would otherwise read back as its own words.
+_STALE_MARKER_RE = re.compile(r"\[[A-Za-z_][A-Za-z0-9_.\-]*\]")
+
+
+def is_stale_tool_call_marker_message(msg: Any) -> bool:
+    """Whether ``msg`` is an assistant dict with tool calls whose content (stripped) is
+    nothing but a ``[identifier]`` marker (Hermes v25's transcript filter)."""
+    if not isinstance(msg, dict) or msg.get("role") != "assistant" or not msg.get("tool_calls"):
+        return False
+    content = msg.get("content")
+    return isinstance(content, str) and _STALE_MARKER_RE.fullmatch(content.strip()) is not None
+
+
+def strip_stale_tool_call_markers(messages: Any) -> Any:
+    """Blank (``''``) the content of every stale tool-call marker message, in place;
+    returns the same list."""
+    for msg in messages or ():
+        if is_stale_tool_call_marker_message(msg):
+            msg["content"] = ""
+    return messages
 
 
 _WS_RE = re.compile(r"\s+")

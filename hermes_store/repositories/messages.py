@@ -9,6 +9,12 @@ Hermes v23 semantics (the contract is the v23 SessionDB reference):
 * a message for a session that does not exist raises :class:`UnknownSessionError`,
   which is also ``sqlite3.IntegrityError`` (what Hermes' callers catch), on every backend;
 * ``sessions.message_count`` / ``tool_call_count`` move in the same transaction.
+
+Hermes v26 additions: typed display fields (``display_kind``, ``display_metadata``,
+decoded by every reader), the transcript guards (turn lease, closed by compression; see
+:mod:`.turn_leases`) inside the write's transaction, one shared row inserter for batch
+appends, replacements and compactions (:meth:`MessageRepository.insert_message_rows`),
+watermark compaction and the stale tool-call marker filter on replays.
 """
 
 from __future__ import annotations
@@ -16,9 +22,9 @@ from __future__ import annotations
 import math
 import operator
 import re
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
-from sqlalchemy import bindparam, case, delete, func, literal, select, update
+from sqlalchemy import bindparam, case, delete, func, literal, or_, select, update
 
 from .. import errors
 from ..errors import MessageNotFoundError, UnknownSessionError  # noqa: F401 - raised here, importable here
@@ -28,22 +34,34 @@ from ..codec import (
     coerce_timestamp,
     count_tool_calls,
     decode_content,
+    decode_display_metadata,
+    decode_json,
     decode_json_or,
     dump_json,
     encode_content,
+    encode_display_metadata,
     encode_json,
     encode_json_text,
     message_preview,
     parse_tool_calls,
     repair_message_sequence,
     sanitize_turn_text,
+    strip_stale_tool_call_markers,
     text_from_bytes,
     tool_call_increment,
 )
 from ..hermes_names import _strip_background_review_harness
-from .base import MESSAGES, SESSIONS, Repository, UnknownFieldError, missing_sessions, now
-from .lineage import LineageRepository
+from ..models import Base
+from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, UnknownFieldError, missing_sessions, now
+from .lineage import BRANCH_MARKER, LineageRepository, _marker
 from .records import MessageRecord, MessageWindow, RecentUserMessage, RewindResult
+from .turn_leases import guard_transcript_write, raise_if_closed_by_compression
+
+#: The compression leases ``archive_and_compact(lock_holder=...)`` checks.
+LOCKS = Base.metadata.tables["compression_locks"]
+#: What writes rows for a transcript write: ``(session_id, messages) -> (rows, tool calls)``
+#: (SessionDB passes its own ``_insert_message_rows``, which Hermes' code reaches through self).
+Inserter = Callable[[str, list[Any]], tuple[int, int]]
 
 
 #: JSON-ish columns: stored as JSON text (falsy → NULL), decoded on read.
@@ -145,6 +163,8 @@ def _encode(
                 row[key] = encode_json(value)
             elif key in BLOB_COLUMNS and isinstance(value, _BYTES):
                 row[key] = bytes(value)
+            elif key == "display_metadata" and isinstance(value, dict):
+                row[key] = encode_display_metadata(value)  # a decoded row read back (export → import)
             else:
                 row[key] = _text(value, key)
     except errors.InvalidInputError as exc:
@@ -254,6 +274,13 @@ def hermes_row(
     return _encode(session_id, role, content, timestamp, values, known, index), tool_call_increment(parsed)
 
 
+def display_fields(display_kind: Any, display_metadata: Any) -> dict[str, Any]:
+    """The typed display columns as Hermes v24+ writes them: the kind only if it is a
+    str, the metadata by :func:`encode_display_metadata`."""
+    return {"display_kind": display_kind if isinstance(display_kind, str) else None,
+            "display_metadata": encode_display_metadata(display_metadata)}
+
+
 def replacement_rows(
     session_id: str, messages: Any, start: float | None = None, known: Collection[str] | None = None
 ) -> tuple[list[dict[str, Any]], int]:
@@ -262,7 +289,8 @@ def replacement_rows(
 
     Per Hermes v23: ``role`` defaults to ``"unknown"``; ``platform_message_id`` falls
     back to the key ``message_id`` (what conversations carry); reasoning fields are
-    kept for assistant messages only; other keys are ignored. An explicit timestamp is
+    kept for assistant messages only; the display fields as appends write them (v26);
+    other keys are ignored. An explicit timestamp is
     kept; otherwise a clock starting at ``start`` (now) hands out stamps that advance
     past both the previous stamp and the previous row's own timestamp.
     """
@@ -282,6 +310,7 @@ def replacement_rows(
         extra = {k: m.get(k) for k in REPLACE_KEYS}
         if role == "assistant":
             extra.update({k: m.get(k) for k in ASSISTANT_KEYS})
+        extra.update(display_fields(m.get("display_kind"), m.get("display_metadata")))
         row, n = hermes_row(
             session_id, "unknown" if role is None else role, m.get("content"), ts,
             tool_calls=m.get("tool_calls"), platform_message_id=m.get("message_id") if pid is None else pid,
@@ -302,25 +331,33 @@ _SET_COUNTS = (
 M = MESSAGES.c
 #: Rows a conversation replay reads (Hermes v23 keys), in replay order per session.
 _CONVERSATION_COLUMNS = (
-    M.session_id, M.role, M.content, M.tool_call_id, M.tool_name, M.tool_calls, M.finish_reason,
+    M.id, M.session_id, M.role, M.content, M.tool_call_id, M.tool_name, M.tool_calls, M.finish_reason,
     M.reasoning, M.reasoning_content, M.reasoning_details, M.codex_reasoning_items,
     M.codex_message_items, M.api_content, M.timestamp, M.effect_disposition,
-    M.platform_message_id, M.observed,
+    M.platform_message_id, M.observed, M.display_kind, M.display_metadata,
 )
+#: The key a replayed turn carries its row id under (Hermes v26, when asked).
+ROW_ID_KEY = "_row_id"
+#: What ``get_messages(include_compacted=True)`` takes as the same message (an archived
+#: row and its clone after a watermark compaction): the live, newest copy is kept.
+_SAME_MESSAGE = (M.role, M.content, M.timestamp, M.tool_call_id, M.tool_calls, M.tool_name)
 _ASSISTANT_JSON = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
 
 
 def decode_row(row: dict[str, Any]) -> MessageRecord:
-    """Content decoded and tool_calls parsed (invalid JSON → ``[]``), as Hermes'
-    get_messages returns them; other JSON columns stay text."""
+    """Content decoded, tool_calls parsed (invalid JSON → ``[]``) and display_metadata
+    decoded (:func:`decode_display_metadata`), as Hermes' get_messages returns them;
+    other JSON columns stay text."""
     row.pop("search_vector", None)  # PostgreSQL's generated search column is not message data
     row["content"] = decode_content(row.get("content"))
     if row.get("tool_calls") is not None:
         row["tool_calls"] = decode_json_or(row["tool_calls"], [])
+    if "display_metadata" in row:
+        row["display_metadata"] = decode_display_metadata(row["display_metadata"])
     return row  # type: ignore[return-value]
 
 
-def conversation_turn(row: Mapping[str, Any]) -> dict[str, Any]:
+def conversation_turn(row: Mapping[str, Any], *, row_id: bool = False) -> dict[str, Any]:
     """One stored message as an OpenAI-style dict (Hermes v23 keys).
 
     Always ``role`` and ``content`` (user/assistant text without recalled memory,
@@ -328,13 +365,21 @@ def conversation_turn(row: Mapping[str, Any]) -> dict[str, Any]:
     ``message_id`` (the platform's id), ``observed: True``, ``tool_call_id``,
     ``tool_name``, ``tool_calls`` (invalid JSON → ``[]``); on assistant turns also
     ``finish_reason``, ``reasoning``, ``reasoning_content`` (even empty) and the
-    reasoning/codex items (invalid JSON → None).
+    reasoning/codex items (invalid JSON → None). Hermes v26: ``display_kind`` and
+    ``display_metadata`` (decoded) when set, and ``_row_id`` when ``row_id`` is asked.
     """
     role = row["role"]
     content = decode_content(row["content"])
     if role in ("user", "assistant"):
         content = sanitize_turn_text(content)
     msg: dict[str, Any] = {"role": role, "content": content}
+    if row_id:
+        msg[ROW_ID_KEY] = row["id"]
+    if row["display_kind"]:
+        msg["display_kind"] = row["display_kind"]
+    metadata = decode_display_metadata(row["display_metadata"])
+    if metadata:
+        msg["display_metadata"] = metadata
     if row["api_content"] is not None:
         msg["api_content"] = row["api_content"]
     if row["timestamp"] is not None:
@@ -364,19 +409,21 @@ def conversation_turn(row: Mapping[str, Any]) -> dict[str, Any]:
     return msg
 
 
-def build_conversation(rows: Iterable[Mapping[str, Any]], *, dedupe: bool, repair: bool = False) -> list[dict[str, Any]]:
+def build_conversation(rows: Iterable[Mapping[str, Any]], *, dedupe: bool, repair: bool = False,
+                       row_ids: bool = False) -> list[dict[str, Any]]:
     """Stored rows (replay order) → a conversation.
 
     ``dedupe`` (ancestor mode): a user turn whose text was already sent since the last
     assistant reply is the copy a compression replays into the continuation, and is
     skipped. Background-review harness turns ("Review the conversation above and …")
-    and the assistant reply right after each are always removed. ``repair`` runs
-    :func:`repair_message_sequence` on the result.
+    and the assistant reply right after each are always removed, and stale tool-call
+    markers blanked (:func:`strip_stale_tool_call_markers`). ``repair`` runs
+    :func:`repair_message_sequence` on the result; ``row_ids`` adds ``_row_id``.
     """
     out: list[dict[str, Any]] = []
     pending_users: set[str] = set()
     for row in rows:
-        msg = conversation_turn(row)
+        msg = conversation_turn(row, row_id=row_ids)
         if dedupe and msg["role"] == "user":
             value = msg["content"]
             key = value if isinstance(value, str) else repr(value)
@@ -386,7 +433,7 @@ def build_conversation(rows: Iterable[Mapping[str, Any]], *, dedupe: bool, repai
         elif msg["role"] == "assistant":
             pending_users.clear()
         out.append(msg)
-    out = _strip_background_review_harness(out)
+    out = strip_stale_tool_call_markers(_strip_background_review_harness(out))
     return repair_message_sequence(out) if repair else out
 
 
@@ -399,6 +446,23 @@ def _page(limit: Any, offset: Any) -> tuple[int | None, int]:
     except TypeError as exc:
         raise errors.InvalidInputError(f"limit and offset must be integers, not {limit!r}, {offset!r}") from exc
     return (None if lim is not None and lim < 0 else lim), max(off, 0)
+
+
+def _message_list(messages: Any) -> list[Any]:
+    """A transcript write's messages as a list (a single dict or text is refused)."""
+    if messages is None or isinstance(messages, (str, bytes, Mapping)):
+        raise errors.InvalidInputError(f"messages must be a list of dicts, not {type(messages).__name__}")
+    return list(messages)
+
+
+def _watermark(value: Any) -> int:
+    """A row id a compaction or a read counts from (an integer; True/False refused)."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise errors.InvalidInputError(f"a message id must be an integer, not {value!r}")
 
 
 def _message_id(value: Any) -> int | None:
@@ -451,23 +515,80 @@ class MessageRepository(Repository):
         q = select(SESSIONS.c.id).where(SESSIONS.c.id == session_id).with_for_update()
         return self.conn.execute(q).first() is not None
 
+    def _locked_state(self, session_id: str) -> tuple[bool, Any]:
+        """``(exists, end_reason)`` with the row locked as :meth:`_lock_session` does."""
+        q = select(SESSIONS.c.end_reason).where(SESSIONS.c.id == session_id).with_for_update()
+        row = self.conn.execute(q).first()
+        return (False, None) if row is None else (True, row[0])
+
+    def _is_branch(self, session_id: str) -> bool:
+        """Whether the session is an explicit branch (``_branched_from`` in its config):
+        its replay never includes the ancestors' rows (Hermes v26)."""
+        config = self.conn.execute(select(SESSIONS.c.model_config).where(SESSIONS.c.id == session_id)).scalar()
+        return _marker(config, BRANCH_MARKER)
+
     # ------------------------------------------------------------------ append
 
-    def append(self, session_id: str, role: str, content: Any = None, *, timestamp: Any = None, **fields: Any) -> int:
-        """Insert one live message (Hermes v23 ``append_message``) and bump the counters.
+    def append(self, session_id: str, role: str, content: Any = None, *, timestamp: Any = None,
+               turn_lease: tuple[str, float] | None = None, **fields: Any) -> int:
+        """Insert one live message (Hermes ``append_message``) and bump the counters.
 
         ``fields`` are append_message's keywords (see :func:`hermes_row`) plus any other
         ``messages`` column. An unconvertible ``timestamp`` is ignored (the clock is
-        used). Returns the new id; an unknown session raises :class:`UnknownSessionError`.
+        used). ``turn_lease`` ``(holder, ttl_seconds)`` runs the transcript guards first
+        (:func:`guard_transcript_write`). Returns the new id; an unknown session raises
+        :class:`UnknownSessionError`.
         """
         if session_id is None:
             raise UnknownSessionError("no session id (messages.session_id is NOT NULL)")
         ts = coerce_timestamp(timestamp)
         row, calls = hermes_row(session_id, role, content, now() if ts is None else ts,
                                 known=self._known(), **fields)
+        if turn_lease is not None:
+            guard_transcript_write(self.conn, session_id, holder=turn_lease[0], ttl_seconds=turn_lease[1], now=now())
         # The hot path of every agent turn: on SQLite two plain statements on the
         # DB-API connection, inside the caller's transaction (see the dialects).
         return self.dialect.append_message(self.conn, row, calls)
+
+    def insert_message_rows(self, session_id: str, messages: Any) -> tuple[int, int]:
+        """THE row inserter of batch appends, replacements and compactions (Hermes v26's
+        ``_insert_message_rows``): ``messages`` as live rows (:func:`replacement_rows`),
+        each input dict given its new id as ``msg["_row_id"]``. Counters are the
+        caller's; returns ``(rows inserted, tool calls they add)``.
+
+        The session row is locked first, so no other writer adds rows to the session
+        until the transaction ends (on PostgreSQL a row insert waits on that lock
+        through its foreign key): the session's newest ids are then exactly these rows.
+        """
+        items = _message_list(messages)
+        rows, calls = replacement_rows(session_id, items, known=self._known())
+        if not rows:
+            return 0, 0
+        if not self._lock_session(session_id):
+            raise UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
+        self.insert_rows(rows)
+        newest = select(M.id).where(M.session_id == session_id).order_by(M.id.desc()).limit(len(rows))
+        ids = [int(r[0]) for r in self.conn.execute(newest).fetchall()][::-1]
+        for msg, row_id in zip(items, ids):
+            if isinstance(msg, dict):
+                msg[ROW_ID_KEY] = row_id
+        return len(rows), calls
+
+    def append_batch(self, session_id: str, messages: Any, *, turn_lease: tuple[str, float] | None = None,
+                     insert: Inserter | None = None) -> int:
+        """Hermes v26 ``append_messages_batch`` for one transaction: the transcript guards
+        once, every row through the shared inserter, one counter update. Returns the
+        rows inserted; any failure leaves nothing (the caller's transaction)."""
+        check_key(session_id, "session id")
+        items = _message_list(messages)
+        if not items:
+            return 0
+        holder, ttl = turn_lease if turn_lease is not None else (None, 0.0)
+        guard_transcript_write(self.conn, session_id, holder=holder, ttl_seconds=ttl, now=now())
+        n, calls = (insert or self.insert_message_rows)(session_id, items)
+        if n:
+            self.dialect.bump_message_counts(self.conn, [(session_id, n, calls)])
+        return n
 
     def bulk_append(self, messages: Iterable[Mapping[str, Any]], *, update_counters: bool = True) -> int:
         """Insert many messages with one executemany per column set; counters once per session.
@@ -528,26 +649,51 @@ class MessageRepository(Repository):
     # ------------------------------------------------------------------ reads
 
     def get_messages(
-        self, session_id: str, include_inactive: bool = False, limit: Any = None, offset: Any = 0
+        self, session_id: str, include_inactive: bool = False, limit: Any = None, offset: Any = 0, *,
+        include_compacted: bool = False, latest: bool = False, after_id: Any = None,
     ) -> list[MessageRecord]:
         """Message rows by id (insertion order): live ones unless ``include_inactive``.
 
         ``limit`` caps (None or negative: no cap), ``offset`` skips (alone it pages too).
+        Hermes v25: ``include_compacted`` adds the compaction-archived rows, one row per
+        same message (:data:`_SAME_MESSAGE`; the live, newest copy), before paging
+        (``include_inactive`` wins); ``latest`` pages back from the newest row (still
+        returned oldest first); ``after_id`` keeps rows with a greater id and goes with
+        neither ``latest``, an offset nor ``include_compacted`` (ValueError).
         """
+        if after_id is not None:
+            for flag, name in ((latest, "latest"), (offset, "offset"), (include_compacted, "include_compacted")):
+                if flag:
+                    raise errors.InvalidInputError(f"after_id cannot be combined with {name}")
+            after = _watermark(after_id)
         lim, off = _page(limit, offset)
         if session_id is None or lim == 0:
             return []
-        q = select(MESSAGES).where(M.session_id == session_id)
-        if not include_inactive:
-            q = q.where(M.active == 1)
-        q = q.order_by(M.id)
+        where = [M.session_id == session_id]
+        if after_id is not None:
+            where.append(M.id > after)
+        if include_inactive:
+            source = MESSAGES
+        elif include_compacted:
+            rank = func.row_number().over(partition_by=_SAME_MESSAGE, order_by=(M.active.desc(), M.id.desc()))
+            ranked = select(MESSAGES, rank.label("same_message_rank")).where(
+                *where, or_(M.active == 1, M.compacted == 1)
+            ).subquery("ranked")
+            source, where = ranked, [ranked.c.same_message_rank == 1]
+        else:
+            source = MESSAGES
+            where.append(M.active == 1)
+        ident = source.c.id
+        q = select(*(source.c[c.name] for c in MESSAGES.c)).where(*where)
+        q = q.order_by(ident.desc() if latest else ident)
         if lim is not None:
             q = q.limit(lim)
         if off:
             q = q.offset(off)
         result = self.conn.execute(q)
         keys = list(result.keys())
-        return [decode_row(dict(zip(keys, r))) for r in result.fetchall()]
+        rows = [decode_row(dict(zip(keys, r))) for r in result.fetchall()]
+        return rows[::-1] if latest else rows
 
     def count(self, session_id: str | None = None) -> int:
         """Stored rows (live or not) of one session, or of all sessions."""
@@ -595,44 +741,116 @@ class MessageRepository(Repository):
         self.conn.execute(_SET_COUNTS, {"n": 0, "calls": 0, "sid": session_id})
         return deleted
 
-    def replace(self, session_id: str, messages: Any, active_only: bool = False) -> int:
-        """Swap the transcript (Hermes v23 ``replace_messages``); returns the rows written.
+    def replace(self, session_id: str, messages: Any, active_only: bool = False, archive_dropped: bool = False,
+                *, insert: Inserter | None = None) -> int:
+        """Swap the transcript (Hermes ``replace_messages``); returns the rows written.
 
+        A session ended by compression refuses (:class:`CompressionSessionClosedError`).
         Deletes the session's rows (only the live ones with ``active_only``, so rewound
-        and compacted history stays), inserts ``messages`` as live rows (see
-        :func:`replacement_rows`) and sets the counters to what was inserted. Every new
-        message is checked before anything is deleted; an unknown session raises
+        and compacted history stays; ``archive_dropped`` keeps them as ``active = 0``
+        instead), inserts ``messages`` as live rows through the shared inserter and sets
+        the counters to what was inserted, all in the caller's one transaction (a bad
+        message rolls the deletion back too). An unknown session raises
         :class:`UnknownSessionError` unless there is nothing to insert.
         """
         check_key(session_id, "session id")
-        rows, calls = replacement_rows(session_id, messages, known=self._known())
-        if not self._lock_session(session_id) and rows:
-            raise UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
-        gone = delete(MESSAGES).where(M.session_id == session_id)
-        if active_only:
-            gone = gone.where(M.active == 1)
-        self.conn.execute(gone)
-        self.insert_rows(rows)
-        self.conn.execute(_SET_COUNTS, {"n": len(rows), "calls": calls, "sid": session_id})
-        return len(rows)
+        items = _message_list(messages)
+        exists, end_reason = self._locked_state(session_id)
+        raise_if_closed_by_compression(session_id, end_reason)
+        if not exists:
+            if items:
+                raise UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
+            return 0
+        live = M.session_id == session_id
+        if active_only or archive_dropped:
+            live = live & (M.active == 1)
+        if archive_dropped:
+            self.conn.execute(update(MESSAGES).where(live).values(active=0))
+        else:
+            self.conn.execute(delete(MESSAGES).where(live))
+        n, calls = (insert or self.insert_message_rows)(session_id, items)
+        self.conn.execute(_SET_COUNTS, {"n": n, "calls": calls, "sid": session_id})
+        return n
 
-    def archive_and_compact(self, session_id: str, compacted_messages: Any) -> int:
+    def archive_and_compact(self, session_id: str, compacted_messages: Any, *,
+                            model_config_patch: Mapping[str, Any] | None = None, watermark: Any = None,
+                            lock_holder: str | None = None, insert: Inserter | None = None) -> int:
         """Archive the live transcript and start over from ``compacted_messages``.
 
-        Every live row becomes ``active = 0, compacted = 1`` (kept, still searchable);
-        the new messages are inserted live (same rules as :meth:`replace`); the counters
-        become the inserted counts. Returns the number inserted.
+        ``lock_holder``: the caller's compression lease must still be held (else
+        :class:`SessionCompressionInProgressError`, nothing written). Every live row
+        becomes ``active = 0, compacted = 1`` (kept, still searchable); the new messages
+        are inserted live through the shared inserter. ``model_config_patch`` is merged
+        into ``model_config`` (None deletes a key). With ``watermark``, the live rows
+        above it (appended while the summary was written) are cloned after the
+        compacted set as new live rows. Counters and the return value: compacted +
+        cloned rows.
         """
         check_key(session_id, "session id")
-        rows, calls = replacement_rows(session_id, compacted_messages, known=self._known())
-        if not self._lock_session(session_id) and rows:
+        items = _message_list(compacted_messages)
+        mark = None if watermark is None else _watermark(watermark)
+        if lock_holder is not None:
+            held = self.conn.execute(
+                select(LOCKS.c.holder).where(LOCKS.c.session_id == session_id, LOCKS.c.expires_at >= now())
+            ).scalar()
+            if held != lock_holder:
+                raise errors.SessionCompressionInProgressError(
+                    f"Session '{session_id}' is being compressed: compression lease not held by {lock_holder!r}"
+                )
+        exists, _end = self._locked_state(session_id)
+        if model_config_patch:
+            if not exists:
+                raise errors.InvalidInputError(f"Session not found: {session_id}")
+            self._patch_model_config(session_id, model_config_patch)
+        if not exists and items:
             raise UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
+        tail = [] if mark is None else self.conn.execute(
+            select(M.id, M.tool_calls).where(M.session_id == session_id, M.active == 1, M.id > mark).order_by(M.id)
+        ).fetchall()
         self.conn.execute(
             update(MESSAGES).where(M.session_id == session_id, M.active == 1).values(active=0, compacted=1)
         )
-        self.insert_rows(rows)
-        self.conn.execute(_SET_COUNTS, {"n": len(rows), "calls": calls, "sid": session_id})
-        return len(rows)
+        n, calls = (insert or self.insert_message_rows)(session_id, items)
+        self._clone_rows([int(r[0]) for r in tail])
+        n += len(tail)
+        calls += sum(tool_call_increment(parse_tool_calls(r[1])) for r in tail if r[1] is not None)
+        self.conn.execute(_SET_COUNTS, {"n": n, "calls": calls, "sid": session_id})
+        return n
+
+    def _clone_rows(self, ids: Sequence[int]) -> None:
+        """New live copies of these rows (every column but id/active/compacted), in id order."""
+        if not ids:
+            return
+        present = self.columns_of("messages")
+        copied = [c for c in MESSAGES.c if c.name not in ("id", "active", "compacted") and c.name in present]
+        for start in range(0, len(ids), ID_CHUNK):
+            chunk = ids[start:start + ID_CHUNK]
+            source = select(*copied, literal(1).label("active")).where(M.id.in_(chunk)).order_by(M.id)
+            self.conn.execute(MESSAGES.insert().from_select([*(c.name for c in copied), "active"], source))
+
+    def _patch_model_config(self, session_id: str, patch: Mapping[str, Any]) -> None:
+        """Merge ``patch`` into the session's ``model_config`` (None deletes a key; an
+        empty result is NULL). The row is already locked by the caller."""
+        stored = decode_json(self.conn.execute(
+            select(SESSIONS.c.model_config).where(SESSIONS.c.id == session_id)
+        ).scalar())
+        config = dict(stored) if isinstance(stored, dict) else {}
+        for key, value in patch.items():
+            if value is None:
+                config.pop(key, None)
+            else:
+                config[key] = value
+        self.conn.execute(
+            update(SESSIONS).where(SESSIONS.c.id == session_id).values(model_config=dump_json(config))
+        )
+
+    def active_watermark(self, session_id: str) -> int:
+        """The newest live row's id (0 when there is none): what a compaction may later
+        pass as ``watermark``."""
+        found = self.conn.execute(
+            select(func.max(M.id)).where(M.session_id == session_id, M.active == 1)
+        ).scalar()
+        return 0 if found is None else int(found)
 
     def set_latest_user_api_content(self, session_id: str, content: Any, api_content: Any) -> int:
         """Attach ``api_content`` to the newest live user row if it still holds ``content``.
@@ -793,42 +1011,53 @@ class MessageRepository(Repository):
         return [r._mapping for r in self.conn.execute(q).fetchall()]
 
     def conversation(
-        self, session_ids: Sequence[str], *, include_inactive: bool = False, repair: bool = False
+        self, session_ids: Sequence[str], *, include_inactive: bool = False, repair: bool = False,
+        row_ids: bool = False,
     ) -> list[dict[str, Any]]:
         """OpenAI chat-format replay of the given sessions, in order (one query).
 
         More than one session is ancestor mode (replayed user turns deduplicated).
         """
         rows = self._conversation_rows(session_ids, include_inactive)
-        return build_conversation(rows, dedupe=len(session_ids) > 1, repair=repair)
+        return build_conversation(rows, dedupe=len(session_ids) > 1, repair=repair, row_ids=row_ids)
 
     def lineage_conversation(
         self, session_id: str, *, include_ancestors: bool = False, include_inactive: bool = False,
-        repair: bool = False,
+        repair: bool = False, row_ids: bool = False,
     ) -> list[dict[str, Any]]:
         """Hermes' ``get_messages_as_conversation``: the session, or its whole parent chain
-        root-first (every ``parent_session_id`` link, cycle-safe)."""
+        root-first (every ``parent_session_id`` link, cycle-safe). An explicit branch
+        replays its own rows only (Hermes v26)."""
         if session_id is None:
             return []
-        ids = LineageRepository(self.conn).ancestors(session_id) if include_ancestors else []
-        return self.conversation(ids or [session_id], include_inactive=include_inactive, repair=repair)
+        ids = self._lineage(session_id) if include_ancestors else [session_id]
+        return self.conversation(ids, include_inactive=include_inactive, repair=repair, row_ids=row_ids)
+
+    def _lineage(self, session_id: str) -> list[str]:
+        """The replayed sessions of a lineage read: root first, the session last; only the
+        session for an explicit branch."""
+        if self._is_branch(session_id):
+            return [session_id]
+        return LineageRepository(self.conn).ancestors(session_id) or [session_id]
 
     def resume_conversations(self, session_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """``(model_history, display_history)`` from one read of the lineage's live rows:
-        the session's own turns repaired for a model, and the root-first display."""
+        the session's own turns repaired for a model, and the root-first display (the
+        own rows only for a branch); both carry ``_row_id``."""
         if session_id is None:
             return [], []
-        ids = LineageRepository(self.conn).ancestors(session_id) or [session_id]
+        ids = self._lineage(session_id)
         rows = self._conversation_rows(ids, include_inactive=False)
         own = [r for r in rows if r["session_id"] == session_id]
-        return (build_conversation(own, dedupe=False, repair=True),
-                build_conversation(rows, dedupe=len(ids) > 1))
+        return (build_conversation(own, dedupe=False, repair=True, row_ids=True),
+                build_conversation(rows, dedupe=len(ids) > 1, row_ids=True))
 
     def ancestor_display_prefix(self, session_id: str) -> list[dict[str, Any]]:
-        """The display conversation of the ancestors' live rows (not the session's own)."""
+        """The display conversation of the ancestors' live rows (not the session's own;
+        none for a branch)."""
         if session_id is None:
             return []
-        ids = [i for i in LineageRepository(self.conn).ancestors(session_id) if i != session_id]
+        ids = [i for i in self._lineage(session_id) if i != session_id]
         if not ids:
             return []
         return build_conversation(self._conversation_rows(ids, include_inactive=False), dedupe=True)

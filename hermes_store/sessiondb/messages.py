@@ -1,5 +1,5 @@
-"""Transcript rows: append, read (whole, paged, around an anchor, as a conversation),
-replace, compact, rewind and restore (Hermes v23).
+"""Transcript rows: append (single and batch), read (whole, paged, around an anchor, as
+a conversation), replace, compact, rewind and restore (Hermes v23, v26 signatures).
 
 Live rows are ``active = 1``. Readers return live rows unless asked otherwise;
 ``get_messages_around``, ``get_anchored_view``, ``message_count`` and
@@ -8,11 +8,21 @@ Live rows are ``active = 1``. Readers return live rows unless asked otherwise;
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Dict, Iterable, List, Optional
 
-from ..codec import encode_json
+from sqlalchemy import Connection
+
+from ..codec import is_stale_tool_call_marker_message, strip_stale_tool_call_markers
 from ..repositories import MessageRepository
+from ..repositories.messages import display_fields
 from ._host import TRANSCRIPT_BUDGET_S, Host
+
+#: Hermes v25's transcript filter, under the names Hermes' code imports from hermes_state.
+_is_stale_tool_call_marker_message = is_stale_tool_call_marker_message
+_strip_stale_tool_call_markers = strip_stale_tool_call_markers
+
+#: Module-level Hermes names defined here; the facade (hermes_state) re-exports them.
+__all__ = ["_is_stale_tool_call_marker_message", "_strip_stale_tool_call_markers"]
 
 
 class MessagesMixin(Host):
@@ -20,30 +30,33 @@ class MessagesMixin(Host):
         self,
         session_id: str,
         role: str,
-        content: Any = None,
-        tool_name: str | None = None,
+        content: str = None,
+        tool_name: str = None,
         tool_calls: Any = None,
-        tool_call_id: str | None = None,
-        token_count: int | None = None,
-        finish_reason: str | None = None,
-        reasoning: str | None = None,
-        reasoning_content: str | None = None,
+        tool_call_id: str = None,
+        token_count: int = None,
+        finish_reason: str = None,
+        reasoning: str = None,
+        reasoning_content: str = None,
         reasoning_details: Any = None,
         codex_reasoning_items: Any = None,
         codex_message_items: Any = None,
-        platform_message_id: str | None = None,
+        platform_message_id: str = None,
         observed: bool = False,
-        effect_disposition: str | None = None,
+        effect_disposition: Optional[str] = None,
         timestamp: Any = None,
-        api_content: str | None = None,
-        *,
-        display_kind: str | None = None,
-        display_metadata: Any = None,
+        api_content: Optional[str] = None,
+        display_kind: Optional[str] = None,
+        display_metadata: Optional[Dict[str, Any]] = None,
+        compression_lock_holder: Optional[str] = None,
+        turn_lease_holder: Optional[str] = None,
+        turn_lease_ttl_seconds: float = 300.0,
     ) -> int:
         """Insert one live message; returns its id.
 
-        ``display_kind`` / ``display_metadata`` (ours, keyword-only) fill Hermes' v24
-        typed-display columns (metadata: text as given, other values as JSON). An
+        ``turn_lease_holder``: the write runs the transcript guards first (the holder's
+        turn lease, renewed if it expired; a target closed by compression refuses).
+        ``compression_lock_holder`` is accepted and ignored, as in Hermes v26. An
         unknown session raises UnknownSessionError, also ``sqlite3.IntegrityError``.
         """
         fields = {
@@ -53,11 +66,13 @@ class MessagesMixin(Host):
             "codex_reasoning_items": codex_reasoning_items, "codex_message_items": codex_message_items,
             "platform_message_id": platform_message_id, "observed": observed,
             "effect_disposition": effect_disposition, "api_content": api_content,
-            "display_kind": display_kind, "display_metadata": encode_json(display_metadata),
+            **display_fields(display_kind, display_metadata),
         }
+        lease = None if turn_lease_holder is None else (turn_lease_holder, float(turn_lease_ttl_seconds))
         return self._write(
-            lambda c: MessageRepository(c).append(session_id, role, content, timestamp=timestamp, **fields),
-            budget=TRANSCRIPT_BUDGET_S, one_statement=True,
+            lambda c: MessageRepository(c).append(session_id, role, content, timestamp=timestamp,
+                                                  turn_lease=lease, **fields),
+            budget=TRANSCRIPT_BUDGET_S, one_statement=lease is None,
         )
 
     def append_messages(self, messages: Iterable[dict[str, Any]]) -> int:
@@ -68,17 +83,71 @@ class MessagesMixin(Host):
         # maintenance interval (or index_search()) covers them.
         return self._write(lambda c: MessageRepository(c).bulk_append(items), budget=TRANSCRIPT_BUDGET_S)
 
-    def replace_messages(self, session_id: str, messages: list[dict[str, Any]], active_only: bool = False) -> None:
+    def append_messages_batch(
+        self,
+        session_id: str,
+        messages: List[Dict[str, Any]],
+        compression_lock_holder: Optional[str] = None,
+        turn_lease_holder: Optional[str] = None,
+        chunk_rows: Optional[int] = None,
+        turn_lease_ttl_seconds: float = 300.0,
+    ) -> int:
+        """Append ``messages`` (replace_messages' keys plus the display fields) in one
+        transaction, all or nothing, the transcript guards checked once; returns the
+        rows inserted. ``chunk_rows`` below the count: one transaction per chunk.
+        Each input dict gets its new id as ``msg["_row_id"]``."""
+        items = list(messages or [])
+        if not items:
+            return 0
+        size = len(items) if not chunk_rows or chunk_rows < 1 or chunk_rows >= len(items) else int(chunk_rows)
+        lease = None if turn_lease_holder is None else (turn_lease_holder, float(turn_lease_ttl_seconds))
+        total = 0
+        for start in range(0, len(items), size):
+            chunk = items[start:start + size]
+            total += self._write(
+                lambda c: MessageRepository(c).append_batch(
+                    session_id, chunk, turn_lease=lease,
+                    insert=lambda sid, msgs: self._insert_message_rows(c, sid, msgs),
+                ),
+                budget=TRANSCRIPT_BUDGET_S,
+            )
+        return total
+
+    def _insert_message_rows(self, conn: Connection, session_id: str, messages: List[Dict[str, Any]]
+                             ) -> tuple[int, int]:
+        """Hermes' shared row inserter, reached through ``self`` (code may wrap it): the
+        rows of a batch append, replacement or compaction, written on ``conn`` inside
+        its transaction; sets ``msg["_row_id"]``; returns (rows, tool calls added)."""
+        return MessageRepository(conn).insert_message_rows(session_id, messages)
+
+    def replace_messages(self, session_id: str, messages: List[Dict[str, Any]], active_only: bool = False,
+                         archive_dropped: bool = False) -> None:
         self._write(
-            lambda c: MessageRepository(c).replace(session_id, messages, active_only=bool(active_only)),
+            lambda c: MessageRepository(c).replace(
+                session_id, messages, active_only=bool(active_only), archive_dropped=bool(archive_dropped),
+                insert=lambda sid, msgs: self._insert_message_rows(c, sid, msgs),
+            ),
             budget=TRANSCRIPT_BUDGET_S,
         )
 
-    def archive_and_compact(self, session_id: str, compacted_messages: list[dict[str, Any]]) -> int:
+    def archive_and_compact(
+        self,
+        session_id: str,
+        compacted_messages: List[Dict[str, Any]],
+        model_config_patch: Optional[Dict[str, Any]] = None,
+        watermark: Optional[int] = None,
+        lock_holder: Optional[str] = None,
+    ) -> int:
         return self._write(
-            lambda c: MessageRepository(c).archive_and_compact(session_id, compacted_messages),
+            lambda c: MessageRepository(c).archive_and_compact(
+                session_id, compacted_messages, model_config_patch=model_config_patch, watermark=watermark,
+                lock_holder=lock_holder, insert=lambda sid, msgs: self._insert_message_rows(c, sid, msgs),
+            ),
             budget=TRANSCRIPT_BUDGET_S,
         )
+
+    def get_active_message_watermark(self, session_id: str) -> int:
+        return self._read(lambda c: MessageRepository(c).active_watermark(session_id))
 
     def has_archived_messages(self, session_id: str) -> bool:
         return self._read(lambda c: MessageRepository(c).has_archived(session_id))
@@ -93,10 +162,20 @@ class MessagesMixin(Host):
         return self._read(lambda c: MessageRepository(c).count(session_id))
 
     def get_messages(
-        self, session_id: str, include_inactive: bool = False, limit: int | None = None, offset: int = 0
-    ) -> list[dict[str, Any]]:
+        self,
+        session_id: str,
+        include_inactive: bool = False,
+        include_compacted: bool = False,
+        limit: Optional[int] = None,
+        offset: int = 0,
+        latest: bool = False,
+        after_id: Optional[int] = None,
+    ) -> List[Dict[str, Any]]:
         return self._read(
-            lambda c: MessageRepository(c).get_messages(session_id, bool(include_inactive), limit, offset)
+            lambda c: MessageRepository(c).get_messages(
+                session_id, bool(include_inactive), limit, offset,
+                include_compacted=bool(include_compacted), latest=bool(latest), after_id=after_id,
+            )
         )  # type: ignore[return-value]
 
     def get_messages_as_conversation(
@@ -105,15 +184,18 @@ class MessagesMixin(Host):
         include_ancestors: bool = False,
         include_inactive: bool = False,
         repair_alternation: bool = False,
-    ) -> list[dict[str, Any]]:
+        include_row_ids: bool = False,
+    ) -> List[Dict[str, Any]]:
         """OpenAI-style turns; ``repair_alternation`` repairs the returned copy only
-        (see :func:`hermes_store.codec.repair_message_sequence`)."""
+        (see :func:`hermes_store.codec.repair_message_sequence`); ``include_row_ids``
+        adds ``_row_id``; an explicit branch ignores ``include_ancestors``."""
         return self._read(
             lambda c: MessageRepository(c).lineage_conversation(
                 session_id,
                 include_ancestors=bool(include_ancestors),
                 include_inactive=bool(include_inactive),
                 repair=bool(repair_alternation),
+                row_ids=bool(include_row_ids),
             )
         )
 

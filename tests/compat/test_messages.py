@@ -214,17 +214,20 @@ def test_append_to_unknown_session_is_an_integrity_error(db: Any) -> None:
     assert db.message_count() == 0
 
 
-def test_our_extras_are_trailing_keyword_only(hermes_state: Any, db: Any) -> None:
+def test_v26_display_and_guard_parameters_follow_api_content(hermes_state: Any, db: Any) -> None:
+    """Hermes v26: the display fields and the guard holders are ordinary parameters."""
     extras = list(inspect.signature(hermes_state.SessionDB.append_message).parameters.values())[19:]
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
     assert [(p.name, p.kind, p.default) for p in extras] == [
-        ("display_kind", inspect.Parameter.KEYWORD_ONLY, None),
-        ("display_metadata", inspect.Parameter.KEYWORD_ONLY, None)]
+        ("display_kind", positional, None), ("display_metadata", positional, None),
+        ("compression_lock_holder", positional, None), ("turn_lease_holder", positional, None),
+        ("turn_lease_ttl_seconds", positional, 300.0)]
     db.create_session("s", "cli")
     db.append_message("s", "assistant", "shown", display_kind="status", display_metadata={"step": 2})
     db.append_message("s", "assistant", "plain", display_metadata='{"raw": true}')
     a, b = stored(db)
-    assert (a["display_kind"], json.loads(a["display_metadata"])) == ("status", {"step": 2})
-    assert (b["display_kind"], b["display_metadata"]) == (None, '{"raw": true}')
+    assert (a["display_kind"], a["display_metadata"]) == ("status", {"step": 2})
+    assert (b["display_kind"], b["display_metadata"]) == (None, {"raw": True})
     with pytest.raises(TypeError):
         db.append_message("s", "user", "x", active=0)  # there is no active parameter
     with pytest.raises(TypeError):
@@ -262,7 +265,7 @@ def test_get_messages_limit_and_offset(db: Any) -> None:
     assert got(limit=-1) == ids  # SQLite's LIMIT -1: no cap
     assert got(offset=-3) == ids  # a negative offset skips nothing
     assert got(limit=2, include_inactive=True) == ids[:2]
-    assert db.get_messages("s", False, 1, 1)[0]["id"] == ids[1]  # positional order as Hermes
+    assert db.get_messages("s", False, False, 1, 1)[0]["id"] == ids[1]  # positional order as Hermes v26
 
 
 def test_get_messages_unknown_and_falsy_sessions(db: Any) -> None:
@@ -360,13 +363,18 @@ def test_ancestors_root_first_with_replayed_user_dedup(db: Any) -> None:
 
 
 def test_ancestors_follow_every_parent_link(db: Any) -> None:
-    """Not only compression: a branch or delegate child's display starts at its root."""
+    """Not only compression: a delegate child's display starts at its root; an explicit
+    branch (Hermes v26) replays only its own rows."""
     db.create_session("root", "cli")
     db.append_message("root", "user", "hello")
+    db.create_session("delegate", "cli", parent_session_id="root", model_config={"_delegate_from": "root"})
+    db.append_message("delegate", "assistant", "delegated reply")
+    assert pairs(db.get_messages_as_conversation("delegate", include_ancestors=True)) == [
+        ("user", "hello"), ("assistant", "delegated reply")]
     db.create_session("branch", "cli", parent_session_id="root", model_config={"_branched_from": "root"})
     db.append_message("branch", "assistant", "branched reply")
     assert pairs(db.get_messages_as_conversation("branch", include_ancestors=True)) == [
-        ("user", "hello"), ("assistant", "branched reply")]
+        ("assistant", "branched reply")]
 
 
 def test_ancestor_walk_is_cycle_safe(db: Any) -> None:
@@ -440,8 +448,8 @@ def test_resume_conversations(db: Any) -> None:
     _chain(db)
     db.append_message("c", "user", "and a follow-up")  # two user turns in a row
     model, display = db.get_resume_conversations("c")
-    assert model == db.get_messages_as_conversation("c", repair_alternation=True)
-    assert display == db.get_messages_as_conversation("c", include_ancestors=True)
+    assert model == db.get_messages_as_conversation("c", repair_alternation=True, include_row_ids=True)
+    assert display == db.get_messages_as_conversation("c", include_ancestors=True, include_row_ids=True)
     assert pairs(model)[-1] == ("user", "question one\n\nand a follow-up")
     assert pairs(display)[:5] == CHAIN_DISPLAY
     db.rewind_to_message("c", db.get_messages("c")[-1]["id"])
@@ -574,7 +582,7 @@ def test_replace_messages_per_message_keys(db: Any) -> None:
         {"content": "no role"},
         {"role": "user", "content": "u", "message_id": "tg-5", "observed": True, "api_content": "raw",
          "effect_disposition": "sent", "reasoning": "dropped for users", "token_count": 12,
-         "id": 999_999, "active": 0, "session_id": "elsewhere", "display_kind": "ignored"},
+         "id": 999_999, "active": 0, "session_id": "elsewhere", "display_kind": "note"},
         {"role": "user", "content": "both ids", "platform_message_id": "p-1", "message_id": "m-1"},
         {"role": "assistant", "content": "a", "finish_reason": "stop", "reasoning": "why",
          "reasoning_content": "", "reasoning_details": [{"k": 1}], "codex_reasoning_items": [{"r": 1}],
@@ -587,7 +595,7 @@ def test_replace_messages_per_message_keys(db: Any) -> None:
     assert (user["platform_message_id"], user["observed"], user["api_content"], user["effect_disposition"],
             user["token_count"]) == ("tg-5", 1, "raw", "sent", 12)
     assert user["reasoning"] is None and user["id"] != 999_999 and user["active"] == 1
-    assert user["session_id"] == "s" and user["display_kind"] is None
+    assert user["session_id"] == "s" and user["display_kind"] == "note"  # v26: display fields honoured
     assert both["platform_message_id"] == "p-1"
     assert (asst["finish_reason"], asst["reasoning"], asst["reasoning_content"]) == ("stop", "why", "")
     assert json.loads(asst["reasoning_details"]) == [{"k": 1}]
@@ -630,7 +638,8 @@ def test_replace_round_trips_a_conversation(db: Any) -> None:
     db.append_message("s", "tool", "r", tool_call_id="c1", tool_name="web_search", effect_disposition="ok")
     before = db.get_messages_as_conversation("s")
     db.replace_messages("s", before)
-    assert db.get_messages_as_conversation("s") == before
+    assert all("_row_id" in m for m in before)  # the shared inserter names each new row (v26)
+    assert db.get_messages_as_conversation("s", include_row_ids=True) == before
     assert db.get_session("s")["tool_call_count"] == 2
 
 
