@@ -18,9 +18,10 @@ All-or-nothing, one adopter at a time, and safe against a kill at any instructio
 * :mod:`.swap` — the lock, the journaled swap that puts the copy in place, and the
   recovery every open runs first.
 
-The original is kept as ``state.db.pre-adopt.bak`` (plus ``state.db.pre-adopt.bak-wal``
-when it had a WAL), both 0600; the adopted ``state.db`` keeps the original's mode. On
-any failure the original is byte-for-byte unchanged and the copy is removed.
+The original is kept as ``state.db.pre-adopt.bak``, a 0600 copy with its WAL folded
+in (one file, every committed row); the adopted ``state.db`` keeps the original's mode.
+On any failure the original keeps every row (byte-for-byte unless the failure came
+after its WAL was folded in) and the copy is removed.
 
 A symlinked ``state.db`` is followed: the real file is adopted in its own folder and the
 link keeps pointing at the result. A dangling link is refused.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import os
 import shutil
 from contextlib import suppress
+from pathlib import Path
 from typing import Callable
 
 from alembic import command
@@ -70,6 +72,9 @@ __all__ = [
 ]
 
 Progress = Callable[[str, float], None]
+
+#: Copies taken before giving up on an original that is written to meanwhile.
+COPY_ATTEMPTS = 3
 
 
 def _nothing_to_do(p: os.PathLike[str], det: Detected, recovered: str | None) -> AdoptionReport:
@@ -143,12 +148,14 @@ def adopt(
     A file hermes_store already owns is a no-op (``report.adopted`` is False).
 
     With ``backup=True`` the original stays next to it as ``state.db.pre-adopt.bak``
-    (``.pre-adopt.1.bak``… if that name is taken), together with
-    ``state.db.pre-adopt.bak-wal`` when the original had a WAL file. Stop Hermes while
-    adopting: a write by another process during adoption is detected and aborts it.
+    (``.pre-adopt.1.bak``… if that name is taken): a copy with its WAL folded in.
+    Stop Hermes while adopting: a write to the original after the copy was taken is
+    noticed under SQLite's write lock and the copy taken again (up to
+    :data:`COPY_ATTEMPTS` times); a process holding the file open at the swap is
+    refused, since it would keep writing to the replaced file.
 
     Any failure raises :class:`~hermes_store.errors.AdoptionError` (chained from the
-    cause) or one of the typed refusals, with the original byte-for-byte unchanged and
+    cause) or one of the typed refusals, with every row of the original in place and
     no copy left behind.
     """
     vt = version_table or VERSION_TABLE
@@ -175,34 +182,54 @@ def adopt(
             return _nothing_to_do(p, det, recovered)
         target = _refuse_problems(p, det, revision)
         _check_free_space(p)
-        before = swap.fingerprint(p)
-        copy = swap.new_work_file(p)
-        try:
-            report = work.build_copy(p, copy, det, target, vt, report_progress)
-            if swap.fingerprint(p) != before:
-                raise errors.AdoptionError(
-                    f"{p} was written to by another process during adoption (is Hermes running?); "
-                    "stop it and adopt again"
-                )
-            swap.step("verified")
-            report_progress("swap", 0.0)
-            swap.restore_mode(copy, p)
-            swap.step("fsync_work")
-            report.backup_path, report.backup_wal_path = swap.swap_in(p, copy, before, backup=backup)
-        except errors.HermesStoreError as exc:
-            swap.remove_db_files(copy)
-            if isinstance(exc, errors.AdoptionError):
-                raise
-            raise errors.AdoptionError(f"adopting {p} failed, left unchanged: {exc}") from exc
-        except BaseException as exc:
-            swap.remove_db_files(copy)
-            if not isinstance(exc, Exception):
-                raise
-            raise errors.AdoptionError(f"adopting {p} failed, left unchanged: {type(exc).__name__}: {exc}") from exc
+        for attempt in range(COPY_ATTEMPTS):
+            if attempt:
+                # Written to since the copy was taken (Hermes running?): copy again.
+                det = detect(p, version_table=vt, deep=False)
+                target = _refuse_problems(p, det, revision)
+            adopted = _copy_and_swap(p, det, target, vt, backup, report_progress)
+            if adopted is not None:
+                break
+        else:
+            raise errors.AdoptionError(
+                f"{p} was written to by another process during each of {COPY_ATTEMPTS} adoption attempts "
+                "(is Hermes running?); stop it and adopt again. Left unchanged"
+            )
     report_progress("swap", 1.0)
     if recovered:
-        report.notes.insert(0, recovered)
-    return report
+        adopted.notes.insert(0, recovered)
+    return adopted
+
+
+def _copy_and_swap(
+    p: Path, det: Detected, target: str, vt: str, backup: bool, report_progress: Progress
+) -> AdoptionReport | None:
+    """Build and verify a copy, seal the original and swap; None when the original
+    changed after the copy was taken (nothing moved, the copy removed)."""
+    before = swap.fingerprint(p)
+    copy = swap.new_work_file(p)
+    try:
+        report = work.build_copy(p, copy, det, target, vt, report_progress)
+        swap.step("verified")
+        report_progress("swap", 0.0)
+        swap.restore_mode(copy, p)
+        swap.step("fsync_work")
+        sealed = swap.seal(p, before)
+        if sealed is None:
+            swap.remove_db_files(copy)
+            return None
+        report.backup_path = swap.swap_in(p, copy, sealed, backup=backup)
+        return report
+    except errors.HermesStoreError as exc:
+        swap.remove_db_files(copy)
+        if isinstance(exc, errors.AdoptionError):
+            raise
+        raise errors.AdoptionError(f"adopting {p} failed, left unchanged: {exc}") from exc
+    except BaseException as exc:
+        swap.remove_db_files(copy)
+        if not isinstance(exc, Exception):
+            raise
+        raise errors.AdoptionError(f"adopting {p} failed, left unchanged: {type(exc).__name__}: {exc}") from exc
 
 
 def _check_free_space(p: os.PathLike[str]) -> None:

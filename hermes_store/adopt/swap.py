@@ -1,4 +1,4 @@
-"""One adopter at a time, and a swap that survives a kill at any instruction.
+"""One adopter at a time, and a swap with no half-done moment.
 
 **Lock.** ``state.db.adopt-lock`` next to the database, held with ``flock`` from before
 the fingerprint to after the swap (and during recovery). Not SQLite's own lock on the
@@ -11,42 +11,49 @@ file is created 0600 and removed by its holder; a waiter that locked a file whic
 removed meanwhile notices (inode check) and locks the new one. Waiting is bounded
 (:data:`LOCK_WAIT_S`), then :class:`~hermes_store.errors.AdoptionError`.
 
-**Swap.** ``state.db`` and ``state.db-wal`` are two names, and no single rename moves
-both, so the swap is journaled: after the copy is verified and fsynced, a marker
-``state.db.adopt-swap`` (fsynced, then renamed into place) names every step's files and
-the original's identity (inode, size, mtime). Then:
+**Seal.** Before the swap, :func:`seal` takes SQLite's write lock on the original and
+checks that nothing was written since the copy was taken (else the caller copies
+again: a Hermes write in that window is kept, never lost). It then folds the
+original's WAL into it and removes ``-wal``/``-shm`` (``journal_mode=DELETE``, which
+SQLite only allows while no other connection has the file open, so no process is
+left writing to the old inode or sharing its WAL), and holds SQLite's exclusive lock
+until the rename is done. A writer that opens the old file meanwhile waits for that
+lock, and afterwards SQLite refuses its write (the file was moved), so it cannot
+write into a file nobody will read again. No committed row lives in a sidecar, and no
+stale ``-wal`` stays beside the new file for the next reader to apply.
 
-1. the backup is made as a hard link to the original (a copy where links are not
-   supported) — ``state.db`` is untouched;
-2. ``state.db-shm`` (a cache of the WAL) is removed and ``state.db-wal`` is renamed to
-   ``state.db.pre-adopt.bak-wal`` (to a temp name without a backup);
-3. the copy is renamed onto ``state.db`` — **the commit point**;
-4. the backups are made 0600 (the hard link is now the original's only name, so its
-   mode no longer is the live file's) and the marker is removed.
+**Swap.** ``state.db`` is replaced by ONE rename:
 
-Only between 2 and 3 does ``state.db`` lack its WAL; the marker says so, and every
-open through hermes_store (adopt, ``migrations.upgrade``, ``SessionDB``) first calls
-:func:`finish_interrupted`: before the commit point it rolls back (the WAL goes back,
-the backup link and copy go away), after it it finishes step 4. A state the marker does
-not explain (the original written to meanwhile, ``state.db`` replaced) is never
-guessed at: :class:`~hermes_store.errors.AdoptionError` names the files and nothing
-moves. An in-process failure uses the same recovery, so there is one code path.
+1. the backup is a private (0600) copy of the sealed original, written and fsynced
+   under a temp name (``state.db`` is untouched);
+2. a marker ``state.db.adopt-swap`` (fsynced, renamed into place) names the files;
+3. the verified, fsynced copy is renamed onto ``state.db`` and the folder fsynced —
+   **the commit point**: before it ``state.db`` is the complete original, after it
+   the complete adopted file;
+4. the backup is renamed to ``state.db.pre-adopt.bak`` and the marker removed.
+
+Every open through hermes_store (adopt, ``migrations.upgrade``, ``SessionDB``) first
+calls :func:`finish_interrupted`: before the commit point it removes the copy and
+the temp backup (the original is in place, with whatever was written to it since),
+after it it finishes step 4. Neither side ever needs a repair by hand.
 
 **Leftovers.** Temp files of killed runs (``.state.db.adopting-*``: the copy, its
-journal/WAL, a stashed WAL) are removed by the next holder of the lock, after the
+journal/WAL, a temp backup) are removed by the next holder of the lock, after the
 marker was dealt with, and never while another adopter holds it.
 
 **Fault hook.** :data:`fault_hook`, when set, is called with the name of each step
-(``locked``, ``copied``, ``repairing``, ``verified``, ``fsync_work``,
-``fsync_marker``, ``marker``, ``backup``, ``rename_wal``, ``rename_db``,
-``fsync_dir``, ``after_swap``, ``cleanup``, ``lock_wait``, ``restore_wal``). Tests set
-it in a subprocess to ``os._exit`` or pause at a step; unset it costs one global read.
+(``locked``, ``copied``, ``repairing``, ``verified``, ``fsync_work``, ``changed``,
+``fold_wal``, ``sealed``, ``fsync_backup``, ``fsync_marker``, ``marker``,
+``rename_db``, ``fsync_dir``, ``rename_backup``, ``fsync_backup_dir``, ``cleanup``,
+``lock_wait``). Tests set it in a subprocess to ``os._exit`` or pause at a step;
+unset it costs one global read.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import stat
 import tempfile
 import time
@@ -64,6 +71,8 @@ LOCK_SUFFIX = ".adopt-lock"
 MARKER_SUFFIX = ".adopt-swap"
 #: How long a second adopter waits for the first one (seconds).
 LOCK_WAIT_S = 600.0
+#: How long sealing the original waits for a writer of it to finish (SQLite busy timeout, seconds).
+SEAL_WAIT_S = 10.0
 #: Mode of every file adoption creates, backups included.
 PRIVATE = 0o600
 
@@ -180,20 +189,73 @@ def adoption_lock(p: Path, *, wait: float | None = None) -> Iterator[bool]:
         yield True
 
 
+# ------------------------------------------------------------------ seal
+
+
+def _unchanged_since(p: Path, before: list[list[int] | None]) -> bool:
+    """The original and its WAL are as ``before`` found them; a WAL our own open just
+    created (empty) is no change."""
+    now = fingerprint(p)
+    if now[0] != before[0]:
+        return False
+    return now[1] == before[1] or (before[1] is None and now[1] is not None and now[1][1] == 0)
+
+
+def _busy(p: Path, exc: sqlite3.Error) -> errors.AdoptionError:
+    return errors.AdoptionError(
+        f"{p} is in use by another process (is Hermes running?): {exc}. Stop it and adopt again; "
+        "nothing was adopted and no row was changed"
+    )
+
+
+def seal(p: Path, before: list[list[int] | None]) -> sqlite3.Connection | None:
+    """Lock the original for the swap; None when it was written to since ``before``.
+
+    The returned connection holds SQLite's exclusive lock on the original, whose WAL
+    has been folded into it (no ``-wal``/``-shm`` left); closing it releases the lock.
+    A writer still at work is waited for (:data:`SEAL_WAIT_S`); another connection
+    holding the file open is refused with :class:`~hermes_store.errors.AdoptionError`.
+    """
+    conn = sqlite3.connect(p, isolation_level=None, timeout=SEAL_WAIT_S)
+    try:
+        conn.execute("BEGIN IMMEDIATE")  # writers wait from here on
+        unchanged = _unchanged_since(p, before)
+        seen = conn.execute("PRAGMA data_version").fetchone()[0]
+        conn.execute("COMMIT")
+        if unchanged and conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+            mode = conn.execute("PRAGMA journal_mode=DELETE").fetchone()[0]
+            if mode != "delete":
+                raise sqlite3.OperationalError(f"its WAL could not be folded in (journal mode stays {mode})")
+            step("fold_wal")
+        if unchanged:
+            conn.execute("BEGIN EXCLUSIVE")
+            # Another connection committing between the two locks shows here.
+            unchanged = conn.execute("PRAGMA data_version").fetchone()[0] == seen
+    except sqlite3.Error as exc:
+        conn.close()
+        raise _busy(p, exc) from exc
+    except BaseException:
+        conn.close()
+        raise
+    if not unchanged:
+        conn.close()
+        step("changed")
+        return None
+    step("sealed")
+    return conn
+
+
 # ------------------------------------------------------------------ swap
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """Hard link (instant, same bytes); a private copy where links are not supported."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE)
-        with open(fd, "wb") as out, open(src, "rb") as inp:
-            while chunk := inp.read(1 << 20):
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
+def _private_copy(src: Path, dst: Path) -> None:
+    """``dst`` as a 0600 copy of ``src``, fsynced."""
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, PRIVATE)
+    with open(fd, "wb") as out, open(src, "rb") as inp:
+        while chunk := inp.read(1 << 20):
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
 
 
 def _write_marker(p: Path, plan: dict[str, Any]) -> None:
@@ -220,7 +282,7 @@ def _read_marker(p: Path) -> dict[str, Any]:
     marker = marker_path(p)
     try:
         plan = json.loads(marker.read_text(encoding="utf-8"))
-        missing = {"work", "work_ino", "orig"} - set(plan)
+        missing = {"work", "work_ino"} - set(plan)
         if missing:
             raise KeyError(", ".join(sorted(missing)))
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -228,93 +290,69 @@ def _read_marker(p: Path) -> dict[str, Any]:
             f"{marker} (left by an interrupted adoption) cannot be read ({exc}); nothing was changed. "
             f"Check that {p} opens with all its rows, then delete {marker.name}"
         ) from exc
+    if plan.get("wal_to"):
+        # Written by an older hermes_store, whose swap moved the WAL aside.
+        raise errors.AdoptionError(
+            f"{marker} was left by an older hermes_store whose swap moved {p.name}-wal to {plan['wal_to']}; "
+            f"nothing was changed. Stop every program using {p}, finish it with that version, or put "
+            f"{plan['wal_to']} back as {p.name}-wal and delete {marker.name}"
+        )
     return plan
 
 
-def swap_in(p: Path, work: Path, before: list[list[int] | None], *, backup: bool) -> tuple[Path | None, Path | None]:
-    """Put the verified, fsynced ``work`` in place of ``p`` (the caller holds the lock).
+def swap_in(p: Path, work: Path, sealed: sqlite3.Connection, *, backup: bool) -> Path | None:
+    """Put the verified, fsynced ``work`` in place of the sealed ``p`` with one rename.
 
-    Returns (backup, backup WAL) paths. On any failure the same recovery as after a
-    kill runs: before the commit point the original comes back as it was.
+    The caller holds the adoption lock; ``sealed`` (from :func:`seal`) is closed here,
+    once ``state.db`` is the new file. Returns the backup's path. On any failure the
+    same recovery as after a kill runs: before the commit point the original stays.
     """
     folder = p.parent
-    wal = Path(f"{p}-wal")
     bak = free_backup_path(p) if backup else None
-    wal_to: Path | None = None
-    if before[1] is not None:
-        wal_to = Path(f"{bak}-wal") if bak else work.with_name(work.name + ".orig-wal")
     plan = {
         "db": p.name,
         "work": work.name,
         "work_ino": os.stat(work).st_ino,
         "backup": bak.name if bak else None,
-        "wal_to": wal_to.name if wal_to else None,
-        "orig": before[0],
-        "orig_wal": before[1],
+        "backup_tmp": f"{work.name}.bak" if bak else None,
     }
-    _write_marker(p, plan)
     try:
-        if bak is not None:
-            _link_or_copy(p, bak)
+        try:
+            if bak is not None:
+                _private_copy(p, folder / plan["backup_tmp"])
+                step("fsync_backup")
+            _write_marker(p, plan)
+            os.replace(work, p)
+            step("rename_db")
             fsync_dir(folder)
-            step("backup")
-        if fingerprint(p) != before:
-            raise errors.AdoptionError(
-                f"{p} was written to by another process during adoption (is Hermes running?); "
-                "stop it and adopt again"
-            )
-        if wal_to is not None:
-            with suppress(FileNotFoundError):
-                Path(f"{p}-shm").unlink()
-            os.replace(wal, wal_to)
-            step("rename_wal")
-        os.replace(work, p)
-        step("rename_db")
-        fsync_dir(folder)
-        step("fsync_dir")
+            step("fsync_dir")
+        finally:
+            sealed.close()
     except BaseException as exc:
         try:
             _recover(p, plan)
         except Exception as undo:
             raise errors.AdoptionError(
-                f"adopting {p} failed ({exc}) and could not be undone ({undo}); the next adopt, upgrade "
+                f"adopting {p} failed ({exc}) and could not be tidied up ({undo}); the next adopt, upgrade "
                 f"or SessionDB open of it finishes from {marker_path(p).name}"
             ) from exc
         raise
     _finish(p, plan)
-    return bak, (wal_to if bak else None)
+    return bak
 
 
 def _finish(p: Path, plan: dict[str, Any]) -> None:
-    """After the commit point: backups private, the stashed WAL gone, the marker gone."""
+    """After the commit point: the backup under its name, the marker gone."""
     folder = p.parent
-    if plan.get("backup"):
-        for name in (plan["backup"], plan.get("wal_to")):
-            if name:
-                with suppress(FileNotFoundError):
-                    os.chmod(folder / name, PRIVATE)
-    elif plan.get("wal_to"):
-        with suppress(FileNotFoundError):
-            (folder / plan["wal_to"]).unlink()
-    step("after_swap")
+    if plan.get("backup_tmp") and os.path.lexists(folder / plan["backup_tmp"]):
+        os.replace(folder / plan["backup_tmp"], folder / plan["backup"])
+        step("rename_backup")
+        fsync_dir(folder)
+        step("fsync_backup_dir")
     with suppress(FileNotFoundError):
         marker_path(p).unlink()
     fsync_dir(folder)
     step("cleanup")
-
-
-def _unexplained(p: Path, plan: dict[str, Any], what: str) -> errors.AdoptionError:
-    folder = p.parent
-    parts = [f"the adopted copy is {folder / plan['work']}"]
-    if plan.get("backup"):
-        parts.append(f"the original's backup is {folder / plan['backup']}")
-    if plan.get("wal_to"):
-        parts.append(f"the original's WAL is {folder / plan['wal_to']}")
-    return errors.AdoptionError(
-        f"an adoption of {p} was interrupted ({marker_path(p).name}), and {what}; nothing was changed, "
-        f"so that no row is lost. {'; '.join(parts)}. Stop every program using it and put the right files "
-        f"back by hand, then delete {marker_path(p).name}"
-    )
 
 
 def _recover(p: Path, plan: dict[str, Any]) -> str:
@@ -324,37 +362,16 @@ def _recover(p: Path, plan: dict[str, Any]) -> str:
     if st is not None and st.st_ino == plan["work_ino"]:
         _finish(p, plan)
         return f"finished an interrupted adoption of {p}"
-    orig = plan["orig"]
-    if st is None:
-        raise _unexplained(p, plan, f"{p} is missing")
-    if st.st_ino != orig[0]:
-        raise _unexplained(p, plan, f"{p} has been replaced by another file")
-    # The original is still state.db: roll back.
-    wal = Path(f"{p}-wal")
-    if plan.get("wal_to") and plan.get("orig_wal"):
-        moved = _stat(folder / plan["wal_to"])
-        if moved is not None and moved.st_ino == plan["orig_wal"][0]:
-            if [st.st_ino, st.st_size, st.st_mtime_ns] != orig:
-                raise _unexplained(p, plan, f"{p} was written to without its WAL")
-            current = _stat(wal)
-            if current is not None and current.st_size > 0:
-                raise _unexplained(p, plan, f"{p} was written to without its WAL ({wal.name} is new)")
-            # A reader may have created an empty WAL and its index meanwhile: both are
-            # caches of nothing, and the original WAL replaces them.
-            with suppress(FileNotFoundError):
-                Path(f"{p}-shm").unlink()
-            os.replace(folder / plan["wal_to"], wal)
-            fsync_dir(folder)
-            step("restore_wal")
-    if plan.get("backup"):
-        bak = folder / plan["backup"]
-        with suppress(FileNotFoundError):
-            bak.unlink()
+    # The copy never took the original's place: the original (and whatever was
+    # written to it since) stays; the copy and the temp backup go.
     remove_db_files(folder / plan["work"])
+    if plan.get("backup_tmp"):
+        with suppress(FileNotFoundError):
+            (folder / plan["backup_tmp"]).unlink()
     with suppress(FileNotFoundError):
         marker_path(p).unlink()
     fsync_dir(folder)
-    return f"rolled back an interrupted adoption of {p}; the original was left as it was"
+    return f"rolled back an interrupted adoption of {p}; the original was left in place"
 
 
 # ------------------------------------------------------------------ recovery

@@ -464,26 +464,26 @@ def _hot_wal_copy(tmp_path: Path) -> Path:
 
 
 def test_wal_content_is_adopted_and_kept_with_the_backup(tmp_path: Path) -> None:
+    """The WAL's rows are in the adopted file, and in the backup: one file, the
+    original's WAL folded into it, so nothing needs a sidecar to be read."""
     p = _hot_wal_copy(tmp_path)
-    wal_sha = sha(Path(f"{p}-wal"))
-    main_sha = sha(p)
 
     report = adopt_mod.adopt(p)
 
-    assert sorted(os.listdir(p.parent)) == ["state.db", "state.db.pre-adopt.bak", "state.db.pre-adopt.bak-wal"]
-    assert sha(report.backup_path) == main_sha and sha(report.backup_wal_path) == wal_sha
+    assert sorted(os.listdir(p.parent)) == ["state.db", "state.db.pre-adopt.bak"]
+    assert report.backup_wal_path is None
     with ro(p) as conn:
         assert conn.execute("SELECT count(*) FROM sessions").fetchone()[0] == 6
         (mid,) = conn.execute("SELECT id FROM messages WHERE content = 'walword'").fetchone()
         assert mid in fts_ids(conn, "messages_fts", "walword")
-    # The backup pair still opens as the original database, WAL rows included.
+    # The backup alone opens as the original database, WAL rows included.
     restored = tmp_path / "restored"
     restored.mkdir()
     shutil.copyfile(report.backup_path, restored / "x.db")
-    shutil.copyfile(report.backup_wal_path, restored / "x.db-wal")
     conn = sqlite3.connect(restored / "x.db")
     try:
         assert conn.execute("SELECT count(*) FROM sessions").fetchone()[0] == 6
+        assert conn.execute("SELECT count(*) FROM messages WHERE content = 'walword'").fetchone()[0] == 1
         assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 11
     finally:
         conn.close()
@@ -560,7 +560,7 @@ FAILURES = {
     "fts_check": lambda mp: mp.setattr(work_mod, "_check_fts", _boom),
     "row_counts": lambda mp: mp.setattr(work_mod, "_comparable_counts", _lose_a_row(work_mod._comparable_counts)),
     "schema_verification": lambda mp: mp.setattr(work_mod, "_fresh_snapshot", _boom),
-    "backup_link": lambda mp: mp.setattr(swap_mod, "_link_or_copy", _boom),
+    "backup_copy": lambda mp: mp.setattr(swap_mod, "_private_copy", _boom),
 }
 
 
@@ -584,8 +584,11 @@ def test_failure_leaves_original_untouched(
 
 
 def test_failure_in_the_final_rename_leaves_original_untouched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By the rename the original's WAL is folded into it: every row is in state.db
+    itself, and nothing of the attempt is left behind."""
     p = _hot_wal_copy(tmp_path)
-    before = (sha(p), sha(Path(f"{p}-wal")))
+    with ro(p) as conn:
+        before = {t: rows(conn, t) for t in ("sessions", "messages")}
     real_replace = os.replace
 
     def replace(src: Any, dst: Any) -> None:
@@ -597,8 +600,10 @@ def test_failure_in_the_final_rename_leaves_original_untouched(tmp_path: Path, m
     with pytest.raises(errors.AdoptionError) as info:
         adopt_mod.adopt(p)
     assert isinstance(info.value.__cause__, OSError)
-    assert (sha(p), sha(Path(f"{p}-wal"))) == before
-    assert set(os.listdir(p.parent)) <= {"state.db", "state.db-wal", "state.db-shm"}
+    assert sorted(os.listdir(p.parent)) == ["state.db"]
+    with ro(p) as conn:
+        assert {t: rows(conn, t) for t in ("sessions", "messages")} == before
+        assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 11
 
 
 def test_interrupt_cleans_up_and_propagates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -614,24 +619,43 @@ def test_interrupt_cleans_up_and_propagates(tmp_path: Path, monkeypatch: pytest.
     assert state(p) == before
 
 
-def test_a_concurrent_writer_aborts_the_swap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    p = place(hermes(11), tmp_path)
+def _writing_after_copies(p: Path, times: int) -> Any:
+    """build_copy, with Hermes writing a session to the original after each of the
+    first ``times`` copies."""
     real = work_mod.build_copy
+    written: list[str] = []
 
     def copy_then_write(*args: Any, **kw: Any) -> Any:
         result = real(*args, **kw)
-        other = sqlite3.connect(p)  # Hermes writing meanwhile
-        other.execute("INSERT INTO sessions (id, source, started_at) VALUES ('late', 'cli', 3e9)")
-        other.commit()
-        other.close()
+        if len(written) < times:
+            written.append(f"late{len(written)}")
+            other = sqlite3.connect(p)  # Hermes writing meanwhile
+            other.execute("INSERT INTO sessions (id, source, started_at) VALUES (?, 'cli', 3e9)", (written[-1],))
+            other.commit()
+            other.close()
         return result
 
-    monkeypatch.setattr(work_mod, "build_copy", copy_then_write)
+    return copy_then_write
+
+
+def test_a_concurrent_writer_is_kept_by_copying_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = place(hermes(11), tmp_path)
+    monkeypatch.setattr(work_mod, "build_copy", _writing_after_copies(p, 1))
+    report = adopt_mod.adopt(p)
+    assert report.adopted
+    assert sorted(os.listdir(p.parent)) == ["state.db", "state.db.pre-adopt.bak"]
+    with ro(p) as conn:  # the late row was written after the first copy: the second has it
+        assert conn.execute("SELECT count(*) FROM sessions WHERE id = 'late0'").fetchone()[0] == 1
+
+
+def test_a_writer_that_never_stops_is_refused_with_every_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = place(hermes(11), tmp_path)
+    monkeypatch.setattr(work_mod, "build_copy", _writing_after_copies(p, adopt_mod.COPY_ATTEMPTS))
     with pytest.raises(errors.AdoptionError, match="another process"):
         adopt_mod.adopt(p)
     assert sorted(os.listdir(p.parent)) == ["state.db"]
-    with ro(p) as conn:  # the late row is still there, in the untouched original
-        assert conn.execute("SELECT count(*) FROM sessions WHERE id = 'late'").fetchone()[0] == 1
+    with ro(p) as conn:  # the late rows are still there, in the original
+        assert conn.execute("SELECT count(*) FROM sessions WHERE id LIKE 'late%'").fetchone()[0] == 3
         assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 11
 
 

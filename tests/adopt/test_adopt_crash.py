@@ -4,9 +4,10 @@ The original is a Hermes v23 file whose newest rows live only in its ``-wal`` (a
 running Hermes leaves it). A subprocess adopts it with ``swap.fault_hook`` set to
 ``os._exit`` at one named step. After the kill, what a plain ``sqlite3`` open would
 see is read from a copy of ``state.db`` (+ ``-wal``), so the look itself changes
-nothing; either it shows every row, or the swap marker is there for the next open.
-Then the next open (``adopt``, ``migrations.upgrade`` or ``SessionDB``) must leave
-the file adopted with every row, the backup pair intact and no temp file behind.
+nothing: it shows every row, whatever the step (the swap is one rename of a whole
+file, see test_adopt_swap_kill.py for writers in the window). Then the next open
+(``adopt``, ``migrations.upgrade`` or ``SessionDB``) must leave the file adopted with
+every row, the backup intact and no temp file behind.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..helpers import HERMES_DBS, REPO
 
 KILLED = 77
 WAL_MESSAGES = 40
-ADOPTED_LISTING = ["state.db", "state.db.pre-adopt.bak", "state.db.pre-adopt.bak-wal"]
+ADOPTED_LISTING = ["state.db", "state.db.pre-adopt.bak"]
 
 # Run in a subprocess: adopt argv[1] (argv[3]: "adopt", "adopt-no-backup" or "upgrade")
 # and os._exit at step argv[2].
@@ -169,11 +170,13 @@ OPENERS: dict[str, Callable[[Path], Any]] = {
 }
 
 STEPS = [
-    "locked", "copied", "repairing", "verified", "fsync_work", "fsync_marker", "marker",
-    "backup", "rename_wal", "rename_db", "fsync_dir", "after_swap", "cleanup",
+    "locked", "copied", "repairing", "verified", "fsync_work", "fold_wal", "sealed", "fsync_backup",
+    "fsync_marker", "marker", "rename_db", "fsync_dir", "rename_backup", "fsync_backup_dir", "cleanup",
 ]
-#: Around the two renames every opener is tried; elsewhere one each, in turn.
-CRITICAL = {"backup", "rename_wal", "rename_db"}
+#: Around the rename every opener is tried; elsewhere one each, in turn.
+CRITICAL = {"sealed", "marker", "rename_db"}
+#: Steps after the commit point (state.db is the adopted file).
+COMMITTED = STEPS[STEPS.index("rename_db"):]
 KILL_CASES = [
     (step, opener)
     for i, step in enumerate(STEPS)
@@ -185,11 +188,10 @@ def assert_adopted_with_every_row(p: Path, rows: Any) -> None:
     assert sorted(os.listdir(p.parent)) == ADOPTED_LISTING
     assert visible(p) == rows
     assert migrations.current(p) == migrations.head()
-    # The backup pair still opens as the untouched original, WAL rows included.
+    # The backup alone opens as the original, WAL rows included (its WAL folded in).
     restored = p.parent.parent / "restored"
     restored.mkdir()
     shutil.copyfile(p.with_name("state.db.pre-adopt.bak"), restored / "state.db")
-    shutil.copyfile(p.with_name("state.db.pre-adopt.bak-wal"), restored / "state.db-wal")
     assert visible(restored / "state.db") == rows
     conn = sqlite3.connect(restored / "state.db")
     try:
@@ -204,14 +206,11 @@ def test_kill_at_each_step_loses_nothing(step: str, opener: str, tmp_path: Path,
     p = place_pair(template, tmp_path / "home")
     kill_at(p, step)
 
-    marker = p.with_name("state.db.adopt-swap")
-    seen = visible(p)
-    assert seen == rows or marker.exists(), f"after a kill at {step}, state.db hides rows and no marker says why"
-    if step == "rename_wal":
-        # The one window where state.db is without its WAL: the marker covers it.
-        assert marker.exists() and seen != rows
-    if step in ("rename_db", "fsync_dir", "after_swap"):
-        assert seen == rows and migrations.current(p) == migrations.head()  # past the commit point
+    assert visible(p) == rows, f"after a kill at {step}, state.db hides rows"
+    if step in COMMITTED:
+        assert migrations.current(p) == migrations.head()  # past the commit point
+    else:
+        assert adopt_mod.needs_adoption(p)  # the whole original
 
     OPENERS[opener](p)
     assert_adopted_with_every_row(p, rows)
@@ -219,7 +218,7 @@ def test_kill_at_each_step_loses_nothing(step: str, opener: str, tmp_path: Path,
 
 @pytest.mark.parametrize(
     "first, second",
-    [("rename_wal", "restore_wal"), ("rename_db", "after_swap"), ("rename_db", "cleanup")],
+    [("marker", "rename_db"), ("rename_db", "rename_backup"), ("rename_db", "cleanup")],
 )
 def test_a_kill_during_recovery_is_recovered_too(first: str, second: str, tmp_path: Path, wal_pair: Any) -> None:
     template, rows = wal_pair
@@ -230,42 +229,36 @@ def test_a_kill_during_recovery_is_recovered_too(first: str, second: str, tmp_pa
     assert_adopted_with_every_row(p, rows)
 
 
-@pytest.mark.parametrize("step", ["rename_wal", "rename_db", "after_swap"])
+@pytest.mark.parametrize("step", ["sealed", "marker", "rename_db", "cleanup"])
 def test_kill_without_a_backup_loses_nothing(step: str, tmp_path: Path, wal_pair: Any) -> None:
-    """Without a backup the original WAL waits under a temp name; it comes back before
-    the commit point and is dropped after it."""
+    """Without a backup only the copy moves; before the commit point it goes away, after
+    it only the marker is left to remove."""
     template, rows = wal_pair
     p = place_pair(template, tmp_path / "home")
     kill_at(p, step, how="adopt-no-backup")
-    stash = [n for n in os.listdir(p.parent) if n.endswith(".orig-wal")]
-    assert len(stash) == (0 if step == "after_swap" else 1)
+    assert not [n for n in os.listdir(p.parent) if n.endswith(".bak")]
+    assert visible(p) == rows
     adopt_mod.adopt(p, backup=False)
     assert sorted(os.listdir(p.parent)) == ["state.db"]
     assert visible(p) == rows
     assert migrations.current(p) == migrations.head()
 
 
-def test_a_write_in_the_window_is_never_papered_over(tmp_path: Path, wal_pair: Any) -> None:
-    """If something wrote to state.db while it lacked its WAL, neither side is chosen:
-    a clear error, and every file stays as it is for a person to sort out."""
-    template, _rows = wal_pair
+@pytest.mark.parametrize("step", ["marker", "rename_db"])
+def test_a_write_in_the_window_is_kept_by_every_open(step: str, tmp_path: Path, wal_pair: Any) -> None:
+    """Hermes starting in the window writes to whichever whole file state.db is; the
+    next open keeps that row, with no repair by hand."""
+    template, (sessions, messages) = wal_pair
     p = place_pair(template, tmp_path / "home")
-    kill_at(p, "rename_wal")
-    intruder = sqlite3.connect(p)  # e.g. Hermes started in the window
-    intruder.execute("PRAGMA wal_autocheckpoint=0")
+    kill_at(p, step)
+    intruder = sqlite3.connect(p)
     intruder.execute("INSERT INTO sessions (id, source, started_at) VALUES ('intruder', 'cli', 3e9)")
     intruder.commit()
-    def files() -> dict[str, bytes]:  # the killed run's lock file aside: it is only a lock
-        return {f.name: f.read_bytes() for f in p.parent.iterdir() if f.name != "state.db.adopt-lock"}
-
-    before = files()
-    assert {"state.db.adopt-swap", "state.db.pre-adopt.bak-wal", "state.db-wal"} <= set(before)
-    for open_ in OPENERS.values():
-        with pytest.raises(errors.AdoptionError, match="interrupted") as info:
-            open_(p)
-        assert "state.db.pre-adopt.bak-wal" in str(info.value)  # says where the rows are
-        assert files() == before
     intruder.close()
+    assert migrations.upgrade(p) == migrations.head()
+    seen = visible(p)
+    assert seen is not None and seen[0] == sessions | {"intruder"} and seen[1] == messages
+    assert sorted(os.listdir(p.parent)) == ADOPTED_LISTING
 
 
 def test_an_unreadable_marker_stops_every_open(tmp_path: Path) -> None:
@@ -365,7 +358,7 @@ class Proc:
 
 @pytest.mark.parametrize(
     "first_role, pause",
-    [("adopt", "fsync_work"), ("adopt", "rename_wal"), ("session", "verified")],
+    [("adopt", "fsync_work"), ("adopt", "marker"), ("session", "verified")],
 )
 def test_two_processes_adopt_exactly_once_and_keep_every_write(
     first_role: str, pause: str, tmp_path: Path, wal_pair: Any
