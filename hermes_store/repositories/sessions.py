@@ -27,6 +27,7 @@ from .base import (
     table_key,
     table_of,
 )
+from .lineage import RESET_END_REASONS, RESET_MARKER
 from .records import SessionRecord
 
 _PROMPTS = SchemaSQL("SELECT hash, prompt FROM {system_prompts} WHERE hash IN :hashes",
@@ -50,13 +51,6 @@ INHERITED_BY_CONTINUATION = ("user_id", "session_key", "chat_id", "chat_type", "
 RESETTABLE_END_REASONS = ("agent_close", "ws_orphan_reap")
 #: Hermes bounds an activity description to this many characters (v24).
 ACTIVITY_DESCRIPTION_CHARS = 120
-#: End reasons of a session reset (Hermes' ``_RESET_END_REASONS``): a child keyed like a
-#: parent that ended so is that parent's reset child, even without a ``_reset_from`` marker.
-RESET_END_REASONS = frozenset(
-    {"session_reset", "session_switch", "idle", "daily", "suspended", "resume_pending_expired"}
-)
-#: The ``model_config`` marker of a reset child (its value: the session it reset).
-RESET_MARKER = "_reset_from"
 #: The ``model_config`` key of a runtime (browser) model lock; a model switch drops it.
 RUNTIME_LOCK_KEY = "browser_model_lock"
 
@@ -334,7 +328,7 @@ class SessionRepository(Repository):
     def reopen(self, session_id: str) -> bool:
         """Clear the end; reset children known only by Hermes' legacy rule get their marker first.
 
-        A child keyed like its parent counts as that parent's reset child only while the
+        A child keyed like its parent (a non-empty ``session_key``) counts as that parent's reset child only while the
         parent stays ended with a reset reason; reopening would turn it into an ordinary
         resume target, so it is stamped ``_reset_from = parent`` first (Hermes v26 §5.2).
         """
@@ -350,7 +344,7 @@ class SessionRepository(Repository):
             .select_from(child.join(parent, parent.c.id == child.c.parent_session_id))
             .where(
                 parent.c.id == session_id,
-                parent.c.end_reason.in_(sorted(RESET_END_REASONS)),
+                parent.c.end_reason.in_(RESET_END_REASONS),
                 child.c.session_key.is_not(None), child.c.session_key != "",
                 child.c.session_key == parent.c.session_key,
             )

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
 from enum import Enum
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 from ..codec import clean_text
 from ..errors import InvalidInputError
@@ -17,7 +18,7 @@ from ._host import Host
 __all__: list[str] = [
     "SESSION_STATUS_COMPLETE", "SESSION_STATUS_EMPTY", "SESSION_STATUS_ERROR", "SESSION_STATUS_INTERRUPTED",
     "TITLE_SOURCE_DERIVED", "TITLE_SOURCE_LLM", "TITLE_SOURCE_USER",
-    "_ACTIVITY_WRITE_PATIENCE_S", "_BARE_BILLING_PROVIDERS", "_RESET_END_REASONS", "classify_session_status",
+    "_BARE_BILLING_PROVIDERS", "_RESET_END_REASONS", "classify_session_status",
 ]
 
 #: What session_lifecycle_statuses reports (Hermes v26).
@@ -33,15 +34,21 @@ _BARE_BILLING_PROVIDERS = frozenset({"auto", "custom"})
 #: End reasons of a session reset (Hermes' name; see repositories.sessions).
 _RESET_END_REASONS = RESET_END_REASONS
 
-#: Hermes' ``agent.session_activity.ActivityProvenance`` values; anything else is stored as "unknown".
-ActivityProvenance = Union[
-    Literal["unknown", "agent.compression", "agent.compression_timeout", "agent.compression_cooldown"], str, Enum
-]
+#: Hermes' ``agent.session_activity.ActivityProvenance``: one of these values, as text or
+#: as an enum member holding it; anything else is stored as "unknown".
+ActivityProvenance = Union[str, Enum]
 _PROVENANCES = ("unknown", "agent.compression", "agent.compression_timeout", "agent.compression_cooldown")
-#: Retry budget of an activity stamp (seconds): a heartbeat is worth less than a wait.
-_ACTIVITY_WRITE_PATIENCE_S = 0.5
+#: Retry budget of an activity stamp (seconds) unless the facade names its own: a
+#: heartbeat is worth less than a wait.
+ACTIVITY_BUDGET_S = 0.5
 #: The gateway runtime keys read from the top level of ``model_config``.
 _RUNTIME_KEYS = ("provider", "base_url", "api_mode")
+
+
+def _activity_budget() -> float:
+    """Hermes' ``_ACTIVITY_WRITE_PATIENCE_S`` as the facade holds it now (tests patch it)."""
+    facade = sys.modules.get("hermes_store.facade")
+    return float(getattr(facade, "_ACTIVITY_WRITE_PATIENCE_S", ACTIVITY_BUDGET_S))
 
 
 def classify_session_status(role: Optional[str], has_tool_calls: bool, finish_reason: Optional[str]) -> str:
@@ -111,7 +118,7 @@ class ActivityMixin(Host):
             raise InvalidInputError(f"ts must be a number of seconds, not {ts!r}") from exc
         text, origin = _description(description), _provenance(provenance)
         self._write(lambda c: SessionRepository(c).touch_activity(session_id, at, text, origin),
-                    budget=_ACTIVITY_WRITE_PATIENCE_S)
+                    budget=_activity_budget())
 
     def clear_session_activity_labels(self, session_id: str) -> None:
         """Blank the description ('') and provenance ("unknown"); the time stays.
@@ -126,7 +133,7 @@ class ActivityMixin(Host):
                              and found["last_activity_provenance"] in (None, "unknown")):
             return
         self._write(lambda c: SessionRepository(c).clear_activity_labels(session_id),
-                    budget=_ACTIVITY_WRITE_PATIENCE_S)
+                    budget=_activity_budget())
 
     def get_session_activity(self, session_id: str) -> Optional[Dict[str, Any]]:
         """The activity triple and how long ago it was; None for an unknown session.

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import types
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -42,13 +42,6 @@ def writer_threads() -> list[threading.Thread]:
 def own_writer(db) -> threading.Thread | None:
     """This store's writer thread, if one runs (other tests' stores may have theirs)."""
     return db._token_writer()._thread
-
-
-@pytest.fixture(autouse=True)
-def stop_writer(db) -> Iterator[None]:
-    """Until close() drains the writer itself, each test stops its store's writer."""
-    yield
-    db._close_token_writer()
 
 
 @pytest.fixture
@@ -321,7 +314,11 @@ def test_a_closed_store_applies_deltas_at_once(db, recorder, caplog) -> None:
     db.create_session("s", "cli")
     db.queue_token_counts("s", input_tokens=4)
     assert db.flush_token_counts() is True
-    db.close()
+    thread = own_writer(db)
+    db.queue_token_counts("s", input_tokens=3)
+    db.close()  # drains the queue and stops the thread
+    assert thread is not None and not thread.is_alive() and own_writer(db) is None
+    assert recorder.calls[-1] == ("s", {"input_tokens": 3})
     with caplog.at_level(logging.WARNING):
         db.queue_token_counts("s", input_tokens=1)  # nowhere to write: logged, not raised
     assert recorder.calls[-1] == ("s", {"input_tokens": 1})  # applied in the caller, not queued
