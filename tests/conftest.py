@@ -1,4 +1,5 @@
-"""Shared fixtures. Databases are always built by running the migrations, never create_all."""
+"""Shared fixtures and hooks (helpers that are not fixtures live in helpers.py). Databases
+are always built by running the migrations, never create_all."""
 
 from __future__ import annotations
 
@@ -14,11 +15,7 @@ from sqlalchemy.orm import Session as OrmSession
 from hermes_store import SessionDB, migrations, paths
 from hermes_store.engine import create_engine
 
-from .helpers import (  # noqa: F401 - the names below PG_URL_ENV are re-exported until every test imports helpers
-    PG_URL_ENV, PGBOUNCER_URL_ENV, required_env, server_database, via_pooler,
-    HERMES_DBS, SCHEMA_DIR, hostile_search_path, integrity_check, module_store, reference_schema, rev, set_times,
-    sha, snap,
-)
+from .helpers import PG_URL_ENV, PGBOUNCER_URL_ENV, required_env, server_database, via_pooler
 
 
 @pytest.fixture(autouse=True)
@@ -95,16 +92,11 @@ def session(engine: Engine) -> Iterator[OrmSession]:
             outer.rollback()
 
 
-#: Test modules whose ``db`` runs on both backends (SQLite file, PostgreSQL database).
-#: A module can also say so itself with ``pytestmark = pytest.mark.both_backends``.
-BOTH_BACKENDS = frozenset({"test_sessions", "test_messages", "test_titles", "test_lineage"})
-
-
 def runs_on_both(metafunc: pytest.Metafunc) -> bool:
-    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    """The module says ``pytestmark = pytest.mark.both_backends`` (alone or in a list)."""
     marks = getattr(metafunc.module, "pytestmark", [])
     marks = marks if isinstance(marks, list) else [marks]
-    return module in BOTH_BACKENDS or any(m.name == "both_backends" for m in marks)
+    return any(m.name == "both_backends" for m in marks)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from hermes_store import SessionDB, aio, errors
 
 from .aio_support import ASYNC_DRIVERS, SCENARIO, async_outcome, async_url_for, frozen_clock, outcome, restart_clock
-from .conftest import server_database
+from .helpers import server_database
 
 __all__ = ["frozen_clock"]  # the fixture, imported for this module
 

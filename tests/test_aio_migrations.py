@@ -21,7 +21,7 @@ from hermes_store.engine import create_engine
 from hermes_store.migrations import VERSION_TABLE
 
 from .aio_support import ASYNC_DRIVERS, async_url_for
-from .conftest import server_database
+from .helpers import server_database
 
 HEAD = paths.head()
 

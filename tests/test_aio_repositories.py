@@ -22,7 +22,7 @@ from hermes_store.repositories import ApiCallUsage
 from hermes_store.uow import UnitOfWork
 
 from .aio_support import ASYNC_DRIVERS, async_url_for, frozen_clock, restart_clock
-from .conftest import server_database
+from .helpers import server_database
 
 __all__ = ["frozen_clock"]  # the fixture, imported for this module
 

@@ -24,7 +24,7 @@ from hermes_store import SessionDB, errors, migrations
 from hermes_store import adopt as adopt_mod
 from hermes_store.adopt import swap as swap_mod
 
-from .conftest import HERMES_DBS
+from .helpers import HERMES_DBS
 
 HERMES = HERMES_DBS / "hermes_v23.db"
 

@@ -24,7 +24,7 @@ from sqlalchemy import text
 from hermes_store import SessionDB
 from hermes_store.search import plan_search
 
-from .conftest import module_store
+from .helpers import module_store
 
 pytestmark = pytest.mark.both_backends
 #: Share of the SQLite example count a PostgreSQL run gets.

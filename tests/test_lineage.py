@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
-
 import sqlite3
 
+import pytest
 from sqlalchemy import event, insert, update
 
 from hermes_store import SessionDB, UnitOfWork
 from hermes_store.models import Base
 
-from .conftest import set_times
+from .helpers import set_times
+
+pytestmark = pytest.mark.both_backends
 
 SESSIONS = Base.metadata.tables["sessions"]
 

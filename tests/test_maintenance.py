@@ -8,14 +8,11 @@ its PostgreSQL twin damages a server index instead.
 from __future__ import annotations
 
 import json
-
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
-from .conftest import server_database
 from sqlalchemy import select, text
 
 from hermes_store import SessionDB, UnitOfWork
@@ -23,7 +20,7 @@ from hermes_store.errors import HermesStoreError, InvalidInputError
 from hermes_store.models import Base
 from hermes_store.repositories.base import UnknownFieldError
 
-from .conftest import set_times
+from .helpers import server_database, set_times
 
 pytestmark = pytest.mark.both_backends
 

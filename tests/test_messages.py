@@ -9,6 +9,7 @@ import pytest
 from hermes_store import NotFoundError, SessionDB, UnitOfWork
 from hermes_store.codec import JSON_PREFIX
 
+pytestmark = pytest.mark.both_backends
 
 CALLS = [
     {"id": "c1", "type": "function", "function": {"name": "web_search", "arguments": "{\"q\": \"otters\"}"}},

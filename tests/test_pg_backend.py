@@ -2,7 +2,8 @@
 
 Needs ``HERMES_STORE_TEST_PG_URL`` (``eval "$(scripts/pg-test-server start)"``); without
 it every case skips with that reason, and under CI=true fails (see conftest.pg_url).
-tests/test_sessions.py runs on both backends as well (conftest.BOTH_BACKENDS).
+test_sessions, test_messages, test_titles and test_lineage run on both backends as well
+(``pytestmark = pytest.mark.both_backends``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from sqlalchemy import event, text
 from hermes_store import SessionDB, UnitOfWork, errors
 from hermes_store.engine import create_engine
 
-from .conftest import set_times
+from .helpers import set_times
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -35,7 +35,7 @@ from sqlalchemy.engine import make_url
 from hermes_store import SessionDB, UnitOfWork, errors
 from hermes_store.engine import create_engine
 
-from .conftest import server_database, via_pooler
+from .helpers import server_database, via_pooler
 from .test_pg_tenants import two_tenants_two_writers
 
 

@@ -29,7 +29,7 @@ from hermes_store import facade
 from hermes_store.repositories import MaintenanceRepository
 from hermes_store.search import bigram, bigram_upkeep
 
-from .conftest import hostile_search_path, server_database, via_pooler
+from .helpers import hostile_search_path, server_database, via_pooler
 
 #: A schema nobody made: an unqualified name on a new connection is "relation does not exist".
 NOWHERE = "'nowhere_at_all'"

@@ -35,7 +35,7 @@ from hermes_store import SessionDB, migrations, paths
 from hermes_store.alembic_support import VERSION_TABLE, other_version_tables
 from hermes_store.engine import create_engine
 
-from .conftest import hostile_search_path
+from .helpers import hostile_search_path
 
 HEAD = migrations.head()
 REVISIONS = len(paths.revision_order())

@@ -22,7 +22,7 @@ from hermes_store.engine import create_engine
 from hermes_store.repositories import SearchRepository
 from hermes_store.search import latin_in_cjk, plan_search
 
-from .conftest import module_store
+from .helpers import module_store
 from .statements import meter
 
 pytestmark = pytest.mark.both_backends

@@ -9,7 +9,9 @@ import pytest
 from hermes_store import InvalidTitleError, SessionDB, TitleConflictError
 from hermes_store.repositories import MaintenanceRepository
 
-from .conftest import set_times
+from .helpers import set_times
+
+pytestmark = pytest.mark.both_backends
 
 
 def test_create_is_idempotent_and_fills_only_nulls(db: SessionDB) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from hermes_store import SessionDB, UnitOfWork
 
-from .conftest import set_times
+from .helpers import set_times
 from .statements import meter, steady
 
 pytestmark = pytest.mark.both_backends

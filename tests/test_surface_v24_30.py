@@ -24,7 +24,7 @@ from hermes_store import SessionDB
 from hermes_store.errors import InvalidInputError
 from hermes_store.search import bigram, plan_search
 
-from .conftest import HERMES_DBS, reference_schema, set_times
+from .helpers import HERMES_DBS, reference_schema, set_times, snap
 
 
 def raw_rows(path: Path, sql: str, args: tuple = ()) -> list[tuple]:
@@ -325,8 +325,6 @@ def _brute(path: Path, term: str, sessions: set[str]) -> set[int]:
 def test_trigram_view_is_hermes_v30(db: SessionDB) -> None:
     """Our file's trigram view and triggers are Hermes' late-v30 text, so the sessions
     the index leaves out (the routes below follow it) are the ones Hermes leaves out."""
-    from .conftest import snap
-
     ours, want = snap(db.db_path), reference_schema(30)
     assert ours["views"]["messages_fts_trigram_src"] == want["views"]["messages_fts_trigram_src"]
     assert "'cron','subagent'" in want["views"]["messages_fts_trigram_src"]

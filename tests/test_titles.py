@@ -14,6 +14,8 @@ from hermes_store import SessionDB
 from hermes_store.errors import HermesStoreError, InvalidTitleError, TitleConflictError
 from hermes_store.titles import MAX_TITLE_LENGTH, sanitize_title, split_title_number
 
+pytestmark = pytest.mark.both_backends
+
 INVISIBLE = (
     [chr(c) for c in range(0x00, 0x20) if chr(c) not in "\t\n\r"]
     + ["\x7f"]
