@@ -32,17 +32,20 @@ LAST_VACUUM_KEY = "last_vacuum"
 LAST_AUTO_ARCHIVE_KEY = "last_auto_archive"
 
 
-def _stamp(steps: Steps, key: str) -> Optional[float]:
-    """The time stored under ``key``; None when absent or unreadable (treated as never)."""
-    raw = steps.read(lambda c: MaintenanceRepository(c).get_meta(key))
-    try:
-        return float(raw) if raw is not None else None
-    except ValueError:
-        return None
+def _stamps(steps: Steps, *keys: str) -> list[Optional[float]]:
+    """The times stored under ``keys``, in one read; None when absent or unreadable
+    (treated as never)."""
+    raws = steps.read(lambda c: [MaintenanceRepository(c).get_meta(k) for k in keys])
+    out: list[Optional[float]] = []
+    for raw in raws:
+        try:
+            out.append(float(raw) if raw is not None else None)
+        except ValueError:
+            out.append(None)
+    return out
 
 
-def _due(steps: Steps, key: str, interval_s: float) -> bool:
-    last = _stamp(steps, key)
+def _due(steps: Steps, last: Optional[float], interval_s: float) -> bool:
     return last is None or steps.now() - last >= interval_s
 
 
@@ -66,7 +69,8 @@ def auto_prune_and_vacuum(
     """
     result: dict[str, Any] = {"skipped": False, "pruned": 0, "vacuumed": False}
     try:
-        if not _due(steps, LAST_AUTO_PRUNE_KEY, float(min_interval_hours) * 3600):
+        last_prune, last_vacuum = _stamps(steps, LAST_AUTO_PRUNE_KEY, LAST_VACUUM_KEY)
+        if not _due(steps, last_prune, float(min_interval_hours) * 3600):
             result["skipped"] = True
             return result
 
@@ -77,7 +81,7 @@ def auto_prune_and_vacuum(
             return pruned
 
         result["pruned"] = steps.write(run)
-        if vacuum and result["pruned"] and _due(steps, LAST_VACUUM_KEY, float(min_vacuum_interval_days) * DAY):
+        if vacuum and result["pruned"] and _due(steps, last_vacuum, float(min_vacuum_interval_days) * DAY):
             if run_vacuum is not None:
                 run_vacuum()
             else:
@@ -97,7 +101,7 @@ def auto_archive(
     hides unended ones). ``{"skipped", "archived"[, "error"]}``; never raises."""
     result: dict[str, Any] = {"skipped": False, "archived": 0}
     try:
-        if not _due(steps, LAST_AUTO_ARCHIVE_KEY, float(min_interval_hours) * 3600):
+        if not _due(steps, _stamps(steps, LAST_AUTO_ARCHIVE_KEY)[0], float(min_interval_hours) * 3600):
             result["skipped"] = True
             return result
 
