@@ -28,7 +28,6 @@ from ..dialects import Dialect
 from ..models import Base
 from .base import MESSAGES, SESSIONS, Repository, now, per_dialect
 from .lineage import COMPRESSION, is_fork
-from .messages import MessageRepository, replacement_rows
 from .sessions import INHERITED, INHERITED_BY_CONTINUATION, SessionRepository
 from .turn_leases import DeadHolder, lease_reclaimable
 
@@ -248,8 +247,7 @@ class CompressionRepository(Repository):
         child_id: str,
         source: str,
         fields: Mapping[str, Any],
-        messages: Sequence[Mapping[str, Any]],
-        insert_messages: Callable[[], Any] | None,
+        insert_messages: Callable[[], Any],
         watermark: int | None,
         watermark_ceiling: int | None,
     ) -> None:
@@ -258,7 +256,7 @@ class CompressionRepository(Repository):
         In the caller's one transaction: the parent's row is locked and must exist and be
         live; the child id must be new. ``fields`` are the child's own columns (None:
         taken from the parent, see :data:`CHILD_INHERITS`); ``insert_messages`` writes
-        the compacted ``messages`` (None: the rows replace_messages would write); with a ``watermark`` the parent's live rows in
+        the compacted transcript (Hermes' shared row inserter); with a ``watermark`` the parent's live rows in
         ``(watermark, watermark_ceiling]`` are cloned after it. The child's counters are
         set to what it holds.
         """
@@ -277,11 +275,7 @@ class CompressionRepository(Repository):
         columns = {c: parent[c] for c in CHILD_INHERITS if parent[c] is not None}
         columns.update({k: v for k, v in fields.items() if v is not None})
         SessionRepository(self.conn).create(child_id, source, parent_session_id=parent_id, **columns)
-        if insert_messages is None:
-            repo = MessageRepository(self.conn)
-            repo.insert_rows(replacement_rows(child_id, messages, known=self.columns_of("messages"))[0])
-        else:
-            insert_messages()
+        insert_messages()
         if watermark is not None:
             self._clone_tail(parent_id, child_id, watermark, watermark_ceiling)
         self._set_counters(child_id)

@@ -167,7 +167,8 @@ class CompressionMixin(Host):
         ("Compression lease lost before publication: …", not retried); the parent must
         exist and be live and ``messages`` non-empty (else RuntimeError); the child gets
         the parent's cwd/profile unless given, its git and routing columns, the messages
-        and, with ``watermark``, clones of the parent's live rows in
+        (through ``self._insert_message_rows``, which sets each ``msg["_row_id"]``) and,
+        with ``watermark``, clones of the parent's live rows in
         ``(watermark, watermark_ceiling]``; the parent ends 'compression'.
         """
         if not parent_session_id or not child_session_id:
@@ -184,7 +185,8 @@ class CompressionMixin(Host):
                 raise PublicationError(f"cannot publish compression child {child_session_id!r}: no messages")
             repo.publish_child(
                 parent_id=parent_session_id, child_id=child_session_id, source=source, fields=fields,
-                messages=messages, insert_messages=None, watermark=low, watermark_ceiling=high,
+                insert_messages=lambda: self._insert_message_rows(conn, child_session_id, messages),
+                watermark=low, watermark_ceiling=high,
             )
 
         self._write(publish, budget=TRANSCRIPT_BUDGET_S)

@@ -29,7 +29,7 @@ from ..repositories.turn_leases import TurnLeaseRepository
 from ._host import Host, HostSteps
 
 try:  # Hermes probes with psutil when it is installed, else os.kill(pid, 0)
-    import psutil
+    import psutil  # type: ignore[import-untyped]
 except ImportError:
     psutil = None
 

@@ -300,6 +300,24 @@ def test_publish_creates_the_child_with_inherited_columns_and_ends_the_parent(db
     assert lock_row(db, "p").holder == "H"  # releasing is the compressor's call
 
 
+def test_publish_inserts_through_the_shared_row_inserter(db, clock, monkeypatch) -> None:
+    """``_insert_message_rows`` is reached through ``self`` (code may wrap it) and sets ``_row_id``."""
+    parent_with_rows(db, clock)
+    seen: list[tuple[str, int]] = []
+    real = db._insert_message_rows
+
+    def wrapped(conn: Any, session_id: str, messages: Any) -> Any:
+        seen.append((session_id, len(messages)))
+        return real(conn, session_id, messages)
+
+    monkeypatch.setattr(db, "_insert_message_rows", wrapped)
+    compacted = [{"role": "user", "content": "s1"}, {"role": "assistant", "content": "s2"}]
+    db.publish_compression_child(parent_session_id="p", child_session_id="c", source="cli", messages=compacted,
+                                 require_compression_lease=False)
+    assert seen == [("c", 2)]
+    assert [m["_row_id"] for m in compacted] == [r["id"] for r in rows_of(db, "c")]
+
+
 def test_publish_takes_given_cwd_and_profile_over_the_parents(db, clock) -> None:
     parent_with_rows(db, clock)
     db.publish_compression_child(parent_session_id="p", child_session_id="c", source="cli",
