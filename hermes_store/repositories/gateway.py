@@ -72,7 +72,8 @@ class GatewayRepository(Repository):
 
     def record_peer(self, session_id: str, peer: dict[str, Any], extras: dict[str, Any], *,
                     ancestors: bool = False) -> int:
-        """Record the session's peer; a missing row is inserted first (Hermes v26).
+        """Record the session's peer; without ``ancestors`` a missing row is inserted first
+        (Hermes v26), with it an unknown id changes nothing.
 
         ``session_key`` and ``source`` are set; the other columns only where a value is
         given (None keeps what is stored: ours, Hermes clears it). ``ancestors``: the
@@ -81,7 +82,7 @@ class GatewayRepository(Repository):
         another's. Rows changed.
         """
         s = SESSIONS.c
-        if not self.session_exists(session_id):
+        if not ancestors and not self.session_exists(session_id):
             row = {"id": session_id, "source": peer["source"], "started_at": now()}
             self.conn.execute(insert_or_skip(self.conn, "sessions", list(row), ["id"]), row)
         values = {k: v for k, v in {**peer, **extras}.items() if v is not None}

@@ -80,7 +80,8 @@ class GatewayMixin(Host):
         include_compression_ancestors: bool = False,
     ) -> None:
         """Record who the session talks to. No-op unless ``session_id`` and
-        ``session_key`` are both truthy; an unknown id gets a row (Hermes v26).
+        ``session_key`` are both truthy; an unknown id gets a row (Hermes v26), unless
+        ``include_compression_ancestors`` is set.
 
         ``session_key`` and ``source`` are always set; every other column only when
         given: None keeps the stored value (Hermes clears the identity columns).

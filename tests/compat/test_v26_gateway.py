@@ -84,6 +84,8 @@ def test_none_never_clears_and_a_missing_row_is_inserted(db) -> None:
     db.record_gateway_session_peer("new", source="discord", session_key="K", thread_id="t")
     assert peer(db, "new") == ("K", "discord", "7", "-5", "dm", "t")
     assert db.get_session("new")["started_at"] > 0
+    db.record_gateway_session_peer("ghost", source="discord", session_key="K", include_compression_ancestors=True)
+    assert db.get_session("ghost") is None  # the lineage form updates rows, it inserts none
 
 
 # ---------------------------------------------------------------------------- resume lookup
