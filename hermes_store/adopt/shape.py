@@ -190,6 +190,8 @@ def _later_objects(version: int, newest: int) -> dict[str, dict[str, Any]]:
 
 _SPEC = re.compile(r"^(?P<type>.*?)(?P<nn> NOT NULL)?(?: DEFAULT (?P<dflt>.*?))?(?P<pk> PK\d+)?$")
 _LITERAL = re.compile(r"^(-?\d+(\.\d+)?|'[^']*'|NULL|TRUE|FALSE)$", re.I)
+#: The primary-key place at the end of a reference column spec (`` PK2``).
+_PK = re.compile(r" PK\d+$")
 
 
 def _add_column_sql(table: str, column: str, spec: str) -> str | None:
@@ -282,6 +284,7 @@ def _compare(
                 Repair("set_aside_table", f"set aside the rows of {table} (a later revision creates it) "
                        "and put them back after the upgrade", table)
             )
+    rebuild_for: set[str] = set()
     for table, spec in ref["tables"].items():
         got = live["tables"].get(table)
         if got is None:
@@ -309,15 +312,30 @@ def _compare(
             if want is None:
                 det.extra_columns.setdefault(table, []).append(col)
                 extras.append(col)
-            elif have != want:
+            elif _PK.sub("", have) != _PK.sub("", want):
                 det.problems.append(
                     f"column {table}.{col} belongs to a later Hermes schema than the file's schema_version "
                     f"and differs from it ({have!r}, expected {want!r})"
                 )
             elif _only_defaults(conn, table, col, want):
-                det.repairs.append(
-                    Repair("drop_column", f"drop column {table}.{col} (only NULL/default values); a later "
-                           "revision adds it", table, col, f"ALTER TABLE {_q(table)} DROP COLUMN {_q(col)}")
+                if _PK.search(have):
+                    # In the key Hermes healed to (a file whose version Hermes held back):
+                    # SQLite cannot drop a key column, the table's rebuild leaves it out.
+                    det.repairs.append(
+                        Repair("drop_column", f"drop column {table}.{col} (only NULL/default values; a later "
+                               f"revision adds it) by rebuilding {table} as the file's version declares it",
+                               table, col)
+                    )
+                    rebuild_for.add(table)
+                else:
+                    det.repairs.append(
+                        Repair("drop_column", f"drop column {table}.{col} (only NULL/default values); a later "
+                               "revision adds it", table, col, f"ALTER TABLE {_q(table)} DROP COLUMN {_q(col)}")
+                    )
+            elif _PK.search(have):
+                det.problems.append(
+                    f"column {table}.{col} belongs to a later Hermes schema than the file's schema_version, is part "
+                    f"of {table}'s primary key and holds values the file's version has no place for"
                 )
             else:
                 det.repairs.append(
@@ -325,7 +343,7 @@ def _compare(
                            "it) and put them back after the upgrade", table, col,
                            f"ALTER TABLE {_q(table)} DROP COLUMN {_q(col)}")
                 )
-        if declared:
+        if declared or table in rebuild_for:
             # Hermes never checks a kept column's declaration and heals older primary
             # keys by a rebuild; the copy is rebuilt as the stamped revision declares
             # the table (which also adds missing columns and foreign keys).
@@ -424,7 +442,7 @@ def _rebuild_repairs(
         m = _SPEC.match(spec)
         if m is None or m.group("pk") or _add_column_sql(table, col, spec) is None:
             problems.append(f"column {table}.{col} ({spec}) would be lost rebuilding {table} as Hermes declares it")
-    changes = "; ".join(f"{col} {have!r} -> {want!r}" for col, have, want in declared)
+    changes = "; ".join(f"{col} {have!r} -> {want!r}" for col, have, want in declared) or "its primary key"
     kept = "; ".join(fills) if fills else "every value kept"
     return [
         Repair("rebuild_table", f"rebuild {table} as Hermes' schema declares it ({changes}); every row kept, {kept}",

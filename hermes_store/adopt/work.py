@@ -575,12 +575,14 @@ def _apply_repairs(conn: sqlite3.Connection, det: Detected, fresh: Callable[[], 
         elif repair.kind == "fts_reset":
             _reset_fts(conn, fresh())
         elif repair.kind == "rebuild_table":
-            _rebuild_as_declared(conn, repair.table, fresh())  # type: ignore[arg-type]
+            # A key column of a later version (sql None) goes with the rebuild.
+            leave = {r.column for r in det.repairs if r.kind == "drop_column" and r.table == repair.table and not r.sql}
+            _rebuild_as_declared(conn, repair.table, fresh(), leave)  # type: ignore[arg-type]
         elif repair.kind == "rename_titles":
             for rowid, _sid, _old, new in title_renames(conn):
                 conn.execute("UPDATE sessions SET title = ? WHERE rowid = ?", (new, rowid))
-        else:
-            conn.execute(repair.sql)  # type: ignore[arg-type]
+        elif repair.sql:
+            conn.execute(repair.sql)
     return aside
 
 
@@ -633,14 +635,17 @@ def _add_foreign_keys(conn: sqlite3.Connection, table: str, wanted: list[tuple[s
 _NOT_NAME = r"[^A-Za-z0-9_$]"
 
 
-def _rebuild_as_declared(conn: sqlite3.Connection, table: str, fresh: Fresh) -> None:
+def _rebuild_as_declared(conn: sqlite3.Connection, table: str, fresh: Fresh, leave: set[str | None]) -> None:
     """Rebuild ``table`` with the stamped revision's own ``CREATE TABLE`` (what Hermes'
-    primary-key heals do), unknown extra columns re-added after it. A NULL in a column
+    primary-key heals do), unknown extra columns re-added after it and the columns in
+    ``leave`` (a later version's, holding only defaults) left out. A NULL in a column
     declared NOT NULL takes the declared default; every other value stays as stored."""
     sql = fresh.objects[table][2]
     wanted = fresh.snapshot["tables"][table]["columns"]
     extra, fill = [], {}
     for _cid, name, type_, notnull, dflt, _pk in conn.execute(f"PRAGMA table_info({_q(table)})").fetchall():
+        if name in leave:
+            continue
         if name not in wanted:
             extra.append(" ".join(
                 [_q(name), type_ or ""] + (["NOT NULL"] if notnull else []) + ([f"DEFAULT {dflt}"] if dflt is not None else [])
@@ -687,7 +692,9 @@ def _rebuild_table(
     conn.execute(f"CREATE TABLE {_q(work)} {body}")
     for column in extra or ():
         conn.execute(f"ALTER TABLE {_q(work)} ADD COLUMN {column}")
-    cols = _columns(conn, table)
+    # Columns the new declaration leaves out (a later version's defaults) are not copied.
+    kept = set(_columns(conn, work))
+    cols = [c for c in _columns(conn, table) if c in kept]
     without_rowid = bool(re.search(r"\)\s*WITHOUT\s+ROWID", body, re.I))
     info = list(conn.execute(f"PRAGMA table_info({_q(table)})"))
     pk = [r for r in info if r[5]]

@@ -397,6 +397,52 @@ def test_a_file_whose_version_hermes_held_back_keeps_its_later_rows(tmp_path: Pa
     assert_healthy_and_readable(p)
 
 
+def _v21_held_back(heal: bool, task: str) -> Callable[[sqlite3.Connection], None]:
+    """A v21 file a v22+ Hermes without FTS5 opened: ``task`` appended to the ledger
+    (``heal``: and put in its key, as Hermes' PK heal does), version still 21."""
+
+    def deviate(conn: sqlite3.Connection) -> None:
+        conn.execute("ALTER TABLE session_model_usage ADD COLUMN task TEXT NOT NULL DEFAULT ''")
+        if heal:
+            rebuild(conn, "session_model_usage", lambda s: s.replace("billing_mode)", "billing_mode, task)"))
+        conn.executemany(
+            "INSERT INTO session_model_usage (session_id, model, billing_provider, input_tokens, first_seen, task) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [("compat_000", "gpt-4o", "openai", 120, 1.7e9, task), ("compat_002", "claude", "", 9, None, ""),
+             ("orphan", "gpt-4o", "", 1, 1.6e9, "")],
+        )
+
+    return deviate
+
+
+@pytest.mark.parametrize("heal", [False, True], ids=["appended", "in_the_key"])
+def test_a_v21_ledger_hermes_gave_its_v22_task_column_is_adopted(
+    heal: bool, tmp_path: Path, fresh_head: dict[str, Any]
+) -> None:
+    """The later column holds only defaults: it is taken out (by a rebuild where it is
+    in the key, SQLite cannot drop a key column), revision 0022 brings it back."""
+    p = build(21, tmp_path, _v21_held_back(heal, ""))
+    with ro(p) as conn:
+        pk = [r[1] for r in conn.execute("PRAGMA table_info(session_model_usage)") if r[5]]
+    assert ("task" in pk) == heal
+    before = contents(p, "session_model_usage")
+    kinds = repairs_of(p)
+    assert "drop_column" in kinds and ("rebuild_table" in kinds) == heal
+    adopt_and_check(p, fresh_head)
+    assert contents(p, "session_model_usage") == before
+    assert_healthy_and_readable(p)
+
+
+def test_a_v21_ledger_with_task_values_in_its_key_is_refused(tmp_path: Path) -> None:
+    """Values of a later key column the file's version has no place for are not guessed
+    at: refused, the file unchanged (Hermes with FTS5 would bump it to a version that has them)."""
+    p = build(21, tmp_path, _v21_held_back(True, "vision"))
+    before = state(p)
+    with pytest.raises(errors.AdoptionError, match="session_model_usage.task"):
+        adopt_mod.adopt(p)
+    assert state(p) == before
+
+
 # -------------------------------------------------------------- what is still refused
 
 
