@@ -62,7 +62,13 @@ from .. import errors
 from ..codec import clean_text, decode_content
 from ..models import Base
 from ..search.query import escape_like
-from ..skills import SKILL_INVOCATION_PREFIX, skill_preview
+from ..skills import (
+    SKILL_INVOCATION_PREFIX,
+    SKILL_PREVIEW_HEAD,
+    SKILL_PREVIEW_JOIN,
+    SKILL_PREVIEW_TAIL,
+    skill_preview,
+)
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository
 from .lineage import (
     BRANCH_MARKER,
@@ -116,6 +122,7 @@ _LIMIT, _OFFSET = bindparam("limit", type_=BigInteger), bindparam("offset", type
 _IDS_PAT, _TEXT_PAT, _SQUEEZED_PAT = (bindparam(n, type_=String) for n in ("ids_pat", "text_pat", "squeezed_pat"))
 _PREFIX = bindparam("prefix", type_=String)
 _SESSION_KEY = bindparam("session_key", type_=String)
+_SKILL_PATTERN = escape_like(SKILL_INVOCATION_PREFIX) + "%"
 _WORKSPACE, _WORKSPACE_SLASH = bindparam("ws", type_=String), bindparam("ws_slash", type_=String)
 #: Hermes' reset-child marker and the end reasons a reset follows (v26 §5.2).
 RESET_MARKER = "_reset_from"
@@ -212,6 +219,27 @@ def _first_user_content(t: Alias | Any) -> ColumnElement[Any]:
     )
 
 
+def _preview_source(t: Alias | Any) -> ColumnElement[Any]:
+    """The first user turn as a preview reads it: a long skill invocation only by its
+    head and tail (Hermes v26 §5.4: 400 characters, ``\\x1e``, 400), anything else whole."""
+    first = (
+        select(_M.c.content.label("c"))
+        .where(_M.c.session_id == t.c.id, _M.c.role == "user")
+        .order_by(_M.c.timestamp, _M.c.id)
+        .limit(1)
+        .correlate(t)
+        .subquery("fu")
+    )
+    keep = SKILL_PREVIEW_HEAD + SKILL_PREVIEW_TAIL
+    cut = case(
+        (and_(first.c.c.like(_SKILL_PATTERN, escape="\\"), func.length(first.c.c) > keep),
+         func.substr(first.c.c, 1, SKILL_PREVIEW_HEAD, type_=String).concat(SKILL_PREVIEW_JOIN)
+         .concat(func.substr(first.c.c, func.length(first.c.c) - (SKILL_PREVIEW_TAIL - 1), type_=String))),
+        else_=first.c.c,
+    )
+    return select(cut).correlate(t).scalar_subquery()
+
+
 def _compact(expr: ColumnElement[Any]) -> ColumnElement[Any]:
     for ch in _COMPACT:
         expr = func.replace(expr, ch, "")
@@ -305,7 +333,7 @@ def _full_columns(f: Any, cols: Sequence[str], activity: bool, prompts: bool) ->
         if prompts and name == "system_prompt" else f.c[name]
         for name in cols
     ]
-    return out + [_first_user_content(f).label("_preview"), last_active(f, activity).label("last_active")]
+    return out + [_preview_source(f).label("_preview"), last_active(f, activity).label("last_active")]
 
 
 def _with_prompts(frm: Any, f: Any, prompts: bool) -> Any:

@@ -211,3 +211,13 @@ def test_listing_honours_the_flag_setters(db, clock) -> None:
     assert db.list_sessions_rich(limit=1)[0]["unread"] is True
     assert db.set_session_read("b", False)
     assert db.list_sessions_rich(limit=1)[0]["unread"] is True  # last_read_at 0.0: everything is newer
+
+
+def test_a_long_skill_turn_is_read_by_its_head_and_tail(db) -> None:
+    huge = SKILL.replace("body " * 400, "body " * 40000)
+    add(db, "big", 100.0, user=huge)
+    add(db, "short_skill", 200.0, user=SKILL.replace("body " * 400, "b"))
+    add(db, "long_plain", 300.0, user="word " * 500)
+    rows = {r["id"]: r["preview"] for r in db.list_sessions_rich(compact_rows=True)}
+    assert rows == {"big": "/deploy — fix the title leak", "short_skill": "/deploy — fix the title leak",
+                    "long_plain": "word " * 12 + "..."}
