@@ -337,3 +337,21 @@ def test_two_waiters_take_turns(hermes_state, db, stepping) -> None:
         assert [r[1] for r in lease_rows(db)] == ["turn-2"]
     finally:
         other.close()
+
+
+# ===================================================================== with the transcript guard
+
+
+def test_appends_follow_the_lease_taken_here(hermes_state, db, clock) -> None:
+    """append_message's guard reads the lease these methods write (same key, same holder)."""
+    db.create_session("p", "cli")
+    db.end_session("p", "compression")
+    db.create_session("c", "cli", parent_session_id="p")
+    assert db.try_acquire_session_turn_lease("c", "A", ttl_seconds=10)
+    assert db.append_message("c", "user", "mine", turn_lease_holder="A") > 0
+    with pytest.raises(hermes_state.SessionTurnLeaseLostError):
+        db.append_message("c", "user", "not mine", turn_lease_holder="B")
+    db.release_session_turn_lease("p", "A")  # the root's lease is the continuation's
+    with pytest.raises(hermes_state.SessionTurnLeaseLostError):
+        db.append_message("c", "user", "released", turn_lease_holder="A")
+    assert [m["content"] for m in db.get_messages("c")] == ["mine"]
