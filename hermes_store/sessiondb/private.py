@@ -83,6 +83,12 @@ class PrivateSurfaceMixin(Host):
                 )
             return self._raw_conn
 
+    @_conn.setter
+    def _conn(self, value: Any) -> None:
+        """Hermes' ``_conn`` is a plain attribute: tests put a mock, a wrapper or None there.
+        None means "not open": the next use opens a fresh one."""
+        self._raw_conn = value
+
     def _close_raw(self) -> None:
         """Close ``_conn`` if it was ever opened (SessionDB.close calls this)."""
         with self._raw_lock:

@@ -443,3 +443,17 @@ def test_sanitize_rules(hermes_state) -> None:
     long = "word " * 1000
     assert sanitize(long) == sanitize(long[:2048]) == hermes_state.SessionSearchMixin._sanitize_fts5_query(long)
     _parsable(sanitize(long))
+
+
+def test_conn_is_a_settable_attribute(hermes_state, store) -> None:
+    real = store._conn
+    wrapper = object()
+    store._conn = wrapper
+    assert store._conn is wrapper
+    store._conn = None
+    fresh = store._conn  # opened again on use
+    assert fresh is not None and fresh is not real and fresh.execute("SELECT 1").fetchone()[0] == 1
+    real.close()
+    bare = hermes_state.SessionDB.__new__(hermes_state.SessionDB)
+    bare._conn = fresh
+    assert bare._conn is fresh
