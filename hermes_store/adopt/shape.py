@@ -100,6 +100,7 @@ class AdoptionReport:
     stamped: str | None = None
     revision: str | None = None
     backup_path: Path | None = None
+    #: Always None since the backup folds the original's WAL in (kept for callers that read it).
     backup_wal_path: Path | None = None
     repairs: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
