@@ -742,10 +742,11 @@ class MessageRepository(Repository):
         return deleted
 
     def replace(self, session_id: str, messages: Any, active_only: bool = False, archive_dropped: bool = False,
-                *, insert: Inserter | None = None) -> int:
+                *, insert: Inserter | None = None, refuse_closed: bool = False) -> int:
         """Swap the transcript (Hermes ``replace_messages``); returns the rows written.
 
-        A session ended by compression refuses (:class:`CompressionSessionClosedError`).
+        ``refuse_closed`` (Hermes' own call, not an import): a session ended by
+        compression refuses (:class:`CompressionSessionClosedError`).
         Deletes the session's rows (only the live ones with ``active_only``, so rewound
         and compacted history stays; ``archive_dropped`` keeps them as ``active = 0``
         instead), inserts ``messages`` as live rows through the shared inserter and sets
@@ -756,7 +757,8 @@ class MessageRepository(Repository):
         check_key(session_id, "session id")
         items = _message_list(messages)
         exists, end_reason = self._locked_state(session_id)
-        raise_if_closed_by_compression(session_id, end_reason)
+        if refuse_closed:
+            raise_if_closed_by_compression(session_id, end_reason)
         if not exists:
             if items:
                 raise UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")

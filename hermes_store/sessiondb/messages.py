@@ -125,7 +125,7 @@ class MessagesMixin(Host):
         self._write(
             lambda c: MessageRepository(c).replace(
                 session_id, messages, active_only=bool(active_only), archive_dropped=bool(archive_dropped),
-                insert=lambda sid, msgs: self._insert_message_rows(c, sid, msgs),
+                insert=lambda sid, msgs: self._insert_message_rows(c, sid, msgs), refuse_closed=True,
             ),
             budget=TRANSCRIPT_BUDGET_S,
         )
