@@ -1,14 +1,24 @@
-"""factory-boy factories for the ORM models (used with the ``session`` fixture)."""
+"""Test data: factory-boy factories for the ORM models (used with the ``session``
+fixture), and builders that shape rows of a SessionDB the way Hermes' API cannot
+(times in the past, hand-made lineage). The builders write through a public
+:class:`~hermes_store.uow.UnitOfWork` on the store's engine, never ``SessionDB._write``."""
 
 from __future__ import annotations
 
 import itertools
 import json
+from typing import Any, Iterable, Mapping
 
 import factory
 from factory.alchemy import SQLAlchemyModelFactory
+from sqlalchemy import insert, update
 
+from hermes_store import SessionDB
 from hermes_store.models import AgentSession as Session, Message
+from hermes_store.models import Base
+from hermes_store.uow import UnitOfWork
+
+SESSIONS = Base.metadata.tables["sessions"]
 
 _clock = itertools.count()
 
@@ -50,3 +60,25 @@ class MessageFactory(SQLAlchemyModelFactory):
             ),
         )
         tool_result = factory.Trait(role="tool", tool_name="web_search", tool_call_id="call_1")
+
+
+def set_times(store: SessionDB, session_id: str, *, started_at: float | None = None, ended_at: float | None = None,
+              end_reason: str | None = None) -> None:
+    """Place a session in time (Hermes stamps times itself): ``started_at`` when given,
+    ``ended_at`` and ``end_reason`` always (None reopens)."""
+    fields: dict[str, Any] = {"ended_at": ended_at, "end_reason": end_reason}
+    if started_at is not None:
+        fields["started_at"] = started_at
+    with UnitOfWork(store.engine) as uow:
+        uow.sessions.update_fields(session_id, **fields)
+
+
+def insert_sessions(store: SessionDB, rows: Iterable[Mapping[str, Any]],
+                    parents: Mapping[str, str] | None = None) -> None:
+    """Insert session rows as given (no Hermes upsert rules), then point each id of
+    ``parents`` at its parent: links set afterwards can close a cycle, as a corrupt file has."""
+    with UnitOfWork(store.engine) as uow:
+        assert uow.conn is not None
+        uow.conn.execute(insert(SESSIONS), [dict(r) for r in rows])
+        for sid, parent in (parents or {}).items():
+            uow.conn.execute(update(SESSIONS).where(SESSIONS.c.id == sid).values(parent_session_id=parent))

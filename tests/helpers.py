@@ -14,7 +14,6 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from sqlalchemy import create_engine as sa_create_engine
-from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from hermes_store import SessionDB, introspect
@@ -57,22 +56,6 @@ def integrity_check(conn: sqlite3.Connection) -> None:
     tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%'")]
     for table in tables:
         conn.execute(f"INSERT INTO {table}({table}, rank) VALUES('integrity-check', 1)")
-
-
-def set_times(store, session_id: str, *, started_at: float | None = None, ended_at: float | None = None,
-              end_reason: str | None = None) -> None:
-    """Place a session in time (Hermes stamps times itself)."""
-
-    def run(conn):
-        conn.execute(
-            text(
-                "UPDATE sessions SET started_at = COALESCE(CAST(:s AS DOUBLE PRECISION), started_at),"
-                " ended_at = :e, end_reason = :r WHERE id = :id"
-            ),
-            {"s": started_at, "e": ended_at, "r": end_reason, "id": session_id},
-        )
-
-    store._write(run)
 
 
 # --------------------------------------------------------------------- PostgreSQL

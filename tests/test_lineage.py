@@ -5,16 +5,13 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-from sqlalchemy import event, insert, update
+from sqlalchemy import event
 
 from hermes_store import SessionDB, UnitOfWork
-from hermes_store.models import Base
 
-from .helpers import set_times
+from .factories import insert_sessions, set_times
 
 pytestmark = pytest.mark.both_backends
-
-SESSIONS = Base.metadata.tables["sessions"]
 
 
 def _chain(db: SessionDB, n: int, reason: str = "compression") -> list[str]:
@@ -24,21 +21,18 @@ def _chain(db: SessionDB, n: int, reason: str = "compression") -> list[str]:
          "end_reason": reason if i < n - 1 else None, "parent_session_id": ids[i - 1] if i else None}
         for i, sid in enumerate(ids)
     ]
-    db._write(lambda c: c.execute(insert(SESSIONS), rows))
+    insert_sessions(db, rows)
     return ids
 
 
 def _cycle(db: SessionDB, end_reason: str | None = "compression") -> None:
     """x → z, y → x, z → y: a corrupt parent cycle (rows first, links afterwards)."""
-    def build(conn):
-        conn.execute(insert(SESSIONS), [
-            {"id": sid, "source": "cli", "started_at": 1.0, "ended_at": 1.0 if end_reason else None,
-             "end_reason": end_reason} for sid in ("x", "y", "z")
-        ])
-        for sid, parent in (("x", "z"), ("y", "x"), ("z", "y")):
-            conn.execute(update(SESSIONS).where(SESSIONS.c.id == sid).values(parent_session_id=parent))
-
-    db._write(build)
+    insert_sessions(
+        db,
+        [{"id": sid, "source": "cli", "started_at": 1.0, "ended_at": 1.0 if end_reason else None,
+          "end_reason": end_reason} for sid in ("x", "y", "z")],
+        parents={"x": "z", "y": "x", "z": "y"},
+    )
 
 
 def count_statements(engine):

@@ -20,7 +20,8 @@ from hermes_store.errors import HermesStoreError, InvalidInputError
 from hermes_store.models import Base
 from hermes_store.repositories.base import UnknownFieldError
 
-from .helpers import server_database, set_times
+from .factories import set_times
+from .helpers import server_database
 
 pytestmark = pytest.mark.both_backends
 

@@ -33,7 +33,7 @@ from hermes_store.repositories import MaintenanceRepository
 from hermes_store.search import bigram_upkeep
 from hermes_store.sessiondb._host import HostSteps
 
-from .helpers import set_times
+from .factories import set_times
 
 DAY = 86_400.0
 LEGACY_TEXT = "COALESCE(content, '') || ' ' || COALESCE(tool_name, '') || ' ' || COALESCE(tool_calls, '')"

@@ -24,7 +24,7 @@ from sqlalchemy import event, text
 from hermes_store import SessionDB, UnitOfWork, errors
 from hermes_store.engine import create_engine
 
-from .helpers import set_times
+from .factories import set_times
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -28,7 +28,8 @@ from hermes_store.errors import DatabaseLockedError, HermesStoreError
 from hermes_store.repositories.search import SearchRepository, boolean_groups, is_query_syntax_error
 from hermes_store.search import plan_search
 
-from .helpers import module_store, set_times
+from .factories import set_times
+from .helpers import module_store
 
 pytestmark = pytest.mark.both_backends
 #: Hypothesis examples per test and backend: a PostgreSQL round trip costs more.

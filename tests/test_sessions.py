@@ -9,7 +9,7 @@ import pytest
 from hermes_store import InvalidTitleError, SessionDB, TitleConflictError
 from hermes_store.repositories import MaintenanceRepository
 
-from .helpers import set_times
+from .factories import set_times
 
 pytestmark = pytest.mark.both_backends
 

@@ -15,7 +15,7 @@ import pytest
 
 from hermes_store import SessionDB, UnitOfWork
 
-from .helpers import set_times
+from .factories import set_times
 from .statements import meter, steady
 
 pytestmark = pytest.mark.both_backends

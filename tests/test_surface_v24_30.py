@@ -24,7 +24,8 @@ from hermes_store import SessionDB
 from hermes_store.errors import InvalidInputError
 from hermes_store.search import bigram, plan_search
 
-from .helpers import HERMES_DBS, reference_schema, set_times, snap
+from .factories import set_times
+from .helpers import HERMES_DBS, reference_schema, snap
 
 
 def raw_rows(path: Path, sql: str, args: tuple = ()) -> list[tuple]:

@@ -14,7 +14,7 @@ import pytest
 from hermes_store import SessionDB, UnitOfWork
 from hermes_store.repositories.maintenance import transcript_files, transcript_files_many
 
-from .helpers import set_times
+from .factories import set_times
 
 DAY = 86400.0
 OLD = 1_600_000_000.0  # far older than any retention window
