@@ -24,7 +24,7 @@ import time
 import weakref
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Literal, TypeVar
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import URL
@@ -107,6 +107,7 @@ from .sessiondb import HermesSurface
 from .sessiondb.activity import *  # noqa: F401,F403 - its __all__: Hermes v24-v26 module-level names
 from .sessiondb.display import *  # noqa: F401,F403 - its __all__: Hermes v24-v26 module-level names
 from .sessiondb.leases import *  # noqa: F401,F403 - its __all__: Hermes v24-v26 module-level names
+from .sessiondb.messages import *  # noqa: F401,F403 - its __all__: Hermes v25 transcript-filter names
 from .sessiondb.orphans import *  # noqa: F401,F403 - its __all__: Hermes v24-v26 module-level names
 from .sessiondb.async_wrapper import AsyncSessionDB  # noqa: F401 - Hermes' gateway wrapper
 from .sessiondb._host import TRANSCRIPT_BUDGET_S, WRITE_BUDGET_S  # noqa: F401 - tuning knobs, named here since v1
@@ -531,7 +532,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
     def __enter__(self) -> "SessionDB":
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         self.close()
         return False
 
