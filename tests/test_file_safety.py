@@ -280,8 +280,8 @@ def test_adoption_modes(original_mode: int, tmp_path: Path, open_umask: None, mo
     report = adopt_mod.adopt(p)
 
     assert _mode(p) == original_mode
-    assert report.backup_path is not None and report.backup_wal_path is not None
-    assert _mode(report.backup_path) == 0o600 and _mode(report.backup_wal_path) == 0o600
+    assert report.backup_path is not None and report.backup_wal_path is None
+    assert _mode(report.backup_path) == 0o600
     assert seen["locked"]["state.db.adopt-lock"] == 0o600
     work = [n for n in seen["copied"] if n.startswith(".state.db.adopting-")]
     assert len(work) == 1 and seen["copied"][work[0]] == 0o600
@@ -289,7 +289,7 @@ def test_adoption_modes(original_mode: int, tmp_path: Path, open_umask: None, mo
     with sqlite3.connect(p) as check:
         assert check.execute("SELECT count(*) FROM sessions WHERE id = 'walrow'").fetchone()[0] == 1
     check.close()
-    assert sorted(os.listdir(tmp_path)) == ["state.db", "state.db.pre-adopt.bak", "state.db.pre-adopt.bak-wal"]
+    assert sorted(os.listdir(tmp_path)) == ["state.db", "state.db.pre-adopt.bak"]
 
 
 def test_backup_is_a_private_copy_where_hard_links_fail(

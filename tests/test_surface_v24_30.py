@@ -242,7 +242,7 @@ def test_flags_are_readable_and_writable(db: SessionDB) -> None:
     assert db.update_session("s", hidden=True, pinned=1, last_read_at=1234.5, title_source="llm") is True
     want = {"hidden": 1, "pinned": 1, "title_source": "llm", "last_read_at": 1234.5}
     assert {k: db.get_session("s")[k] for k in want} == want
-    for rows in (db.list_sessions_rich(), db.search_sessions(), [db.export_session("s")]):
+    for rows in (db.list_sessions_rich(include_hidden=True), db.search_sessions(), [db.export_session("s")]):
         assert {k: rows[0][k] for k in want} == want
     before = db.get_session("s")
     with pytest.raises(InvalidInputError, match="hidden"):
