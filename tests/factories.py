@@ -19,6 +19,7 @@ from hermes_store.models import Base
 from hermes_store.uow import UnitOfWork
 
 SESSIONS = Base.metadata.tables["sessions"]
+MESSAGES = Base.metadata.tables["messages"]
 
 _clock = itertools.count()
 
@@ -63,14 +64,19 @@ class MessageFactory(SQLAlchemyModelFactory):
 
 
 def set_times(store: SessionDB, session_id: str, *, started_at: float | None = None, ended_at: float | None = None,
-              end_reason: str | None = None) -> None:
+              end_reason: str | None = None, messages_at: float | None = None) -> None:
     """Place a session in time (Hermes stamps times itself): ``started_at`` when given,
-    ``ended_at`` and ``end_reason`` always (None reopens)."""
+    ``ended_at`` and ``end_reason`` always (None reopens), and the timestamp of every
+    message of the session when ``messages_at`` is given (prune reads inactivity from
+    the newest message)."""
     fields: dict[str, Any] = {"ended_at": ended_at, "end_reason": end_reason}
     if started_at is not None:
         fields["started_at"] = started_at
     with UnitOfWork(store.engine) as uow:
         uow.sessions.update_fields(session_id, **fields)
+        if messages_at is not None:
+            uow.conn.execute(update(MESSAGES).where(MESSAGES.c.session_id == session_id)
+                             .values(timestamp=messages_at))
 
 
 def insert_sessions(store: SessionDB, rows: Iterable[Mapping[str, Any]],

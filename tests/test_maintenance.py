@@ -186,7 +186,8 @@ def test_prune_only_ended_old_sessions(db: SessionDB, tmp_path: Path) -> None:
         db.create_session(sid, source)
         db.append_message(sid, "user", f"text {sid}")
         set_times(db, sid, started_at=old if sid.startswith("old") else time.time(),
-                  ended_at=time.time() if ended else None, end_reason="done" if ended else None)
+                  ended_at=time.time() if ended else None, end_reason="done" if ended else None,
+                  messages_at=old if sid.startswith("old") else None)
     db.create_session("child", "cli", parent_session_id="old_ended")
     folder = tmp_path / "t"
     folder.mkdir()
@@ -276,7 +277,8 @@ def test_vacuum_gives_space_back(db: SessionDB, backend: str) -> None:
 def test_auto_prune_runs_once_per_interval(db: SessionDB, backend: str, tmp_path: Path) -> None:
     db.create_session("old", "cli")
     db.append_message("old", "user", "aged out")
-    set_times(db, "old", started_at=time.time() - 200 * DAY, ended_at=time.time() - 199 * DAY, end_reason="x")
+    set_times(db, "old", started_at=time.time() - 200 * DAY, ended_at=time.time() - 199 * DAY, end_reason="x",
+              messages_at=time.time() - 200 * DAY)
     db.create_session("young", "cli")
     (tmp_path / "old.json").write_text("{}")
     first = db.maybe_auto_prune_and_vacuum(retention_days=90, sessions_dir=tmp_path)

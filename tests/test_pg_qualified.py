@@ -270,7 +270,9 @@ def _telegram(db: SessionDB) -> None:
     assert db.has_telegram_topic_schema()
     assert db.set_telegram_dm_topic_mode(chat_id="c1", enabled=True) == 1
     assert db.get_telegram_dm_topic_mode(chat_id="c1") is True
-    assert db.bind_telegram_topic(chat_id="c1", thread_id="t1", session_id="a-1", title="topic") == 1
+    assert db.bind_telegram_topic(
+        chat_id="c1", thread_id="t1", user_id="u1", session_key="k1", session_id="a-1"
+    ) is None
     assert db.get_telegram_topic_binding(chat_id="c1", thread_id="t1")["session_id"] == "a-1"
     assert len(db.list_telegram_topic_bindings(chat_id="c1")) == 1
     assert len(db.get_telegram_topic_bindings_for_session(session_id="a-1")) == 1

@@ -42,7 +42,6 @@ from ..codec import (
     encode_display_metadata,
     encode_json,
     encode_json_text,
-    message_preview,
     parse_tool_calls,
     repair_message_sequence,
     sanitize_turn_text,
@@ -54,7 +53,7 @@ from ..hermes_names import _strip_background_review_harness
 from ..models import Base
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, UnknownFieldError, missing_sessions, now
 from .lineage import BRANCH_MARKER, LineageRepository, _marker
-from .records import MessageRecord, MessageWindow, RecentUserMessage, RewindResult
+from .records import MessageRecord, MessageWindow, RewindResult
 from .turn_leases import guard_transcript_write, raise_if_closed_by_compression
 
 #: The compression leases ``archive_and_compact(lock_holder=...)`` checks.
@@ -715,23 +714,6 @@ class MessageRepository(Repository):
              .where(M.session_id == session_id, M.platform_message_id == _as_text(platform_message_id))
              .limit(1))
         return self.conn.execute(q).first() is not None
-
-    def recent_user_messages(self, session_id: str, limit: Any = 20, include_inactive: bool = False
-                             ) -> list[RecentUserMessage]:
-        """Up to ``limit`` user rows, newest first, as ``{id, timestamp, preview}``."""
-        lim, _ = _page(limit, 0)
-        if session_id is None or lim == 0:
-            return []
-        q = select(M.id, M.timestamp, M.content).where(M.session_id == session_id, M.role == "user")
-        if not include_inactive:
-            q = q.where(M.active == 1)
-        q = q.order_by(M.id.desc())
-        if lim is not None:
-            q = q.limit(lim)
-        return [
-            {"id": int(i), "timestamp": ts, "preview": message_preview(decode_content(c))}
-            for i, ts, c in self.conn.execute(q).fetchall()
-        ]
 
     # ------------------------------------------------------------------ whole-transcript writes
 

@@ -214,13 +214,6 @@ class MessagesMixin(Host):
     def restore_rewound(self, session_id: str, since_message_id: int) -> int:
         return self._write(lambda c: MessageRepository(c).restore_rewound(session_id, since_message_id))
 
-    def list_recent_user_messages(
-        self, session_id: str, limit: int = 20, include_inactive: bool = False
-    ) -> list[dict[str, Any]]:
-        return self._read(
-            lambda c: MessageRepository(c).recent_user_messages(session_id, limit, bool(include_inactive))
-        )  # type: ignore[return-value]
-
     def get_messages_around(self, session_id: str, around_message_id: int, window: int = 5) -> dict[str, Any]:
         return self._read(lambda c: MessageRepository(c).around(session_id, around_message_id, window).as_dict())
 

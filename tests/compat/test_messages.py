@@ -67,16 +67,19 @@ def stored(db: Any, sid: str = "s") -> list[dict[str, Any]]:
 
 def test_signatures_match_v23(hermes_state: Any) -> None:
     S = hermes_state.SessionDB
-    assert params(S.append_message) == [
+    # v23's parameters stay a prefix, in order and with their defaults; v26 appends
+    # more (test_signatures_v26.py checks the exact v26 signature).
+    v23_append = [
         ("self", _EMPTY), ("session_id", _EMPTY), ("role", _EMPTY), ("content", None), ("tool_name", None),
         ("tool_calls", None), ("tool_call_id", None), ("token_count", None), ("finish_reason", None),
         ("reasoning", None), ("reasoning_content", None), ("reasoning_details", None),
         ("codex_reasoning_items", None), ("codex_message_items", None), ("platform_message_id", None),
         ("observed", False), ("effect_disposition", None), ("timestamp", None), ("api_content", None),
     ]
+    assert params(S.append_message)[:len(v23_append)] == v23_append
     assert "active" not in inspect.signature(S.append_message).parameters
-    assert params(S.replace_messages) == [("self", _EMPTY), ("session_id", _EMPTY), ("messages", _EMPTY),
-                                          ("active_only", False)]
+    assert params(S.replace_messages)[:4] == [("self", _EMPTY), ("session_id", _EMPTY), ("messages", _EMPTY),
+                                              ("active_only", False)]
     assert params(S.get_messages) == [("self", _EMPTY), ("session_id", _EMPTY), ("include_inactive", False),
                                       ("limit", None), ("offset", 0)]
     assert params(S.get_messages_as_conversation) == [

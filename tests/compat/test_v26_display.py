@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from hermes_store.sessiondb.display import DisplayMixin
 from hermes_store.skills import describe_skill_invocation, skill_preview, skill_preview_source
 
 pytestmark = pytest.mark.both_backends
@@ -103,12 +102,10 @@ def test_recent_user_messages_skip_display_events_and_handoffs(db) -> None:
     db.append_message("s", "user", "[CONTEXT COMPACTION] Earlier turns were compacted into this summary")
     db.append_message("s", "user", SKILL.format(body="x" * 3000, instruction="fix the title leak"))
     last = db.append_message("s", "user", "  many\n\nspaces  ")
-    # Called on DisplayMixin: MessagesMixin's v23 copy precedes it in SessionDB's bases
-    # until that copy is removed (reported with issue 22).
-    got = DisplayMixin.list_recent_user_messages(db, "s")
+    got = db.list_recent_user_messages("s")
     assert [g["preview"] for g in got] == ["many spaces", "/deploy — fix the title leak", "hello there"]
     assert got[0]["id"] == last and got[-1]["id"] == first
-    assert [g["preview"] for g in DisplayMixin.list_recent_user_messages(db, "s", limit=1)] == ["many spaces"]
+    assert [g["preview"] for g in db.list_recent_user_messages("s", limit=1)] == ["many spaces"]
 
 
 def test_describe_skill_invocation() -> None:
