@@ -319,6 +319,9 @@ def _housekeeping(db: SessionDB, tmp: Path) -> None:
     db._write(lambda c: c.execute(
         MaintenanceRepository(c)._sql("UPDATE {sessions} SET started_at = 1, ended_at = 2 WHERE id = 'a-old'")
     ))
+    db._write(lambda c: c.execute(  # v26: prune reads inactivity (the newest message), so age it too
+        MaintenanceRepository(c)._sql("UPDATE {messages} SET timestamp = 2 WHERE session_id = 'a-old'")
+    ))
     assert [r["id"] for r in db.list_prune_candidates(older_than_days=30)] == ["a-old"]
     assert [r["id"] for r in db.prune_candidates(30)] == ["a-old"]
     assert db.prune_sessions(older_than_days=30) == 1
