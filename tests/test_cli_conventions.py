@@ -177,7 +177,7 @@ def test_json_errors_from_inside_a_command(tmp_path: Path, monkeypatch: pytest.M
 def _old_session(t: Target) -> None:
     with t.open() as db:
         db.create_session("old", "cron", started_at=time.time() - 200 * 86_400)
-        db.append_message("old", "user", "report")
+        db.append_message("old", "user", "report", timestamp=time.time() - 200 * 86_400)  # prune reads inactivity
         db.update_session("old", ended_at=time.time() - 199 * 86_400, end_reason="cron_complete")
         db.create_session("new", "cli")
 

@@ -340,7 +340,8 @@ def test_import_sessions_validates_before_writing(steps: UnitOfWorkSteps, head_d
 def aged(store: SessionDB, folder: Path) -> None:
     store.create_session("old", "cli")
     store.append_message("old", "user", "aged out")
-    set_times(store, "old", started_at=time.time() - 200 * DAY, ended_at=time.time() - 199 * DAY, end_reason="x")
+    set_times(store, "old", started_at=time.time() - 200 * DAY, ended_at=time.time() - 199 * DAY, end_reason="x",
+              messages_at=time.time() - 200 * DAY)
     store.create_session("young", "cli")
     (folder / "old.json").write_text("{}")
 

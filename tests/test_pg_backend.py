@@ -343,8 +343,8 @@ def test_delete_and_prune(pg: SessionDB, tmp_path: Path) -> None:
         pg.create_session(sid, "cli", parent_session_id="old" if sid == "child" else None)
         pg.append_message(sid, "user", sid)
     past = time.time() - 200 * 86_400
-    set_times(pg, "old", started_at=past, ended_at=past + 1, end_reason="done")
-    set_times(pg, "older", started_at=past - 1, ended_at=past, end_reason="done")
+    set_times(pg, "old", started_at=past, ended_at=past + 1, end_reason="done", messages_at=past)
+    set_times(pg, "older", started_at=past - 1, ended_at=past, end_reason="done", messages_at=past - 1)
     (tmp_path / "older.json").write_text("{}")
     assert [c["id"] for c in pg.prune_candidates(90)] == ["older", "old"]
     assert pg.prune_sessions(90, sessions_dir=tmp_path) == 2

@@ -73,7 +73,7 @@ def _make_sessions(db: SessionDB, ids: list[str], *, ended_old: bool = True) -> 
         db.create_session(sid, "cli")
         db.append_message(sid, "user", f"hello from {sid!r}")
         if ended_old:
-            set_times(db, sid, started_at=OLD, ended_at=OLD + 60, end_reason="done")
+            set_times(db, sid, started_at=OLD, ended_at=OLD + 60, end_reason="done", messages_at=OLD)
 
 
 def test_delete_session_with_hostile_ids_keeps_outside_files(db: SessionDB, layout: dict, caplog) -> None:
@@ -116,11 +116,11 @@ def test_auto_prune_and_ghost_prune_with_hostile_ids(db: SessionDB, layout: dict
     # Ghosts: tui, untitled, ended, older than a day, no message.
     for sid in ids:
         db.create_session(sid, "tui")
-        set_times(db, sid, started_at=OLD, ended_at=OLD + 1, end_reason="done")
+        set_times(db, sid, started_at=OLD, ended_at=OLD + 1, end_reason="done", messages_at=OLD)
     before = _snapshot(layout["victims"])
     ghost_files = _legit(folder, "ghost")
     db.create_session("ghost", "tui")
-    set_times(db, "ghost", started_at=OLD, ended_at=OLD + 1, end_reason="done")
+    set_times(db, "ghost", started_at=OLD, ended_at=OLD + 1, end_reason="done", messages_at=OLD)
     assert db.prune_empty_ghost_sessions(sessions_dir=folder) == len(ids) + 1
     assert _snapshot(layout["victims"]) == before
     assert not any(p.exists() for p in ghost_files)
@@ -226,11 +226,11 @@ def test_request_dump_of_a_longer_live_id_is_left_to_it(db: SessionDB, tmp_path:
         (folder / n).write_text(n)
     for sid in ("a", "a_b"):
         db.create_session(sid, "cli")
-        set_times(db, sid, started_at=OLD, ended_at=OLD + 1, end_reason="done")
+        set_times(db, sid, started_at=OLD, ended_at=OLD + 1, end_reason="done", messages_at=OLD)
     db.delete_session("a", sessions_dir=folder)
     assert sorted(os.listdir(folder)) == ["a_b.json", "request_dump_a_b_1.json"]
     db.create_session("a", "cli")
-    set_times(db, "a", started_at=OLD, ended_at=OLD + 1, end_reason="done")
+    set_times(db, "a", started_at=OLD, ended_at=OLD + 1, end_reason="done", messages_at=OLD)
     (folder / "request_dump_a_2.json").write_text("x")
     assert db.prune_sessions(older_than_days=90, sessions_dir=folder) == 2  # both go: all files go
     assert os.listdir(folder) == []
