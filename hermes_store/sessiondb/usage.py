@@ -124,12 +124,17 @@ class TokenWriter:
                         return
                 item = self._queue.popleft()
                 self._busy += 1
-            try:
-                self._apply(item)
-            finally:
-                with self._cv:
-                    self._busy -= 1
-                    self._cv.notify_all()
+            self._apply_counted(item)
+
+    def _apply_counted(self, item: tuple[str, dict[str, Any]]) -> None:
+        """Apply one popped item; ``_busy`` (counted up by the popper) goes down after,
+        so ``flush`` waits for an item in flight too."""
+        try:
+            self._apply(item)
+        finally:
+            with self._cv:
+                self._busy -= 1
+                self._cv.notify_all()
 
     def _apply(self, item: tuple[str, dict[str, Any]]) -> None:
         store = self._store()
@@ -146,12 +151,7 @@ class TokenWriter:
                     return
                 item = self._queue.popleft()
                 self._busy += 1
-            try:
-                self._apply(item)
-            finally:
-                with self._cv:
-                    self._busy -= 1
-                    self._cv.notify_all()
+            self._apply_counted(item)
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queued delta is applied (inline when no thread runs)."""
