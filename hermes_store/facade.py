@@ -42,16 +42,22 @@ from .repositories.transcripts import remove_committed_files
 from .operations.steps import jitter
 from .targets import refuse_async
 from .upkeep import Upkeep
+from .repair import (  # noqa: F401 - Hermes' module-level names, served by the swap
+    _MAX_MALFORMED_BACKUPS,
+    _MAX_PERSISTENT_REPAIR_ATTEMPTS,
+    _REPAIR_LOCK_TIMEOUT_SECONDS,
+    _backup_db_file,
+    _claim_repair_attempt,
+    _db_opens_cleanly,
+    _repair_attempted as _repair_attempted_paths,
+    repair_state_db_schema,
+)
 from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served by the swap
     DDL_NAMES,
-    _MAX_MALFORMED_BACKUPS,
     _apply_macos_checkpoint_barrier,
-    _backup_db_file,
     _cjk_fts_config_enabled,
-    _claim_repair_attempt,
     _collect_delegate_child_ids,
     _cwd_prefix_clause,
-    _db_opens_cleanly,
     _delegate_from_json,
     _delete_delegate_children,
     _enforce_macos_synchronous_full,
@@ -59,12 +65,10 @@ from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served b
     _is_background_review_harness_message,
     _scrub_surrogates,
     _strip_background_review_harness,
-    _repair_attempted as _repair_attempted_paths,
     ddl_strings,
     fts5_cjk_so_path,
     is_malformed_db_error,
     load_fts5_cjk_extension,
-    repair_state_db_schema,
     workspace_key,
 )
 from .state_modules.common import *  # noqa: F401,F403 - its __all__: hermes_state_common's names
@@ -149,8 +153,6 @@ _COMPRESSION_BUSY_WAIT_S = 5.0
 #: Hermes v26's read pool and repair limits.
 _READ_POOL_MAX = 8
 _READ_OPEN_RETRY_SECONDS = 60
-_REPAIR_LOCK_TIMEOUT_SECONDS = 120
-_MAX_PERSISTENT_REPAIR_ATTEMPTS = 3
 #: ``psutil`` when installed, else None (read at call time: tests replace it).
 try:
     import psutil
@@ -253,6 +255,20 @@ def _database_file(db_path: Any, url: str | URL | None, engine: Engine | None) -
     return found
 
 
+def _held_lock(exc: BaseException) -> bool:
+    """Whether an open failed only because another process holds the file's lock for now
+    (typed by us, or the driver's own "database is locked"/busy, also as a cause)."""
+    for err in (exc, exc.__cause__):
+        if isinstance(err, errors.DatabaseLockedError):
+            return True
+        orig = err.orig if isinstance(err, DBAPIError) else err
+        if isinstance(orig, sqlite3.OperationalError) and not isinstance(orig, errors.HermesStoreError):
+            text = str(orig).lower()
+            if "database is locked" in text or "database table is locked" in text or "busy" in text:
+                return True
+    return False
+
+
 class _StaleConnection(Exception):
     """A kept idle connection failed before doing anything: the server dropped it."""
 
@@ -302,7 +318,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         ``schema="team_a"`` (PostgreSQL only) keeps this store in that tenant's schema.
         """
         try:
-            self._open(db_path, read_only, url, engine, schema)
+            self._open_patiently(db_path, read_only, url, engine, schema)
         except Exception as exc:
             path = getattr(self, "db_path", None)
             if path is not None and not read_only and is_malformed_db_error(exc) \
@@ -312,12 +328,39 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                 outcome = repair_state_db_schema(path)
                 if outcome.get("repaired"):
                     try:
-                        self._open(db_path, read_only, url, engine, schema)
+                        self._open_patiently(db_path, read_only, url, engine, schema)
                         return
                     except Exception as again:
                         exc = again
             _set_last_init_error(f"{type(exc).__name__}: {exc}")
             raise exc
+
+    def _open_patiently(self, *args: Any) -> None:
+        """:meth:`_open`, tried again while another process holds the file's lock (Hermes
+        v26's open-lock patience): a writer mid-transaction, an adoption or migration
+        under way elsewhere. Each failed try drops what it opened; any other error, or a
+        lock still held after ``_WRITE_PATIENCE_S`` (read now), propagates at once."""
+        start = time.monotonic()
+        deadline = start + float(_WRITE_PATIENCE_S)
+        while True:
+            try:
+                return self._open(*args)
+            except Exception as exc:
+                now = time.monotonic()
+                if args[1] or not _held_lock(exc):  # args[1]: read_only
+                    raise
+                if now >= deadline:
+                    raise errors.DatabaseLockedError(
+                        f"database is locked (another process held {args[0] or 'the database'}'s lock for over "
+                        f"{now - start:.3g}s while this one opened it): {exc}"
+                    ) from exc
+                log.debug("%s: locked while opening (%s); trying again", args[0], exc)
+                self._dispose_quietly()
+                tracked = self.__dict__.pop("_tracked", None)
+                if tracked is not None:
+                    track_close(tracked)
+                self._sleep(jitter(now - start, deadline - now,
+                                   early=EARLY_JITTER_S, late=LATE_JITTER_S, phase=EARLY_PHASE_S))
 
     def _open(self, db_path: Any, read_only: bool, url: Any, engine: Any, schema: str | None = None) -> None:
         target = _database_target(db_path, url, engine)

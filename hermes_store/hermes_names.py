@@ -1,7 +1,8 @@
 """Hermes' module-level ``hermes_state`` names that are not SessionDB methods.
 
 Hermes' application imports these from ``hermes_state`` (``workspace_key``,
-``is_malformed_db_error``, ``repair_state_db_schema``, ``_db_opens_cleanly``...), so
+``is_malformed_db_error``, ``escape_like``...; the repair names are in
+:mod:`hermes_store.repair`), so
 the facade module re-exports every one; the swap then serves them. They work on a
 SQLite file with plain ``sqlite3`` (that is what Hermes' callers hand them), and the
 few that build SQL fragments return SQLite SQL, as Hermes' do.
@@ -12,18 +13,15 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import sqlite3
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from . import migrations
 from .paths import VERSION_TABLE
-from .state_files import has_live_connection
 
 log = logging.getLogger("hermes_store.facade")
 
@@ -34,18 +32,11 @@ FTS_CJK_STALE_KEY = "fts_cjk_stale"
 
 #: "Malformed" errors Hermes repairs by itself (``is_malformed_db_error``).
 _MALFORMED_MARKERS = ("malformed database schema", "database disk image is malformed")
-#: FTS tables Hermes knows; ours are the first two (the CJK one needs a loadable tokenizer).
-_FTS_TABLES = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
 #: Prefixes of the two "review the conversation" prompts Hermes' background review injects.
 _HARNESS_PREFIXES = (
     "Review the conversation above and",
 )
 
-_repair_lock = threading.Lock()
-#: Paths SessionDB already tried to repair in this process (Hermes' ``_repair_attempted_paths``).
-_repair_attempted: set[str] = set()
-#: Malformed-file backups kept per database (the newest ones).
-_MAX_MALFORMED_BACKUPS = 3
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -243,261 +234,6 @@ def _strip_background_review_harness(messages: list[dict[str, Any]]) -> list[dic
     return kept
 
 
-# ----------------------------------------------------------------------------- health and repair
-
-def _connect(path: Path) -> sqlite3.Connection:
-    # Through the module attribute at call time: Hermes' tests patch sqlite3.connect.
-    return sqlite3.connect(str(path), timeout=5.0, isolation_level=None)
-
-
-def _db_opens_cleanly(db_path: Path) -> str | None:
-    """None when a fresh connection can read and write the file; else the reason.
-
-    Probes what a damaged file breaks first: the journal PRAGMA, SQLite's
-    ``integrity_check``, a read of ``sessions``, a MATCH on each FTS table, and a
-    message insert (firing the index triggers) that is rolled back. A missing
-    table or tokenizer is not damage: the file may simply be new or older.
-    """
-    path = Path(db_path)
-    if not path.exists():
-        return f"{path} does not exist"
-    try:
-        conn = _connect(path)
-    except sqlite3.Error as exc:
-        return f"{type(exc).__name__}: {exc}"
-    try:
-        conn.execute("PRAGMA journal_mode").fetchone()
-        row = conn.execute("PRAGMA integrity_check").fetchone()
-        if not row or str(row[0]).lower() != "ok":
-            return f"integrity_check: {row[0] if row else 'no answer'}"
-        conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
-        for table in _FTS_TABLES:
-            try:
-                conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH 'probe' LIMIT 1").fetchall()
-            except sqlite3.OperationalError as exc:
-                if not _absent(exc):
-                    raise
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('__hermes_store_probe__', 'probe', 0)")
-            conn.execute(
-                "INSERT INTO messages (session_id, role, content, timestamp)"
-                " VALUES ('__hermes_store_probe__', 'user', 'probe', 0)"
-            )
-        finally:
-            conn.execute("ROLLBACK")
-        return None
-    except sqlite3.Error as exc:
-        if _absent(exc):
-            return None
-        return f"{type(exc).__name__}: {exc}"
-    finally:
-        conn.close()
-
-
-def _absent(exc: sqlite3.Error) -> bool:
-    text = str(exc).lower()
-    return "no such table" in text or "no such tokenizer" in text or "no such module" in text
-
-
-def _claim_repair_attempt(db_path: Path) -> bool:
-    """True the first time for a path in this process: SessionDB repairs a file at most once."""
-    key = os.path.realpath(os.fspath(db_path))
-    with _repair_lock:
-        if key in _repair_attempted:
-            return False
-        _repair_attempted.add(key)
-        return True
-
-
-def _backup_db_file(db_path: Path) -> tuple[Path | None, str | None]:
-    """A raw copy ``<name>.malformed-backup-<stamp>`` (plus -wal/-shm), 0600: ``(path, None)``,
-    or ``(None, reason)`` when there is nothing to copy or a copy would not be safe.
-
-    Refused while this process has the file open (a live connection may be writing it);
-    the newest backup is reused when it is identical; only the newest
-    :data:`_MAX_MALFORMED_BACKUPS` are kept.
-    """
-    path = Path(db_path)
-    if not path.exists():
-        return None, f"{path} does not exist"
-    if has_live_connection(path):
-        return None, f"{path} has a live connection in this process; close it before backing the file up"
-    backups = _existing_backups(path)
-    if backups and _same_bytes(path, backups[-1]):
-        return backups[-1], None
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    base = f"{path.name}.malformed-backup-{stamp}"
-    # Past the highest number of this second, so a pruned name is never handed out again.
-    used = [m.group(1) or "1" for m in (re.fullmatch(rf"{re.escape(base)}(?:-(\d+))?(?:-wal|-shm)?", p.name)
-                                         for p in path.parent.glob(f"{base}*")) if m]
-    n = max((int(u) for u in used), default=0) + 1
-    target = path.with_name(base if n == 1 else f"{base}-{n}")
-    for suffix in ("", "-wal", "-shm"):
-        src = Path(f"{path}{suffix}")
-        if src.exists():
-            dst = Path(f"{target}{suffix}")
-            shutil.copyfile(src, dst)
-            os.chmod(dst, 0o600)
-    for old in _existing_backups(path)[:-_MAX_MALFORMED_BACKUPS]:
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{old}{suffix}").unlink(missing_ok=True)
-    return target, None
-
-
-def _existing_backups(path: Path) -> list[Path]:
-    """The file's malformed-backups, oldest first (by modification time, then name)."""
-    prefix = f"{path.name}.malformed-backup-"
-    found = [p for p in path.parent.glob(f"{path.name}.malformed-backup-*")
-             if p.name.startswith(prefix) and not p.name.endswith(("-wal", "-shm"))]
-    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
-
-
-def _same_bytes(a: Path, b: Path) -> bool:
-    """Whether two files (and their -wal files) hold the same bytes."""
-    for suffix in ("", "-wal"):
-        x, y = Path(f"{a}{suffix}"), Path(f"{b}{suffix}")
-        if x.exists() != y.exists():
-            return False
-        if x.exists() and (x.stat().st_size != y.stat().st_size or x.read_bytes() != y.read_bytes()):
-            return False
-    return True
-
-
-def repair_state_db_schema(db_path: Path, *, backup: bool = True) -> dict[str, Any]:
-    """Repair a damaged ``state.db`` in place, trying the gentlest fix first.
-
-    After a raw backup, each strategy runs only if the file still fails
-    :func:`_db_opens_cleanly`: ``already_healthy``, ``rebuild_fts`` (FTS5 'rebuild'
-    from the messages table), ``reindex_btree`` (REINDEX), ``dedup_schema``
-    (duplicate ``sqlite_master`` entries removed), ``drop_fts_rebuild`` (the FTS
-    tables dropped and made again by our migrations, then rebuilt). Messages and
-    sessions are never deleted by any strategy.
-    """
-    path = Path(db_path)
-    result: dict[str, Any] = {"repaired": False, "strategy": None, "backup_path": None, "error": None}
-    if not path.exists():
-        result["error"] = f"{path} does not exist"
-        return result
-    if _db_opens_cleanly(path) is None:
-        result.update(repaired=True, strategy="already_healthy")
-        return result
-    if backup:
-        try:
-            saved, refusal = _patched_backup()(path)
-        except OSError as exc:
-            saved, refusal = None, f"backup failed: {exc}"
-        if saved is None:
-            # No copy, no surgery: the file is left exactly as it was.
-            result["error"] = f"pre-repair backup refused; {refusal or 'no backup was made'}"
-            return result
-        result["backup_path"] = str(saved)
-    last_error: str | None = None
-    for name, strategy in _STRATEGIES:
-        try:
-            strategy(path)
-        except Exception as exc:  # noqa: BLE001 - the next strategy may still work
-            last_error = f"{name}: {type(exc).__name__}: {exc}"
-            continue
-        reason = _db_opens_cleanly(path)
-        if reason is None:
-            result.update(repaired=True, strategy=name)
-            return result
-        last_error = f"{name}: {reason}"
-    result["error"] = last_error or "no strategy repaired the file"
-    return result
-
-
-def _patched_backup() -> Any:
-    """``hermes_state._backup_db_file`` as it is now (Hermes' tests patch it there)."""
-    facade = sys.modules.get("hermes_store.facade")
-    return getattr(facade, "_backup_db_file", _backup_db_file) if facade is not None else _backup_db_file
-
-
-def _fts_tables(conn: sqlite3.Connection) -> list[str]:
-    return [r[0] for r in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE%fts5%'"
-    )]
-
-
-def _rebuild_fts(path: Path) -> None:
-    conn = _connect(path)
-    try:
-        for table in _fts_tables(conn):
-            conn.execute(f"INSERT INTO {table}({table}) VALUES('rebuild')")
-    finally:
-        conn.close()
-
-
-def _reindex(path: Path) -> None:
-    conn = _connect(path)
-    try:
-        conn.execute("REINDEX")
-    finally:
-        conn.close()
-
-
-def _dedup_schema(path: Path) -> None:
-    """Remove repeated ``sqlite_master`` entries (same type and name), keeping the first."""
-    conn = _connect(path)
-    try:
-        conn.execute("PRAGMA writable_schema=ON")
-        try:
-            conn.execute(
-                "DELETE FROM sqlite_master WHERE rowid NOT IN"
-                " (SELECT MIN(rowid) FROM sqlite_master GROUP BY type, name)"
-            )
-        finally:
-            conn.execute("PRAGMA writable_schema=OFF")
-    finally:
-        conn.close()
-
-
-def _drop_fts_rebuild(path: Path) -> None:
-    """Drop every FTS table and make it again from its own saved definition, then rebuild.
-
-    The CREATE statements of the tables and of the triggers that feed them are read
-    first; a table whose DROP fails is removed by a schema edit. Only index data is
-    lost, and the rebuild makes it again from the messages table.
-    """
-    conn = _connect(path)
-    try:
-        conn.execute("PRAGMA writable_schema=ON")  # read definitions even from a damaged schema
-        tables = conn.execute(
-            "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE%fts5%'"
-        ).fetchall()
-        names = [name for name, _ in tables]
-        triggers = [
-            sql for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'")
-            if any(t in (sql or "") for t in names)
-        ]
-        conn.execute("PRAGMA writable_schema=OFF")
-        for name in names:
-            try:
-                conn.execute(f"DROP TABLE IF EXISTS {name}")
-            except sqlite3.DatabaseError:
-                conn.execute("PRAGMA writable_schema=ON")
-                conn.execute("DELETE FROM sqlite_master WHERE name = ? OR name LIKE ? ESCAPE '!'",
-                             (name, name.replace("_", "!_") + "!_%"))
-                conn.execute("PRAGMA writable_schema=OFF")
-        for _, sql in tables:
-            conn.execute(sql)
-        for sql in triggers:
-            conn.execute(sql.replace("CREATE TRIGGER ", "CREATE TRIGGER IF NOT EXISTS ", 1))
-        for name in names:
-            conn.execute(f"INSERT INTO {name}({name}) VALUES('rebuild')")
-    finally:
-        conn.close()
-
-
-_STRATEGIES = (
-    ("rebuild_fts", _rebuild_fts),
-    ("reindex_btree", _reindex),
-    ("dedup_schema", _dedup_schema),
-    ("drop_fts_rebuild", _drop_fts_rebuild),
-)
-
-
 __all__ = [
     "FTS_CJK_STALE_KEY",
     "FTS_STORAGE_VERSION",
@@ -505,12 +241,20 @@ __all__ = [
     "fts5_cjk_so_path",
     "is_malformed_db_error",
     "load_fts5_cjk_extension",
-    "repair_state_db_schema",
     "workspace_key",
 ]
 
 
 # ----------------------------------------------------------------------------- DDL strings
+
+def head_table_sql(table: str) -> tuple[str | None, list[str]]:
+    """Our head's ``CREATE TABLE`` of ``table`` (None if head has no such table), and the
+    ``CREATE INDEX``/``CREATE TRIGGER`` statements on it: the shape a rebuild restores."""
+    ddl_strings()
+    create = next((sql for kind, name, _t, sql in _head_objects if kind == "table" and name == table), None)
+    extras = [sql for kind, _n, tbl, sql in _head_objects if kind in ("index", "trigger") and tbl == table]
+    return create, extras
+
 
 #: Hermes' DDL constants, served from a database our migrations built (see :func:`ddl_strings`).
 DDL_NAMES = (
@@ -518,6 +262,8 @@ DDL_NAMES = (
     "FTS_CJK_TRIGGER_SQL", "LEGACY_FTS_SQL", "LEGACY_FTS_TRIGRAM_SQL",
 )
 _ddl_cache: dict[str, str] = {}
+#: ``(type, name, tbl_name, sql)`` of every object at head, filled by :func:`ddl_strings`.
+_head_objects: list[tuple[str, str, str, str]] = []
 
 
 def _objects(path: Path) -> list[tuple[str, str, str, str]]:
@@ -564,6 +310,7 @@ def ddl_strings() -> dict[str, str]:
     plain = [sql for kind, name, _t, sql in now
              if kind in ("table", "view") and not name.startswith(("messages_fts", "sqlite_"))
              and name != VERSION_TABLE]  # our Alembic bookkeeping is not Hermes' schema
+    _head_objects[:] = now
     _ddl_cache.update(
         SCHEMA_SQL=_script(plain),
         DEFERRED_INDEX_SQL=_script([sql for kind, _n, _t, sql in now if kind == "index"]),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterator
@@ -53,6 +54,17 @@ def try_flock(path: Path, *, error: type[errors.HermesStoreError]) -> int | None
         if current is not None and current.st_ino == os.fstat(fd).st_ino:
             return fd
         os.close(fd)
+
+
+def wait_flock(path: Path, timeout_s: float, *, error: type[errors.HermesStoreError],
+               poll_s: float = 0.05) -> int | None:
+    """:func:`try_flock`, tried again until ``timeout_s`` has passed; None if still held."""
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    while True:
+        fd = try_flock(path, error=error)
+        if fd is not None or time.monotonic() >= deadline:
+            return fd
+        time.sleep(poll_s)
 
 
 def release_flock(path: Path, fd: int) -> None:

@@ -124,6 +124,7 @@ def _prepare_file(target: Target) -> tuple[Path | None, Path | None]:
         return real, None  # SQLite's own view: a 0-byte file is a new, empty database
     if real.exists():
         paths.check_file(real, recovery_ok=True)
+        paths.recover_journal(real)  # so adoption sees the file as committed, as Hermes' next open would
         return real, None
     created = real if paths.create_private_database(real) else None
     return real, created

@@ -459,9 +459,10 @@ def readonly_connection(p: Path) -> Iterator[sqlite3.Connection]:
 def sqlite_refusal(p: Path, exc: sqlite3.DatabaseError) -> errors.HermesStoreError:
     """Map a driver error met while only reading to the typed refusal it means."""
     msg = str(exc)
-    if isinstance(exc, sqlite3.OperationalError) and (
-        "unable to open" in msg or "readonly" in msg or "locked" in msg or "busy" in msg
-    ):
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg):
+        # Another process holds the file for a moment: worth waiting for.
+        return errors.DatabaseLockedError(f"cannot read {p} now: {msg}; left unchanged")
+    if isinstance(exc, sqlite3.OperationalError) and ("unable to open" in msg or "readonly" in msg):
         return errors.DatabaseUnavailableError(f"cannot read {p}: {msg}; left unchanged")
     if "malformed" in msg or "corrupt" in msg:
         return errors.NotADatabaseError(f"{p} is corrupt ({msg}); left unchanged")
@@ -474,6 +475,61 @@ def _require_regular_file(p: Path, st: os.stat_result) -> None:
         raise errors.NotADatabaseError(f"{p} is a folder, not a database file; left unchanged")
     if not stat.S_ISREG(st.st_mode):
         raise errors.NotADatabaseError(f"{p} is not a regular file; left unchanged")
+
+
+def _refuse_unfinished_journal(p: Path, journal: Path) -> None:
+    """A rollback journal is a live writer's (wait for it), a crashed one's (hot: refused),
+    or a crashed one's that never got its header written (not hot: SQLite ignores it).
+
+    SQLite tells them apart itself: a read-only connection refuses to read past a hot
+    journal (SQLITE_READONLY_ROLLBACK), as only a read-write open may roll it back, and
+    reads past the others. Then only a writer's RESERVED lock separates the live case,
+    which :class:`~hermes_store.errors.DatabaseLockedError` reports so an opener waits it
+    out; ``BEGIN IMMEDIATE`` asks for that lock and is rolled back at once, writing nothing.
+    """
+    try:
+        with readonly_connection(p) as conn:
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+    except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorname", None) == "SQLITE_READONLY_ROLLBACK":
+            raise errors.AdoptionError(
+                f"{p} has an unfinished transaction ({journal.name}); open it once with Hermes or the "
+                "sqlite3 shell to recover it, then adopt. Left unchanged"
+            ) from exc
+        raise sqlite_refusal(p, exc) from exc
+    if not os.access(p, os.W_OK):
+        return  # nobody can be writing it through this kernel's permissions; not hot either
+    try:
+        conn = sqlite3.connect(p.absolute().as_uri() + "?mode=rw", uri=True, isolation_level=None, timeout=0)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise errors.DatabaseLockedError(
+                f"{p} is being written by another process (its {journal.name} is live); left unchanged"
+            ) from exc
+        raise sqlite_refusal(p, exc) from exc
+
+
+def recover_journal(p: Path) -> None:
+    """Let SQLite roll back a crashed writer's journal next to ``p``, as any read-write
+    open would (Hermes' own next open does exactly this), before a migration or an
+    adoption reads the file. A live writer's journal is
+    :class:`~hermes_store.errors.DatabaseLockedError` (wait for it); no journal, nothing."""
+    journal = Path(f"{p}-journal")
+    if not journal.exists() or journal.stat().st_size == 0:
+        return
+    try:
+        conn = sqlite3.connect(p.absolute().as_uri() + "?mode=rw", uri=True, isolation_level=None, timeout=0)
+        try:
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise sqlite_refusal(p, exc) from exc
 
 
 def check_file(path: str | os.PathLike[str], *, recovery_ok: bool = False) -> None:
@@ -538,10 +594,7 @@ def check_file(path: str | os.PathLike[str], *, recovery_ok: bool = False) -> No
     if journal.exists() and journal.stat().st_size > 0:
         if recovery_ok:
             return
-        raise errors.AdoptionError(
-            f"{p} has an unfinished transaction ({journal.name}); open it once with Hermes or the "
-            "sqlite3 shell to recover it, then adopt. Left unchanged"
-        )
+        _refuse_unfinished_journal(p, journal)
     try:
         with readonly_connection(p) as conn:
             conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall()

@@ -65,7 +65,8 @@ def test_sqlite_append_is_two_statements_on_the_driver_connection(engine: Engine
             raw.set_trace_callback(None)
     # SQLite reports each trigger step too: as the outer statement again, or as "-- ...".
     statements = list(dict.fromkeys(s for s in seen if not s.startswith("--")))
-    assert [s.split()[0] for s in statements] == ["INSERT", "UPDATE"]
+    # The guarded counter bump first: it is the existence and closed-target check.
+    assert [s.split()[0] for s in statements] == ["UPDATE", "INSERT"]
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT message_count, tool_call_count FROM sessions").one() == (2, 1)
         assert conn.exec_driver_sql("SELECT max(id) FROM messages").scalar() == new_id
@@ -77,6 +78,17 @@ def test_sqlite_append_to_an_unknown_session_is_typed_and_writes_nothing(engine:
             MessageRepository(conn).append("nobody", "user", "hi")
         assert isinstance(caught.value, sqlite3.IntegrityError)  # what Hermes' callers catch
         assert conn.exec_driver_sql("SELECT count(*) FROM messages").scalar() == 0
+
+
+def test_sqlite_append_to_a_session_closed_by_compression_writes_nothing(engine: Engine) -> None:
+    """The repository refuses it too (a host's own unit of work), before any row exists."""
+    _with_session(engine)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE sessions SET end_reason = 'compression', ended_at = 1 WHERE id = 's'")
+        with pytest.raises(errors.CompressionSessionClosedError):
+            MessageRepository(conn).append("s", "user", "late")
+        assert conn.exec_driver_sql("SELECT count(*) FROM messages").scalar() == 0
+        assert conn.exec_driver_sql("SELECT message_count FROM sessions").scalar() in (0, None)
 
 
 @pytest.mark.parametrize("rows", [3, 100])  # executemany, and the TEMP staging table

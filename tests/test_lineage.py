@@ -79,7 +79,8 @@ def test_tip_and_resume_target(db: SessionDB) -> None:
     assert db.get_compression_tip(ids[1]) == ids[3]
     # v23: a resume jumps to the tip first, then looks below it for messages.
     assert db.resolve_resume_session_id(ids[0]) == ids[3]  # nobody holds messages
-    db.append_message(ids[2], "user", "in the middle")
+    # An import's row: no append lands in a session closed by compression (v26).
+    db.append_messages([{"session_id": ids[2], "role": "user", "content": "in the middle"}])
     assert db.resolve_resume_session_id(ids[0]) == ids[3]  # the middle is above the tip
     db.create_session("below", "cli", parent_session_id=ids[3])
     db.append_message("below", "user", "after the tip")

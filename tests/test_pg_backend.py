@@ -266,11 +266,11 @@ def _compression_chain(pg: SessionDB) -> None:
     pg.create_session("c1", "cli", parent_session_id="root")
     pg.create_session("c2", "cli", parent_session_id="c1")
     pg.create_session("side", "cli", parent_session_id="root")
+    pg.append_message("c1", "user", "in c1")  # before compression closes c1 (v26 refuses after)
     set_times(pg, "root", started_at=100.0, ended_at=200.0, end_reason="compression")
     set_times(pg, "c1", started_at=200.0, ended_at=300.0, end_reason="compression")
     set_times(pg, "c2", started_at=300.0)
     set_times(pg, "side", started_at=150.0)
-    pg.append_message("c1", "user", "in c1")
 
 
 def test_lineage_one_query_each(pg: SessionDB) -> None:

@@ -25,7 +25,6 @@ from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import text
 
 from hermes_store import SessionDB, errors, facade
-from hermes_store.sessiondb import messages as sessiondb_messages
 from hermes_store.upkeep import Upkeep
 from hermes_store.dialects.pg_tenants import try_transaction_lock
 from hermes_store.repositories.messages import MessageRepository
@@ -137,7 +136,7 @@ def test_a_one_statement_append_keeps_its_lock_budget(pg: SessionDB, pg_database
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The append is one round trip, its lock budget inside the statement: behind a row
     lock held elsewhere it gives up at the budget, and the setting ends with it."""
-    monkeypatch.setattr(sessiondb_messages, "TRANSCRIPT_BUDGET_S", 1.0)
+    monkeypatch.setattr(facade, "_TRANSCRIPT_WRITE_PATIENCE_S", 1.0)
     pg.append_message("s", "user", "warm")
     other = sa_create_engine(pg_database)
     try:

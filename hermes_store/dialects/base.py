@@ -259,3 +259,16 @@ def translate_python_error(exc: BaseException) -> "errors.HermesStoreError | Non
     if isinstance(exc, OverflowError):
         return errors.InvalidInputError(f"value out of range for SQLite: {exc}")
     return None
+
+
+#: The end reason of a session closed by compression: no append may land in it (Hermes
+#: v26 points writers at its live continuation instead).
+CLOSED_BY_COMPRESSION = "compression"
+
+
+def refused_append(session_id: Any, found: bool, end_reason: Any) -> "errors.HermesStoreError":
+    """Why an append's guarded counter bump matched no row: the session is missing, or
+    compression closed it. ``found``/``end_reason`` come from one lookup, made only then."""
+    if found and end_reason == CLOSED_BY_COMPRESSION:
+        return errors.CompressionSessionClosedError(session_id)
+    return errors.UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")

@@ -30,7 +30,7 @@ from ..search import latin_in_cjk as runs
 from ..search import postgresql as pg_search
 from ..tenancy import qualified, quote_ident, schema_of_connection
 from . import pg_engine, pg_tenants
-from .base import LOCK_BUDGET_OPTION, MessageRuns
+from .base import CLOSED_BY_COMPRESSION, LOCK_BUDGET_OPTION, MessageRuns, refused_append
 from .fts5 import Fts5Storage
 from .pg_nul import install_nul_adapters
 from .pg_tenants import tenant_table_names
@@ -99,6 +99,10 @@ _BUMP = (
         tool_call_count=func.coalesce(_SESSIONS.c.tool_call_count, 0) + bindparam("calls"),
     )
 )
+#: The bump of one append: also the existence check and the closed-target guard.
+_BUMP_OPEN = _BUMP.where(_SESSIONS.c.end_reason.is_distinct_from(literal_column(f"'{CLOSED_BY_COMPRESSION}'")))
+#: The one lookup made when that bump matched nothing.
+_END_REASON = select(_SESSIONS.c.end_reason).where(_SESSIONS.c.id == bindparam("sid"))
 
 
 @functools.lru_cache(maxsize=128)
@@ -114,11 +118,11 @@ def _append_stmt(names: tuple[str, ...], budgeted: bool = False) -> Any:
     transaction) before it locks the session row: a materialized CTE the bump's WHERE
     tests, which the plan runs as a one-time filter ahead of the row scan.
     """
-    bump = _BUMP
+    bump = _BUMP_OPEN
     if budgeted:
         setting = func.set_config(literal_column("'lock_timeout'"), cast(bindparam("lt"), Text), literal_column("true"))
         budget = select(setting.label("v")).cte("budget")
-        bump = _BUMP.where(exists(select(budget.prefix_with("MATERIALIZED").c.v)))
+        bump = _BUMP_OPEN.where(exists(select(budget.prefix_with("MATERIALIZED").c.v)))
     bump = bump.returning(_SESSIONS.c.id).cte("bump")
     values = [cast(bindparam(f"v_{n}"), _MESSAGES.c[n].type) for n in names]
     return (
@@ -144,8 +148,10 @@ def _own_transaction(conn: Connection) -> bool:
     return bool(getattr(driver, "autocommit", False)) and driver.info.transaction_status == _IDLE
 
 
-def _unknown_session(session_id: Any) -> errors.UnknownSessionError:
-    return errors.UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
+def _refused_append(conn: Connection, session_id: Any) -> errors.HermesStoreError:
+    """Why an append's guarded bump matched nothing (one lookup, on that path only)."""
+    found = conn.execute(_END_REASON, {"sid": session_id}).first()
+    return refused_append(session_id, found is not None, found and found[0])
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -287,10 +293,10 @@ class PostgreSQLDialect:
             found = conn.execute(_append_stmt(names, budget is not None), params)
             mid = found.scalar()
             if mid is None:
-                raise _unknown_session(row["session_id"])
+                raise _refused_append(conn, row["session_id"])
             return int(mid)
-        if not conn.execute(_BUMP, {"n": 1, "calls": calls, "sid": row["session_id"]}).rowcount:
-            raise _unknown_session(row["session_id"])
+        if not conn.execute(_BUMP_OPEN, {"n": 1, "calls": calls, "sid": row["session_id"]}).rowcount:
+            raise _refused_append(conn, row["session_id"])
         target = _messages_target(names, schema_of_connection(conn))
         return int(conn.execute(insert(target).returning(_MESSAGES.c.id), row).scalar_one())
 

@@ -21,7 +21,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
 from .. import errors, journal
-from .base import OUR_TABLES, MessageRuns, translate_python_error
+from .base import CLOSED_BY_COMPRESSION, OUR_TABLES, MessageRuns, refused_append, translate_python_error
 # The FTS5 names stay importable from here (the copier, Hermes-facing modules).
 from .fts5 import (
     CJK_FTS,  # noqa: F401
@@ -171,11 +171,13 @@ _STORAGE = Fts5Storage()
 #: Batches at least this large go through a staging table (see SQLiteDialect._insert_staged).
 BULK_STAGE_MIN = 64
 STAGE = "hermes_store_bulk_stage"
-#: Counter update of one append, and of one session of a bulk append.
+#: Counter update of one append: it is also the existence check and the closed-target
+#: guard (a session ended by compression takes no new rows).
 _BUMP_ONE = (
     "UPDATE sessions SET message_count = COALESCE(message_count, 0) + 1, "
-    "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?"
+    f"tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ? AND end_reason IS NOT '{CLOSED_BY_COMPRESSION}'"
 )
+#: Counter update of one session of a bulk append (guarded by the caller).
 _BUMP_N = (
     "UPDATE sessions SET message_count = COALESCE(message_count, 0) + ?, "
     "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?"
@@ -395,18 +397,15 @@ class SQLiteDialect:
     # more than the statements themselves).
 
     def append_message(self, conn: Connection, row: Mapping[str, Any], calls: int) -> int:
-        """Two statements: the INSERT, then the counter UPDATE. The session is looked
-        up only when the foreign key refuses the row."""
+        """Two statements: the guarded counter UPDATE, then the INSERT. The session is
+        looked up only when the UPDATE matched nothing, and then nothing is written."""
         raw = dbapi(conn)
         session_id = row["session_id"]
         try:
+            if not raw.execute(_BUMP_ONE, (calls, session_id)).rowcount:
+                found = raw.execute("SELECT end_reason FROM sessions WHERE id = ?", (session_id,)).fetchone()
+                raise refused_append(session_id, found is not None, found and found[0])
             new_id = raw.execute(_insert_sql("messages", None, tuple(row)), tuple(row.values())).lastrowid
-            raw.execute(_BUMP_ONE, (calls, session_id))
-        except sqlite3.IntegrityError as exc:
-            if "FOREIGN KEY" in str(exc) and raw.execute(
-                    "SELECT 1 FROM sessions WHERE id = ? LIMIT 1", (session_id,)).fetchone() is None:
-                raise errors.UnknownSessionError(f"unknown session {session_id!r}: {exc}") from exc
-            raise
         except (sqlite3.Error, OverflowError) as exc:
             typed = _typed(exc)
             if typed is None:

@@ -35,7 +35,16 @@ T = TypeVar("T")
 #: operations layer's, so a workflow's steps and the store's own writes agree.
 TRANSCRIPT_BUDGET_S = LONG_BUDGET_S
 
-__all__ = ["TRANSCRIPT_BUDGET_S", "WRITE_BUDGET_S", "Host", "HostSteps"]
+__all__ = ["TRANSCRIPT_BUDGET_S", "WRITE_BUDGET_S", "Host", "HostSteps", "transcript_budget"]
+
+
+def transcript_budget() -> float:
+    """Retry budget of a transcript write (appends, batches, session-row creation):
+    Hermes v26's ``_TRANSCRIPT_WRITE_PATIENCE_S`` and our ``TRANSCRIPT_BUDGET_S``, as the
+    facade holds them now (applications and tests lower either), whichever is shorter."""
+    facade = sys.modules.get("hermes_store.facade")
+    return min(float(getattr(facade, "TRANSCRIPT_BUDGET_S", TRANSCRIPT_BUDGET_S)),
+               float(getattr(facade, "_TRANSCRIPT_WRITE_PATIENCE_S", TRANSCRIPT_BUDGET_S)))
 
 
 def _clock() -> Any:

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 from .. import errors
 from ..codec import clean_text
 from ..repositories.compression import CompressionRepository, PublicationError
-from ._host import TRANSCRIPT_BUDGET_S, Host
+from ._host import Host, transcript_budget
 from .leases import check_ttl, holder_process_gone
 from .lineage import DB_ERRORS
 
@@ -189,7 +189,7 @@ class CompressionMixin(Host):
                 watermark=low, watermark_ceiling=high,
             )
 
-        self._write(publish, budget=TRANSCRIPT_BUDGET_S)
+        self._write(publish, budget=transcript_budget())
 
     # ------------------------------------------------------------- compression lock
 

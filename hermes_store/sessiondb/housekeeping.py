@@ -16,7 +16,7 @@ from ..operations import imports as import_ops
 from ..operations import prune as prune_ops
 from ..repositories import MaintenanceRepository
 from ..repositories.housekeeping import HousekeepingRepository
-from ._host import TRANSCRIPT_BUDGET_S, Host, HostSteps
+from ._host import Host, HostSteps, transcript_budget
 
 
 class HousekeepingMixin(Host):
@@ -87,7 +87,7 @@ class HousekeepingMixin(Host):
         """Delete matching ended sessions (children orphaned, no delegate cascade)."""
         return self._write(
             lambda c: HousekeepingRepository(c).prune(older_than_days, source, sessions_dir, filters),
-            budget=TRANSCRIPT_BUDGET_S,
+            budget=transcript_budget(),
         )
 
     def prune_candidates(self, older_than_days: float = 90, source: str | None = None) -> list[dict[str, Any]]:
@@ -117,7 +117,7 @@ class HousekeepingMixin(Host):
         expected = None if expected_delete_ids is None else list(expected_delete_ids)
         return self._write(
             lambda c: HousekeepingRepository(c).delete_sessions([session_id], sessions_dir, expected) == 1,
-            budget=TRANSCRIPT_BUDGET_S,
+            budget=transcript_budget(),
         )
 
     def get_session_delete_targets(self, session_id: str) -> List[str]:
@@ -132,7 +132,7 @@ class HousekeepingMixin(Host):
             raise errors.InvalidInputError("session_ids must be a list of ids, not one string")
         ids = list(session_ids or [])
         return self._write(
-            lambda c: HousekeepingRepository(c).delete_sessions(ids, sessions_dir), budget=TRANSCRIPT_BUDGET_S
+            lambda c: HousekeepingRepository(c).delete_sessions(ids, sessions_dir), budget=transcript_budget()
         )
 
     def delete_session_if_empty(self, session_id: str, sessions_dir: Optional[Path] = None) -> bool:
@@ -147,7 +147,7 @@ class HousekeepingMixin(Host):
 
     def delete_empty_sessions(self, sessions_dir: Optional[Path] = None) -> int:
         """Delete what count_empty_sessions counts; returns how many went."""
-        return self._write(lambda c: HousekeepingRepository(c).delete_empty(sessions_dir), budget=TRANSCRIPT_BUDGET_S)
+        return self._write(lambda c: HousekeepingRepository(c).delete_empty(sessions_dir), budget=transcript_budget())
 
     def prune_empty_ghost_sessions(self, sessions_dir: Optional[Path] = None) -> int:
         return self._write(lambda c: MaintenanceRepository(c).prune_empty_ghost_sessions(sessions_dir))

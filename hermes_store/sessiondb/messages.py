@@ -15,7 +15,7 @@ from sqlalchemy import Connection
 from ..codec import is_stale_tool_call_marker_message, strip_stale_tool_call_markers
 from ..repositories import MessageRepository
 from ..repositories.messages import display_fields
-from ._host import TRANSCRIPT_BUDGET_S, Host
+from ._host import Host, transcript_budget
 
 #: Hermes v25's transcript filter, under the names Hermes' code imports from hermes_state.
 _is_stale_tool_call_marker_message = is_stale_tool_call_marker_message
@@ -72,7 +72,7 @@ class MessagesMixin(Host):
         return self._write(
             lambda c: MessageRepository(c).append(session_id, role, content, timestamp=timestamp,
                                                   turn_lease=lease, **fields),
-            budget=TRANSCRIPT_BUDGET_S, one_statement=lease is None,
+            budget=transcript_budget(), one_statement=lease is None,
         )
 
     def append_messages(self, messages: Iterable[dict[str, Any]]) -> int:
@@ -81,7 +81,7 @@ class MessagesMixin(Host):
         # The short-CJK index is not extended here: it would halve bulk throughput,
         # and rows above its high-water mark are found by a direct scan until the next
         # maintenance interval (or index_search()) covers them.
-        return self._write(lambda c: MessageRepository(c).bulk_append(items), budget=TRANSCRIPT_BUDGET_S)
+        return self._write(lambda c: MessageRepository(c).bulk_append(items), budget=transcript_budget())
 
     def append_messages_batch(
         self,
@@ -109,7 +109,7 @@ class MessagesMixin(Host):
                     session_id, chunk, turn_lease=lease,
                     insert=lambda sid, msgs: self._insert_message_rows(c, sid, msgs),
                 ),
-                budget=TRANSCRIPT_BUDGET_S,
+                budget=transcript_budget(),
             )
         return total
 
@@ -127,7 +127,7 @@ class MessagesMixin(Host):
                 session_id, messages, active_only=bool(active_only), archive_dropped=bool(archive_dropped),
                 insert=lambda sid, msgs: self._insert_message_rows(c, sid, msgs), refuse_closed=True,
             ),
-            budget=TRANSCRIPT_BUDGET_S,
+            budget=transcript_budget(),
         )
 
     def archive_and_compact(
@@ -143,7 +143,7 @@ class MessagesMixin(Host):
                 session_id, compacted_messages, model_config_patch=model_config_patch, watermark=watermark,
                 lock_holder=lock_holder, insert=lambda sid, msgs: self._insert_message_rows(c, sid, msgs),
             ),
-            budget=TRANSCRIPT_BUDGET_S,
+            budget=transcript_budget(),
         )
 
     def get_active_message_watermark(self, session_id: str) -> int:
@@ -156,7 +156,7 @@ class MessagesMixin(Host):
         return self._write(lambda c: MessageRepository(c).set_latest_user_api_content(session_id, content, api_content))
 
     def clear_messages(self, session_id: str) -> None:
-        self._write(lambda c: MessageRepository(c).clear(session_id), budget=TRANSCRIPT_BUDGET_S)
+        self._write(lambda c: MessageRepository(c).clear(session_id), budget=transcript_budget())
 
     def message_count(self, session_id: str | None = None) -> int:
         return self._read(lambda c: MessageRepository(c).count(session_id))

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .. import errors
 from ..codec import check_key
 from ..repositories.gateway import DEFAULT_ORPHAN_GAP_S, GatewayRepairRepository
-from ._host import TRANSCRIPT_BUDGET_S, Host
+from ._host import Host, transcript_budget
 
 #: Module-level Hermes names defined here; the facade (hermes_state) re-exports them.
 __all__: list[str] = []
@@ -77,7 +77,7 @@ class OrphansMixin(Host):
         """
         cutoff = self._now() - _days(older_than_days, "older_than_days") * DAY
         return self._write(lambda c: GatewayRepairRepository(c).prune_never_active(cutoff, sessions_dir),
-                           budget=TRANSCRIPT_BUDGET_S)
+                           budget=transcript_budget())
 
     # ------------------------------------------------------------------ orphaned gateway sessions (v25)
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 from ..errors import UnknownFieldError
 from ..repositories import SessionRepository
 from ..repositories.sessions import CREATE_FIELDS
-from ._host import Host
+from ._host import Host, transcript_budget
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +48,13 @@ class SessionsMixin(Host):
         time, e.g. for imports and demos; default now.
         """
         fields = _create_fields("create_session", kwargs)
-        return self._write(lambda c: SessionRepository(c).create(session_id, source, **fields))
+        return self._write(lambda c: SessionRepository(c).create(session_id, source, **fields),
+                           budget=transcript_budget())
 
     def ensure_session(self, session_id: str, source: str = "unknown", model: str | None = None, **kwargs: Any) -> str:
         fields = _create_fields("ensure_session", kwargs)
-        return self._write(lambda c: SessionRepository(c).ensure(session_id, source, model, **fields))
+        return self._write(lambda c: SessionRepository(c).ensure(session_id, source, model, **fields),
+                           budget=transcript_budget())
 
     def get_session(self, session_id: str) -> dict[str, Any] | None:
         return self._read(lambda c: SessionRepository(c).get(session_id))  # type: ignore[return-value]

@@ -21,7 +21,7 @@ from sqlalchemy import Connection
 
 from ..dialects.fts5 import FTS_TRASH_PREFIX
 from ..hermes_config import hermes_home
-from ..hermes_names import ddl_strings
+from ..hermes_names import ddl_strings, head_table_sql
 from ..models import metadata
 from ..repositories import FtsUpkeepRepository
 
@@ -145,18 +145,66 @@ class SessionSchemaMixin:
         return tuple(r[1] for r in sorted((r for r in rows if r[5]), key=lambda r: r[5]))
 
     def _heal_gateway_routing_pk(self, cursor: sqlite3.Cursor) -> bool:
-        """False: the key is ``(scope, session_key)`` (our migrations rebuild older tables)."""
+        """Rebuild an older ``gateway_routing`` (keyed without ``scope``) to the key
+        ``(scope, session_key)``, every row kept; False when it is healthy or absent."""
         found = self._pk_columns(cursor, "gateway_routing")
-        if found and found != _ROUTING_PK:
-            log.warning("gateway_routing has primary key %s; `hermes-store upgrade` rebuilds it", found)
-        return False
+        if not found or found == _ROUTING_PK:
+            return False
+        return self._rebuild_to_head_shape(cursor, "gateway_routing", f"primary key {found}")
 
     def _heal_session_model_usage_pk(self, cursor: sqlite3.Cursor) -> bool:
-        """False: the ledger's key includes ``task`` (our migrations rebuild older tables)."""
+        """Rebuild a usage ledger whose key lacks ``task`` to the head key, every row kept
+        (orphans too: foreign keys are off for it); False when healthy or absent."""
         found = self._pk_columns(cursor, "session_model_usage")
-        if found and "task" not in found:
-            log.warning("session_model_usage has primary key %s; `hermes-store upgrade` rebuilds it", found)
-        return False
+        if not found or "task" in found:
+            return False
+        return self._rebuild_to_head_shape(cursor, "session_model_usage", f"primary key {found}")
+
+    @staticmethod
+    def _rebuild_to_head_shape(cursor: sqlite3.Cursor, table: str, why: str) -> bool:
+        """Copy ``table`` into our head's definition of it, in one savepoint: new table,
+        rows by column name (head defaults fill new columns), old table dropped, new one
+        renamed, its indexes made. Any failure puts everything back and logs; False then.
+
+        Foreign keys are switched off around it when no transaction is open (a ledger
+        row may outlive its session, and Hermes keeps those). The rename runs with
+        ``legacy_alter_table`` on, so a view elsewhere cannot block it.
+        """
+        create, extras = head_table_sql(table)
+        if create is None:
+            return False
+        conn = cursor.connection
+        old_cols = [r[1] for r in cursor.execute(f'PRAGMA table_info("{table}")')]
+        temp = f"{table}__hermes_store_rebuild"
+        restore_fk = not conn.in_transaction and bool(cursor.execute("PRAGMA foreign_keys").fetchone()[0])
+        if restore_fk:
+            cursor.execute("PRAGMA foreign_keys = OFF")  # only outside a transaction; see the docstring
+        legacy = cursor.execute("PRAGMA legacy_alter_table").fetchone()[0]
+        cursor.execute("PRAGMA legacy_alter_table = ON")  # rename without re-checking every view
+        cursor.execute("SAVEPOINT hermes_store_heal")
+        try:
+            cursor.execute(f'DROP TABLE IF EXISTS "{temp}"')
+            cursor.execute(_CREATE_TABLE.sub(f'CREATE TABLE "{temp}" (', create, count=1))
+            shared = ", ".join(f'"{r[1]}"' for r in cursor.execute(f'PRAGMA table_info("{temp}")') if r[1] in old_cols)
+            cursor.execute(f'INSERT INTO "{temp}" ({shared}) SELECT {shared} FROM "{table}"')
+            cursor.execute(f'DROP TABLE "{table}"')
+            cursor.execute(f'ALTER TABLE "{temp}" RENAME TO "{table}"')
+            for sql in extras:
+                cursor.execute(sql)
+            cursor.execute("RELEASE hermes_store_heal")
+        except sqlite3.Error as exc:
+            cursor.execute("ROLLBACK TO hermes_store_heal")
+            cursor.execute("RELEASE hermes_store_heal")
+            if "locked" in str(exc).lower() or "busy" in str(exc).lower():
+                raise
+            log.warning("could not rebuild %s (%s): %s; left as it was", table, why, exc)
+            return False
+        finally:
+            cursor.execute(f"PRAGMA legacy_alter_table = {int(legacy)}")
+            if restore_fk:
+                cursor.execute("PRAGMA foreign_keys = ON")
+        log.info("rebuilt %s to its current primary key (it had %s)", table, why)
+        return True
 
     def _migrate_broad_fts_update_triggers(self, cursor: sqlite3.Cursor) -> int:
         """Re-create broad FTS UPDATE triggers as ``AFTER UPDATE OF <indexed columns>``; how many."""
@@ -204,9 +252,12 @@ class SessionSchemaMixin:
         return remains
 
     def _repair_optimize_bookkeeping(self) -> bool:
-        """False: our FTS bookkeeping is kept whole by every step that changes it, so there is
-        nothing to heal (Hermes seeds markers lost by its older releases here)."""
-        return False
+        """Hermes v25's heal before optimize-storage: a backfill mark without progress
+        gets progress 0 (its partial index emptied, so every row is indexed once); an
+        empty index beside messages gets a full backfill window. True if it seeded keys."""
+        if self.read_only or not getattr(self, "_fts_enabled", True):
+            return False
+        return bool(self._write(lambda c: FtsUpkeepRepository(c).heal_optimize_bookkeeping(), _maintenance=True))
 
 
 __all__ = ["FTS_TRASH_PREFIX", "SessionSchemaMixin", "schema_read_probe_statements"]

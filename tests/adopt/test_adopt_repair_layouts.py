@@ -25,6 +25,7 @@ from hermes_store import SessionDB, errors, migrations
 from hermes_store import adopt as adopt_mod
 from hermes_store.introspect import diff, snapshot
 
+from ..layouts import ledger_without_task_in_key, routing_keyed_by_session_key
 from .test_adopt import adopt_and_check, hermes, place, ro, rows, state
 
 
@@ -108,56 +109,11 @@ def repairs_of(p: Path) -> list[str]:
 # ------------------------------------------------------ session_model_usage's primary key
 
 
-#: The ledger before Hermes put ``task`` in its primary key: the reconciler appended it.
-LEDGER_WITHOUT_TASK_IN_KEY = """CREATE TABLE session_model_usage (
-    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    model TEXT NOT NULL,
-    billing_provider TEXT NOT NULL DEFAULT '',
-    billing_base_url TEXT NOT NULL DEFAULT '',
-    billing_mode TEXT NOT NULL DEFAULT '',
-    api_call_count INTEGER NOT NULL DEFAULT 0,
-    input_tokens INTEGER NOT NULL DEFAULT 0,
-    output_tokens INTEGER NOT NULL DEFAULT 0,
-    cache_read_tokens INTEGER NOT NULL DEFAULT 0,
-    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
-    reasoning_tokens INTEGER NOT NULL DEFAULT 0,
-    estimated_cost_usd REAL NOT NULL DEFAULT 0,
-    actual_cost_usd REAL NOT NULL DEFAULT 0,
-    cost_status TEXT,
-    cost_source TEXT,
-    first_seen REAL,
-    last_seen REAL,
-    PRIMARY KEY (session_id, model, billing_provider, billing_base_url, billing_mode)
-)"""
-
-LEDGER_COLS = ("session_id, model, billing_provider, billing_base_url, billing_mode, api_call_count, input_tokens, "
-               "output_tokens, estimated_cost_usd, cost_status, first_seen, last_seen")
-
-
-def _ledger_without_task_in_key(conn: sqlite3.Connection) -> None:
-    conn.execute("PRAGMA foreign_keys = OFF")
-    conn.execute("CREATE TABLE ledger_rows AS SELECT * FROM session_model_usage")
-    conn.execute("DROP TABLE session_model_usage")
-    conn.execute(LEDGER_WITHOUT_TASK_IN_KEY)
-    conn.execute(f"INSERT INTO session_model_usage ({LEDGER_COLS}) SELECT {LEDGER_COLS} FROM ledger_rows")
-    conn.execute("DROP TABLE ledger_rows")
-    conn.execute("ALTER TABLE session_model_usage ADD COLUMN task TEXT NOT NULL DEFAULT ''")
-    conn.execute("CREATE INDEX idx_session_model_usage_session ON session_model_usage(session_id)")
-    conn.execute("CREATE INDEX idx_session_model_usage_model ON session_model_usage(model)")
-    rows_ = [
-        ("compat_000", "gpt-4o", "openai", "", "", 3, 1200, 340, 0.0125, "estimated", 1.7e9, 1.7e9 + 60, ""),
-        ("compat_001", "claude", "anthropic", "https://api.example", "api", 1, 10, 2, 0.5, None, None, None, "compression"),
-        # An orphan (its session was deleted with foreign keys off): Hermes keeps it, so do we.
-        ("gone_session", "gpt-4o", "", "", "", 7, 77, 7, 0, "actual", 1.6e9, 1.6e9, "vision"),
-    ]
-    conn.executemany(f"INSERT INTO session_model_usage ({LEDGER_COLS}, task) VALUES ({', '.join('?' * 13)})", rows_)
-
-
 @pytest.mark.parametrize("version", [22, 23, 26, 30])
 def test_a_ledger_without_task_in_its_key_is_rebuilt_with_every_row(
     version: int, tmp_path: Path, fresh_head: dict[str, Any]
 ) -> None:
-    p = build(version, tmp_path, _ledger_without_task_in_key)
+    p = build(version, tmp_path, ledger_without_task_in_key)
     before = contents(p, "session_model_usage")
     assert len(before) >= 3
     assert "rebuild_table" in repairs_of(p)
@@ -175,25 +131,11 @@ def test_a_ledger_without_task_in_its_key_is_rebuilt_with_every_row(
 # ------------------------------------------------------------ gateway_routing's primary key
 
 
-def _routing_keyed_by_session_key(conn: sqlite3.Connection) -> None:
-    """The routing table before scopes: keyed by session_key alone, scope appended later."""
-    conn.execute("DROP TABLE gateway_routing")
-    conn.execute("CREATE TABLE gateway_routing (session_key TEXT PRIMARY KEY, entry_json TEXT NOT NULL, "
-                 "updated_at REAL NOT NULL)")
-    conn.execute("ALTER TABLE gateway_routing ADD COLUMN scope TEXT NOT NULL DEFAULT ''")
-    conn.executemany(
-        "INSERT INTO gateway_routing (session_key, entry_json, updated_at, scope) VALUES (?, ?, ?, ?)",
-        [("agent:main:telegram:dm:1", '{"session_id": "compat_000"}', 1.7e9, ""),
-         ("agent:main:discord:group:2", '{"session_id": "compat_001", "note": "é✓"}', 1.7e9 + 1.5, "profile-b"),
-         ("agent:main:cli", "{}", 1.7e9 + 2, "")],
-    )
-
-
 @pytest.mark.parametrize("version", [19, 22, 26])
-def test_routing_keyed_by_session_key_alone_is_rebuilt_with_every_row(
+def testrouting_keyed_by_session_key_alone_is_rebuilt_with_every_row(
     version: int, tmp_path: Path, fresh_head: dict[str, Any]
 ) -> None:
-    p = build(version, tmp_path, _routing_keyed_by_session_key)
+    p = build(version, tmp_path, routing_keyed_by_session_key)
     before = contents(p, "gateway_routing")
     assert repairs_of(p) == ["rebuild_table"]
     adopt_and_check(p, fresh_head)
@@ -450,7 +392,7 @@ def test_a_rebuild_that_would_convert_values_is_refused(tmp_path: Path) -> None:
     """A declaration SQLite would store differently (text in a column Hermes declares
     REAL) is not rebuilt: converting a value is not keeping it."""
     def deviate(conn: sqlite3.Connection) -> None:
-        _routing_keyed_by_session_key(conn)
+        routing_keyed_by_session_key(conn)
         rebuild(conn, "gateway_routing", lambda s: s.replace("updated_at REAL NOT NULL", "updated_at TEXT NOT NULL"))
         conn.execute("UPDATE gateway_routing SET updated_at = '1700000000.5' WHERE session_key = 'agent:main:cli'")
 
@@ -463,7 +405,7 @@ def test_a_rebuild_that_would_convert_values_is_refused(tmp_path: Path) -> None:
 
 def test_a_null_where_hermes_requires_a_value_is_refused(tmp_path: Path) -> None:
     def deviate(conn: sqlite3.Connection) -> None:
-        _routing_keyed_by_session_key(conn)
+        routing_keyed_by_session_key(conn)
         conn.execute("INSERT INTO gateway_routing (session_key, entry_json, updated_at) VALUES (NULL, '{}', 1)")
 
     p = build(22, tmp_path, deviate)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hermes_store import errors
+from .helpers import break_schema
 
 
 def _sha(path: Path) -> str:
@@ -292,29 +293,12 @@ def test_read_only_open_of_a_missing_file_creates_nothing(hermes_state, tmp_path
 
 # ----------------------------------------------------------------------------- self-repair
 
-def _break_schema(path: Path) -> None:
-    """A duplicate index entry in sqlite_master: SQLite then reports 'malformed database schema'."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        name, tbl, sql = conn.execute(
-            "SELECT name, tbl_name, sql FROM sqlite_master WHERE type='index' AND sql IS NOT NULL LIMIT 1"
-        ).fetchone()
-        conn.execute("PRAGMA writable_schema=ON")
-        conn.execute(
-            "INSERT INTO sqlite_master (type, name, tbl_name, rootpage, sql) VALUES ('index', ?, ?, 0, ?)",
-            (name, tbl, sql),
-        )
-        conn.execute("PRAGMA writable_schema=OFF")
-    finally:
-        conn.close()
-
-
 def test_a_malformed_schema_is_repaired_once_and_the_rows_kept(hermes_state, tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     with hermes_state.SessionDB(path) as store:
         store.create_session("s1", "cli")
         store.append_message("s1", "user", "keep me")
-    _break_schema(path)
+    break_schema(path)
     with pytest.raises(sqlite3.DatabaseError) as info:
         sqlite3.connect(path).execute("SELECT COUNT(*) FROM sessions").fetchone()
     assert hermes_state.is_malformed_db_error(info.value)

@@ -146,6 +146,33 @@ def test_append_message_to_a_session_closed_by_compression(db: Any, clock: Any) 
     assert stored(db, "p") == []
 
 
+@pytest.mark.parametrize("end_reason", ["compression", "user_exit", None])
+def test_a_plain_append_refuses_only_a_session_closed_by_compression(db: Any, end_reason: Any) -> None:
+    """No lease holder: the counter bump itself is the guard, and a refusal writes nothing."""
+    db.create_session("p", "cli")
+    db.append_message("p", "user", "before")
+    if end_reason is not None:
+        db.end_session("p", end_reason)
+    if end_reason == "compression":
+        with pytest.raises(CompressionSessionClosedError) as info:
+            db.append_message("p", "assistant", "late", tool_calls=CALLS)
+        assert info.value.session_id == "p"
+        assert [m["content"] for m in stored(db, "p")] == ["before"]
+        row = db.get_session("p")
+        assert (row["message_count"], row["tool_call_count"]) == (1, 0)
+    else:
+        db.append_message("p", "assistant", "after", tool_calls=CALLS)
+        assert [m["content"] for m in stored(db, "p")] == ["before", "after"]
+        assert db.get_session("p")["tool_call_count"] == 1
+
+
+def test_a_plain_append_to_a_missing_session_is_still_unknown(db: Any) -> None:
+    with pytest.raises(sqlite3.IntegrityError) as info:
+        db.append_message("nobody", "user", "hi")
+    assert type(info.value).__name__ == "UnknownSessionError"
+    assert db.get_session("nobody") is None
+
+
 def test_append_message_ignores_the_compression_lock_holder(db: Any) -> None:
     db.create_session("s", "cli")
     assert db.try_acquire_compression_lock("s", "compressor", 300)

@@ -337,6 +337,21 @@ def test_schema_healers_are_no_ops_on_our_schema(store) -> None:
     assert store._repair_optimize_bookkeeping() is False
 
 
+def test_repair_optimize_bookkeeping_seeds_a_lost_progress_key(store) -> None:
+    """Hermes v25: a backfill high-water mark whose progress key was lost gets progress 0,
+    its partial index emptied, so the next backfill indexes every row exactly once."""
+    store.create_session("s", "cli")
+    for i in range(3):
+        store.append_message("s", "user", f"bookkeeping word{i}")
+    store.set_meta("fts_rebuild_high_water", "3")
+    assert store._repair_optimize_bookkeeping() is True
+    assert store.get_meta("fts_rebuild_progress") == "0"
+    assert store._conn.execute("SELECT count(*) FROM messages_fts_docsize").fetchone()[0] == 0  # emptied
+    assert store._repair_optimize_bookkeeping() is False  # nothing left to heal
+    store.rebuild_fts()
+    assert len(store.search_messages("bookkeeping")) == 3
+
+
 def test_broad_fts_triggers_are_narrowed_and_dropped(hermes_state) -> None:
     conn = sqlite3.connect(":memory:", isolation_level=None)
     conn.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, content TEXT, tool_name TEXT, tool_calls TEXT,"

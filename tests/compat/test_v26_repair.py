@@ -1,0 +1,206 @@
+"""Hermes v26's malformed-file repair across processes (v26 reference §5.7): the
+``<name>.repair.lock`` surgery lock, the ``<name>.repair-attempts.json`` ledger that
+stops repairing a file no strategy can fix, and the schema-cookie bump after an edit
+of ``sqlite_master``. Each guard is shown by the fault it is there for: a second
+process holding the lock, a file that fails every strategy, a changed file."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hermes_store import errors
+
+from .helpers import break_schema
+
+
+def _unfixable(path: Path) -> bytes:
+    """A file SQLite calls a database but cannot read: every strategy fails on it."""
+    path.write_bytes(b"SQLite format 3\0" + b"\x01" * 4000)
+    return path.read_bytes()
+
+
+def _backups(path: Path) -> list[Path]:
+    return sorted(p for p in path.parent.glob(f"{path.name}.malformed-backup-*") if not p.name.endswith(("-wal", "-shm")))
+
+
+def _ledger(path: Path) -> Path:
+    return path.with_name(f"{path.name}.repair-attempts.json")
+
+
+def _healthy(hermes_state, path: Path) -> None:
+    with hermes_state.SessionDB(path) as store:
+        store.create_session("s1", "cli")
+        store.append_message("s1", "user", "keep me")
+
+
+def test_failed_repairs_of_an_unchanged_file_stop_at_the_limit(hermes_state, tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    before = _unfixable(path)
+    for attempt in range(1, hermes_state._MAX_PERSISTENT_REPAIR_ATTEMPTS + 1):
+        outcome = hermes_state.repair_state_db_schema(path)
+        assert outcome["repaired"] is False and outcome["backup_path"] is not None
+        entry = json.loads(_ledger(path).read_text())
+        assert entry["failures"] == attempt
+        assert entry["fingerprint"] == f"{path.stat().st_size}:{path.stat().st_mtime_ns}"
+    assert oct(_ledger(path).stat().st_mode & 0o777) == "0o600"
+    made = _backups(path)
+    stamp = path.stat().st_mtime_ns
+    refused = hermes_state.repair_state_db_schema(path)
+    assert refused["repaired"] is False and refused["backup_path"] is None
+    assert refused["error"].startswith("repair refused: 3 earlier repairs of this file failed")
+    assert path.read_bytes() == before and path.stat().st_mtime_ns == stamp  # not touched
+    assert _backups(path) == made  # and no new backup
+    assert json.loads(_ledger(path).read_text())["failures"] == 3
+
+
+def test_a_changed_file_gets_a_fresh_count(hermes_state, tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    _unfixable(path)
+    for _ in range(3):
+        hermes_state.repair_state_db_schema(path)
+    assert hermes_state.repair_state_db_schema(path)["error"].startswith("repair refused")
+    _unfixable(path)  # rewritten (restored by hand, say): other mtime
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
+    again = hermes_state.repair_state_db_schema(path)
+    assert not again["error"].startswith("repair refused")
+    assert json.loads(_ledger(path).read_text())["failures"] == 1
+
+
+def test_the_limit_is_read_where_hermes_tests_patch_it(hermes_state, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(hermes_state, "_MAX_PERSISTENT_REPAIR_ATTEMPTS", 1)
+    path = tmp_path / "state.db"
+    _unfixable(path)
+    assert hermes_state.repair_state_db_schema(path)["backup_path"] is not None
+    assert hermes_state.repair_state_db_schema(path)["error"].startswith("repair refused: 1 earlier")
+
+
+def test_a_successful_repair_clears_the_ledger_and_bumps_the_schema_cookie(hermes_state, tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    _healthy(hermes_state, path)
+    break_schema(path)
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA writable_schema=ON")  # reads the cookie past the damaged schema
+    cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
+    conn.close()
+    size, mtime = path.stat().st_size, path.stat().st_mtime_ns
+    _ledger(path).write_text(json.dumps({"fingerprint": f"{size}:{mtime}", "failures": 2}))
+    outcome = hermes_state.repair_state_db_schema(path)
+    assert outcome["repaired"] is True and outcome["strategy"] == "dedup_schema"
+    assert not _ledger(path).exists()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA schema_version").fetchone()[0] > cookie
+        assert conn.execute("SELECT content FROM messages").fetchall() == [("keep me",)]
+    finally:
+        conn.close()
+
+
+# ----------------------------------------------------------------------------- a second process
+
+_HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def _hold_lock(path: Path, seconds: float) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path.with_name(f"{path.name}.repair.lock")),
+                              str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "held"
+    return child
+
+
+def test_a_held_lock_on_a_file_that_now_opens_is_repaired_by_the_other_process(
+        hermes_state, tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "state.db"
+    _healthy(hermes_state, path)
+    monkeypatch.setattr(hermes_state, "_REPAIR_LOCK_TIMEOUT_SECONDS", 0.3)
+    child = _hold_lock(path, 30)
+    try:
+        started = time.monotonic()
+        outcome = hermes_state.repair_state_db_schema(path)
+        waited = time.monotonic() - started
+    finally:
+        child.kill()
+        child.wait()
+    assert outcome == {"repaired": True, "strategy": "repaired_by_other_process", "backup_path": None, "error": None}
+    assert 0.3 <= waited < 10
+
+
+def test_a_held_lock_on_a_broken_file_touches_nothing(hermes_state, tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "state.db"
+    before = _unfixable(path)
+    monkeypatch.setattr(hermes_state, "_REPAIR_LOCK_TIMEOUT_SECONDS", 0.2)
+    child = _hold_lock(path, 30)
+    try:
+        outcome = hermes_state.repair_state_db_schema(path)
+    finally:
+        child.kill()
+        child.wait()
+    assert outcome["repaired"] is False and "another process is repairing" in outcome["error"]
+    assert path.read_bytes() == before and _backups(path) == [] and not _ledger(path).exists()
+
+
+def test_a_repair_waits_for_the_other_process_then_runs(hermes_state, tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    _healthy(hermes_state, path)
+    break_schema(path)
+    child = _hold_lock(path, 0.8)
+    try:
+        started = time.monotonic()
+        outcome = hermes_state.repair_state_db_schema(path)
+        waited = time.monotonic() - started
+    finally:
+        child.wait()
+    assert outcome["repaired"] is True and outcome["strategy"] == "dedup_schema"
+    assert waited >= 0.5
+    assert not path.with_name("state.db.repair.lock").exists()  # the holder removes it
+
+
+def test_a_killed_holder_never_blocks_the_next_repair(hermes_state, tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    _healthy(hermes_state, path)
+    break_schema(path)
+    child = _hold_lock(path, 60)
+    child.kill()  # SIGKILL: the kernel drops its flock, its lock file stays behind
+    child.wait()
+    assert path.with_name("state.db.repair.lock").exists()
+    started = time.monotonic()
+    outcome = hermes_state.repair_state_db_schema(path)
+    assert outcome["repaired"] is True and time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("kind", ["lock", "ledger"])
+def test_the_constructor_goes_through_the_guards(hermes_state, tmp_path: Path, kind: str, monkeypatch) -> None:
+    """SessionDB's open-time repair is the same function: a file past the limit is not
+    operated on again at every open; the open fails with the file as it was."""
+    path = tmp_path / "state.db"
+    _healthy(hermes_state, path)
+    break_schema(path)
+    before = path.read_bytes()
+    if kind == "ledger":
+        _ledger(path).write_text(json.dumps({"fingerprint": f"{path.stat().st_size}:{path.stat().st_mtime_ns}",
+                                             "failures": 3}))
+        child = None
+    else:
+        monkeypatch.setattr(hermes_state, "_REPAIR_LOCK_TIMEOUT_SECONDS", 0.2)
+        child = _hold_lock(path, 30)
+    try:
+        with pytest.raises(errors.NotADatabaseError, match="malformed database schema"):
+            hermes_state.SessionDB(path)
+    finally:
+        if child is not None:
+            child.kill()
+            child.wait()
+    assert path.read_bytes() == before and _backups(path) == []
