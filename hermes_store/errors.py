@@ -13,6 +13,11 @@ class DatabaseUnavailableError(HermesStoreError):
     """The database file cannot be opened or created (path, permissions, filesystem)."""
 
 
+class StoreClosedError(DatabaseUnavailableError, RuntimeError):
+    """A call on a SessionDB after ``close()``. A ``RuntimeError`` too: Hermes v26 raises
+    one there (``session_count_by_source`` on a closed store), and its callers catch it."""
+
+
 class NotADatabaseError(HermesStoreError):
     """The file is not a SQLite database, or is corrupt."""
 

@@ -540,7 +540,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         """The engine, or a typed error once :meth:`close` has run (not AttributeError)."""
         engine = getattr(self, "_engine", None)
         if engine is None:
-            raise errors.DatabaseUnavailableError(f"{self._label()}: this SessionDB is closed")
+            raise errors.StoreClosedError(f"{self._label()}: this SessionDB is closed")
         return engine
 
     @contextmanager

@@ -5,6 +5,7 @@ one runs)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import inspect
 from pathlib import Path
 
@@ -77,6 +78,21 @@ def test_iter_export_is_collected_on_the_loop(tmp_path: Path) -> None:
 
     rows = asyncio.run(run())
     assert [r["id"] for r in rows] == ["a"] and rows[0]["messages"][0]["content"] == "hi"
+
+
+def test_queued_token_counts_are_applied_on_the_loop_at_once(tmp_path: Path) -> None:
+    """No writer thread behind an event-loop store: the delta is in before the call returns."""
+    async def run() -> tuple[Any, list[str]]:
+        async with aio.AsyncSessionDB(tmp_path / "s.db") as db:
+            await db.create_session("a", "cli")
+            await db.queue_token_counts("a", input_tokens=7, output_tokens=3, api_call_count=1, model="m")
+            row = await db.get_session("a")
+            threads = [t.name for t in threading.enumerate()]
+            return row, threads
+
+    row, threads = asyncio.run(run())
+    assert (row["input_tokens"], row["output_tokens"]) == (7, 3)
+    assert "session-db-token-writer" not in threads
 
 
 def test_closed_store_and_sync_targets_are_typed_errors(tmp_path: Path) -> None:

@@ -97,6 +97,10 @@ class LoopSessionDB(SessionDB):
     """The sync facade, driven on an event loop's greenlets (see the module docstring).
     Made by :class:`AsyncSessionDB`; its methods must run under :func:`run_sync`."""
 
+    #: Queued token deltas are applied at once: a writer thread would drive this store's
+    #: connections outside the loop's greenlets.
+    _token_counts_in_background = False
+
     def __init__(self, *args: Any, async_driver: str, engine_options: dict[str, Any], **kwargs: Any) -> None:
         self._async_driver = async_driver
         self._engine_options = engine_options

@@ -865,6 +865,12 @@ class ListingRepository(Repository):
             return None
         return self._rows_by_id([session_id], bool(compact)).get(session_id)
 
+    def rich_rows(self, session_ids: Iterable[Any], compact: bool = False) -> dict[str, SessionRecord]:
+        """Several sessions as the listing shows them, in one batch: id -> row (unknown
+        and non-str ids left out)."""
+        ids = list(dict.fromkeys(i for i in session_ids if isinstance(i, str)))
+        return self._rows_by_id(ids, bool(compact)) if ids else {}
+
     def skill_scaffolded(self, limit: Any = 200) -> list[dict[str, Any]]:
         """Titled sessions whose first user turn invokes a skill: ``{id, title, content}``,
         newest first."""

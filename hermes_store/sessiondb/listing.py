@@ -137,6 +137,11 @@ class ListingMixin(Host):
     def _get_session_rich_row(self, session_id: str, compact_rows: bool = False) -> Optional[Dict[str, Any]]:
         return self.get_session_rich_row(session_id, compact_rows)
 
+    def _get_session_rich_rows_batch(self, session_ids: List[str], compact_rows: bool = False) -> Dict[str, Dict[str, Any]]:
+        """Hermes v26's batch of :meth:`get_session_rich_row`: ``{id: row}`` for the known
+        ids, read in one statement (a listing's tip rows)."""
+        return self._read(lambda c: ListingRepository(c).rich_rows(session_ids or (), bool(compact_rows)))  # type: ignore[return-value]
+
     def list_skill_scaffolded_sessions(self, limit: int = 200) -> List[Dict[str, Any]]:
         """Titled sessions whose first user turn invoked a skill: ``{id, title, content}``."""
         return self._read(lambda c: ListingRepository(c).skill_scaffolded(limit))

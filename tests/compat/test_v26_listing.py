@@ -221,3 +221,22 @@ def test_a_long_skill_turn_is_read_by_its_head_and_tail(db) -> None:
     rows = {r["id"]: r["preview"] for r in db.list_sessions_rich(compact_rows=True)}
     assert rows == {"big": "/deploy — fix the title leak", "short_skill": "/deploy — fix the title leak",
                     "long_plain": "word " * 12 + "..."}
+
+
+def test_rich_rows_batch_is_the_single_row_reader_in_one_read(db) -> None:
+    add(db, "a", 100.0, user="alpha first", system_prompt="be brief")
+    add(db, "b", 200.0, source="telegram", user="bravo first")
+    batch = db._get_session_rich_rows_batch(["b", "a", "missing", "a"])
+    assert set(batch) == {"a", "b"}
+    for sid in ("a", "b"):
+        assert batch[sid] == db._get_session_rich_row(sid)
+    assert batch["a"]["preview"].startswith("alpha")
+    compact = db._get_session_rich_rows_batch(["a"], compact_rows=True)["a"]
+    assert "system_prompt" not in compact and compact["preview"] == batch["a"]["preview"]
+    assert db._get_session_rich_rows_batch([]) == {}
+
+
+def test_a_closed_store_raises_a_runtime_error(db) -> None:
+    db.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        db.session_count_by_source()

@@ -150,3 +150,30 @@ def test_other_open_errors_propagate_at_once(hermes_state, tmp_path: Path) -> No
     with pytest.raises(errors.NotADatabaseError):
         hermes_state.SessionDB(garbage)
     assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize(("knob", "call"), [
+    ("_TRANSCRIPT_WRITE_PATIENCE_S", lambda db: db.append_message("s", "user", "waits")),
+    ("_TRANSCRIPT_WRITE_PATIENCE_S", lambda db: db.append_messages_batch("s", [{"role": "user", "content": "x"}])),
+    ("_TRANSCRIPT_WRITE_PATIENCE_S", lambda db: db.create_session("new", "cli")),
+    ("_WRITE_PATIENCE_S", lambda db: db.set_session_title("s", "a title")),
+])
+def test_write_patience_is_read_where_hermes_sets_it(hermes_state, tmp_path: Path, monkeypatch, knob: str,
+                                                     call) -> None:
+    """Hermes' three write budgets, patched on the module as its tests do: a write behind
+    another process's lock gives up after that long (not after the 20/60 s default)."""
+    path = tmp_path / "state.db"
+    with hermes_state.SessionDB(path) as store:
+        store.create_session("s", "cli")
+        monkeypatch.setattr(hermes_state, knob, 0.5)
+        child = _writer(path, "IMMEDIATE", 30)
+        try:
+            started = time.monotonic()
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                call(store)
+            waited = time.monotonic() - started
+        finally:
+            child.kill()
+            child.wait()
+        assert 0.4 <= waited < 5
+        assert store.get_session("new") is None and store.get_session("s")["title"] is None
