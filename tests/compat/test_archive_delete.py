@@ -357,8 +357,9 @@ def _family(db) -> None:
     add(db, "j", parent="p", age_days=1)
     db.update_session("j", model_config="{not json _delegate_from")
     add(db, "q", age_days=1)
-    for sid in ("p", "d1", "d2", "x"):
-        db.append_message(sid, "user", f"hello from {sid}")
+    # Imported rows: p is closed by compression already, and no live append lands there (v26).
+    db.append_messages([{"session_id": sid, "role": "user", "content": f"hello from {sid}"}
+                        for sid in ("p", "d1", "d2", "x")])
     db.update_token_counts("d2", input_tokens=3, model="m")
 
 

@@ -121,19 +121,26 @@ def _hold_lock(path: Path, seconds: float) -> subprocess.Popen:
     return child
 
 
+def _repair_while_held(hermes_state, path: Path, seconds: float, *, kill: bool) -> tuple[dict, float]:
+    """Repair ``path`` while another process holds its repair lock for ``seconds``
+    (killed afterwards, or waited for): the outcome and how long the repair took."""
+    child = _hold_lock(path, seconds)
+    try:
+        started = time.monotonic()
+        outcome = hermes_state.repair_state_db_schema(path)
+        return outcome, time.monotonic() - started
+    finally:
+        if kill:
+            child.kill()
+        child.wait()
+
+
 def test_a_held_lock_on_a_file_that_now_opens_is_repaired_by_the_other_process(
         hermes_state, tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "state.db"
     _healthy(hermes_state, path)
     monkeypatch.setattr(hermes_state, "_REPAIR_LOCK_TIMEOUT_SECONDS", 0.3)
-    child = _hold_lock(path, 30)
-    try:
-        started = time.monotonic()
-        outcome = hermes_state.repair_state_db_schema(path)
-        waited = time.monotonic() - started
-    finally:
-        child.kill()
-        child.wait()
+    outcome, waited = _repair_while_held(hermes_state, path, 30, kill=True)
     assert outcome == {"repaired": True, "strategy": "repaired_by_other_process", "backup_path": None, "error": None}
     assert 0.3 <= waited < 10
 
@@ -142,12 +149,7 @@ def test_a_held_lock_on_a_broken_file_touches_nothing(hermes_state, tmp_path: Pa
     path = tmp_path / "state.db"
     before = _unfixable(path)
     monkeypatch.setattr(hermes_state, "_REPAIR_LOCK_TIMEOUT_SECONDS", 0.2)
-    child = _hold_lock(path, 30)
-    try:
-        outcome = hermes_state.repair_state_db_schema(path)
-    finally:
-        child.kill()
-        child.wait()
+    outcome, _waited = _repair_while_held(hermes_state, path, 30, kill=True)
     assert outcome["repaired"] is False and "another process is repairing" in outcome["error"]
     assert path.read_bytes() == before and _backups(path) == [] and not _ledger(path).exists()
 
@@ -156,13 +158,7 @@ def test_a_repair_waits_for_the_other_process_then_runs(hermes_state, tmp_path: 
     path = tmp_path / "state.db"
     _healthy(hermes_state, path)
     break_schema(path)
-    child = _hold_lock(path, 0.8)
-    try:
-        started = time.monotonic()
-        outcome = hermes_state.repair_state_db_schema(path)
-        waited = time.monotonic() - started
-    finally:
-        child.wait()
+    outcome, waited = _repair_while_held(hermes_state, path, 0.8, kill=False)
     assert outcome["repaired"] is True and outcome["strategy"] == "dedup_schema"
     assert waited >= 0.5
     assert not path.with_name("state.db.repair.lock").exists()  # the holder removes it
