@@ -255,18 +255,13 @@ def _database_file(db_path: Any, url: str | URL | None, engine: Engine | None) -
     return found
 
 
-def _held_lock(exc: BaseException) -> bool:
-    """Whether an open failed only because another process holds the file's lock for now
-    (typed by us, or the driver's own "database is locked"/busy, also as a cause)."""
-    for err in (exc, exc.__cause__):
-        if isinstance(err, errors.DatabaseLockedError):
-            return True
-        orig = err.orig if isinstance(err, DBAPIError) else err
-        if isinstance(orig, sqlite3.OperationalError) and not isinstance(orig, errors.HermesStoreError):
-            text = str(orig).lower()
-            if "database is locked" in text or "database table is locked" in text or "busy" in text:
-                return True
-    return False
+def _held_lock(url: URL | None, exc: BaseException) -> bool:
+    """Whether an open failed only because another process holds the lock for now: our
+    typed lock error, or the dialect's own retryable-lock test, on the error or its cause."""
+    if isinstance(exc, errors.DatabaseLockedError):
+        return True
+    dialect = find_for(url) if url is not None else None
+    return dialect is not None and any(err is not None and dialect.is_retryable(err) for err in (exc, exc.__cause__))
 
 
 class _StaleConnection(Exception):
@@ -347,7 +342,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                 return self._open(*args)
             except Exception as exc:
                 now = time.monotonic()
-                if args[1] or not _held_lock(exc):  # args[1]: read_only
+                if args[1] or not _held_lock(getattr(self, "url", None), exc):  # args[1]: read_only
                     raise
                 if now >= deadline:
                     raise errors.DatabaseLockedError(
