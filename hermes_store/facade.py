@@ -330,30 +330,28 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             _set_last_init_error(f"{type(exc).__name__}: {exc}")
             raise exc
 
-    def _open_patiently(self, *args: Any) -> None:
+    def _open_patiently(self, db_path: Any, read_only: bool, url: Any, engine: Any, schema: str | None) -> None:
         """:meth:`_open`, tried again while another process holds the file's lock (Hermes
         v26's open-lock patience): a writer mid-transaction, an adoption or migration
-        under way elsewhere. Each failed try drops what it opened; any other error, or a
-        lock still held after ``_WRITE_PATIENCE_S`` (read now), propagates at once."""
+        under way elsewhere. Each failed try drops what it opened; any other error, a
+        read-only open, or a lock still held after ``_WRITE_PATIENCE_S`` (read now)
+        propagates at once."""
         start = time.monotonic()
         deadline = start + float(_WRITE_PATIENCE_S)
         while True:
             try:
-                return self._open(*args)
+                return self._open(db_path, read_only, url, engine, schema)
             except Exception as exc:
                 now = time.monotonic()
-                if args[1] or not _held_lock(getattr(self, "url", None), exc):  # args[1]: read_only
+                if read_only or not _held_lock(getattr(self, "url", None), exc):
                     raise
                 if now >= deadline:
                     raise errors.DatabaseLockedError(
-                        f"database is locked (another process held {args[0] or 'the database'}'s lock for over "
+                        f"database is locked (another process held {db_path or 'the database'}'s lock for over "
                         f"{now - start:.3g}s while this one opened it): {exc}"
                     ) from exc
-                log.debug("%s: locked while opening (%s); trying again", args[0], exc)
+                log.debug("%s: locked while opening (%s); trying again", db_path, exc)
                 self._dispose_quietly()
-                tracked = self.__dict__.pop("_tracked", None)
-                if tracked is not None:
-                    track_close(tracked)
                 self._sleep(jitter(now - start, deadline - now,
                                    early=EARLY_JITTER_S, late=LATE_JITTER_S, phase=EARLY_PHASE_S))
 
@@ -494,7 +492,11 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         return self._engine
 
     def _dispose_quietly(self) -> None:
-        """Drop a half-opened engine (before a repair retries the open)."""
+        """Drop a half-opened engine and its open-file registration (before an open is
+        tried again, after a repair or a held lock)."""
+        tracked = self.__dict__.pop("_tracked", None)
+        if tracked is not None:
+            track_close(tracked)
         engine = getattr(self, "_engine", None)
         self._engine = None  # type: ignore[assignment]
         if engine is not None:

@@ -499,19 +499,7 @@ def _refuse_unfinished_journal(p: Path, journal: Path) -> None:
         raise sqlite_refusal(p, exc) from exc
     if not os.access(p, os.W_OK):
         return  # nobody can be writing it through this kernel's permissions; not hot either
-    try:
-        conn = sqlite3.connect(p.absolute().as_uri() + "?mode=rw", uri=True, isolation_level=None, timeout=0)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ROLLBACK")
-        finally:
-            conn.close()
-    except sqlite3.OperationalError as exc:
-        if "locked" in str(exc) or "busy" in str(exc):
-            raise errors.DatabaseLockedError(
-                f"{p} is being written by another process (its {journal.name} is live); left unchanged"
-            ) from exc
-        raise sqlite_refusal(p, exc) from exc
+    _read_write(p, "BEGIN IMMEDIATE", "ROLLBACK")  # a live writer: DatabaseLockedError
 
 
 def recover_journal(p: Path) -> None:
@@ -520,12 +508,19 @@ def recover_journal(p: Path) -> None:
     adoption reads the file. A live writer's journal is
     :class:`~hermes_store.errors.DatabaseLockedError` (wait for it); no journal, nothing."""
     journal = Path(f"{p}-journal")
-    if not journal.exists() or journal.stat().st_size == 0:
-        return
+    if journal.exists() and journal.stat().st_size > 0:
+        _read_write(p, "SELECT 1 FROM sqlite_master LIMIT 1")
+
+
+def _read_write(p: Path, *statements: str) -> None:
+    """Run ``statements`` on a short read-write connection that never waits for a lock;
+    driver errors come out typed (:func:`sqlite_refusal`: a held lock is
+    :class:`~hermes_store.errors.DatabaseLockedError`)."""
     try:
         conn = sqlite3.connect(p.absolute().as_uri() + "?mode=rw", uri=True, isolation_level=None, timeout=0)
         try:
-            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            for sql in statements:
+                conn.execute(sql).fetchall()
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:

@@ -266,9 +266,10 @@ def translate_python_error(exc: BaseException) -> "errors.HermesStoreError | Non
 CLOSED_BY_COMPRESSION = "compression"
 
 
-def refused_append(session_id: Any, found: bool, end_reason: Any) -> "errors.HermesStoreError":
-    """Why an append's guarded counter bump matched no row: the session is missing, or
-    compression closed it. ``found``/``end_reason`` come from one lookup, made only then."""
-    if found and end_reason == CLOSED_BY_COMPRESSION:
+def refused_append(session_id: Any, row: Sequence[Any] | None) -> "errors.HermesStoreError":
+    """Why an append's guarded counter bump matched no row: the session is missing
+    (``row`` None), or compression closed it. ``row`` is ``(end_reason,)`` from the one
+    lookup made only then."""
+    if row is not None and row[0] == CLOSED_BY_COMPRESSION:
         return errors.CompressionSessionClosedError(session_id)
     return errors.UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")

@@ -150,8 +150,7 @@ def _own_transaction(conn: Connection) -> bool:
 
 def _refused_append(conn: Connection, session_id: Any) -> errors.HermesStoreError:
     """Why an append's guarded bump matched nothing (one lookup, on that path only)."""
-    found = conn.execute(_END_REASON, {"sid": session_id}).first()
-    return refused_append(session_id, found is not None, found and found[0])
+    return refused_append(session_id, conn.execute(_END_REASON, {"sid": session_id}).first())
 
 
 def _sqlstate(exc: BaseException) -> str | None:

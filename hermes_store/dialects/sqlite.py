@@ -403,8 +403,8 @@ class SQLiteDialect:
         session_id = row["session_id"]
         try:
             if not raw.execute(_BUMP_ONE, (calls, session_id)).rowcount:
-                found = raw.execute("SELECT end_reason FROM sessions WHERE id = ?", (session_id,)).fetchone()
-                raise refused_append(session_id, found is not None, found and found[0])
+                raise refused_append(session_id, raw.execute(
+                    "SELECT end_reason FROM sessions WHERE id = ?", (session_id,)).fetchone())
             new_id = raw.execute(_insert_sql("messages", None, tuple(row)), tuple(row.values())).lastrowid
         except (sqlite3.Error, OverflowError) as exc:
             typed = _typed(exc)
