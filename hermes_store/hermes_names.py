@@ -16,7 +16,6 @@ import re
 import sqlite3
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 

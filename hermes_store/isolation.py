@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, List
 
+from .patch_points import facade_value
+
 #: Set True (or set the environment variable named below) to switch the guard off.
 _STATE_DB_GUARD_BYPASS = False
 _STATE_DB_GUARD_BYPASS_ENV = "HERMES_STATE_DB_GUARD_BYPASS"
@@ -23,12 +25,6 @@ _STATE_DB_GUARD_EXTRA_DENY_ROOTS: List[Path] = []
 _TEST_ENV = ("PYTEST_CURRENT_TEST", "PYTEST_VERSION", "HERMES_TEST_ISOLATION")
 _PYTEST_NAMES = ("pytest", "py.test", "pytest.exe", "py.test.exe")
 _ancestry_is_pytest: bool | None = None
-
-
-def _facade_value(name: str, default: Any) -> Any:
-    """``hermes_state.<name>`` now: tests set the bypass and ``psutil`` there."""
-    facade = sys.modules.get("hermes_store.facade")
-    return getattr(facade, name, default) if facade is not None else default
 
 
 def _real_platform_state_root() -> Path:
@@ -57,7 +53,7 @@ def _in_test_context() -> bool:
     if _running_under_pytest():
         return True
     if _ancestry_is_pytest is None:
-        psutil = _facade_value("psutil", None)
+        psutil = facade_value("psutil", None)
         found = False
         if psutil is not None:
             try:
@@ -74,16 +70,16 @@ def _in_test_context() -> bool:
 
 def _ensure_test_isolation(db_path: Any) -> None:
     """Refuse, in a test context, a database file in the real Hermes state root."""
-    if _facade_value("_STATE_DB_GUARD_BYPASS", _STATE_DB_GUARD_BYPASS):
+    if facade_value("_STATE_DB_GUARD_BYPASS", _STATE_DB_GUARD_BYPASS):
         return
-    bypass_env = _facade_value("_STATE_DB_GUARD_BYPASS_ENV", _STATE_DB_GUARD_BYPASS_ENV)
+    bypass_env = facade_value("_STATE_DB_GUARD_BYPASS_ENV", _STATE_DB_GUARD_BYPASS_ENV)
     if os.environ.get(bypass_env):
         return
     if db_path is None or not _in_test_context():
         return
     path = Path(os.path.realpath(Path(os.fspath(db_path)).expanduser()))
     root = _real_platform_state_root()
-    extra = _facade_value("_STATE_DB_GUARD_EXTRA_DENY_ROOTS", _STATE_DB_GUARD_EXTRA_DENY_ROOTS)
+    extra = facade_value("_STATE_DB_GUARD_EXTRA_DENY_ROOTS", _STATE_DB_GUARD_EXTRA_DENY_ROOTS)
     denied = [root, *(Path(os.path.realpath(Path(os.fspath(r)).expanduser())) for r in extra)]
     parent = path.parent
     in_profile = parent.parent.parent == root and parent.parent.name == "profiles"

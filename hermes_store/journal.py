@@ -14,10 +14,11 @@ import logging
 import sqlite3
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from . import errors
 from .hermes_config import config_section
+from .patch_points import facade_value
 
 log = logging.getLogger("hermes_store.facade")
 
@@ -34,12 +35,6 @@ _PRAGMA_KEYS = ("cache_size", "mmap_size", "temp_store", "wal_autocheckpoint", "
 _EIO_READS = 4
 _EIO_PAUSE_S = 0.05
 _DISK_IO = "disk i/o error"
-
-
-def _patched(name: str, default: Callable[..., Any]) -> Callable[..., Any]:
-    """``hermes_state.<name>`` as it is now (tests patch it), else our own function."""
-    facade = sys.modules.get("hermes_store.facade")
-    return getattr(facade, name, default) if facade is not None else default
 
 
 def is_sqlite_wal_reset_vulnerable(version_info: Optional[tuple] = None) -> bool:
@@ -153,8 +148,8 @@ def apply_wal_with_fallback(conn: sqlite3.Connection, *, db_label: str = "state.
     a filesystem that cannot do WAL (NFS/SMB: the marker errors) gets DELETE, or
     :class:`WalUnsupportedError` with ``require_wal``.
     """
-    configured = _patched("resolve_journal_mode", resolve_journal_mode)()
-    vulnerable = _patched("is_sqlite_wal_reset_vulnerable", is_sqlite_wal_reset_vulnerable)()
+    configured = facade_value("resolve_journal_mode", resolve_journal_mode)()
+    vulnerable = facade_value("is_sqlite_wal_reset_vulnerable", is_sqlite_wal_reset_vulnerable)()
     on_disk = _on_disk_journal_mode(conn)
     if vulnerable:
         mode = _vulnerable_mode(conn, db_label, configured, on_disk)
@@ -248,7 +243,7 @@ def apply_database_pragmas(conn: sqlite3.Connection, *, db_label: str = "state.d
 
 def _wal_reset_repair_hint(db_label: str = "state.db") -> str:
     """A sentence for an error message: how to keep the WAL-reset bug away (``''`` where fixed)."""
-    if not _patched("is_sqlite_wal_reset_vulnerable", is_sqlite_wal_reset_vulnerable)():
+    if not facade_value("is_sqlite_wal_reset_vulnerable", is_sqlite_wal_reset_vulnerable)():
         return ""
     return (
         f"{db_label} is on SQLite {sqlite3.sqlite_version}, which has the WAL-reset bug: upgrade SQLite to "

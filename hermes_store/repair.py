@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import sqlite3
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from . import errors
 from .dialects.fts5 import HERMES_FTS_TABLES as _FTS_TABLES
 from .locks import release_flock, wait_flock
 from .state_files import has_live_connection
+from .patch_points import facade_value
 
 log = logging.getLogger("hermes_store.facade")
 
@@ -183,7 +183,8 @@ def repair_state_db_schema(db_path: Path, *, backup: bool = True) -> dict[str, A
         return result
     lock_path = path.with_name(f"{path.name}.repair.lock")
     try:
-        fd = wait_flock(lock_path, float(_patched("_REPAIR_LOCK_TIMEOUT_SECONDS")), error=errors.DatabaseUnavailableError)
+        timeout = float(facade_value("_REPAIR_LOCK_TIMEOUT_SECONDS", _REPAIR_LOCK_TIMEOUT_SECONDS))
+        fd = wait_flock(lock_path, timeout, error=errors.DatabaseUnavailableError)
     except errors.HermesStoreError as exc:
         result["error"] = f"cannot take the repair lock: {exc}"
         return result
@@ -205,14 +206,14 @@ def _repair_locked(path: Path, result: dict[str, Any], backup: bool) -> dict[str
         result.update(repaired=True, strategy="already_healthy")
         return result
     failures = _recorded_failures(path)
-    limit = int(_patched("_MAX_PERSISTENT_REPAIR_ATTEMPTS"))
+    limit = int(facade_value("_MAX_PERSISTENT_REPAIR_ATTEMPTS", _MAX_PERSISTENT_REPAIR_ATTEMPTS))
     if failures >= limit:
         result["error"] = (f"repair refused: {failures} earlier repairs of this file failed and it has not "
                            f"changed since; restore it from a backup (see {_ledger_path(path).name})")
         return result
     if backup:
         try:
-            saved, refusal = _patched("_backup_db_file")(path)
+            saved, refusal = facade_value("_backup_db_file", _backup_db_file)(path)
         except OSError as exc:
             saved, refusal = None, f"backup failed: {exc}"
         if saved is None:
@@ -283,14 +284,6 @@ def _record_failure(path: Path, error: str) -> None:
 
 def _forget_failures(path: Path) -> None:
     _ledger_path(path).unlink(missing_ok=True)
-
-
-def _patched(name: str) -> Any:
-    """``hermes_state.<name>`` as it is now (Hermes' tests patch the backup helper and
-    the limits there), else this module's."""
-    facade = sys.modules.get("hermes_store.facade")
-    own = globals()[name]
-    return getattr(facade, name, own) if facade is not None else own
 
 
 def _fts_tables(conn: sqlite3.Connection) -> list[str]:

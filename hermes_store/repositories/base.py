@@ -10,7 +10,6 @@ the dialect's own ``insert`` construct (:meth:`Dialect.insert`) with
 
 from __future__ import annotations
 
-import sys
 import time
 import weakref
 from typing import Any, Callable, Generic, Hashable, Iterable, Sequence, TypeVar
@@ -26,6 +25,7 @@ from ..dialects import Dialect, for_connection
 from ..models import Base
 from ..targets import refuse_async
 from ..tenancy import render, schema_of_connection
+from ..patch_points import facade_value
 
 Executor = OrmSession | Connection
 
@@ -139,8 +139,7 @@ def now() -> float:
     clock, and that must move every timestamp we write. Looked up, not imported, so
     repositories do not depend on the facade.
     """
-    facade = sys.modules.get("hermes_store.facade")
-    return getattr(facade, "time", time).time()
+    return facade_value("time", time).time()
 
 
 def schema_text(conn: Connection, template: str) -> TextClause:

@@ -21,13 +21,13 @@ this store, so budgets, retries, upkeep hooks and Hermes' semantics stay the sto
 
 from __future__ import annotations
 
-import sys
 import time as _time
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from .. import errors
 from ..engine import schema_of
 from ..operations.steps import LONG_BUDGET_S, WRITE_BUDGET_S
+from ..patch_points import facade_value
 
 T = TypeVar("T")
 
@@ -42,16 +42,14 @@ def transcript_budget() -> float:
     """Retry budget of a transcript write (appends, batches, session-row creation):
     Hermes v26's ``_TRANSCRIPT_WRITE_PATIENCE_S`` and our ``TRANSCRIPT_BUDGET_S``, as the
     facade holds them now (applications and tests lower either), whichever is shorter."""
-    facade = sys.modules.get("hermes_store.facade")
-    return min(float(getattr(facade, "TRANSCRIPT_BUDGET_S", TRANSCRIPT_BUDGET_S)),
-               float(getattr(facade, "_TRANSCRIPT_WRITE_PATIENCE_S", TRANSCRIPT_BUDGET_S)))
+    return min(float(facade_value("TRANSCRIPT_BUDGET_S", TRANSCRIPT_BUDGET_S)),
+               float(facade_value("_TRANSCRIPT_WRITE_PATIENCE_S", TRANSCRIPT_BUDGET_S)))
 
 
 def _clock() -> Any:
     """The ``time`` module the facade names now (``hermes_state.time`` after the swap):
     code that patches it to skip waits skips the workflows' pauses too."""
-    facade = sys.modules.get("hermes_store.facade")
-    return getattr(facade, "time", _time)
+    return facade_value("time", _time)
 
 
 if TYPE_CHECKING:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from enum import Enum
 from typing import Any, Dict, List, Optional, Union
 
@@ -13,6 +12,7 @@ from ..repositories import SessionRepository
 from ..repositories.sessions import ACTIVITY_DESCRIPTION_CHARS, RESET_END_REASONS, config_dict
 from ..titles import TITLE_SOURCE_DERIVED, TITLE_SOURCE_LLM, TITLE_SOURCE_USER
 from ._host import Host
+from ..patch_points import facade_value
 
 #: Module-level Hermes names defined here; the facade (hermes_state) re-exports them.
 __all__: list[str] = [
@@ -47,8 +47,7 @@ _RUNTIME_KEYS = ("provider", "base_url", "api_mode")
 
 def _activity_budget() -> float:
     """Hermes' ``_ACTIVITY_WRITE_PATIENCE_S`` as the facade holds it now (tests patch it)."""
-    facade = sys.modules.get("hermes_store.facade")
-    return float(getattr(facade, "_ACTIVITY_WRITE_PATIENCE_S", ACTIVITY_BUDGET_S))
+    return float(facade_value("_ACTIVITY_WRITE_PATIENCE_S", ACTIVITY_BUDGET_S))
 
 
 def classify_session_status(role: Optional[str], has_tool_calls: bool, finish_reason: Optional[str]) -> str:

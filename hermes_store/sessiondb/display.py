@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable, Dict, List, Optional
 
 from .. import errors
@@ -15,6 +14,7 @@ from ..errors import (
 from ..hermes_config import config_section
 from ..repositories.display import REACTIONS_METADATA_KEY, DisplayRepository
 from ._host import Host
+from ..patch_points import facade_value
 
 #: Module-level Hermes names defined here; the facade (hermes_state) re-exports them.
 __all__: list[str] = [
@@ -55,8 +55,7 @@ def resolved_max_export_messages() -> int:
 def _resolver(name: str, fallback: Callable[[], int]) -> Callable[[], int]:
     """The facade's ``name`` at call time: code written for Hermes patches
     ``hermes_state.resolved_max_*`` to move the caps."""
-    facade = sys.modules.get("hermes_store.facade")
-    return getattr(facade, name, fallback)
+    return facade_value(name, fallback)
 
 
 def _limit(max_messages: Optional[int], resolve: Callable[[], int]) -> int:

@@ -19,7 +19,6 @@ import numbers
 import os
 import re
 import sqlite3
-import sys
 from typing import Any, Callable, Optional
 
 from sqlalchemy.exc import OperationalError
@@ -27,6 +26,7 @@ from sqlalchemy.exc import OperationalError
 from .. import errors
 from ..repositories.turn_leases import TurnLeaseRepository
 from ._host import Host, HostSteps
+from ..patch_points import facade_value
 
 try:  # Hermes probes with psutil when it is installed, else os.kill(pid, 0)
     import psutil  # type: ignore[import-untyped]
@@ -46,8 +46,7 @@ MIN_POLL_S = 0.01
 
 def _psutil() -> Any:
     """``hermes_state.psutil`` now (Hermes' tests replace it), else ours."""
-    facade = sys.modules.get("hermes_store.facade")
-    return getattr(facade, "psutil", psutil)
+    return facade_value("psutil", psutil)
 
 
 def holder_pid(holder: Any) -> int | None:

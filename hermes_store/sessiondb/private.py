@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import sys
 import threading
 import time as _time
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ from ..journal import checkpoint_passive
 from ..operations.steps import jitter
 from ..repositories.base import driver_errors
 from ._host import Host
+from ..patch_points import facade_value
 
 log = logging.getLogger("hermes_store.facade")
 
@@ -50,13 +50,7 @@ class NoRawConnectionError(errors.UnsupportedDatabaseError, AttributeError):
 
 def _sqlite3() -> Any:
     """The ``sqlite3`` module the facade names now (``hermes_state.sqlite3`` after the swap)."""
-    return _facade_name("sqlite3", sqlite3)
-
-
-def _facade_name(name: str, default: Any) -> Any:
-    """``hermes_state.<name>`` as it is now (Hermes' tests patch module globals there)."""
-    facade = sys.modules.get("hermes_store.facade")
-    return getattr(facade, name, default) if facade is not None else default
+    return facade_value("sqlite3", sqlite3)
 
 
 class PrivateSurfaceMixin(Host):
@@ -134,7 +128,7 @@ class PrivateSurfaceMixin(Host):
     def _sleep_before_write_retry(self, deadline: float, patience_s: float) -> bool:
         """One jittered wait before the next try of a locked write; False once ``deadline``
         (a ``time.monotonic()`` value) has passed."""
-        clock = _facade_name("time", _time)
+        clock = facade_value("time", _time)
         now = clock.monotonic()
         left = deadline - now
         if left <= 0:
@@ -176,7 +170,7 @@ class PrivateSurfaceMixin(Host):
         found = self.__dict__.get("_read_permits_sem")
         if found is None:
             found = self.__dict__["_read_permits_sem"] = threading.BoundedSemaphore(
-                int(_facade_name("_READ_POOL_MAX", 8)))
+                int(facade_value("_READ_POOL_MAX", 8)))
         return found
 
     def _get_read_conn(self) -> sqlite3.Connection | None:
@@ -189,9 +183,9 @@ class PrivateSurfaceMixin(Host):
         if path is None or self.read_only or not getattr(self, "_wal_active", False):
             return None
         retry_after = self.__dict__.get("_read_open_failed_at")
-        clock = _facade_name("time", _time)
+        clock = facade_value("time", _time)
         if retry_after is not None and clock.monotonic() - retry_after < float(
-                _facade_name("_READ_OPEN_RETRY_SECONDS", 60)):
+                facade_value("_READ_OPEN_RETRY_SECONDS", 60)):
             return None
         if not self._read_permits.acquire(blocking=False):
             return None
@@ -207,7 +201,7 @@ class PrivateSurfaceMixin(Host):
             return None
         try:
             conn.row_factory = sqlite3.Row
-            _facade_name("apply_database_pragmas", lambda *_a, **_k: None)(conn, db_label=path.name)
+            facade_value("apply_database_pragmas", lambda *_a, **_k: None)(conn, db_label=path.name)
         except BaseException:
             conn.close()
             self._read_permits.release()
