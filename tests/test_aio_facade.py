@@ -5,9 +5,10 @@ one runs)."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import inspect
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
