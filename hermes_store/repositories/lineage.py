@@ -52,6 +52,7 @@ from sqlalchemy import (
 from sqlalchemy.sql import ColumnElement, Select
 from sqlalchemy.sql.selectable import CTE
 
+from ..dialects.base import CLOSED_BY_COMPRESSION
 from .base import MESSAGES, SESSIONS, Repository
 
 #: The one bound of every walk through ``parent_session_id`` (ancestors, descendants
@@ -65,7 +66,9 @@ MAX_DEPTH = 10_000
 #: Hermes' bound on the resume walk below the compression tip (most recent child first).
 RESUME_HOPS = 32
 
-COMPRESSION = "compression"
+#: The end reason of a session continued by compression (the dialects' append guard
+#: refuses new rows there, so one constant serves both).
+COMPRESSION = CLOSED_BY_COMPRESSION
 BRANCH_MARKER = "_branched_from"
 DELEGATE_MARKER = "_delegate_from"
 RESET_MARKER = "_reset_from"
