@@ -395,4 +395,7 @@ def _check_known(target: Target, version_table: str, revision: str | None = None
             f"database is at revision {rev!r}, which this hermes_store does not know "
             f"(newest known: {head()}); upgrade hermes_store"
         )
-    return False
+    # Already there (every open of a store at head): the read above is enough, and no
+    # Alembic command runs, so opening takes no process-wide Alembic turn.
+    wanted = head() if revision in (None, "head", "heads") else revision
+    return table == version_table and rev is not None and rev == wanted

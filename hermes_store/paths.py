@@ -19,9 +19,11 @@ dependency runs one way only (``migrations`` → ``adopt`` → ``paths``):
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import stat
+import threading
 import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -33,8 +35,14 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.util.concurrency import await_only, in_greenlet
 
-from . import errors
+from . import errors, held_files
+
+try:  # greenlet comes with the async extra; without it there is no event loop to share
+    from greenlet import getcurrent as _current_flow
+except ImportError:  # pragma: no cover - the test extra installs greenlet
+    _current_flow = threading.get_ident
 from .dialects import find_for, for_connection
 from .engine import check_schema, create_engine, to_url
 
@@ -164,7 +172,7 @@ def run_alembic(
     cfg = make_config(version_table=version_table, schema=schema)
     cfg.attributes[CREATE_SCHEMA_ATTRIBUTE] = create_schema
     cfg.attributes["connection"] = conn
-    with _outer_alembic_kept():
+    with alembic_turn(), _outer_alembic_kept():
         result = fn(cfg, *args)
     if not hosted and conn.in_transaction():
         conn.commit()
@@ -180,6 +188,49 @@ def join_driver_transaction(conn: Connection) -> None:
     host's rollback could not take them back.
     """
     for_connection(conn).join_driver_transaction(conn)
+
+
+class _AlembicTurn:
+    """One Alembic command at a time in this process.
+
+    Alembic's ``context`` and ``op`` are module globals that each command installs and
+    removes: two threads (two stores opening at once) or two tasks of one event loop
+    (async migrations run on the loop's greenlets) would install each other's and fail
+    with ``KeyError: 'config'``. The owner is the greenlet, which is also what tells
+    threads apart (each thread runs its own), so an inner run of the same command (a
+    host's env.py calling us) passes. A thread waits on the lock; a task waits on its
+    event loop, since blocking the loop would stall the very task that holds the turn.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: Any = None
+        self._depth = 0
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        me = _current_flow()
+        if self._owner is not None and self._owner == me:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        if in_greenlet():
+            while not self._lock.acquire(blocking=False):
+                await_only(asyncio.sleep(0.005))
+        else:
+            self._lock.acquire()
+        self._owner, self._depth = me, 1
+        try:
+            yield
+        finally:
+            self._owner, self._depth = None, 0
+            self._lock.release()
+
+
+alembic_turn = _AlembicTurn()
 
 
 @contextmanager
@@ -400,11 +451,9 @@ def create_private_database(path: Path) -> bool:
 
 
 def fsync_file(p: Path) -> None:
-    fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """fsync a database file through the process's kept descriptor (never one we close:
+    see :mod:`hermes_store.held_files`)."""
+    held_files.fsync(p)
 
 
 def fsync_dir(d: Path) -> None:
@@ -527,17 +576,68 @@ def _read_write(p: Path, *statements: str) -> None:
         raise sqlite_refusal(p, exc) from exc
 
 
+def _header_problem(p: Path, header: bytes, size: int) -> errors.HermesStoreError | None:
+    """What the 100-byte header says is wrong with a file SQLite refused, or None.
+
+    Only read once SQLite itself has refused the file (see :func:`check_file`), through
+    :mod:`hermes_store.held_files`, never by an ``open()`` and close of our own.
+    """
+    if not header.startswith(SQLITE_HEADER):
+        return errors.NotADatabaseError(
+            f"{p} is not a SQLite database (no SQLite header; a text file or an encrypted database?); left unchanged"
+        )
+    if len(header) < 100:
+        return errors.NotADatabaseError(f"{p} is truncated ({size} bytes); left unchanged")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    if page_size < 512 or page_size & (page_size - 1):
+        return errors.NotADatabaseError(f"{p} is corrupt (invalid page size {page_size}); left unchanged")
+    pages = int.from_bytes(header[28:32], "big")
+    # The in-header page count is trustworthy only when its "valid-for" counter matches.
+    valid = header[24:28] == header[92:96]
+    return _size_problem(p, page_size, pages if valid else 0, size)
+
+
+def _size_problem(p: Path, page_size: int, pages: int, size: int) -> errors.HermesStoreError | None:
+    """A file shorter than the pages it promises, or not a whole number of pages."""
+    if pages and size < pages * page_size:
+        return errors.NotADatabaseError(
+            f"{p} is truncated: the header promises {pages} pages of {page_size} bytes "
+            f"({pages * page_size} bytes) but the file has {size}; left unchanged"
+        )
+    if size % page_size:
+        return errors.NotADatabaseError(
+            f"{p} is truncated or corrupt: {size} bytes is not a whole number of "
+            f"{page_size}-byte pages; left unchanged"
+        )
+    return None
+
+
+def _refused_by_sqlite(p: Path, exc: sqlite3.DatabaseError) -> errors.HermesStoreError:
+    """The typed refusal of a file SQLite would not read; for a file it calls "not a
+    database" or "malformed", the header says which (text file, truncated, bad page size)."""
+    if getattr(exc, "sqlite_errorname", None) in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+        with suppress(OSError):
+            found = _header_problem(p, held_files.read_prefix(p, 100), p.stat().st_size)
+            if found is not None:
+                return found
+    return sqlite_refusal(p, exc)
+
+
 def check_file(path: str | os.PathLike[str], *, recovery_ok: bool = False) -> None:
     """Refuse, without touching it, a file that cannot be a usable SQLite database.
 
-    Cheap checks only (stat, the 100-byte header, one read of the schema): a text
-    file, a truncated copy or a file whose schema cannot be read. A 0-byte file passes:
-    like SQLite itself, we take it for a new, empty database (a fresh ``touch``, or
-    what a connect on an unmigrated path left behind).
+    Cheap checks only (a stat, and SQLite's own read of the header and the schema on a
+    read-only connection): a text file, a truncated copy or a file whose schema cannot
+    be read. A 0-byte file passes: like SQLite itself, we take it for a new, empty
+    database (a fresh ``touch``, or what a connect on an unmigrated path left behind).
+    The file is never opened behind SQLite's back (see :mod:`hermes_store.held_files`):
+    closing our own descriptor would drop the locks of every connection of the process.
 
     A hot rollback journal next to the file means a writer crashed mid-transaction;
-    only a read-write open can roll it back. ``recovery_ok`` (ordinary upgrades) lets
-    SQLite do that; adoption, which must not write the original, refuses instead.
+    only a read-write open can roll it back. ``recovery_ok`` (ordinary upgrades) leaves
+    that to SQLite (:func:`recover_journal`, whose own read types what it meets);
+    adoption, which must not write the original, refuses instead.
     """
     p = as_path(path)
     try:
@@ -551,40 +651,6 @@ def check_file(path: str | os.PathLike[str], *, recovery_ok: bool = False) -> No
     _require_regular_file(p, st)
     if st.st_size == 0:
         return
-    try:
-        with open(p, "rb") as fh:
-            header = fh.read(100)
-        # Size after the header: a checkpoint writes page 1 (with the new page count)
-        # before the file grows, so the other order can see a healthy file as short.
-        st = p.stat()
-    except OSError as exc:
-        raise errors.DatabaseUnavailableError(f"cannot read {p}: {exc}") from exc
-    if not header.startswith(SQLITE_HEADER):
-        raise errors.NotADatabaseError(
-            f"{p} is not a SQLite database (no SQLite header; a text file or an encrypted database?); left unchanged"
-        )
-    if len(header) < 100:
-        raise errors.NotADatabaseError(f"{p} is truncated ({st.st_size} bytes); left unchanged")
-    page_size = int.from_bytes(header[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    if page_size < 512 or page_size & (page_size - 1):
-        raise errors.NotADatabaseError(f"{p} is corrupt (invalid page size {page_size}); left unchanged")
-    pages = int.from_bytes(header[28:32], "big")
-    # While a WAL file exists, another process may be checkpointing: the file is then
-    # legitimately between sizes, and the schema read below is the real judge.
-    checkpointing = header[18:20] == b"\x02\x02" and Path(f"{p}-wal").exists()
-    if not checkpointing:
-        # The in-header page count is trustworthy only when its "valid-for" counter matches.
-        if header[24:28] == header[92:96] and pages and st.st_size < pages * page_size:
-            raise errors.NotADatabaseError(
-                f"{p} is truncated: the header promises {pages} pages of {page_size} bytes "
-                f"({pages * page_size} bytes) but the file has {st.st_size}; left unchanged"
-            )
-        if st.st_size % page_size:
-            raise errors.NotADatabaseError(
-                f"{p} is truncated or corrupt: {st.st_size} bytes is not a whole number of "
-                f"{page_size}-byte pages; left unchanged"
-            )
     journal = Path(f"{p}-journal")
     if journal.exists() and journal.stat().st_size > 0:
         if recovery_ok:
@@ -592,6 +658,21 @@ def check_file(path: str | os.PathLike[str], *, recovery_ok: bool = False) -> No
         _refuse_unfinished_journal(p, journal)
     try:
         with readonly_connection(p) as conn:
-            conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
+            conn.execute("BEGIN")
+            conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall()  # takes the read lock
+            page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+            pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
+            # Read under the read lock: no rollback-mode writer can change the file now.
+            size = p.stat().st_size
+            # While a WAL exists its pages count too, and a checkpoint writes page 1 (with
+            # the new page count) before the file grows: the sizes prove nothing then.
+            in_wal = Path(f"{p}-wal").exists()
+            conn.execute("COMMIT")
     except sqlite3.DatabaseError as exc:
-        raise sqlite_refusal(p, exc) from exc
+        raise _refused_by_sqlite(p, exc) from exc
+    except OSError as exc:
+        raise errors.DatabaseUnavailableError(f"cannot read {p}: {exc}") from exc
+    if not in_wal:
+        found = _size_problem(p, page_size, pages, size)
+        if found is not None:
+            raise found

@@ -15,14 +15,13 @@ import json
 import logging
 import os
 import re
-import shutil
 import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from . import errors
+from . import errors, held_files
 from .dialects.fts5 import HERMES_FTS_TABLES as _FTS_TABLES
 from .locks import release_flock, wait_flock
 from .state_files import has_live_connection
@@ -135,8 +134,14 @@ def _backup_db_file(db_path: Path) -> tuple[Path | None, str | None]:
         src = Path(f"{path}{suffix}")
         if src.exists():
             dst = Path(f"{target}{suffix}")
-            shutil.copyfile(src, dst)
-            os.chmod(dst, 0o600)
+            # Read through the process's kept descriptor, never open()+close() of the
+            # store's own files (that would drop SQLite's locks: hermes_store.held_files).
+            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                held_files.copy_into(src, fd)
+                os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
     for old in _existing_backups(path)[:-_MAX_MALFORMED_BACKUPS]:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{old}{suffix}").unlink(missing_ok=True)
@@ -157,7 +162,7 @@ def _same_bytes(a: Path, b: Path) -> bool:
         x, y = Path(f"{a}{suffix}"), Path(f"{b}{suffix}")
         if x.exists() != y.exists():
             return False
-        if x.exists() and (x.stat().st_size != y.stat().st_size or x.read_bytes() != y.read_bytes()):
+        if x.exists() and not held_files.same_bytes(x, y):
             return False
     return True
 

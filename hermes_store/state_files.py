@@ -24,8 +24,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from . import errors
+from . import errors, held_files
 from .hermes_config import hermes_home
+from .paths import readonly_connection
 
 log = logging.getLogger("hermes_store.facade")
 
@@ -180,11 +181,27 @@ def is_zeroed_state_db(path: Path, *, probe_bytes: int = 100, force: bool = Fals
     try:
         if p.stat().st_size <= 0:
             return False
-        with open(p, "rb") as fh:
-            head = fh.read(max(16, int(probe_bytes)))
+        if not _refused_as_not_a_database(p):
+            return False  # SQLite reads a header there: not zeroed
+        # Never open()+close() the file ourselves: that drops every SQLite lock the
+        # process holds on it (see hermes_store.held_files).
+        head = held_files.read_prefix(p, max(16, int(probe_bytes)))
     except OSError:
         return False
     return bool(head) and head.count(0) == len(head)
+
+
+def _refused_as_not_a_database(p: Path) -> bool:
+    """Whether SQLite itself calls ``p`` "not a database" (a zeroed file is one).
+
+    Asked first so a healthy file's bytes are never read outside SQLite; a file another
+    process holds locked, or one SQLite reads, is not judged zeroed."""
+    try:
+        with readonly_connection(p) as conn:
+            conn.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.Error as exc:
+        return getattr(exc, "sqlite_errorname", None) == "SQLITE_NOTADB"
+    return False
 
 
 def quarantine_zeroed_state_db(path: Path) -> Optional[Path]:

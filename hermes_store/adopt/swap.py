@@ -61,7 +61,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .. import errors
+from .. import errors, held_files
 from ..locks import holding, try_flock
 from ..paths import SIDECARS, fsync_dir, fsync_file, is_read_only
 
@@ -249,13 +249,18 @@ def seal(p: Path, before: list[list[int] | None]) -> sqlite3.Connection | None:
 
 
 def _private_copy(src: Path, dst: Path) -> None:
-    """``dst`` as a 0600 copy of ``src``, fsynced."""
+    """``dst`` as a 0600 copy of ``src``, fsynced.
+
+    ``src`` is the sealed original, whose exclusive lock a connection of ours holds
+    until the rename: it is read through the process's kept descriptor
+    (:mod:`hermes_store.held_files`), since closing a descriptor of our own would
+    drop that lock and let a writer in before the swap."""
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, PRIVATE)
-    with open(fd, "wb") as out, open(src, "rb") as inp:
-        while chunk := inp.read(1 << 20):
-            out.write(chunk)
-        out.flush()
-        os.fsync(out.fileno())
+    try:
+        held_files.copy_into(src, fd)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_marker(p: Path, plan: dict[str, Any]) -> None:
