@@ -24,7 +24,7 @@ made that is not adopted yet (run ``adopt``, which keeps a backup) are refused.
 
 One module per command group: ``schema`` (upgrade, current, adopt, demo), ``browse``
 (sessions, show, lineage, search, stats), ``transfer`` (export, import, copy), ``maintain``
-(prune, fts); ``_common`` holds what they share. A command's module is imported when
+(prune, fts), ``doctor``; ``_common`` holds what they share. A command's module is imported when
 the command is named (:class:`~hermes_store.cli._base.LazyGroup`), so ``--help`` and
 ``--version`` start in a fraction of the time a command takes to load.
 """
@@ -63,13 +63,14 @@ COMMANDS: dict[str, Lazy] = {
     "copy": Lazy("transfer", "copy_cmd", "Copy a whole history between SQLite files and PostgreSQL databases."),
     "prune": Lazy("maintain", "prune", "Delete old ended sessions and their messages."),
     "fts": Lazy("maintain", "fts", "Full-text search index upkeep: rebuild, check, optimize."),
+    "doctor": Lazy("doctor", "doctor", "Check a store's health without changing it (versions, integrity, sizes, upkeep)."),
 }
 
 #: Names this package re-exports from the module that holds them, imported on first use.
 _REEXPORTED = {name: "_common" for name in (
     "content_text", "fmt_num", "fmt_time", "highlight_snippet", "stderr_console", "stdout_console",
 )}
-_SUBMODULES = ("_common", "browse", "maintain", "schema", "transfer")
+_SUBMODULES = ("_common", "browse", "doctor", "maintain", "schema", "transfer")
 
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, package=__name__,

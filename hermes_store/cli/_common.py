@@ -10,13 +10,14 @@ import os
 import re
 import sqlite3
 import sys
+import tempfile
 import threading
 import time
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 import click
 from rich import box
@@ -35,6 +36,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import adopt as adopt_mod, errors, migrations, paths
+from ..copying.endpoints import store_file_named
 from ..dialects import backend_name, find_for, for_connection, for_dialect
 from ..engine import create_engine, default_db_path, schema_in_url, to_url, with_schema
 from ..facade import SessionDB
@@ -694,6 +696,80 @@ def server_tables(url: str) -> tuple[list[tuple[str, int]], list[str]]:
                 conn.rollback()
     finally:
         engine.dispose()
+
+
+def refuse_store_file(state: State, path: Path, role: str) -> None:
+    """Refuse, before anything is opened, an output (or input) that is the store itself
+    or one of its ``-wal``/``-shm``/``-journal`` files: writing there destroys the store,
+    and reading one with a plain ``open()`` drops this process's SQLite locks."""
+    if state.path is None or str(path) == "-":
+        return
+    what = store_file_named(path, state.path)
+    if what is None:
+        return
+    raise CliError(f"{role} {printable(path)} is {what} {printable(state.path)}; refused, nothing was touched",
+                   code="output_is_store")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def _remove_dead_leftovers(folder: Path, prefix: str, store: Path | None) -> None:
+    """Temporary files of earlier runs killed before their rename (``.<name>.<pid>.….tmp``
+    whose process is gone) are removed; a running writer's are left alone."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        pid = name[len(prefix):-len(".tmp")].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        if store is not None and store_file_named(entry.path, store) is not None:
+            continue  # never, whatever its name
+        with suppress(OSError):
+            if entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+
+
+@contextmanager
+def atomic_output(target: Path, *, store: Path | None = None) -> Iterator[IO[str]]:
+    """A text file that appears under ``target`` whole or not at all.
+
+    Written to a new owner-only temporary file in the same folder, fsynced, renamed over
+    ``target`` and the folder fsynced: a crash or a kill leaves the older ``target`` as it
+    was (and a temporary file the next run to ``target`` removes); a failure removes it.
+    """
+    folder = target.parent
+    prefix = f".{target.name}."
+    _remove_dead_leftovers(folder, prefix, store)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f"{prefix}{os.getpid()}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise CliError(f"cannot write {printable(target)}: {exc.strerror or exc}") from None
+    renamed = False
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+        renamed = True
+        paths.fsync_dir(folder)
+    finally:
+        if not renamed:
+            with suppress(OSError):
+                os.unlink(tmp)
 
 
 def create_private_file(path: Path) -> None:

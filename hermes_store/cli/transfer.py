@@ -4,7 +4,6 @@ copy (a whole history from one database to another, resumable and verified)."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -20,10 +19,12 @@ from ._common import (
     Whole,
     _isatty,
     _state,
+    atomic_output,
     fitted_table,
     fmt_num,
     global_options,
     printable,
+    refuse_store_file,
     session_db,
     stdout_console,
 )
@@ -62,10 +63,15 @@ def export(out_path: Path | None, source: str | None) -> None:
     """
     st = _state()
     to_stdout = out_path is None or str(out_path) == "-"
+    target = None if to_stdout else out_path.expanduser()  # type: ignore[union-attr]
+    if target is not None:
+        refuse_store_file(st, target, "--out")  # before anything is opened
+        if not target.parent.is_dir():
+            raise CliError(f"cannot write {target}: folder {target.parent} does not exist")
     sessions = messages = 0
     with session_db(st) as db:
         total = db.session_count(source, include_archived=True)  # export writes archived ones too
-        if to_stdout:
+        if target is None:
             sys.stdout.flush()
             stream = binary_stream(sys.stdout)
             # No bar over a terminal the lines go to; progress lines to a log are fine.
@@ -76,30 +82,14 @@ def export(out_path: Path | None, source: str | None) -> None:
                     bar.advance(task)
             stream.flush()
             return
-        assert out_path is not None
-        target = out_path.expanduser()
-        if not target.parent.is_dir():
-            raise CliError(f"cannot write {target}: folder {target.parent} does not exist")
-        # Written next to the target and renamed at the end: an interrupted export
-        # never leaves a truncated file under the real name. Owner-only, like the
-        # database itself: it holds the same conversations.
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            fh = os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8", newline="\n")
-        except OSError as exc:
-            raise CliError(f"cannot write {target}: {exc.strerror or exc}") from None
-        try:
-            with fh, st.progress() as bar:
-                task = bar.add_task("Exporting", total=total)
-                for record in db.iter_export(source):
-                    fh.write(jsonl_line(record) + "\n")
-                    sessions += 1
-                    messages += len(record.get("messages") or [])
-                    bar.advance(task)
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        # Owner-only, like the database itself: it holds the same conversations.
+        with atomic_output(target, store=st.path) as fh, st.progress() as bar:
+            task = bar.add_task("Exporting", total=total)
+            for record in db.iter_export(source):
+                fh.write(jsonl_line(record) + "\n")
+                sessions += 1
+                messages += len(record.get("messages") or [])
+                bar.advance(task)
     doc = {"out": str(target), "sessions": sessions, "messages": messages, "source": source}
     if st.json:
         st.emit(doc)
@@ -134,7 +124,7 @@ def read_jsonl(fh: Any, counter: dict[str, int], on_record: Callable[[], None]) 
 
 
 @click.command("import")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path, allow_dash=True))
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path, allow_dash=True))
 @global_options
 def import_cmd(file: Path) -> None:
     """Import a JSON Lines export (idempotent).
@@ -144,6 +134,9 @@ def import_cmd(file: Path) -> None:
     """
     st = _state()
     from_stdin = str(file) == "-"
+    refuse_store_file(st, file, "FILE")  # before the first open() of it, existing or not
+    if not from_stdin and not file.exists():
+        raise click.BadParameter(f"File {printable(file)!r} does not exist.", param_hint="'FILE'")
     total = None
     if not from_stdin:
         with open(file, "rb") as fh:

@@ -4,7 +4,7 @@ before anything is touched, and refused when both name the same database."""
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -16,7 +16,6 @@ from sqlalchemy.pool import StaticPool
 from .. import errors, paths
 from ..dialects import backend_name, find_for
 from ..engine import create_engine
-
 
 
 @dataclass(frozen=True)
@@ -98,20 +97,59 @@ def server_key(url: URL) -> tuple[str, int, str, str]:
     return host, int(url.port or 5432), str(url.database), str(schema or "")
 
 
+#: The files SQLite keeps beside a database, which belong to it as much as the file does.
+SIDECARS = ("-wal", "-shm", "-journal")
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of a file, links followed; None when there is none. Only
+    ``stat``: opening and closing a descriptor of a database would drop every SQLite
+    lock this process holds on it."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def store_file_named(candidate: str | os.PathLike[str], store: str | os.PathLike[str]) -> str | None:
+    """Which file of the SQLite database ``store`` the path ``candidate`` names, or None.
+
+    "the database", "the -wal file of the database", "a hard link to the database"…:
+    the file or its ``-wal``/``-shm``/``-journal``, by the path with links resolved
+    (the sidecars sit next to the real file, as SQLite puts them, and next to the name
+    given) or by the same inode (a hard link). Writing over any of them destroys the
+    store, and reading one with a plain ``open()`` drops this process's SQLite locks:
+    every command that writes an output or reads an input asks this first.
+    """
+    cand = os.path.realpath(os.path.expanduser(os.fspath(candidate)))
+    cand_id = _identity(cand)
+    base = os.path.expanduser(os.fspath(store))
+    for suffix in ("", *SIDECARS):
+        names = {os.path.realpath(base) + suffix, os.path.realpath(base + suffix)}
+        what = "the database" if not suffix else f"the {suffix} file of the database"
+        if cand in names:
+            return what
+        if cand_id is not None and any(_identity(name) == cand_id for name in names):
+            return f"a hard link to {what}"
+    return None
+
+
 def refuse_same(src: Endpoint, dst: Endpoint) -> None:
-    """Copying a store onto itself would read what it writes: refused before anything else."""
-    same = False
+    """Copying a store onto itself, or onto one of its -wal/-shm/-journal files, would
+    read what it writes: refused before anything else."""
     if src.path is not None and dst.path is not None:
-        a, b = os.path.realpath(src.path), os.path.realpath(dst.path)
-        same = a == b
-        if not same and os.path.exists(a) and os.path.exists(b):
-            with suppress(OSError):
-                same = os.path.samefile(a, b)
-    elif src.url is not None and dst.url is not None:
-        same = server_key(src.url) == server_key(dst.url)
+        what = store_file_named(dst.path, src.path)
+        if what is not None and what != "the database":
+            raise errors.InvalidInputError(f"the destination {dst.label} is {what} {src.label}, the source")
+        what = what or store_file_named(src.path, dst.path)
+        if what is not None and what != "the database":
+            raise errors.InvalidInputError(f"the source {src.label} is {what} {dst.label}, the destination")
+        same = what is not None
+    else:
+        same = src.url is not None and dst.url is not None and server_key(src.url) == server_key(dst.url)
     if same:
         raise errors.InvalidInputError(f"the source and the destination are the same database ({dst.label})")
-
 
 
 @contextmanager
