@@ -166,14 +166,16 @@ def _known_scheme(url: URL) -> URL:
     return url
 
 
-def translate_driver_error(exc: BaseException) -> errors.HermesStoreError | None:
+def translate_driver_error(exc: BaseException, *, locks: bool = False) -> errors.HermesStoreError | None:
     """The typed error a caller should see for a driver failure, or None to keep it.
 
     One table for every path: SQLAlchemy's ``handle_error`` hook uses it, and code
     that talks to the DB-API connection directly calls it in its ``except``. What is
     driver-specific is asked of each dialect module (``translate_error``). "Locked"
-    and "busy" are deliberately left alone: the facade retries those. The caller
-    raises the result ``from exc`` so the driver error stays attached.
+    and "busy" are left alone unless ``locks``: the facade retries those (maintenance
+    outside a transaction, and failures reported rather than raised, ask for
+    DatabaseLockedError). The caller raises the result ``from exc`` so the driver error
+    stays attached.
     """
     if isinstance(exc, DBAPIError) and exc.orig is not None:
         exc = exc.orig
@@ -183,7 +185,7 @@ def translate_driver_error(exc: BaseException) -> errors.HermesStoreError | None
     if typed is not None:
         return typed
     for dialect in dialects.all_dialects():
-        typed = dialect.translate_error(exc)
+        typed = dialect.translate_error(exc, locks=locks)
         if typed is not None:
             return typed
     return None

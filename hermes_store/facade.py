@@ -39,7 +39,7 @@ from .paths import create_private_database  # noqa: F401 - kept importable from 
 from .repositories import MaintenanceRepository
 from .repositories.base import driver_errors
 from .repositories.transcripts import remove_committed_files
-from .operations.steps import jitter
+from .operations.steps import jitter, retry_locked, wait_or_give_up, with_lock_budget
 from .targets import refuse_async
 from .upkeep import Upkeep
 from .repair import (  # noqa: F401 - Hermes' module-level names, served by the swap
@@ -669,13 +669,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                     if not _maintenance and self._on_write_error(exc):
                         continue
                     raise
-                now = time.monotonic()
-                if now >= deadline:
-                    raise errors.DatabaseLockedError(
-                        f"{self._label()}: database stayed locked for {budget:.3g}s; giving up"
-                    ) from exc
-                self._sleep(jitter(now - start, deadline - now,
-                                   early=EARLY_JITTER_S, late=LATE_JITTER_S, phase=EARLY_PHASE_S))
+                self._wait_or_give_up(exc, start, deadline, budget)
         if _maintenance:
             return result
         with self._lock:
@@ -684,6 +678,29 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             due = writes % CHECKPOINT_EVERY == 0
         self._upkeep_after_commit(writes, due)
         return result
+
+    def _wait_or_give_up(self, exc: BaseException, start: float, deadline: float, budget: float) -> None:
+        """After a try that met a held lock: the operations layer's one policy
+        (:func:`~hermes_store.operations.steps.wait_or_give_up`) with this store's clock,
+        sleep and jitter windows (this module's, read now: code may change them)."""
+        wait_or_give_up(exc, start=start, now=time.monotonic(), deadline=deadline, budget=budget,
+                        label=self._label(), sleep=self._sleep,
+                        early=EARLY_JITTER_S, late=LATE_JITTER_S, phase=EARLY_PHASE_S)
+
+    def _outside(self, fn: Callable[[Engine], T], *, budget: float | None = None) -> T:
+        """``fn(engine)`` outside any transaction (VACUUM, checkpoints asked for), a held
+        lock retried as a write's is, within ``budget`` (None: the write budget read now),
+        then :class:`~hermes_store.errors.DatabaseLockedError`. Each try gets what is left
+        of the budget as its lock budget (a server's VACUUM waits no longer)."""
+        engine = self._open_engine()
+        if self.read_only:
+            raise errors.ReadOnlyDatabaseError(f"{self._label()}: opened with read_only=True")
+        if budget is None:
+            budget = min(WRITE_BUDGET_S, _WRITE_PATIENCE_S)
+        clock = time.monotonic
+        return retry_locked(lambda deadline: fn(with_lock_budget(engine, deadline - clock())), budget=budget,
+                            is_retryable=self._dialect.is_retryable, label=self._label(), sleep=self._sleep,
+                            monotonic=clock, early=EARLY_JITTER_S, late=LATE_JITTER_S, phase=EARLY_PHASE_S)
 
     def _one_statement(self, conn: Connection, kept: bool, fn: Callable[[Connection], T], deadline: float) -> T:
         """``fn``'s one statement, committed by itself (driver autocommit), carrying what is

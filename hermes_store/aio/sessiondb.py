@@ -115,6 +115,13 @@ class LoopSessionDB(SessionDB):
         with self._writers.turn_on_greenlet(budget if budget is not None else write_budget()):
             return super()._write(fn, budget=budget, **kwargs)
 
+    def _outside(self, fn: Callable[..., Any], *, budget: float | None = None) -> Any:
+        """A VACUUM or checkpoint takes this loop's writer turn, as a write does."""
+        if self._writers is None:
+            return super()._outside(fn, budget=budget)
+        with self._writers.turn_on_greenlet(budget if budget is not None else write_budget()):
+            return super()._outside(fn, budget=budget)
+
     def _read(self, fn: Callable[..., Any]) -> Any:
         if self._readers is None:
             return super()._read(fn)

@@ -58,8 +58,13 @@ class Dialect(Protocol):
     def configure_engine(self, engine: Engine, *, foreign_keys: bool, busy_timeout_ms: int) -> None:
         """Hooks a new engine of ours needs (per-connection setup, transaction handling)."""
 
-    def translate_error(self, exc: BaseException) -> "errors.HermesStoreError | None":
-        """The typed error for one of this driver's errors, or None to keep it."""
+    def translate_error(self, exc: BaseException, *, locks: bool = False) -> "errors.HermesStoreError | None":
+        """The typed error for one of this driver's errors, or None to keep it.
+
+        A held lock (busy, lock timeout, deadlock) is kept unless ``locks``: the write
+        loops retry the driver's error; a statement outside a transaction (VACUUM,
+        PRAGMAs, checkpoints) asks for DatabaseLockedError, which :meth:`is_retryable`
+        accepts."""
 
     def isolate_failure(self, conn: Connection) -> "AbstractContextManager[Any]":
         """Around a statement whose failure the caller catches: keep the rest of the
@@ -111,7 +116,8 @@ class Dialect(Protocol):
         again on a new connection cannot write it twice."""
 
     def is_retryable(self, exc: BaseException) -> bool:
-        """Whether a failed transaction is worth retrying (lock held, serialization failure)."""
+        """Whether a failed transaction is worth retrying (lock held, serialization failure),
+        the driver's error or a lock :meth:`translate_error` typed as DatabaseLockedError."""
 
     def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
         """Per-connection setup a long-lived store wants; returns the journal mode in use."""

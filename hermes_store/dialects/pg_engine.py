@@ -78,11 +78,18 @@ _BY_SQLSTATE: dict[str, type[errors.HermesStoreError]] = {
 _UNAVAILABLE = ("08", "28", "3D000", "57P01", "57P02", "57P03")
 
 
-def translate_error(exc: BaseException) -> errors.HermesStoreError | None:
+#: A held lock: lock_not_available (``lock_timeout``) and deadlock_detected. Typed only
+#: where asked (``locks=True``: maintenance outside a write's retry loop).
+LOCK_SQLSTATES = frozenset({"55P03", "40P01"})
+
+
+def translate_error(exc: BaseException, *, locks: bool = False) -> errors.HermesStoreError | None:
     """psycopg errors (by SQLSTATE) → typed errors; None for anything else."""
     if type(exc).__module__.split(".")[0] != "psycopg":
         return None
     state = getattr(exc, "sqlstate", None)
+    if locks and state in LOCK_SQLSTATES:
+        return errors.DatabaseLockedError(str(exc).strip())
     if state is None and any(k.__name__ == "OperationalError" for k in type(exc).__mro__):
         # No SQLSTATE: the client never got an answer (server down, refused, no such
         # database or role at connect time, connection lost). The message names host

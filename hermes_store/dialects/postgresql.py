@@ -11,11 +11,11 @@ WAL checkpoint of ours, the catalogs instead of PRAGMAs, and text that cannot ho
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 
 import functools
 import math
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy import (
     Connection, Engine, Text, bindparam, cast, column, exists, func, inspect, insert, literal_column, select, table, text,
@@ -158,6 +158,19 @@ def _sqlstate(exc: BaseException) -> str | None:
     return getattr(orig, "sqlstate", None)
 
 
+@contextmanager
+def _locks_typed() -> Iterator[None]:
+    """A maintenance statement's held lock (55P03 lock timeout, 40P01 deadlock) as
+    DatabaseLockedError chained from the driver's error, whichever driver (psycopg,
+    asyncpg) raised it: no write loop is around it to retry the driver's own error."""
+    try:
+        yield
+    except DBAPIError as exc:
+        if _sqlstate(exc) in pg_engine.LOCK_SQLSTATES:
+            raise errors.DatabaseLockedError(f"{str(exc.orig or exc).strip()}") from exc
+        raise
+
+
 class PostgreSQLDialect:
     """The :class:`hermes_store.dialects.Dialect` of PostgreSQL servers."""
 
@@ -203,8 +216,8 @@ class PostgreSQLDialect:
         references always and waits on locks for at most the caller's lock_timeout."""
         pg_engine.configure_engine(engine, install_nul_adapters)
 
-    def translate_error(self, exc: BaseException) -> errors.HermesStoreError | None:
-        return pg_engine.translate_error(exc)
+    def translate_error(self, exc: BaseException, *, locks: bool = False) -> errors.HermesStoreError | None:
+        return pg_engine.translate_error(exc, locks=locks)
 
     # -------------------------------------------------------------- locking and retries
 
@@ -249,6 +262,10 @@ class PostgreSQLDialect:
         return {"isolation_level": "AUTOCOMMIT"}
 
     def is_retryable(self, exc: BaseException) -> bool:
+        """40001/40P01/55P03, also under a DatabaseLockedError they were typed as (a
+        maintenance statement's); a statement cut off by statement_timeout is not."""
+        if isinstance(exc, errors.DatabaseLockedError):
+            exc = exc.__cause__ if exc.__cause__ is not None else exc
         return _sqlstate(exc) in RETRYABLE_SQLSTATES
 
     def begin_write(self, conn: Connection, seconds: float) -> None:
@@ -424,7 +441,23 @@ class PostgreSQLDialect:
         """The whole database; a tenant's engine vacuums its own schema's tables only,
         so one tenant's maintenance never works through (or waits on) another's. The
         tenant is the one the engine's connections carry (its URL's, or the options of
-        an engine made for one tenant)."""
+        an engine made for one tenant).
+
+        VACUUM cannot run in a transaction, so it cannot carry a ``SET LOCAL
+        lock_timeout``, and a session-level SET would leak behind a pooler. With a lock
+        budget on the engine (``LOCK_BUDGET_OPTION``, set by ``Steps.outside``) our
+        tables' locks are first taken and released in a transaction bounded by it: a
+        table another transaction holds (``LOCK TABLE``, a long DDL) ends in
+        DatabaseLockedError, which the caller retries, instead of a wait without end.
+        """
+        budget = engine.get_execution_options().get(LOCK_BUDGET_OPTION)
+        with _locks_typed():
+            if budget is not None:
+                self._wait_for_table_locks(engine, int(budget))
+            self._vacuum_now(engine)
+
+    @staticmethod
+    def _vacuum_now(engine: Engine) -> None:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             tenant = schema_of_connection(conn)
             if tenant is None:
@@ -434,6 +467,19 @@ class PostgreSQLDialect:
             if tables:
                 listed = ", ".join(f"{quote_ident(tenant)}.{quote_ident(t)}" for t in tables)
                 conn.exec_driver_sql(f"VACUUM ANALYZE {listed}")
+
+    @staticmethod
+    def _wait_for_table_locks(engine: Engine, ms: int) -> None:
+        """Take (then release, by rolling back) VACUUM's own lock on our tables in one
+        transaction that waits ``ms`` at most (``SET LOCAL``: nothing outlives it)."""
+        with engine.connect() as conn, conn.begin() as tx:
+            schema = schema_of_connection(conn) or conn.exec_driver_sql("SELECT current_schema()").scalar()
+            ours = sorted(tenant_table_names(conn, schema) & set(Base.metadata.tables)) if schema else []
+            if ours:
+                conn.exec_driver_sql(f"SET LOCAL lock_timeout = {max(1, ms)}")
+                listed = ", ".join(f"{quote_ident(schema)}.{quote_ident(t)}" for t in ours)
+                conn.exec_driver_sql(f"LOCK TABLE {listed} IN SHARE UPDATE EXCLUSIVE MODE")
+            tx.rollback()
 
     def checkpoint(self, engine: Engine) -> None:
         return None  # the server checkpoints on its own

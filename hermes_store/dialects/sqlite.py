@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from .. import errors, journal
 from .base import CLOSED_BY_COMPRESSION, OUR_TABLES, MessageRuns, refused_append, translate_python_error
@@ -44,6 +44,12 @@ _WAL_FALLBACK_CAUSES = ("locking protocol", "not authorized")
 #: Labels warned about a WAL fallback: one set for our connections and Hermes' function.
 _wal_warned = journal._wal_fallback_warned_paths
 _LOCKED = ("database is locked", "database is busy", "database table is locked")
+
+
+def is_lock_message(exc: BaseException) -> bool:
+    """Whether an error's text says another connection holds the lock."""
+    text_ = str(exc).lower()
+    return any(marker in text_ for marker in _LOCKED)
 
 
 def _quote(name: str) -> str:
@@ -96,6 +102,8 @@ def enable_wal(conn: sqlite3.Connection, *, db_label: str = "state.db") -> str:
 BEGIN_MODE = "hermes_store_begin"
 
 # SQLite primary result codes (extended codes keep them in the low byte).
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
 _SQLITE_READONLY = 8
 _SQLITE_FULL = 13
 _SQLITE_CANTOPEN = 14
@@ -110,6 +118,11 @@ _BY_CODE: dict[int, type[errors.HermesStoreError]] = {
     _SQLITE_READONLY: errors.ReadOnlyDatabaseError,
     _SQLITE_CANTOPEN: errors.DatabaseUnavailableError,
 }
+#: Another connection holds the lock: SQLITE_BUSY / SQLITE_LOCKED, or their texts.
+#: Translated only where asked (``translate_error(..., locks=True)``: statements outside
+#: a transaction, VACUUM, PRAGMAs, checkpoints); elsewhere the retry loops see the
+#: driver's own error, as callers and tests of the engine expect.
+_LOCK_CODES = frozenset({_SQLITE_BUSY, _SQLITE_LOCKED})
 
 
 _NO_SUCH_TABLE = re.compile(r"no such table: (?:main\.)?(\w+)")
@@ -199,21 +212,29 @@ def _insert_sql(table_name: str, schema: str | None, names: tuple[str, ...]) -> 
     return sql
 
 
-def _typed(exc: BaseException) -> errors.HermesStoreError | None:
-    """What the engine's error hook would make of an error of a raw DB-API call."""
-    return translate_python_error(exc) or DIALECT.translate_error(exc)
+def _typed(exc: BaseException, *, locks: bool = False) -> errors.HermesStoreError | None:
+    """What the engine's error hook would make of an error of a raw DB-API call
+    (``locks``: a held lock too, as DatabaseLockedError)."""
+    return translate_python_error(exc) or DIALECT.translate_error(exc, locks=locks)
 
 
 @contextmanager
-def driver_errors() -> Iterator[None]:
+def driver_errors(*, locks: bool = False) -> Iterator[None]:
     """Typed errors for statements sent straight to the DB-API connection (they bypass
-    SQLAlchemy's ``handle_error`` hook)."""
+    SQLAlchemy's ``handle_error`` hook). ``locks=True`` where no retry loop sits between
+    the statement and its caller (outside a transaction): a held lock becomes
+    DatabaseLockedError, which the retry loops accept as a lock."""
     try:
         yield
     except errors.HermesStoreError:
         raise
     except (sqlite3.Error, UnicodeEncodeError, OverflowError) as exc:
-        typed = _typed(exc)
+        typed = _typed(exc, locks=locks)
+        if typed is None:
+            raise
+        raise typed from exc
+    except DBAPIError as exc:  # engine.connect(): the connect hook's PRAGMAs, wrapped by SQLAlchemy
+        typed = _typed(exc.orig, locks=locks) if exc.orig is not None else None
         if typed is None:
             raise
         raise typed from exc
@@ -257,11 +278,20 @@ def _private_file_first(dialect: Any, _rec: Any, cargs: Any, cparams: dict[str, 
     create_private_file(Path(database).expanduser())
 
 
-def _outside_transaction(engine: Engine, sql: str) -> None:
-    """Run a statement that must not sit inside BEGIN (VACUUM, checkpoints)."""
-    with engine.connect() as conn:
+def _outside_transaction(engine: Engine, sql: str, params: Sequence[Any] = ()) -> None:
+    """Run a statement that must not sit inside BEGIN (VACUUM, checkpoints).
+
+    Its errors come out typed, a held lock included (DatabaseLockedError): no retry
+    loop of a write transaction is around it, so the caller's (``Steps.outside``) sees it.
+    """
+    with driver_errors(locks=True), engine.connect() as conn:
         # The DB-API connection is in autocommit (our engine issues BEGIN itself).
-        dbapi(conn).execute(sql).fetchall()
+        dbapi(conn).execute(sql, tuple(params)).fetchall()
+
+
+#: What a best-effort checkpoint skips: a held lock (typed), and what it skipped before
+#: errors were typed there (any OperationalError: I/O, a full disk, a read-only file).
+_SKIPPED_CHECKPOINT = (sqlite3.OperationalError, errors.DatabaseLockedError, errors.DatabaseUnavailableError)
 
 
 class SQLiteDialect:
@@ -299,8 +329,9 @@ class SQLiteDialect:
     def install_batch_hooks(self, conn: Connection) -> bool:
         return True  # ALTER TABLE is limited: revisions rebuild tables in batch mode
 
-    def translate_error(self, exc: BaseException) -> errors.HermesStoreError | None:
-        """sqlite3 errors → typed errors (by result code, else by message)."""
+    def translate_error(self, exc: BaseException, *, locks: bool = False) -> errors.HermesStoreError | None:
+        """sqlite3 errors → typed errors (by result code, else by message). ``locks``:
+        SQLITE_BUSY / SQLITE_LOCKED too, as DatabaseLockedError (see :data:`_LOCK_CODES`)."""
         if isinstance(exc, sqlite3.ProgrammingError) and "binding parameter" in str(exc).lower():
             return errors.InvalidInputError(str(exc))
         if not isinstance(exc, sqlite3.Error):
@@ -312,6 +343,8 @@ class SQLiteDialect:
                 "hermes_store.migrations.upgrade(<path, URL or Engine>) or `hermes-store upgrade` first"
             )
         code = getattr(exc, "sqlite_errorcode", None)
+        if locks and ((isinstance(code, int) and (code & 0xFF) in _LOCK_CODES) or is_lock_message(exc)):
+            return errors.DatabaseLockedError(str(exc))
         kind = _BY_CODE.get(code & 0xFF) if isinstance(code, int) else None
         if kind is None:
             text_ = str(exc).lower()
@@ -371,10 +404,11 @@ class SQLiteDialect:
         return self.begin_options(write)  # BEGIN IMMEDIATE / one WAL snapshot per read call
 
     def is_retryable(self, exc: BaseException) -> bool:
+        if isinstance(exc, errors.DatabaseLockedError):
+            return True  # a lock translated outside a transaction (see driver_errors)
         if not isinstance(exc, (OperationalError, sqlite3.OperationalError)):
             return False
-        text = str(exc).lower()
-        return any(marker in text for marker in _LOCKED)
+        return is_lock_message(exc)
 
     def begin_write(self, conn: Connection, seconds: float) -> None:
         return None  # BEGIN IMMEDIATE already holds the write lock; waits end at busy_timeout
@@ -551,21 +585,20 @@ class SQLiteDialect:
         _outside_transaction(engine, "VACUUM")
 
     def checkpoint(self, engine: Engine) -> None:
-        try:
+        """A PASSIVE checkpoint, skipped when busy (retried at the next interval): a
+        held lock, or a connection that could not be opened, is never the caller's error."""
+        with suppress(*_SKIPPED_CHECKPOINT):
             _outside_transaction(engine, "PRAGMA wal_checkpoint(PASSIVE)")
-        except sqlite3.OperationalError:
-            pass  # a busy checkpoint is simply retried at the next interval
 
     def checkpoint_truncate(self, engine: Engine) -> None:
         """Fold the whole WAL into the file and truncate it to 0 bytes (before VACUUM).
 
-        Best effort, as Hermes' ``vacuum()``: a checkpoint blocked by a reader is left
-        for the next one.
+        Best effort, as Hermes' ``vacuum()``: a checkpoint blocked by a reader or a
+        writer (SQLite then reports it busy in its result row, or DatabaseLockedError)
+        is skipped and left for the next one.
         """
-        try:
+        with suppress(*_SKIPPED_CHECKPOINT):
             _outside_transaction(engine, "PRAGMA wal_checkpoint(TRUNCATE)")
-        except sqlite3.OperationalError:
-            pass
 
     def defer_foreign_keys(self, conn: Connection) -> None:
         conn.exec_driver_sql("PRAGMA defer_foreign_keys = ON")

@@ -21,7 +21,8 @@ from .. import errors
 from ..dialects import for_connection
 from ..repositories.base import driver_errors
 from ..repositories.fts_upkeep import FtsUpkeepRepository
-from .steps import LONG_BUDGET_S, Steps
+from . import steps as steps_module
+from .steps import Steps
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,11 @@ class Pacing:
     step_budget: float = STEP_BUDGET_S
 
 
+def _long_budget() -> float:
+    """The long write budget (index rewrites) as :mod:`.steps` holds it now (code may lower it)."""
+    return float(steps_module.LONG_BUDGET_S)
+
+
 def probe(steps: Steps, fn: Callable[[FtsUpkeepRepository], Any]) -> bool:
     """A yes/no question about the search indexes, asked in one read (no when the store
     is closed or the indexes cannot be read: the caller then skips the work)."""
@@ -62,7 +68,7 @@ def probe(steps: Steps, fn: Callable[[FtsUpkeepRepository], Any]) -> bool:
 def optimize_indexes(steps: Steps, *, bounded: bool = False) -> list[str]:
     """FTS5 ``'optimize'`` (``'merge'`` when ``bounded``) of every index, in one write;
     the names of the indexes done."""
-    return steps.write(lambda c: FtsUpkeepRepository(c).optimize_each(bounded=bounded), budget=LONG_BUDGET_S)
+    return steps.write(lambda c: FtsUpkeepRepository(c).optimize_each(bounded=bounded), budget=_long_budget())
 
 
 def rebuild_step(steps: Steps, kind: str = "main", *, chunk_rows: int = REBUILD_CHUNK_ROWS,
@@ -82,7 +88,7 @@ def rebuild_step(steps: Steps, kind: str = "main", *, chunk_rows: int = REBUILD_
 def demote_legacy_fts(steps: Steps) -> list[str]:
     """Swap pre-v23 inline indexes for the head layout in one short write; the demoted
     tables (none on a current layout or while a window is open)."""
-    demoted = steps.write(lambda c: FtsUpkeepRepository(c).demote_legacy(), budget=LONG_BUDGET_S)
+    demoted = steps.write(lambda c: FtsUpkeepRepository(c).demote_legacy(), budget=_long_budget())
     if demoted:
         log.info("demoted pre-v23 search indexes %s; backfilling the new ones", ", ".join(demoted))
     return demoted
@@ -92,7 +98,7 @@ def vacuum_now(engine: Engine) -> None:
     """Fold the WAL into the file and give free pages back (``VACUUM``; ``VACUUM
     ANALYZE`` on a server), outside any transaction: run it with ``steps.outside``."""
     dialect = for_connection(engine)
-    with driver_errors():
+    with driver_errors(locks=True):
         dialect.checkpoint_truncate(engine)
         dialect.vacuum(engine)
 

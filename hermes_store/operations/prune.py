@@ -15,7 +15,9 @@ from typing import Any, Callable, Optional
 
 from sqlalchemy import Connection, Engine
 
+from .. import errors
 from ..dialects import for_connection
+from ..engine import translate_driver_error
 from ..repositories import MaintenanceRepository
 from ..repositories.base import driver_errors
 from ..repositories.housekeeping import DAY, HousekeepingRepository
@@ -45,6 +47,15 @@ def _stamps(steps: Steps, *keys: str) -> list[Optional[float]]:
     return out
 
 
+def reported(exc: BaseException) -> str:
+    """``"Type: message"`` of a failure a workflow reports instead of raising: the typed
+    error a driver error stands for (a held lock: DatabaseLockedError), never the
+    driver's own."""
+    typed = exc if isinstance(exc, errors.HermesStoreError) else translate_driver_error(exc, locks=True)
+    shown = typed if typed is not None else exc
+    return f"{type(shown).__name__}: {shown}"
+
+
 def _due(steps: Steps, last: Optional[float], interval_s: float) -> bool:
     return last is None or steps.now() - last >= interval_s
 
@@ -64,7 +75,9 @@ def auto_prune_and_vacuum(
     last VACUUM is absent or ``min_vacuum_interval_days`` old.
 
     Returns ``{"skipped", "pruned", "vacuumed"}``, plus ``"error": "Type: message"`` when
-    a step failed: never raises, as it runs on startup paths. ``run_vacuum`` replaces
+    a step failed (a typed error: a lock held past the write budget is
+    ``DatabaseLockedError``): never raises, as it runs on startup paths. A prune that
+    committed keeps its ``last_auto_prune`` stamp when the VACUUM after it fails. ``run_vacuum`` replaces
     the default vacuum (:func:`hermes_store.operations.fts.vacuum` on ``steps``).
     """
     result: dict[str, Any] = {"skipped": False, "pruned": 0, "vacuumed": False}
@@ -89,7 +102,7 @@ def auto_prune_and_vacuum(
             steps.write(lambda c: MaintenanceRepository(c).set_meta(LAST_VACUUM_KEY, repr(steps.now())))
             result["vacuumed"] = True
     except Exception as exc:  # reported, never raised: this runs on startup paths
-        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["error"] = reported(exc)
     return result
 
 
@@ -114,7 +127,7 @@ def auto_archive(
 
         result["archived"] = steps.write(run)
     except Exception as exc:  # reported, never raised: this runs on startup paths
-        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["error"] = reported(exc)
     return result
 
 
@@ -123,7 +136,7 @@ def vacuum_v26(engine: Engine) -> None:
     (``VACUUM ANALYZE`` on a server), then a TRUNCATE checkpoint that empties the WAL
     the VACUUM itself wrote. Run it with ``steps.outside``."""
     dialect = for_connection(engine)
-    with driver_errors():
+    with driver_errors(locks=True):
         dialect.checkpoint(engine)
         dialect.vacuum(engine)
         dialect.checkpoint_truncate(engine)
@@ -133,7 +146,7 @@ def vacuum_after_optimize_storage(engine: Engine) -> None:
     """optimize-storage's VACUUM (Hermes v25): ``VACUUM``, then one PASSIVE checkpoint,
     never a TRUNCATE. Run it with ``steps.outside``."""
     dialect = for_connection(engine)
-    with driver_errors():
+    with driver_errors(locks=True):
         dialect.vacuum(engine)
         dialect.checkpoint(engine)
 

@@ -18,6 +18,7 @@ A workflow never sleeps or reads a clock by itself: it asks ``steps.sleep``,
 
 from __future__ import annotations
 
+import math
 import random
 import sqlite3
 import time
@@ -28,6 +29,7 @@ from sqlalchemy.exc import DBAPIError
 
 from .. import errors
 from ..dialects import for_connection
+from ..dialects.base import LOCK_BUDGET_OPTION
 from ..engine import schema_of
 from ..uow import UnitOfWork, _in_schema
 
@@ -66,7 +68,8 @@ class Steps(Protocol):
 
     def outside(self, fn: Callable[[Engine], T]) -> T:
         """``fn(engine)`` outside any transaction (VACUUM, checkpoints): the engine works
-        in the runner's tenant schema. Counts as a write (a read-only store refuses)."""
+        in the runner's tenant schema. Counts as a write (a read-only store refuses): a
+        held lock is retried within the write budget, then DatabaseLockedError."""
 
     def sleep(self, seconds: float) -> None:
         """The pause between two steps (an async runner does not block its loop)."""
@@ -88,6 +91,43 @@ def jitter(elapsed: float, left: float, *, early: tuple[float, float] | None = N
     low, high = (EARLY_JITTER_S if early is None else early) if elapsed < phase else \
         (LATE_JITTER_S if late is None else late)
     return min(random.uniform(low, high), max(left, 0.0))
+
+
+def wait_or_give_up(exc: BaseException, *, start: float, now: float, deadline: float, budget: float, label: str,
+                    sleep: Callable[[float], None], early: tuple[float, float] | None = None,
+                    late: tuple[float, float] | None = None, phase: float | None = None) -> None:
+    """The step after a try met a held lock: past the deadline, DatabaseLockedError
+    chained from ``exc``; before it, a jittered sleep. One policy for every retry loop
+    (the facade's writes, the steps runners, maintenance outside a transaction)."""
+    if now >= deadline:
+        raise errors.DatabaseLockedError(f"{label}: database stayed locked for {budget:.3g}s; giving up") from exc
+    sleep(jitter(now - start, deadline - now, early=early, late=late, phase=phase))
+
+
+def retry_locked(attempt: Callable[[float], T], *, budget: float, is_retryable: Callable[[BaseException], bool],
+                 label: str, sleep: Callable[[float], None], monotonic: Callable[[], float],
+                 early: tuple[float, float] | None = None, late: tuple[float, float] | None = None,
+                 phase: float | None = None) -> T:
+    """``attempt(deadline)`` until it does not meet a held lock (``is_retryable``), with
+    :func:`wait_or_give_up` between tries. A translated lock (``DatabaseLockedError``
+    from a statement outside a transaction) is a held lock too."""
+    start = monotonic()
+    deadline = start + budget
+    while True:
+        try:
+            return attempt(deadline)
+        except (DBAPIError, sqlite3.DatabaseError, errors.DatabaseLockedError) as exc:
+            if not is_retryable(exc):
+                raise
+            wait_or_give_up(exc, start=start, now=monotonic(), deadline=deadline, budget=budget, label=label,
+                            sleep=sleep, early=early, late=late, phase=phase)
+
+
+def with_lock_budget(engine: Engine, seconds: float) -> Engine:
+    """``engine`` whose connections carry ``seconds`` as their lock budget
+    (:data:`~hermes_store.dialects.base.LOCK_BUDGET_OPTION`, in ms): a statement outside a
+    transaction that can wait on a server's lock queue (VACUUM) waits no longer."""
+    return engine.execution_options(**{LOCK_BUDGET_OPTION: max(1, math.ceil(seconds * 1000))})
 
 
 class _StepUnitOfWork(UnitOfWork):
@@ -139,27 +179,18 @@ class UnitOfWorkSteps:
         return self.engine.url.render_as_string(hide_password=True)
 
     def write(self, fn: Callable[[Connection], T], *, budget: float | None = None) -> T:
-        if budget is None:
-            budget = WRITE_BUDGET_S
-        start = self.monotonic()
-        deadline = start + budget
-        dialect = for_connection(self.engine)
-        while True:
-            try:
-                with _StepUnitOfWork(self.engine, self.schema, deadline - self.monotonic()) as uow:
-                    assert uow.conn is not None
-                    return fn(uow.conn)
-            except (DBAPIError, sqlite3.DatabaseError) as exc:
-                # BEGIN IMMEDIATE reports a held lock as the driver's own error; a server
-                # reports lock timeouts, serialization failures and deadlocks.
-                if not dialect.is_retryable(exc):
-                    raise
-                now = self.monotonic()
-                if now >= deadline:
-                    raise errors.DatabaseLockedError(
-                        f"{self._label()}: database stayed locked for {budget:.3g}s; giving up"
-                    ) from exc
-                self.sleep(jitter(now - start, deadline - now))
+        def attempt(deadline: float) -> T:
+            # BEGIN IMMEDIATE reports a held lock as the driver's own error; a server
+            # reports lock timeouts, serialization failures and deadlocks.
+            with _StepUnitOfWork(self.engine, self.schema, deadline - self.monotonic()) as uow:
+                assert uow.conn is not None
+                return fn(uow.conn)
+
+        return self._retry(attempt, WRITE_BUDGET_S if budget is None else budget)
+
+    def _retry(self, attempt: Callable[[float], T], budget: float) -> T:
+        return retry_locked(attempt, budget=budget, is_retryable=for_connection(self.engine).is_retryable,
+                            label=self._label(), sleep=self.sleep, monotonic=self.monotonic)
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         with UnitOfWork(self.engine, write=False, schema=self.schema) as uow:
@@ -167,10 +198,12 @@ class UnitOfWorkSteps:
             return fn(uow.conn)
 
     def outside(self, fn: Callable[[Engine], T]) -> T:
-        return fn(self._outside)
+        """A held lock is waited out within :data:`WRITE_BUDGET_S` (read now), as a write's."""
+        return self._retry(lambda deadline: fn(with_lock_budget(self._outside, deadline - self.monotonic())),
+                           WRITE_BUDGET_S)
 
 
 __all__ = [
     "EARLY_JITTER_S", "EARLY_PHASE_S", "LATE_JITTER_S", "LONG_BUDGET_S", "Steps", "UnitOfWorkSteps",
-    "WRITE_BUDGET_S", "jitter",
+    "WRITE_BUDGET_S", "jitter", "retry_locked", "wait_or_give_up", "with_lock_budget",
 ]

@@ -142,7 +142,8 @@ class FtsUpkeepRepository(Repository):
 
     def optimize_each(self, *, bounded: bool = False) -> list[str]:
         """FTS5 ``'optimize'`` (GIN pending-list merge) per index; an index that fails with
-        an OperationalError is logged and skipped, as Hermes does. Returns those done.
+        an OperationalError is logged and skipped, as Hermes does, unless it met a held
+        lock (raised, so the write's retry loop waits it out). Returns those done.
 
         ``bounded``: FTS5's ``'merge'`` instead, a few hundred pages of segment merging
         at most, for upkeep inside a writer's path (a full optimize rewrites the whole
@@ -155,6 +156,8 @@ class FtsUpkeepRepository(Repository):
                 with self.conn.begin_nested():
                     self.dialect.fts_command(self.conn, name, cmd)
             except OperationalError as exc:
+                if self.dialect.is_retryable(exc):
+                    raise  # a held lock (a server's lock timeout): the write is retried, not skipped
                 log.warning("search index %s: %s failed (%s); skipped", name, cmd, exc)
                 continue
             done.append(name)
@@ -164,7 +167,7 @@ class FtsUpkeepRepository(Repository):
         """Re-make every index from its content (FTS5 ``'rebuild'``, REINDEX on a server).
 
         Each index in its own savepoint: one that fails is rolled back, logged and left
-        as it was. A rebuilt index holds every row, so a rebuild window over indexes
+        as it was (a held lock is raised instead: the write's retry loop waits it out). A rebuilt index holds every row, so a rebuild window over indexes
         that were all rebuilt is closed (a later backfill would index rows twice).
         """
         done = []
@@ -173,6 +176,8 @@ class FtsUpkeepRepository(Repository):
                 with self.conn.begin_nested():
                     self.dialect.fts_command(self.conn, name, "rebuild")
             except Exception as exc:  # noqa: BLE001 - Hermes: logged, rolled back, next index
+                if self.dialect.is_retryable(exc):
+                    raise  # a held lock (REINDEX behind a server's lock timeout): retried, not skipped
                 log.warning("search index %s: rebuild failed (%s); left as it was", name, exc)
                 continue
             done.append(name)

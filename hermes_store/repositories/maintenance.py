@@ -15,6 +15,7 @@ from sqlalchemy import Engine, bindparam, select, update
 
 from .. import errors
 from ..codec import check_key, is_stale_tool_call_marker_message
+from ..dialects.sqlite import _outside_transaction  # VACUUM INTO: a SQLite file's statement
 from ..models import Base
 from ..search import bigram, bigram_upkeep
 from ..tenancy import SchemaSQL
@@ -71,9 +72,9 @@ MARKER_BACKUP_PREFIX = "pre-clean-markers-backup-"
 
 def vacuum_into(engine: Engine, path: str) -> None:
     """``VACUUM INTO path`` (a consistent copy of a SQLite file), outside any transaction:
-    our engine's DB-API connections are in autocommit and issue BEGIN themselves."""
-    with engine.connect() as conn:
-        conn.connection.dbapi_connection.execute("VACUUM INTO ?", (path,)).fetchall()  # type: ignore[union-attr]
+    our engine's DB-API connections are in autocommit and issue BEGIN themselves. Errors
+    are typed, a held lock as DatabaseLockedError (``Steps.outside`` retries it)."""
+    _outside_transaction(engine, "VACUUM INTO ?", (path,))
 
 
 def _dict_rows(cursor: Any) -> list[dict[str, Any]]:
@@ -419,13 +420,16 @@ class MaintenanceRepository(Repository):
         return fts_upkeep.FtsUpkeepRepository(self.conn).optimize_each()
 
     def fts_integrity_check(self) -> dict[str, str | None]:
-        """Per index: None when healthy, else the error text."""
+        """Per index: None when healthy, else the error text (a held lock is raised, never
+        reported as damage)."""
         out: dict[str, str | None] = {}
         for index in self.dialect.fts_indexes(self.conn):
             try:
                 self.dialect.fts_command(self.conn, index, "integrity-check")
                 out[index] = None
             except Exception as exc:  # sqlite reports corruption as DatabaseError
+                if self.dialect.is_retryable(exc):
+                    raise  # a held lock says nothing of the index: the caller's retry waits it out
                 out[index] = str(exc)
         return out
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import time as _time
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from .. import errors
 from ..engine import schema_of
 from ..operations.steps import LONG_BUDGET_S, WRITE_BUDGET_S
 from ..patch_points import facade_value
@@ -65,6 +64,7 @@ if TYPE_CHECKING:
         def _read(self, fn: Callable[[Connection], T]) -> T: ...
         def _write(self, fn: Callable[[Connection], T], *, budget: float | None = ..., _maintenance: bool = ...,
                    one_statement: bool = ...) -> T: ...
+        def _outside(self, fn: Callable[[Engine], T], *, budget: float | None = ...) -> T: ...
         def _schedule(self, name: str, job: Callable[[], Any]) -> None: ...
         def _now(self) -> float: ...
         def _sleep(self, seconds: float) -> None: ...
@@ -105,11 +105,9 @@ class HostSteps:
         return self._host._read(fn)
 
     def outside(self, fn: "Callable[[Engine], T]") -> T:
-        """``fn(engine)`` outside a transaction: a closed store says so, a read-only one refuses."""
-        engine = self._host._open_engine()
-        if self._host.read_only:
-            raise errors.ReadOnlyDatabaseError(f"{self._host._label()}: opened with read_only=True")
-        return fn(engine)
+        """``fn(engine)`` outside a transaction, a held lock retried within the store's
+        write budget (its ``_outside``): a closed store says so, a read-only one refuses."""
+        return self._host._outside(fn)
 
     def sleep(self, seconds: float) -> None:
         """The store's own wait (the facade's ``time.sleep``; ``asyncio.sleep`` on an async store)."""

@@ -39,7 +39,7 @@ from ..operations import search_index as search_ops
 from ..repositories import MaintenanceRepository
 from ..repositories.base import driver_errors
 from ..repositories.fts_upkeep import FtsUpkeepRepository, set_meta_on_cursor
-from ._host import TRANSCRIPT_BUDGET_S, Host, HostSteps
+from ._host import Host, HostSteps, transcript_budget
 
 log = logging.getLogger(__name__)
 
@@ -193,13 +193,13 @@ class FtsMixin(Host):
         if self.read_only:
             return 0
         return len(
-            self._write(lambda c: FtsUpkeepRepository(c).rebuild_each(), budget=TRANSCRIPT_BUDGET_S, _maintenance=True)
+            self._write(lambda c: FtsUpkeepRepository(c).rebuild_each(), budget=transcript_budget(), _maintenance=True)
         )
 
     def rebuild_search_indexes(self) -> list[str]:
         """:meth:`rebuild_fts` plus our short-CJK index, naming what was rebuilt."""
         return self._write(
-            lambda c: MaintenanceRepository(c).rebuild_search(), budget=TRANSCRIPT_BUDGET_S, _maintenance=True
+            lambda c: MaintenanceRepository(c).rebuild_search(), budget=transcript_budget(), _maintenance=True
         )
 
     def index_search(self) -> int:
@@ -212,7 +212,16 @@ class FtsMixin(Host):
         return import_ops.index_after_import(HostSteps(self))
 
     def check_fts(self) -> dict[str, str | None]:
-        return self._read(lambda c: MaintenanceRepository(c).fts_integrity_check())
+        """Per index: None when healthy, else what its integrity check reported.
+
+        FTS5's check is an INSERT, so it needs the write lock: it runs as a write
+        (a lock held elsewhere is retried within the write budget, then
+        DatabaseLockedError), never reporting a busy file as a damaged index. A
+        read-only store checks in a read, as before.
+        """
+        if self.read_only:
+            return self._read(lambda c: MaintenanceRepository(c).fts_integrity_check())
+        return self._write(lambda c: MaintenanceRepository(c).fts_integrity_check(), _maintenance=True)
 
     def vacuum(self) -> int:
         """Optimize the indexes, then give free pages back to the filesystem.
