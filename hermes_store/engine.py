@@ -200,7 +200,10 @@ def _translate_hook(context: ExceptionContext) -> None:
     """
     if context.is_pre_ping:
         return
-    typed = translate_driver_error(context.original_exception)
+    # A held lock too (DatabaseLockedError): whoever retries locks (the facade's writes,
+    # the operations layer) accepts the typed error as one, and a host's own unit of
+    # work meets a typed error instead of the driver's.
+    typed = translate_driver_error(context.original_exception, locks=True)
     if typed is not None:
         raise typed
 

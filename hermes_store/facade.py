@@ -758,7 +758,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             with self._open_engine().connect() as conn:
                 if not MaintenanceRepository(conn).search_index_behind():
                     return 0
-        except (OperationalError, errors.DatabaseUnavailableError):
+        except (OperationalError, errors.DatabaseLockedError, errors.DatabaseUnavailableError):
             return 0  # best effort: runs after a committed write, which must not look failed
         step = limit
         if self._dialect.upkeep_in_background:

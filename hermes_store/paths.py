@@ -35,14 +35,18 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.util.concurrency import await_only, in_greenlet
+from sqlalchemy.util.concurrency import await_only
 
 from . import errors, held_files
 
 try:  # greenlet comes with the async extra; without it there is no event loop to share
     from greenlet import getcurrent as _current_flow
-except ImportError:  # pragma: no cover - the test extra installs greenlet
+    from sqlalchemy.util.concurrency import in_greenlet
+except ImportError:
     _current_flow = threading.get_ident
+
+    def in_greenlet() -> bool:
+        return False
 from .dialects import find_for, for_connection
 from .engine import check_schema, create_engine, to_url
 

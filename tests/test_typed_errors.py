@@ -18,6 +18,7 @@ from sqlalchemy.exc import OperationalError
 
 from hermes_store import SessionDB, UnitOfWork, errors
 from hermes_store.engine import create_engine, translate_driver_error
+from hermes_store.dialects import for_connection
 from hermes_store.repositories.base import UnknownFieldError
 
 BAD_ID = "sess\ud800ion"
@@ -80,16 +81,23 @@ def test_translate_driver_error_on_real_driver_errors(tmp_path: Path) -> None:
     conn.close()
 
 
-def test_locked_is_not_translated_through_the_engine(head_db: Path) -> None:
+def test_a_lock_met_through_the_engine_is_typed(head_db: Path) -> None:
+    """Issue 29: no caller meets a raw driver error. A host's unit of work behind another
+    process's writer gets DatabaseLockedError (the driver's error chained), which our
+    retry loops accept as a lock."""
     holder = sqlite3.connect(head_db, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     engine = create_engine(head_db, busy_timeout_ms=0)
     try:
-        with pytest.raises((OperationalError, sqlite3.OperationalError)) as info:
+        with pytest.raises(errors.DatabaseLockedError) as info:
             with UnitOfWork(engine) as uow:
                 uow.sessions.create("s", "cli")
-        assert not isinstance(info.value, errors.HermesStoreError)
+        assert isinstance(info.value.__cause__, sqlite3.OperationalError)
         assert "locked" in str(info.value)
+        assert for_connection(engine).is_retryable(info.value)
+        with engine.connect() as conn:  # a plain SQLAlchemy write on our engine: typed too
+            with pytest.raises(errors.DatabaseLockedError):
+                conn.exec_driver_sql("INSERT INTO state_meta (key, value) VALUES ('k', 'v')")
     finally:
         holder.execute("ROLLBACK")
         holder.close()

@@ -158,7 +158,9 @@ def _emit_begin(conn: Connection) -> None:
     try:
         dbapi(conn).execute(f"BEGIN {mode}")
     except sqlite3.Error as exc:
-        typed = DIALECT.translate_error(exc)
+        # BEGIN IMMEDIATE behind another writer: DatabaseLockedError, which the retry
+        # loops accept as a lock and a host's UnitOfWork sees typed.
+        typed = DIALECT.translate_error(exc, locks=True)
         if typed is None:
             raise
         raise typed from exc

@@ -56,7 +56,7 @@ def catch_up_search_index(
             step = limit
             if for_connection(steps.engine).upkeep_in_background:
                 step = BACKGROUND_CATCH_UP_ROWS if limit is None else min(limit, BACKGROUND_CATCH_UP_ROWS)
-    except (OperationalError, errors.DatabaseUnavailableError):
+    except (OperationalError, errors.DatabaseLockedError, errors.DatabaseUnavailableError):
         return 0  # best effort: runs after a committed write, which must not look failed
     done = 0
     try:

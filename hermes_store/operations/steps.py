@@ -100,7 +100,9 @@ def wait_or_give_up(exc: BaseException, *, start: float, now: float, deadline: f
     chained from ``exc``; before it, a jittered sleep. One policy for every retry loop
     (the facade's writes, the steps runners, maintenance outside a transaction)."""
     if now >= deadline:
-        raise errors.DatabaseLockedError(f"{label}: database stayed locked for {budget:.3g}s; giving up") from exc
+        # Chained from the driver's own error, also when the engine had typed it already.
+        cause = exc.__cause__ if isinstance(exc, errors.DatabaseLockedError) and exc.__cause__ is not None else exc
+        raise errors.DatabaseLockedError(f"{label}: database stayed locked for {budget:.3g}s; giving up") from cause
     sleep(jitter(now - start, deadline - now, early=early, late=late, phase=phase))
 
 
