@@ -81,14 +81,15 @@ def test_the_wal_reset_bug_line(tmp_path: Path) -> None:
             assert "stays in WAL" in wal["this_store"] and any("WAL-reset bug" in w for w in doc["warnings"])
         human = run("--db", db, "doctor").stdout
         assert "WAL-reset bug" in human and "affected" in human and "what the store does" in human
-    # A file in the rollback journal: the rule keeps WAL off it.
+    # A file in the rollback journal: Hermes v26 keeps WAL off it; our stores say they do not.
     with sqlite3.connect(db) as conn:
         conn.execute("PRAGMA journal_mode=DELETE")
     conn.close()
     doc = doctor("--db", db)
     assert doc["journal_mode"] == "delete"
     if doc["wal_reset_bug"]["affected"]:
-        assert "WAL is not turned on" in doc["wal_reset_bug"]["this_store"]
+        assert "Hermes v26 does not turn WAL on" in doc["wal_reset_bug"]["this_store"]
+        assert "hermes_store's own stores do" in doc["wal_reset_bug"]["this_store"]
 
 
 def test_a_damaged_search_index_is_a_problem(tmp_path: Path) -> None:

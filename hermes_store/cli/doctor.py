@@ -106,10 +106,13 @@ def wal_reset_bug(journal_mode: str | None) -> dict[str, Any]:
     if not affected:
         doing = "nothing to do: WAL is safe with this SQLite"
     elif journal_mode == "wal":
-        doing = ("the file is in WAL and stays in WAL (a live WAL file is never downgraded); "
+        doing = ("the file is in WAL and stays in WAL (a live WAL file is never downgraded; hermes_store keeps "
+                 "its own stores in WAL, COMPATIBILITY.md, Journal mode); "
                  f"upgrade SQLite to {WAL_RESET_FIXED_IN}+ to be rid of the bug")
     else:
-        doing = f"the file is in {journal_mode or 'an unknown'} journal mode; WAL is not turned on for it on this SQLite"
+        doing = (f"the file is in {journal_mode or 'an unknown'} journal mode; Hermes v26 does not turn WAL on "
+                 "for it on this SQLite, hermes_store's own stores do when they open it (COMPATIBILITY.md, "
+                 f"Journal mode); upgrade SQLite to {WAL_RESET_FIXED_IN}+ to be rid of the bug")
     return {"sqlite_version": sqlite3.sqlite_version, "affected": affected, "affected_range": "3.7.0 to 3.51.2",
             "fixed_in": WAL_RESET_FIXED_IN, "rule": WAL_RESET_RULE if affected else None, "this_store": doing}
 
