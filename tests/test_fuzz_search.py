@@ -238,23 +238,175 @@ def test_cjk_queries_equal_brute_force_substring_scan(store: SessionDB, rows: di
     """Trigram (>= 3-character terms, with FTS5's operators) and short-term substring routes.
 
     The trigram index leaves tool rows out; they are found by LIKE with the same
-    meaning. The substring route ORs its terms (its documented meaning), so it is
-    checked on queries without NOT only. PostgreSQL answers both routes by substring.
+    meaning. The substring route ORs its positive terms (its documented meaning), each
+    without the exclusions of its OR branch. ``-term`` is ``NOT term``; NEAR is read as
+    its two terms (CJK text has no word positions). PostgreSQL answers both routes by
+    substring.
     """
     @examples(store, 200)
     @given(st.lists(cjk_terms, min_size=1, max_size=3),
-           st.lists(st.sampled_from([" ", " OR ", " NOT ", " AND "]), min_size=2, max_size=2))
+           st.lists(st.sampled_from([" ", " OR ", " NOT ", " AND ", " -", "near"]), min_size=2, max_size=2))
     def run(terms: list[str], joiners: list[str]) -> None:
-        query = terms[0] + "".join(j + t for j, t in zip(joiners, terms[1:]))
+        query = terms[0]
+        branches = [[terms[0], ""]]  # per OR branch: its FTS5 text, its exclusions (-term) as NOT units
+        for j, t in zip(joiners, terms[1:]):
+            query += f" NEAR({t} {terms[0]})" if j == "near" else j + t
+            if j == " OR ":
+                branches.append([t, ""])
+            elif j == " -":
+                branches[-1][1] += " NOT " + t
+            else:
+                branches[-1][0] += f" {t} {terms[0]}" if j == "near" else j + t
+        model = " OR ".join(text + excluded for text, excluded in branches)
         plan = plan_search(query)
         assert plan.kind in ("trigram", "substring")
         if plan.kind == "substring":
-            assume(" NOT " not in query)
-            expected = {mid for mid, (_ts, cols, _r) in rows.items() if any(substring_matches(cols, t) for t in terms)}
+            def branch(cols: list[str], group: str) -> bool:
+                factors = [f.split(" NOT ") for f in group.split(" AND ")]
+                positives = [p for first, *_neg in factors for p in first.split()]
+                units = [unit.split() for _first, *negated in factors for unit in negated]
+                return any(substring_matches(cols, p) for p in positives) and not any(
+                    all(substring_matches(cols, n) for n in unit) for unit in units)
+
+            expected = {mid for mid, (_ts, cols, _r) in rows.items() if any(branch(cols, g) for g in model.split(" OR "))}
         else:
-            expected = {mid for mid, (_ts, cols, _r) in rows.items() if brute_force(cols, query, substring_matches)}
+            expected = {mid for mid, (_ts, cols, _r) in rows.items() if brute_force(cols, model, substring_matches)}
         got = [h["id"] for h in store.search_messages(query, limit=1000)]
         assert len(got) == len(set(got)) and set(got) == expected, (query, plan.kind)
+
+    run()
+
+
+# ------------------------------------------------------------------ the operators (issue 30, row 14)
+
+_NEAR = re.compile(r"NEAR\((\S+)\s+(\S+?)(?:,\s*(\d+))?\)")
+
+
+def near_matches(columns: list[str], a: str, b: str, distance: int) -> bool:
+    """FTS5's NEAR(a b, N): in one column, an ``a`` and a ``b`` (either order, the same
+    token allowed) with at most N tokens between them."""
+    def at(toks: list[str], term: str) -> list[int]:
+        word = fold(term.rstrip("*"))
+        return [i for i, t in enumerate(toks) if (t.startswith(word) if term.endswith("*") else t == word)]
+
+    for column in columns:
+        toks = tokens(column)
+        if any(abs(i - j) - 1 <= distance for i in at(toks, a) for j in at(toks, b)):
+            return True
+    return False
+
+
+def operator_matches(row: tuple[float, list[str], list[str]], query: str) -> bool:
+    """The grammar of :mod:`hermes_store.search.query`, from its rules, not its code.
+
+    An OR branch: an optional leading ``NOT x`` and ``-x`` terms at its ends are
+    exclusions; the rest is FTS5's ``t (op t)*`` (:func:`brute_force`), where a term may
+    be ``NEAR(a b[, N])`` (N = 10 by default). A branch with nothing but exclusions
+    matches nothing. A positive term is also found inside a CJK run, unless the query
+    holds NEAR (then the word index alone answers).
+    """
+    _ts, columns, run_columns = row
+    nears: dict[str, tuple[str, str, int]] = {}
+
+    def hide(m: re.Match) -> str:
+        key = f"near{len(nears)}"
+        nears[key] = (m.group(1), m.group(2), int(m.group(3) or 10))
+        return key
+
+    text = _NEAR.sub(hide, query)
+
+    def word(cols: list[str], item: str) -> bool:
+        if item in nears:
+            a, b, n = nears[item]
+            return near_matches(cols, a, b, n)
+        return term_matches(cols, item)
+
+    def positive(cols: list[str], item: str) -> bool:
+        return word(cols, item) or (not nears and in_cjk_run(run_columns, item))
+
+    for branch in text.split(" OR "):
+        toks = branch.split()
+        excluded = []
+        if len(toks) >= 2 and toks[0] == "NOT":
+            excluded.append(toks[1])
+            toks = toks[2:]
+        while toks and toks[0].startswith("-"):
+            excluded.append(toks.pop(0)[1:])
+        while toks and toks[-1].startswith("-"):
+            excluded.append(toks.pop()[1:])
+        if not toks:
+            continue
+        if brute_force(columns, " ".join(toks), word, positive) and not any(word(columns, e) for e in excluded):
+            return True
+    return False
+
+
+single = st.sampled_from(["deploy", "deployment", "deplo*", "kubectl", "zebra", "quokka", "rollout", "config",
+                          "service", "pipeline", "alpha", "beta", "chat", "send", "terminal", "cmd", "cafe",
+                          "example", "zeb*", "a2a", "gpt4"])
+
+
+@st.composite
+def operands(draw: st.DrawFn) -> str:
+    if draw(st.integers(0, 3)) == 0:
+        a, b = draw(single), draw(single)
+        distance = draw(st.sampled_from(["", ", 0", ", 1", ", 2", ", 5", ",3"]))
+        return f"NEAR({a} {b}{distance})"
+    return draw(words)
+
+
+@st.composite
+def operator_queries(draw: st.DrawFn) -> str:
+    branches = []
+    for _ in range(draw(st.integers(1, 3))):
+        parts = []
+        if draw(st.booleans()):
+            parts.append("NOT " + draw(operands()))
+        parts += ["-" + draw(words) for _ in range(draw(st.integers(0, 1)))]
+        terms = draw(st.lists(operands(), min_size=0, max_size=3))
+        if terms:
+            body = terms[0]
+            for term in terms[1:]:
+                body += draw(st.sampled_from([" ", " ", " AND ", " NOT "])) + term
+            parts.append(body)
+        parts += ["-" + draw(words) for _ in range(draw(st.integers(0, 2)))]
+        branches.append(" ".join(parts))
+    return " OR ".join(b for b in branches if b) or "-absent"
+
+
+def test_operator_model_agrees_with_known_cases() -> None:
+    row = (0.0, ["kubernetes deploy went fine", "terminal"], ["kubernetes deploy went fine", "terminal"])
+    assert operator_matches(row, "NEAR(kubernetes deploy)") and operator_matches(row, "NEAR(deploy kubernetes, 0)")
+    assert not operator_matches(row, "NEAR(kubernetes fine, 1)") and operator_matches(row, "NEAR(kubernetes fine, 2)")
+    assert not operator_matches(row, "NEAR(fine terminal, 50)")  # two columns
+    assert not operator_matches(row, "kubernetes -deploy") and operator_matches(row, "kubernetes -zebra")
+    assert not operator_matches(row, "NOT zebra") and operator_matches(row, "NOT zebra deploy")
+    assert not operator_matches(row, "NOT deploy kubernetes") and operator_matches(row, "zebra OR fine -zebra")
+    assert not operator_matches(row, "-zebra OR -quokka") and operator_matches(row, "kub* NOT NEAR(deploy zebra)")
+
+
+def test_operator_queries_equal_the_model(store: SessionDB, rows: dict) -> None:
+    """Exclusions (``-term``, a leading NOT), NEAR and the FTS5 operators mixed, on both
+    backends, against :func:`operator_matches`."""
+    @examples(store, 250)
+    @given(operator_queries(), st.sampled_from(["newest", "oldest"]), st.integers(0, 30), st.integers(0, 10))
+    def run(query: str, sort: str, limit: int, offset: int) -> None:
+        assert plan_search(query).kind in ("word", "empty")
+        expected = sorted((mid for mid, row in rows.items() if operator_matches(row, query)),
+                          key=lambda mid: (rows[mid][0], mid), reverse=sort == "newest")
+        got = [h["id"] for h in store.search_messages(query, sort=sort, limit=limit, offset=offset)]
+        assert got == expected[offset:offset + limit], query
+
+    run()
+
+
+def test_ranked_operator_queries_return_the_same_set(store: SessionDB, rows: dict) -> None:
+    @examples(store, 100)
+    @given(operator_queries())
+    def run(query: str) -> None:
+        expected = {mid for mid, row in rows.items() if operator_matches(row, query)}
+        got = [h["id"] for h in store.search_messages(query, limit=1000)]
+        assert len(got) == len(set(got)) and set(got) == expected, query
 
     run()
 

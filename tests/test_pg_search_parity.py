@@ -239,6 +239,14 @@ QUERIES = [
     "A2A", "a2a", '"A2A"', "A2A*", "GPT4", "gpt4*", "2024", "kubectl 命令", "quokka", "A2A kubectl", "A2A NOT kubectl",
     "A2A OR zebra", "A2A deploy", "A2A NOT 通信", "A2Ab", "xa2a", "AI", "ai", "A2A 🎉", "a2a café", "NOT A2A",
     "GPT4 OR 2024 NOT quokka", "A2A AND gpt4*",
+    # the operators (issue 30, row 14): -term and a leading NOT exclude, NEAR(a b[, N])
+    "deploy -kubectl", "kubectl -deploy", "-deploy", "NOT deploy", "NOT deploy kubectl", "zebra -quokka OR alpha",
+    'deploy -"chat-send"', "chat-send -deploy", "deploy AND -zebra", "alpha NOT -beta", "x-y-z -y",
+    "NEAR(zebra quokka)", "NEAR(zebra quokka, 0)", "NEAR(quokka zebra, 2)", "NEAR(deplo* kubectl, 3)",
+    'NEAR("chat-send" deploy)', "NEAR(timeout terminal, 50)", "NEAR(job timeout, 2)", "NEAR(example com, 0)",
+    "zebra NOT NEAR(zebra quokka, 1)", "zebra -NEAR(zebra quokka, 1)", "NEAR(zebra quokka) OR alpha", "NEAR(cafe résumé)",
+    "NEAR(数据库 迁移)", "数据 -迁移", "数据库迁移 -完成", "NEAR(A2A 通信)", "A2A -kubectl", "NEAR(a2a zebra)",
+    "NEAR(zebra zebra, 0)", "NEAR(zeb* zebra, 0)", '"unclosed deploy', "NEAR(a b c)", "NEAR(zebra", "(alpha OR beta) gamma",
     # odd input
     "", "   ", '"', "***", "NOT", "OR deploy", "deploy AND", "((deploy", "deploy:", "^zebra", "{alpha}",
     "🎉", "zebra 🎉", "\x00deploy", "\ud800deploy", "%", "_", "\\", "'", "x" * 3000, "AND OR NOT",
@@ -280,7 +288,30 @@ def test_compound_and_accent_queries_find_rows(engines: tuple[Engine, Engine], q
         assert found and sorted(found) == sorted(_search(lite, query, limit=1000))
 
 
-@pytest.mark.parametrize("query", ["deploy", "数据库", "数据", "chat-send OR 迁移", "example", "café", "A2A"])
+@pytest.mark.parametrize(("query", "wider"), [
+    ("deploy -kubectl", "deploy"), ("NOT kubectl deploy", "deploy"), ("NEAR(zebra quokka, 1)", "zebra quokka"),
+    ("zebra -NEAR(zebra quokka, 1)", "zebra"), ("数据 -迁移", "数据"), ("数据库 -迁移", "数据库"),
+])
+def test_operators_narrow_and_find_rows(engines: tuple[Engine, Engine], query: str, wider: str) -> None:
+    """The operator rows of QUERIES are not two empty answers: each finds rows, fewer than
+    the query without its operator, the same on both backends."""
+    lite, pg = engines
+    narrow, wide = set(_search(pg, query, limit=1000)), set(_search(pg, wider, limit=1000))
+    assert narrow and narrow < wide and narrow == set(_search(lite, query, limit=1000))
+
+
+def test_near_never_spans_two_columns(engines: tuple[Engine, Engine]) -> None:
+    """``search_vector`` keeps columns one position apart; NEAR is checked again with them
+    far apart, as FTS5 never matches NEAR across columns (the FIXED tool row)."""
+    lite, pg = engines
+    fixed = 1_800_000_100.0  # FIXED[0]: content "the job hit a timeout", tool name "terminal"
+    assert fixed in _search(pg, "timeout terminal", limit=1000) and fixed in _search(pg, "NEAR(job timeout, 2)", limit=1000)
+    for engine in (lite, pg):
+        assert fixed not in _search(engine, "NEAR(timeout terminal, 50)", limit=1000)
+
+
+@pytest.mark.parametrize("query", ["deploy", "数据库", "数据", "chat-send OR 迁移", "example", "café", "A2A",
+                                   "deploy -zebra", "NEAR(zebra quokka)"])
 @pytest.mark.parametrize("kw", [
     {"source_filter": "cli"}, {"exclude_sources": ["cron", "telegram"]}, {"role_filter": ["tool"]},
     {"role_filter": "user", "source_filter": ["cli", "discord"]}, {"limit": 3, "offset": 2},
@@ -355,7 +386,8 @@ def test_phrase_does_not_span_columns_on_postgresql(engines: tuple[Engine, Engin
 _TOKEN = re.compile(r"[^\W_]+")
 _FUZZ_ALPHABET = st.sampled_from(
     WORDS + JOINED + ACCENTED + CJK + MIXED + ["A2A", "gpt4", "OR", "NOT", "AND", '"', "*", "(", ")", ":", "^", "-", "\\", "'", "%", "_",
-                                       " ", "\x00", "数", "据", "🎉", "é", ".", "@", "E\u0301"]
+                                       " ", "\x00", "数", "据", "🎉", "é", ".", "@", "E\u0301",
+                                       "NEAR(", ", 2)", ",", " -", "-zebra", "NEAR(zebra quokka)", "NEAR(deploy ", "0)"]
 )
 
 

@@ -98,12 +98,12 @@ def hits(conn: sqlite3.Connection, table: str, match: str) -> set[int]:
         ("hello world", "hello world"),
         ("a AND NOT b", "a NOT b"),
         ("AND OR NOT", ""),
-        ("NOT hello", "hello"),
+        ("NOT hello", ""),  # a leading NOT excludes: nothing left to look for
         ("hello AND OR", "hello"),
         ("hello and", "hello and"),  # lowercase is an ordinary word
         ("or world", "or world"),
         ("AND*", '"AND"*'),
-        ("NEAR(a b)", "NEAR a b"),
+        ("NEAR(a b)", "NEAR(a b, 10)"),  # the operator grammar (tests/test_search_operators.py)
         # punctuation around a term is trimmed, inside a term it makes a phrase
         ("hello!", "hello"),
         ("end.", "end"),
@@ -113,7 +113,8 @@ def hits(conn: sqlite3.Connection, table: str, match: str) -> set[int]:
         ("100%", "100"),
         ("a/b", '"a/b"'),
         ("#tag", "tag"),
-        ("-foo", "foo"),
+        ("-foo", ""),  # -term excludes
+        ("--foo", "foo"),
         ("foo,bar", '"foo,bar"'),
         ("「数据库」", "数据库"),
         ("数据库。", "数据库"),

@@ -175,7 +175,8 @@ def check_hits_against_corpus(texts: dict[int, list[str]], query: str, hits: lis
 
     Word route: each hit holds at least one word of one query term (folded as FTS5
     folds). Trigram route: at least one term as a substring. Substring route: the ids
-    are exactly a brute-force LIKE-style scan (ASCII case folding, OR of the terms).
+    are exactly a brute-force LIKE-style scan (ASCII case folding, OR of the positive
+    terms, each without the exclusions of its OR branch).
     """
     plan = plan_search(query)
     got = [h["id"] for h in hits]
@@ -193,8 +194,13 @@ def check_hits_against_corpus(texts: dict[int, list[str]], query: str, hits: lis
         else:
             assert any(fold(t) in fold(c) for t in plan.terms for c in columns), (query, hit["id"], columns)
     if plan.kind == "substring":
+        def has(term: str, columns: list[str]) -> bool:
+            return any(ascii_lower(term) in ascii_lower(c) for c in columns)
+
+        # any one positive term, without the exclusions of its OR branch (NOT x, -x)
         expected = {mid for mid, columns in texts.items()
-                    if any(ascii_lower(t) in ascii_lower(c) for t in plan.terms for c in columns)}
+                    if any(has(p, columns) and not any(all(has(n, columns) for n in unit) for unit in negatives)
+                           for positives, negatives in boolean_groups(plan.match) for p in positives)}
         if len(expected) <= limit:
             assert set(got) == expected, query
         else:
@@ -307,7 +313,8 @@ def test_trigram_hits_and_tool_rows_merge_in_order_and_pages(db: SessionDB, back
         ("deplo* AND NOT service", [3, 4, 6]),  # a run of operators keeps the last
         ("deploy AND", [1, 6]),  # dangling AND at the end
         ("OR deploy", [1, 6]),  # dangling OR at the start
-        ("NOT kubectl", [2]),  # dangling NOT
+        ("NOT kubectl", []),  # a leading NOT excludes: nothing left to look for (issue 30, row 14)
+        ("deploy -kubectl", [1, 6]),  # -term excludes
         ("deploy service", [1]),  # implicit AND
         ("(deploy) {service}", [1]),  # grouping and column-set syntax become spaces
         ("^deploy+service", [1]),  # ^ and + become spaces

@@ -48,7 +48,7 @@ from ..search.fts import (
     TRIGRAM_INDEX,
     WORD_INDEX,
 )
-from ..search.query import escape_like, plan_search, split_on
+from ..search.query import escape_like, item_terms, match_items, plan_search, split_on
 from ..state_modules.common import FTS_STALE_KEY
 from ..tenancy import SchemaSQL
 from .base import Repository, in_filter
@@ -106,25 +106,36 @@ def _count(value: Any, name: str) -> int:
 #: terms and none of its NOT-ed units (each unit: terms that must all be present).
 Groups = list[tuple[list[str], list[list[str]]]]
 
-_MATCH_ITEM = re.compile(r'"[^"]*"\*?|\S+')
-
-
 def boolean_groups(match: str) -> Groups:
     """Read a sanitized MATCH string with FTS5's precedence, for LIKE to mirror it.
 
     FTS5's grammar binds space-joined terms tightest, then NOT, then AND, then OR:
-    ``a b NOT c d OR e`` is ``((a AND b) AND NOT (c AND d)) OR e``.
+    ``a b NOT c d OR e`` is ``((a AND b) AND NOT (c AND d)) OR e``. A ``NEAR(a b, N)``
+    group is read as its two terms (a substring test cannot count words): only the
+    stale-index scan meets one, CJK plans have it read so already.
     """
-    items = _MATCH_ITEM.findall(match)  # operators are bare; a quoted "AND" is a term
+    items = match_items(match)  # operators are bare; a quoted "AND" is a term
     groups: Groups = []
     for group in split_on(items, "OR"):
         positives: list[str] = []
         negatives: list[list[str]] = []
         for factor in split_on(group, "AND"):
             first, *negated = split_on(factor, "NOT")
-            positives += [_term_text(t) for t in first]
-            negatives += [[_term_text(t) for t in unit] for unit in negated]
+            positives += [_term_text(t) for i in first for t in item_terms(i)]
+            negatives += [[_term_text(t) for i in unit for t in item_terms(i)] for unit in negated]
         groups.append((positives, negatives))
+    return groups
+
+
+def substring_groups(match: str) -> Groups:
+    """The short-CJK substring route's reading of a sanitized MATCH string: any one
+    positive term matches (Hermes' LIKE scan ORs its terms), with the exclusions of its
+    own OR branch (``数据 NOT 迁移``, ``数据 -迁移``)."""
+    groups: Groups = []
+    for positives, negatives in boolean_groups(match):
+        for term in positives:
+            if ([term], negatives) not in groups:
+                groups.append(([term], negatives))
     return groups
 
 
@@ -217,8 +228,9 @@ class SearchRepository(Repository):
         run_terms: Sequence[latin_in_cjk.Term] = ()
         if by_substring:
             # PostgreSQL answers every CJK query by substring (LIKE/ILIKE over the pg_trgm
-            # index), with the query's own AND/OR/NOT meaning; the substring route ORs its terms.
-            groups = trigram_groups(plan.match) if plan.kind == "trigram" else [([t], []) for t in plan.terms]
+            # index), with the query's own AND/OR/NOT meaning; the substring route ORs its
+            # positive terms, each without its OR branch's exclusions.
+            groups = trigram_groups(plan.match) if plan.kind == "trigram" else substring_groups(plan.match)
             marks = self._marks(groups, delegated=dialect.cjk_by_substring, gap=dialect.fts5 is not None)
         # CJK queries are answered from the trigram index or by substring; every one
         # of those routes leaves out the sessions that index leaves out (v29: cron,
@@ -242,6 +254,8 @@ class SearchRepository(Repository):
             calls_by_like = plan.kind == "trigram" and "tool_calls" not in self.object_sql(TRIGRAM_INDEX)
             # Where the index does not cut snippets, ``words`` is what cuts them here.
             params["q"], words = dialect.word_match(self.conn, plan.match)
+            if words is not None and words.near:
+                params["qn"] = words.near  # NEAR's exact tsquery (search.postgresql.near_recheck)
             params["window"] = window
             exclude = cjk_filter + (" AND m.tool_calls IS NULL" if calls_by_like else "")
             # A word query's terms written inside CJK runs: one token with the run in the
@@ -254,7 +268,8 @@ class SearchRepository(Repository):
                 if words is not None:
                     rows = self._word_page(by_source, filters + exclude,
                                            params, order.get(sort or "", pg_search.RANK_ORDER),
-                                           runs=runs, ranked=sort not in ("newest", "oldest"))
+                                           runs=runs, ranked=sort not in ("newest", "oldest"),
+                                           near=bool(words.near))
                 else:
                     ranked = self._index_hits(index, filters, params, sort, order, exclude=exclude,
                                               context=plan.kind == "word", runs=runs)
@@ -278,7 +293,7 @@ class SearchRepository(Repository):
             if _is_stale(values.get(FTS_STALE_KEY)):
                 _FRESH.get(self.conn.engine, set()).discard(self.schema)
                 return _project(self._stale_scan(plan.match, filters + visible, params), wanted)
-            rows += self._rebuild_gap(plan.terms, filters + visible, params, rows, values)
+            rows += self._rebuild_gap(plan.match, filters + visible, params, rows, values)
         return _project(self._finish(rows, plan.terms, words, run_terms), wanted)
 
     def _stale_seen(self) -> bool:
@@ -354,7 +369,8 @@ class SearchRepository(Repository):
         return self.dialect.cjk_sessions(self.conn, params, self.object_sql, candidates)
 
     def _word_page(self, join_sessions: bool, where: str, params: dict[str, Any], ordering: str,
-                   runs: latin_in_cjk.RunsSQL | None = None, ranked: bool = True) -> list[dict[str, Any]]:
+                   runs: latin_in_cjk.RunsSQL | None = None, ranked: bool = True,
+                   near: bool = False) -> list[dict[str, Any]]:
         """PostgreSQL's word route in one statement: the ranked page (the index cuts no
         snippets, so nothing is gained by ranking first), its sessions, the texts a
         snippet is cut from, and each hit's context.
@@ -372,7 +388,8 @@ class SearchRepository(Repository):
             )
 
         if runs is None:
-            return self._all(self._with_context(page(pg_search.page_sql(join_sessions, where, ordering)), ordering), params)
+            return self._all(self._with_context(page(pg_search.page_sql(join_sessions, where, ordering, near)), ordering),
+                             params)
         guard = pg_search.rank_guard(join_sessions, where) if ranked else ""
         inner = page(pg_search.runs_page_sql(join_sessions, where, ordering))
         exact = False
@@ -395,14 +412,15 @@ class SearchRepository(Repository):
             params["rx_dlg"] = delegated
             exact = True
 
-    def _rebuild_gap(self, terms: Sequence[str], filters: str, params: dict[str, Any],
+    def _rebuild_gap(self, match: str, filters: str, params: dict[str, Any],
                      found: list[dict[str, Any]], values: dict[str, Any]) -> list[dict[str, Any]]:
         """Rows an interrupted FTS backfill has not indexed yet (Hermes v23's supplement).
 
         While ``fts_rebuild_high_water`` is set (> 0), messages with ids in
         ``(fts_rebuild_progress, high_water]`` are in no index (the triggers skip them
         until the backfill reaches them). A short page is topped up from them by
-        substring, every term required, newest first, without repeating a hit.
+        substring, every positive term required and no excluded one present (NOT x, -x),
+        newest first, without repeating a hit.
         ``values``: the markers (read by :meth:`_marks`, or with ``_GAP_SQL``).
         """
         try:
@@ -413,7 +431,11 @@ class SearchRepository(Repository):
         if high <= 0 or low >= high:
             return []
         gap: dict[str, Any] = {**params, "gap_lo": low, "gap_hi": high, "gap_n": params["limit"] - len(found)}
-        like = self._like_clause([(list(terms), [])], gap, self.dialect.caseless_like)
+        groups = boolean_groups(match)
+        # Hermes ANDs the query's terms here; an excluded term (NOT x, -x) stays excluded.
+        terms = list(dict.fromkeys(t for positives, _neg in groups for t in positives))
+        negatives = [unit for _pos, units in groups for unit in units]
+        like = self._like_clause([(terms, negatives)], gap, self.dialect.caseless_like)
         rows = self._all(
             f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank='0.0')} FROM {{messages}} m "
             f"JOIN {{sessions}} s ON s.id = m.session_id WHERE m.id > :gap_lo AND m.id <= :gap_hi AND ({like}){filters} "

@@ -29,6 +29,8 @@ SQL (``latin_in_cjk``), the same meaning on both.
   ``OR``) is looked up this way only when each positive term's words can be told
   without the tokenizer: it holds an ASCII letter or digit, or is ASCII only (then with
   no letter or digit it has no word, and FTS5 leaves it out).
+* A query holding ``NEAR(...)`` is not looked up this way: a CJK run has no word
+  positions to measure the distance in (the word index alone answers it).
 * The added rows are the word query's misses only: rows the word index matches are
   never repeated. By rank they follow the ranked hits, newest first, as the trigram
   route's tool rows do; by time they interleave.
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN
-from .query import CJK_CLASS, split_on
+from .query import CJK_CLASS, match_items, near_parts, split_on
 
 __all__ = [
     "MIN_CHARS",
@@ -68,7 +70,6 @@ RUN_RANK_SQL = "1152921504606846976.0"
 
 _QUALIFIES = re.compile(rf"[A-Za-z0-9]{{{MIN_CHARS},}}")
 _ASCII_ALNUM = re.compile(r"[A-Za-z0-9]")
-_ITEM = re.compile(r'"[^"]*"\*?|\S+')
 _OPERATORS = ("AND", "OR", "NOT")
 #: What may not touch an occurrence (and what the ASCII side of a CJK run is not).
 _NOT_ALNUM = "[^A-Za-z0-9]"
@@ -133,9 +134,12 @@ def term_body(item: str) -> tuple[str, bool]:
 def parse(match: str) -> Query | None:
     """The lookup for a word query's sanitized MATCH string; None when no group has a
     qualifying term (the query is answered by the word index alone)."""
+    items = match_items(match)
+    if any(near_parts(item) is not None for item in items):
+        return None  # NEAR measures words: a query holding one is the word index's alone
     groups: list[Group] = []
     terms: dict[Term, None] = {}
-    for group in split_on(_ITEM.findall(match), "OR"):
+    for group in split_on(items, "OR"):
         positives: list[tuple[str, Term | None]] = []
         negatives: list[str] = []
         decidable = True

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 from ..tenancy import SchemaSQL
 from .latin_in_cjk import RUN_RANK_SQL, RunsSQL, term_body
 from .fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN, SNIPPET_TOKENS, WORD_INDEX
-from .query import split_on
+from .query import NEAR_MAX, item_terms, match_items, near_parts, split_on
 
 __all__ = [
     "NO_MATCH",
@@ -49,7 +49,6 @@ __all__ = [
 NO_MATCH = "'x' & !'x'"
 #: The longest word a tsvector holds (bytes); a longer one is never in the index.
 MAX_WORD_BYTES = 2046
-_ITEM = re.compile(r'"[^"]*"\*?|\S+')
 #: Words of ASCII text: there every character but a letter or digit separates words.
 _ASCII_WORD = re.compile(r"[a-z0-9]+")
 #: Our word function lives in the tenant's schema: named there, never looked up.
@@ -65,7 +64,8 @@ _DELEGATED_SQL = SchemaSQL(f"SELECT id, model_config FROM {{sessions}} WHERE {DE
 
 def term_texts(match: str) -> list[str]:
     """The distinct term texts of a sanitized MATCH string (operators left out)."""
-    out = dict.fromkeys(term_body(i)[0] for i in _ITEM.findall(match) if i not in ("AND", "OR", "NOT"))
+    out = dict.fromkeys(term_body(t)[0] for i in match_items(match) if i not in ("AND", "OR", "NOT")
+                        for t in item_terms(i))
     return list(out)
 
 
@@ -93,9 +93,28 @@ def _lexeme(word: str) -> str:
     return "'" + word.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
+def _near(terms: Sequence[str], distance: int, words: Mapping[str, Sequence[str]]) -> str | None:
+    """``NEAR(a b, N)`` as tsquery text: one term followed by the other, either way round,
+    with at most N words between them (``a <k> b``: b starts k positions after a ends;
+    k = 0 lets the two share a word, as FTS5 lets them). A term without words drops
+    out, as FTS5 drops it. Columns are kept apart by :func:`near_recheck`."""
+    parts = [_term(t, words) for t in terms]
+    if any(p is None for p in parts):
+        return None
+    kept = [p for p in parts if p]
+    if len(kept) < 2:
+        return kept[0] if kept else ""
+    a, b = kept
+    ways = [f"{x} <{k}> {y}" for k in range(distance + 2) for x, y in ((a, b), (b, a))]
+    return "(" + " | ".join(dict.fromkeys(ways)) + ")"
+
+
 def _term(item: str, words: Mapping[str, Sequence[str]]) -> str | None:
-    """One FTS5 term as tsquery text; '' when it has no word (FTS5 ignores it); None
-    when it can never match (a word too long for the index)."""
+    """One FTS5 term (or NEAR group) as tsquery text; '' when it has no word (FTS5
+    ignores it); None when it can never match (a word too long for the index)."""
+    near = near_parts(item)
+    if near is not None:
+        return _near(near[0], near[1], words)
     body, prefix = term_body(item)
     found = list(words.get(body, ()))
     if not found:
@@ -124,7 +143,7 @@ def tsquery_text(match: str, words: Mapping[str, Sequence[str]]) -> str:
     (:func:`fold_terms`). Returns :data:`NO_MATCH` when nothing can match.
     """
     groups = []
-    for group in split_on(_ITEM.findall(match), "OR"):
+    for group in split_on(match_items(match), "OR"):
         conds = []
         possible = True
         for factor in split_on(group, "AND"):
@@ -154,6 +173,30 @@ class WordQuery:
     prefixes: frozenset[str]
     #: Each term text's folded words (:func:`fold_terms`), for tsqueries of parts of the query.
     folded: Mapping[str, Sequence[str]] = field(default_factory=dict, compare=False)
+    #: With NEAR in the query, its exact tsquery (bound as ``:qn``): ``tsquery`` is then
+    #: :func:`relax_near`'s, which the index answers, and a hit is checked again with
+    #: this one and its columns kept apart (:func:`near_recheck`). '' without NEAR.
+    near: str = ""
+
+
+def relax_near(match: str) -> str:
+    """``match`` with every NEAR group read as its two terms anywhere and every NOT unit
+    holding a NEAR group left out: a MATCH string every hit of ``match`` satisfies on
+    ``search_vector`` too, whose columns are too close together for NEAR (and a NOT
+    of a NEAR found across two columns would wrongly exclude). The index's part of a
+    NEAR query; :func:`near_recheck` does the rest."""
+    out = []
+    for group in split_on(match_items(match), "OR"):
+        factors = []
+        for factor in split_on(group, "AND"):
+            first, *negated = split_on(factor, "NOT")
+            text = " ".join(t for i in first for t in item_terms(i))
+            for unit in negated:
+                if all(near_parts(i) is None for i in unit):
+                    text += " NOT " + " ".join(unit)
+            factors.append(text)
+        out.append(" AND ".join(factors))
+    return " OR ".join(out)
 
 
 def word_query(conn: Any, match: str) -> WordQuery:
@@ -161,15 +204,19 @@ def word_query(conn: Any, match: str) -> WordQuery:
     words = fold_terms(conn, term_texts(match))
     plain: set[str] = set()
     prefixes: set[str] = set()
-    for group in split_on(_ITEM.findall(match), "OR"):
+    items = match_items(match)
+    for group in split_on(items, "OR"):
         for factor in split_on(group, "AND"):
-            for item in split_on(factor, "NOT")[0]:
+            for item in (t for i in split_on(factor, "NOT")[0] for t in item_terms(i)):
                 body, prefix = term_body(item)
                 found = words.get(body, [])
                 plain.update(found[:-1] if prefix else found)
                 if prefix and found:
                     prefixes.add(found[-1])
-    return WordQuery(tsquery_text(match, words), frozenset(plain), frozenset(prefixes), words)
+    exact = tsquery_text(match, words)
+    if all(near_parts(i) is None for i in items):
+        return WordQuery(exact, frozenset(plain), frozenset(prefixes), words)
+    return WordQuery(tsquery_text(relax_near(match), words), frozenset(plain), frozenset(prefixes), words, exact)
 
 
 def _check(index: str) -> None:
@@ -197,15 +244,37 @@ def match_sql(index: str) -> str:
 RANK_ORDER = "rank, m.timestamp DESC, m.id DESC"
 
 
-def page_sql(join_sessions: bool, where: str, ordering: str) -> str:
+#: Positions between two columns in :func:`near_recheck`'s vector: more than the widest
+#: NEAR reaches (``<NEAR_MAX + 1>``), so no NEAR spans two columns. The lexeme ' ' is no
+#: word; ``\:`` keeps the colon from reading as a bind parameter.
+_COLUMN_GAP = "CAST(''' ''\\:" + str(NEAR_MAX + 14) + "' AS tsvector)"
+
+
+def near_recheck(alias: str = "m") -> str:
+    """`` AND`` the exact tsquery of a query holding NEAR (``:qn``,
+    :attr:`WordQuery.near`) on a vector of the row's words whose columns lie
+    :data:`_COLUMN_GAP` apart: ``search_vector`` keeps them one position apart (enough
+    for phrases, not for NEAR), and FTS5 never lets NEAR span two columns. Built with
+    the function and cuts of ``search_vector`` (revision hs0003), and read only for the
+    rows the index found for :func:`relax_near`'s query (``:q``). A template."""
+    vec = "{hermes_store_search_vector}"
+    return (
+        f" AND ({vec}(left({alias}.content, CASE WHEN {alias}.role = 'tool' THEN 8192 ELSE 65536 END))"
+        f" || {_COLUMN_GAP} || {vec}(left({alias}.tool_name, 4096)) || {_COLUMN_GAP}"
+        f" || {vec}(left({alias}.tool_calls, 32768))) @@ CAST(:qn AS tsquery)"
+    )
+
+
+def page_sql(join_sessions: bool, where: str, ordering: str, near: bool = False) -> str:
     """One page of word hits (``:limit`` from ``:offset``) as (id, rank, timestamp):
     the filters (``where``: conditions on ``m`` and, with ``join_sessions``, ``s``) are
-    applied before the page is cut, so nothing is fetched twice or widened. A template,
-    as :func:`match_sql`."""
+    applied before the page is cut, so nothing is fetched twice or widened. ``near``:
+    the query holds NEAR (:func:`near_recheck`). A template, as :func:`match_sql`."""
     join = " JOIN {sessions} s ON s.id = m.session_id" if join_sessions else ""
+    recheck = near_recheck("m") if near else ""
     return (
         f"SELECT m.id AS id, -ts_rank_cd(m.search_vector, {_QUERY}) AS rank, m.timestamp AS timestamp "
-        f"FROM {{messages}} m{join} WHERE m.search_vector @@ {_QUERY}{where} "
+        f"FROM {{messages}} m{join} WHERE m.search_vector @@ {_QUERY}{recheck}{where} "
         f"ORDER BY {ordering} LIMIT :limit OFFSET :offset"
     )
 
