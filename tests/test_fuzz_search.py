@@ -17,7 +17,7 @@ import unicodedata
 from typing import Iterator
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
