@@ -11,7 +11,11 @@ damaged index, a file that cannot be read or written...), 2 bad arguments, 130
 interrupted, 141 stdout closed by its reader (``sessions | head -1``, no message).
 Every error is one line on stderr, never a traceback: ``hermes-store: error: ...`` for
 arguments, ``hermes-store: ...`` otherwise; with ``--json``, one JSON object
-``{"error": ..., "code": ..., "exit_code": ...}``.
+``{"error": ..., "code": ..., "exit_code": ...}`` (``code``: the library error's class
+name in snake case, ``not_a_database``). ^C ends a run with that one line too. A warning
+the library logs (a slow search) is one line as well, ``hermes-store: warning: ...``, a
+JSON object ``{"level": ..., "message": ..., "logger": ...}`` with ``--json``, and
+nothing with ``-q``.
 
 The global options (``--db``, ``--url``, ``--schema``, ``--json``, ``-q``) go before
 or after the command name.
@@ -19,8 +23,11 @@ or after the command name.
 Only ``upgrade``, ``adopt``, ``demo``, ``import`` and ``copy`` create or migrate a
 store. Every other command opens one that is there and at head, or says how to make
 it so and exits 1: a missing or empty database, a server database or schema without
-our tables, a store at an older revision (run ``upgrade``), and a ``state.db`` Hermes
-made that is not adopted yet (run ``adopt``, which keeps a backup) are refused.
+our tables, a store at an older revision (run ``upgrade``; or, when a host
+application's Alembic runs our revisions, ``alembic upgrade heads`` in that project),
+and a ``state.db`` Hermes made that is not adopted yet (run ``adopt``, which keeps a
+backup) are refused. The commands that only read open a file read-only: its bytes
+and time stamp stay as they were, whatever WAL another program left beside it.
 
 One module per command group: ``schema`` (upgrade, current, adopt, demo), ``browse``
 (sessions, show, lineage, search, stats), ``transfer`` (export, import, copy), ``maintain``

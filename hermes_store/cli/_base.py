@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import re
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
 import click
 from click.core import ParameterSource
@@ -153,7 +155,8 @@ GLOBAL_OPTIONS: tuple[tuple[tuple[str, ...], str, dict[str, Any]], ...] = (
     (("--json",), "json", {"is_flag": True,
                            "help": "Machine output: one JSON document on stdout (JSON Lines for export); "
                                    "errors as one JSON object on stderr."}),
-    (("-q", "--quiet"), "quiet", {"is_flag": True, "help": "No progress bars, progress lines or side-notes."}),
+    (("-q", "--quiet"), "quiet", {"is_flag": True,
+                                  "help": "No progress bars, progress lines, side-notes or warnings."}),
 )
 
 
@@ -191,14 +194,26 @@ class PipeClosed(Exception):
     """
 
 
+class Interrupted(Exception):
+    """^C (SIGINT) while a command ran.
+
+    Raised in place of KeyboardInterrupt so it reaches :func:`run` as it is: click turns
+    a KeyboardInterrupt into ``Abort`` after writing an empty line to stderr, which a
+    log or a ``--json`` reader would get before the one line the run ends with.
+    """
+
+
 class Group(click.Group):
-    """click's group, with a closed stdout reported as :class:`PipeClosed`."""
+    """click's group, with a closed stdout reported as :class:`PipeClosed` and ^C as
+    :class:`Interrupted`."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except BrokenPipeError as exc:
             raise PipeClosed() from exc
+        except KeyboardInterrupt as exc:
+            raise Interrupted() from exc
 
 
 class Lazy(NamedTuple):
@@ -287,11 +302,18 @@ def wants_json(args: Iterable[str]) -> bool:
     return False
 
 
-def error_code(exc: BaseException) -> str:
+def error_code(exc: BaseException | type[BaseException]) -> str:
     """The stable name of a library error for ``--json``: its class name in snake case
-    (NotFoundError → "not_found", DatabaseLockedError → "database_locked")."""
-    name = type(exc).__name__.removesuffix("Error") or "error"
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+    (NotFoundError → "not_found", DatabaseLockedError → "database_locked",
+    NotADatabaseError → "not_a_database", FTSError → "fts").
+
+    A word starts at a capital that follows a small letter or digit, and at a capital
+    that follows a capital and precedes a small letter (the "A" of "NotADatabase", the
+    "D" of "FTSDamaged"); a run of capitals stays one word.
+    """
+    cls = exc if isinstance(exc, type) else type(exc)
+    name = cls.__name__.removesuffix("Error") or "error"
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 class Reporter:
@@ -306,6 +328,95 @@ class Reporter:
         else:
             say(f"error: {message}" if usage else message)
         return exit_code
+
+
+# ---------------------------------------------------------------------------- the library's log records
+
+
+#: The loggers the library writes to (its modules', and Hermes' name its mixins keep).
+LIBRARY_LOGGERS = ("hermes_store", "hermes_state")
+
+
+def wants_quiet(args: Iterable[str]) -> bool:
+    """Whether ``-q``/``--quiet`` was given (before a ``--``), read from the arguments
+    as :func:`wants_json` reads them; :func:`route_library_logs` is told again once
+    click has parsed them (:meth:`LogLines.configure`)."""
+    for arg in args:
+        if arg == "--":
+            return False
+        if arg in ("-q", "--quiet"):
+            return True
+    return False
+
+
+class LogLines(logging.Handler):
+    """The library's log records, as this command line writes everything else on stderr.
+
+    A library user configures ``logging`` as they like, and our loggers warn there
+    (a slow search, a failed background upkeep). Run as ``hermes-store``, a record is
+    one line like the others: ``hermes-store: warning: …`` (its exception, if any, as
+    ``(TypeName: message)``, no traceback), one JSON object with ``--json``
+    (``{"level": "warning", "message": …, "logger": …}``), and nothing below ERROR
+    with ``-q``.
+    """
+
+    def __init__(self, as_json: bool, quiet: bool) -> None:
+        super().__init__(logging.WARNING)
+        self.as_json, self.quiet = as_json, quiet
+
+    def configure(self, *, as_json: bool, quiet: bool) -> None:
+        self.as_json, self.quiet = as_json, quiet
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.quiet and record.levelno < logging.ERROR:
+            return
+        try:
+            message = one_line(record.getMessage())
+            exc = record.exc_info[1] if record.exc_info else None
+            if exc is not None:
+                message += f" ({type(exc).__name__}: {one_line(exc)})"
+            level = record.levelname.lower()
+            if self.as_json:
+                click.echo(json_text({"level": level, "message": message, "logger": record.name}), err=True)
+            else:
+                say(f"{level}: {message}")
+        except Exception:  # a closed stderr, a record that cannot be formatted
+            self.handleError(record)
+
+
+#: The handler of the run under way (None outside :func:`run`).
+_active_log: LogLines | None = None
+
+
+def configure_logs(*, as_json: bool, quiet: bool) -> None:
+    """The run's options as click parsed them (global options after the command name too)."""
+    if _active_log is not None:
+        _active_log.configure(as_json=as_json, quiet=quiet)
+
+
+@contextmanager
+def route_library_logs(as_json: bool, quiet: bool) -> Iterator[LogLines]:
+    """For one run: the library's loggers write through :class:`LogLines` only (not
+    through the root logger, nor Python's last-resort handler, which printed records as
+    bare lines); their handlers, level and propagation are put back afterwards."""
+    global _active_log
+    handler = LogLines(as_json, quiet)
+    saved = []
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.handlers[:], logger.propagate, logger.level))
+        logger.handlers = [handler]
+        logger.propagate = False
+        logger.setLevel(logging.WARNING)
+    previous, _active_log = _active_log, handler
+    try:
+        yield handler
+    finally:
+        _active_log = previous
+        for logger, handlers, propagate, level in saved:
+            logger.handlers = handlers
+            logger.propagate = propagate
+            logger.setLevel(level)
 
 
 def _silence_stdout() -> None:
@@ -349,6 +460,18 @@ def run(group: click.Group, argv: list[str] | None) -> int:
     """
     args = sys.argv[1:] if argv is None else list(argv)
     fail = Reporter(wants_json(args))
+    with route_library_logs(fail.as_json, wants_quiet(args)):
+        return _run(group, args, fail)
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return bool(sys.stderr.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _run(group: click.Group, args: list[str], fail: Reporter) -> int:
     try:
         try:
             rv = group.main(args=args, prog_name=PROG, standalone_mode=False)
@@ -364,7 +487,11 @@ def run(group: click.Group, argv: list[str] | None) -> int:
             return fail(f"{exc.format_message()} (see '{where} --help')", "usage", EXIT_USAGE, usage=True)
         except click.exceptions.Exit as exc:
             return exc.exit_code
-        except (click.exceptions.Abort, KeyboardInterrupt):
+        except (Interrupted, KeyboardInterrupt):
+            if _stderr_is_terminal():
+                click.echo(err=True)  # after the terminal's "^C", the line starts on a line of its own
+            return fail("interrupted", "interrupted", EXIT_INTERRUPTED)
+        except click.exceptions.Abort:
             return fail("interrupted", "interrupted", EXIT_INTERRUPTED)
         except click.ClickException as exc:  # e.g. FileError from click.File
             return fail(exc.format_message(), "file_error", EXIT_FAILURE)

@@ -34,11 +34,12 @@ from rich.progress import (
 )
 from rich.table import Table
 from rich.text import Text
+from sqlalchemy import Connection, inspect
 
 from .. import adopt as adopt_mod, errors, migrations, paths
-from ..copying.endpoints import store_file_named
+from ..copying.endpoints import readonly_engine, store_file_named
 from ..dialects import backend_name, find_for, for_connection, for_dialect
-from ..engine import create_engine, default_db_path, schema_in_url, to_url, with_schema
+from ..engine import create_engine, default_db_path, schema_in_url, schema_of, to_url, with_schema
 from ..facade import SessionDB
 from ..paths import create_private_database
 from ..repositories.maintenance import DAY
@@ -59,6 +60,7 @@ from ._base import (
     Options,
     PipeClosed,
     TextArg,
+    configure_logs,
     global_options,
     has_surrogates,
     json_text,
@@ -232,6 +234,7 @@ class _Task:
     first_at: float | None = None
     last_line: float | None = None
     finished: bool = False
+    waiting_since: float | None = None  # waiting for another process's lock since then
 
 
 def fmt_duration(seconds: float) -> str:
@@ -258,6 +261,7 @@ class ProgressLog:
         #: Where a line goes (tests take them): stderr, after "hermes-store: " unless JSON.
         self.write = write or ((lambda line: click.echo(line, err=True)) if as_json else say)
         self.tasks: dict[int, _Task] = {}
+        self._wait_told = False  # the one line saying a task waits for a lock was written
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -291,6 +295,8 @@ class ProgressLog:
                 task.done += advance
             if task.first_at is None:
                 task.first_done, task.first_at = task.done, now
+            if completed is not None or advance:
+                task.waiting_since = None  # it moved: whatever held it let go
             if task.total is not None and task.done >= task.total and not task.finished:
                 task.finished = True
                 if task.last_line is not None or self.every == 0:
@@ -301,6 +307,26 @@ class ProgressLog:
     def advance(self, task_id: int, advance: float = 1) -> None:
         self.update(task_id, advance=advance)
 
+    def waiting(self, task_id: int, since: float | None) -> None:
+        """``task_id`` waits for another process's lock since ``since`` (a clock value), or
+        no longer (None). Its lines say so; the first time a wait reaches
+        :data:`LOCK_NOTICE_S`, a line says so at once (once a run: a store shared with a
+        busy Hermes meets short waits all along)."""
+        now = self.clock()
+        with self._lock:
+            task = self.tasks[task_id]
+            task.waiting_since = since
+            if self._tell_wait(task, now):
+                self._write(task, now)
+
+    def _tell_wait(self, task: _Task, now: float) -> bool:
+        if self._wait_told or task.finished or task.waiting_since is None:
+            return False
+        if now - task.waiting_since < LOCK_NOTICE_S:
+            return False
+        self._wait_told = True
+        return True
+
     def _due(self, task: _Task, now: float) -> bool:
         return not task.finished and now - (task.last_line if task.last_line is not None else task.started) >= self.every
 
@@ -309,7 +335,7 @@ class ProgressLog:
             now = self.clock()
             with self._lock:
                 for task in self.tasks.values():
-                    if self._due(task, now):
+                    if self._tell_wait(task, now) or self._due(task, now):
                         self._write(task, now)
 
     def _write(self, task: _Task, now: float) -> None:
@@ -326,11 +352,15 @@ class ProgressLog:
         if rate and task.total is not None and not task.finished:
             left = max(task.total - task.done, 0) / rate
         percent = round(100 * task.done / task.total, 1) if task.total else None
+        waited = None if task.waiting_since is None or task.finished else max(now - task.waiting_since, 0.0)
+        if waited is not None:
+            left = None  # no time left to tell while another process holds the lock
         if self.as_json:
             doc = {"progress": task.description, "done": task.done, "total": task.total, "percent": percent,
                    "rate_per_second": round(rate, 1) if rate is not None else None,
                    "eta_seconds": round(left, 1) if left is not None else None,
-                   "elapsed_seconds": round(elapsed, 1), "finished": task.finished}
+                   "elapsed_seconds": round(elapsed, 1), "finished": task.finished,
+                   "waiting_for_lock_seconds": round(waited, 1) if waited is not None else None}
             self.write(json_text(doc))
             return
         parts = []
@@ -346,7 +376,51 @@ class ProgressLog:
             parts.append(f"{fmt_num(rate)}/s")
         if left is not None:
             parts.append(f"ETA {fmt_duration(left)}")
+        if waited is not None:
+            parts.append(waiting_text(waited))
         self.write(f"{task.description}: " + " · ".join(parts))
+
+
+#: How long a wait for another process's lock lasts before a log (stderr not a
+#: terminal) gets a line saying so; shorter waits go by without a word.
+LOCK_NOTICE_S = 1.0
+
+
+def waiting_text(seconds: float) -> str:
+    return f"waiting for the database lock ({int(seconds)} s)"
+
+
+class LockWaits:
+    """Tells one progress task that the command waits for another process's lock.
+
+    Given as a store's ``on_wait`` (:class:`CliSessionDB`): each pause between two tries
+    of a locked write calls it. A bar shows ``Importing · waiting for the database lock
+    (12 s)``; a log gets one line once the wait is :data:`LOCK_NOTICE_S` long, and its
+    progress lines say so while it lasts (:meth:`ProgressLog.waiting`). The task moving
+    on (:meth:`advance`) ends the wait. With ``-q`` the bar is off: nothing shows.
+    """
+
+    def __init__(self, bar: Any, task: Any, description: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.bar, self.task, self.description, self.clock = bar, task, description, clock
+        self.since: float | None = None
+
+    def __call__(self) -> None:
+        now = self.clock()
+        if self.since is None:
+            self.since = now
+        if isinstance(self.bar, ProgressLog):
+            self.bar.waiting(self.task, self.since)
+        else:
+            self.bar.update(self.task, description=f"{self.description} · {waiting_text(now - self.since)}")
+
+    def advance(self, steps: float = 1) -> None:
+        if self.since is not None:
+            self.since = None
+            if isinstance(self.bar, ProgressLog):
+                self.bar.waiting(self.task, None)
+            else:
+                self.bar.update(self.task, description=self.description)
+        self.bar.advance(self.task, steps)
 
 
 # ---------------------------------------------------------------------------- formatting
@@ -585,30 +659,82 @@ def refuse_unadopted(path: Path) -> None:
         )
 
 
+def revision_on(conn: Connection) -> tuple[str | None, str | None]:
+    """``(revision, host table)`` on ``conn``: the store's revision, and the version table
+    of the host application whose Alembic records it (README "Way 2": our revisions as a
+    branch of theirs), or None when it is our own table (or there is no store). Only
+    reads; a transaction this starts is the caller's to end."""
+    revision = migrations.current(conn)
+    if revision is None:
+        return None, None
+    schema = schema_of(conn)
+    if inspect(conn).has_table(paths.VERSION_TABLE, schema=schema):
+        return revision, None
+    found = paths.host_revision(conn, schema=schema)
+    return revision, (found[0] if found is not None and found[1] == revision else None)
+
+
+def _revision_here(conn: Connection) -> tuple[str | None, str | None]:
+    try:
+        return revision_on(conn)
+    finally:
+        if conn.in_transaction():
+            conn.rollback()
+
+
+def store_revision(state: State) -> tuple[str | None, str | None]:
+    """``(revision, host table)`` of the database, read without writing anything.
+
+    A file is read through one read-only connection (:func:`readonly_engine`): a
+    read-write one, closed last, would checkpoint another program's WAL into the file
+    on its way out. ``host table``: see :func:`_revision_here`.
+    """
+    if state.url is None:
+        assert state.path is not None
+        with readonly_engine(state.path) as engine, paths.connect(engine) as conn:
+            return _revision_here(conn)
+    engine = create_engine(state.url)
+    try:
+        with paths.connect(engine) as conn:
+            return _revision_here(conn)
+    finally:
+        engine.dispose()
+
+
+def host_upgrade_hint(state: State, revision: str, table: str) -> str:
+    """What to run for a store a host application's Alembic migrates (README "Way 2")."""
+    return (f"{state.where} is at revision {revision} and head is {migrations.head()}; its hermes_store revisions "
+            f"are run by the Alembic of the application that embeds it (table {table}): "
+            "run `alembic upgrade heads` in that project")
+
+
 def require_store(state: State) -> None:
     """What every command but upgrade, adopt, demo, import and copy asks first: a
     hermes_store database that is there and at head.
 
     Nothing is created or migrated on the way (no file, folder, table, extension or
-    schema): a missing or empty database, one holding only other applications' tables,
-    a schema without our tables, a Hermes file not adopted yet, a store at an older
-    revision and one from a newer hermes-store are each refused with what to run. An
-    older store is not read as it is: the commands read what head has.
+    schema), and a file is only read (no checkpoint of another program's WAL): a
+    missing or empty database, one holding only other applications' tables, a schema
+    without our tables, a Hermes file not adopted yet, a store at an older revision and
+    one from a newer hermes-store are each refused with what to run. An older store is
+    not read as it is: the commands read what head has. One whose revisions a host
+    application's Alembic runs (README "Way 2") is pointed to that project's
+    ``alembic upgrade heads``, which is what migrates it.
     """
     if state.url is None:
         assert state.path is not None
         require_file(state.path)
         adopt_mod.check_file(state.path, recovery_ok=True)  # a text file is refused by name
         refuse_unadopted(state.path)
-        revision = migrations.current(state.path)
-    else:
-        revision = migrations.current(state.url)
+    revision, host_table = store_revision(state)
     head = migrations.head()
     if revision == head:
         return
     if revision is None:
         raise CliError(f"{state.where} holds no hermes_store database, and this command creates none; "
                        f"create one with '{PROG} {state.flag} upgrade' (or 'demo' for a sample)", code="no_store")
+    if host_table is not None and revision in paths.revision_order():
+        raise CliError(host_upgrade_hint(state, revision, host_table), code="managed_by_host")
     if revision in paths.revision_order() or revision in migrations.LEGACY_IDS:
         raise CliError(f"{state.where} is at revision {revision} and head is {head}; this command never migrates: "
                        f"run '{PROG} {state.flag} upgrade' first", code="needs_upgrade")
@@ -616,27 +742,70 @@ def require_store(state: State) -> None:
                    f"(its newest is {head}): a newer hermes-store wrote it", code="schema_too_new")
 
 
-def open_db(state: State, *, create: bool = False) -> SessionDB:
+class CliSessionDB(SessionDB):
+    """The store a command works on: SessionDB, with its pauses between two tries of a
+    write another process holds the lock of reported to ``on_wait`` (the progress
+    display says "waiting for the database lock"). ``_sleep`` is the facade's
+    override point for that pause (hermes_store.aio's store replaces it too)."""
+
+    def __init__(self, *args: Any, on_wait: Callable[[], None] | None = None, **kwargs: Any) -> None:
+        self.on_wait = on_wait  # set first: opening waits for a held lock too
+        super().__init__(*args, **kwargs)
+
+    def _sleep(self, seconds: float) -> None:
+        hook = self.on_wait
+        if hook is not None:
+            hook()
+        super()._sleep(seconds)
+
+
+def open_db(state: State, *, create: bool = False, write: bool = False,
+            on_wait: Callable[[], None] | None = None) -> SessionDB:
     """Open the database. ``create`` (upgrade, demo, import): created or migrated to head
-    as SessionDB does; otherwise only a store already at head (:func:`require_store`)."""
+    as SessionDB does; otherwise only a store already at head (:func:`require_store`).
+    Without ``create`` or ``write`` a file is opened read-only (``read_only=True``): no
+    checkpoint, no index catch-up, nothing of the file written (see :func:`session_db`)."""
     if not create:
         require_store(state)
     if state.url is not None:
-        return SessionDB(state.url)  # a server: no file to check, nothing to adopt
+        return CliSessionDB(state.url, on_wait=on_wait)  # a server: no file to check, nothing to adopt
     assert state.path is not None
     if create:
         check_path_kind(state.path)
     refuse_unadopted(state.path)
-    return SessionDB(state.path)
+    return CliSessionDB(state.path, read_only=not (create or write), on_wait=on_wait)
 
 
 @contextmanager
-def session_db(state: State, *, create: bool = False) -> Iterator[SessionDB]:
-    db = open_db(state, create=create)
-    try:
-        yield db
-    finally:
-        db.close()
+def session_db(state: State, *, create: bool = False, write: bool = False,
+               on_wait: Callable[[], None] | None = None) -> Iterator[SessionDB]:
+    """The store for one command, closed afterwards.
+
+    A command that only reads (neither ``create`` nor ``write``) leaves a file as it
+    found it, bytes and time stamp: it opens it read-only, so it neither checkpoints a
+    WAL another program left (SessionDB's close, and SQLite's own close of the last
+    connection, would fold it into the file) nor catches the search index up; and the
+    ``-wal``/``-shm`` files a reader of a WAL-mode file creates are removed again
+    when it created them (:func:`hermes_store.paths.readonly_connection`).
+    ``on_wait``: called at each pause while another process holds a lock the store
+    waits for (:class:`CliSessionDB`), opening included.
+    """
+    reading_file = state.url is None and not (create or write)
+    if not reading_file:
+        db = open_db(state, create=create, write=write, on_wait=on_wait)
+        try:
+            yield db
+        finally:
+            db.close()
+        return
+    require_store(state)
+    assert state.path is not None
+    with paths.readonly_connection(state.path):  # held first, so it sees the sidecars as they were
+        db = CliSessionDB(state.path, read_only=True)
+        try:
+            yield db
+        finally:
+            db.close()
 
 
 def read(db: SessionDB, fn: Callable[[Any], Any]) -> Any:
@@ -821,4 +990,5 @@ def state_from(opts: Options) -> State:
         path, server = parse_target(opts.url, schema=opts.schema)
     else:
         path, server = opts.db_path.expanduser() if opts.db_path else default_db_path(), None
+    configure_logs(as_json=opts.json, quiet=opts.quiet)
     return State(path=path, json=opts.json, quiet=opts.quiet, url=server)

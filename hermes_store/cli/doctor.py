@@ -53,7 +53,9 @@ from ._common import (
     global_options,
     printable,
     require_file,
+    revision_on,
     stdout_console,
+    store_revision,
 )
 
 #: The first SQLite release with the WAL-reset fix (3.50.7 and 3.44.6 carry it too).
@@ -163,13 +165,16 @@ def pending_upkeep(conn: Connection, stats: dict[str, Any] | None) -> dict[str, 
     return doc
 
 
-def revision_problem(revision: str | None, hermes_file: bool) -> str | None:
+def revision_problem(revision: str | None, hermes_file: bool, host_table: str | None = None) -> str | None:
     head = migrations.head()
     if revision == head:
         return None
     if revision is None:
         return ("a Hermes state.db not adopted yet: run 'hermes-store adopt'" if hermes_file
                 else "no hermes_store database here: run 'hermes-store upgrade'")
+    if host_table is not None and revision in paths.revision_order():
+        return (f"at revision {revision}, head is {head}; recorded in {host_table} by the application that "
+                "embeds it: run `alembic upgrade heads` in that project")
     if revision in paths.revision_order() or revision in migrations.LEGACY_IDS:
         return f"at revision {revision}, head is {head}: run 'hermes-store upgrade'"
     return f"at revision {revision}, which this hermes-store does not know (a newer one wrote it)"
@@ -202,7 +207,7 @@ def file_report(st: State, quick: bool) -> dict[str, Any]:
     try:
         with readonly_engine(real) as engine, engine.connect() as conn:
             try:
-                revision = migrations.current(conn)
+                revision, host_table = revision_on(conn)
                 health = HealthRepository(conn)
                 hermes_file = revision is None and health.has_table("schema_version")
                 stats = collect_state_db_stats(real)
@@ -221,7 +226,7 @@ def file_report(st: State, quick: bool) -> dict[str, Any]:
     upkeep["wal_size_bytes"] = next((f["size_bytes"] for f in files if f["path"].endswith("-wal")), 0)
     mode = stats.get("journal_mode")
     wal = wal_reset_bug(mode)
-    found = revision_problem(revision, hermes_file)
+    found = revision_problem(revision, hermes_file, host_table)
     if found:
         problems.append(found)
     if integrity != ["ok"]:
@@ -253,7 +258,7 @@ def file_report(st: State, quick: bool) -> dict[str, Any]:
 
 def server_report(st: State) -> dict[str, Any]:
     assert st.url is not None
-    revision = migrations.current(st.url)  # never creates the schema it asks about
+    revision, host_table = store_revision(st)  # never creates the schema it asks about
     problems: list[str] = []
     warnings: list[str] = []
     engine = create_engine(st.url)
@@ -270,7 +275,7 @@ def server_report(st: State) -> dict[str, Any]:
                 conn.rollback()
     finally:
         engine.dispose()
-    found = revision_problem(revision, False)
+    found = revision_problem(revision, False, host_table)
     if found:
         problems.append(found)
     damaged = {k: v for k, v in fts.items() if v}

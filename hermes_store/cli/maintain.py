@@ -64,7 +64,7 @@ def prune(days: int, source: str | None, sessions_dir: Path | None, dry_run: boo
         raise click.UsageError("prune deletes sessions: add --yes to confirm (no terminal to ask on), "
                                "or --dry-run to see what would go")
     st = _state()
-    with session_db(st) as db:
+    with session_db(st, write=not dry_run) as db:
         if dry_run or ask:
             cutoff, rows = prune_candidates(db, days, source)
             ids = [r["id"] for r in rows]
@@ -143,7 +143,7 @@ def fts() -> None:
 def fts_rebuild() -> None:
     """Re-index every message in every search index."""
     st = _state()
-    with session_db(st) as db:
+    with session_db(st, write=True) as db:
         started = time.monotonic()
         with st.progress("spinner") as bar:
             bar.add_task("Rebuilding search indexes", total=None)
@@ -161,7 +161,7 @@ def fts_rebuild() -> None:
 def fts_check() -> None:
     """Run FTS5's integrity check on every index (exit 1 when one is damaged)."""
     st = _state()
-    with session_db(st) as db:
+    with session_db(st, write=True) as db:
         result = db.check_fts()
     damaged = {k: v for k, v in result.items() if v}
     doc = {"ok": not damaged, "indexes": {k: ("ok" if v is None else v) for k, v in result.items()}}
@@ -182,7 +182,7 @@ def fts_check() -> None:
 def fts_optimize() -> None:
     """Merge each index's segments (faster searches after many writes)."""
     st = _state()
-    with session_db(st) as db:
+    with session_db(st, write=True) as db:
         done = db.optimize_search_indexes()
     if st.json:
         st.emit({"optimized": done})

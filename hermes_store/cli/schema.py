@@ -29,6 +29,7 @@ from ._common import (
     server_tables,
     session_db,
     stdout_console,
+    store_revision,
     _state,
 )
 
@@ -116,19 +117,16 @@ def current() -> None:
     st = _state()
     head = migrations.head()
     doc: dict[str, Any] = {"db": st.where, "revision": None, "head": head, "up_to_date": False,
-                           "needs_adoption": False, "hermes_schema_version": None}
-    if st.url is not None:
-        rev = migrations.current(st.url)  # a server: nothing to adopt
-        doc.update(revision=rev, up_to_date=rev == head)
-    else:
+                           "needs_adoption": False, "hermes_schema_version": None, "managed_by": None}
+    if st.url is None:
         require_file(st.path)
         adopt_mod.check_file(st.path, recovery_ok=True)
-        if adopt_mod.needs_adoption(st.path):
-            det = adopt_mod.detect(st.path, deep=False)
-            doc.update(needs_adoption=True, hermes_schema_version=det.schema_version)
-        else:
-            rev = migrations.current(st.path)
-            doc.update(revision=rev, up_to_date=rev == head)
+    if st.url is None and adopt_mod.needs_adoption(st.path):
+        det = adopt_mod.detect(st.path, deep=False)
+        doc.update(needs_adoption=True, hermes_schema_version=det.schema_version)
+    else:
+        rev, host_table = store_revision(st)  # read only: a file's bytes stay as they are
+        doc.update(revision=rev, up_to_date=rev == head, managed_by=host_table)
     if st.json:
         st.emit(doc)
     if doc["needs_adoption"]:
@@ -138,7 +136,13 @@ def current() -> None:
         raise CliError(f"{st.where}: no hermes_store revision yet; create one with "
                        f"'{PROG} {st.flag} upgrade' (head is {head})", code="no_store")
     if not st.json:
-        status = "head" if doc["up_to_date"] else f"head is {head}; run '{PROG} upgrade'"
+        if doc["up_to_date"]:
+            status = "head"
+        elif doc["managed_by"]:
+            status = (f"head is {head}; recorded in {doc['managed_by']} by the application that embeds it: "
+                      "run `alembic upgrade heads` in that project")
+        else:
+            status = f"head is {head}; run '{PROG} upgrade'"
         stdout_console().print(Text(f"{doc['revision']} ({status})"))
 
 

@@ -16,6 +16,7 @@ from ..errors import HermesStoreError
 from ._common import (
     TEXT,
     CliError,
+    LockWaits,
     Whole,
     _isatty,
     _state,
@@ -131,6 +132,13 @@ def import_cmd(file: Path) -> None:
 
     Sessions already present are skipped, so importing twice changes nothing.
     FILE may be - for stdin.
+
+    While another process holds the database's write lock (Hermes writing, another
+    import), the import waits for it, up to a minute a batch: the progress bar says
+    "waiting for the database lock (N s)"; when stderr is not a terminal, one line
+    says so once a wait has lasted a second (a JSON object with --json, its
+    "waiting_for_lock_seconds" set), and the progress lines say so while it lasts;
+    with -q nothing is written.
     """
     st = _state()
     from_stdin = str(file) == "-"
@@ -142,15 +150,17 @@ def import_cmd(file: Path) -> None:
         with open(file, "rb") as fh:
             total = sum(1 for line in fh if line.strip())
     counter = {"sessions": 0, "messages": 0}
-    with session_db(st, create=True) as db:
-        fh = binary_stream(sys.stdin) if from_stdin else open(file, "rb")
-        try:
-            with st.progress() as bar:
-                task = bar.add_task("Importing", total=total)
-                imported, skipped = db.import_records(read_jsonl(fh, counter, lambda: bar.advance(task)))
-        finally:
-            if not from_stdin:
-                fh.close()
+    # The progress first: opening the store waits for a write lock another process holds too.
+    with st.progress() as bar:
+        task = bar.add_task("Importing", total=total)
+        waits = LockWaits(bar, task, "Importing")
+        with session_db(st, create=True, on_wait=waits) as db:
+            fh = binary_stream(sys.stdin) if from_stdin else open(file, "rb")
+            try:
+                imported, skipped = db.import_records(read_jsonl(fh, counter, waits.advance))
+            finally:
+                if not from_stdin:
+                    fh.close()
     doc = {"file": str(file), "read": counter["sessions"], "imported": imported, "skipped": skipped,
            "messages_read": counter["messages"]}
     if st.json:
