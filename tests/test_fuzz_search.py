@@ -302,8 +302,8 @@ def operator_matches(row: tuple[float, list[str], list[str]], query: str) -> boo
     An OR branch: an optional leading ``NOT x`` and ``-x`` terms at its ends are
     exclusions; the rest is FTS5's ``t (op t)*`` (:func:`brute_force`), where a term may
     be ``NEAR(a b[, N])`` (N = 10 by default). A branch with nothing but exclusions
-    matches nothing. A positive term is also found inside a CJK run, unless the query
-    holds NEAR (then the word index alone answers).
+    matches nothing (and is dropped). A positive term is also found inside a CJK run,
+    unless the query (as read) holds NEAR: then the word index alone answers.
     """
     _ts, columns, run_columns = row
     nears: dict[str, tuple[str, str, int]] = {}
@@ -321,9 +321,7 @@ def operator_matches(row: tuple[float, list[str], list[str]], query: str) -> boo
             return near_matches(cols, a, b, n)
         return term_matches(cols, item)
 
-    def positive(cols: list[str], item: str) -> bool:
-        return word(cols, item) or (not nears and in_cjk_run(run_columns, item))
-
+    branches = []
     for branch in text.split(" OR "):
         toks = branch.split()
         excluded = []
@@ -334,11 +332,15 @@ def operator_matches(row: tuple[float, list[str], list[str]], query: str) -> boo
             excluded.append(toks.pop(0)[1:])
         while toks and toks[-1].startswith("-"):
             excluded.append(toks.pop()[1:])
-        if not toks:
-            continue
-        if brute_force(columns, " ".join(toks), word, positive) and not any(word(columns, e) for e in excluded):
-            return True
-    return False
+        if toks:  # a branch of exclusions only is dropped, its NEAR groups with it
+            branches.append((toks, excluded))
+    has_near = any(t in nears for toks, excluded in branches for t in (*toks, *excluded))
+
+    def positive(cols: list[str], item: str) -> bool:
+        return word(cols, item) or (not has_near and in_cjk_run(run_columns, item))
+
+    return any(brute_force(columns, " ".join(toks), word, positive) and not any(word(columns, e) for e in excluded)
+               for toks, excluded in branches)
 
 
 single = st.sampled_from(["deploy", "deployment", "deplo*", "kubectl", "zebra", "quokka", "rollout", "config",
