@@ -205,6 +205,12 @@ def _translate_hook(context: ExceptionContext) -> None:
     # work meets a typed error instead of the driver's.
     typed = translate_driver_error(context.original_exception, locks=True)
     if typed is not None:
+        if isinstance(typed, errors.ConnectionLostError) and not context.is_disconnect:
+            # Whatever the driver says, this connection cannot carry on (asyncpg's "another
+            # operation is in progress" after a cancel): discarded, never handed out
+            # again; the pool's other connections are not suspect for it.
+            context.is_disconnect = True
+            context.invalidate_pool_on_disconnect = False
         raise typed
 
 

@@ -87,6 +87,32 @@ class ManagedByHostError(HermesStoreError):
     mode); migrate it there (``alembic upgrade heads``), not from hermes_store."""
 
 
+class ConnectionLostError(DatabaseUnavailableError):
+    """The connection to the database server broke under a statement (the server or a
+    pooler in front of it closed it, reset it, or a cancelled operation left the driver's
+    connection unusable). The connection is discarded; the transaction it carried did
+    not commit, unless the break came during COMMIT itself (then its outcome is unknown).
+    The driver's error is chained (``__cause__``)."""
+
+
+class PreparedStatementsUnsupportedError(UnsupportedDatabaseError):
+    """Server-side prepared statements were asked for (``?prepare_threshold=``,
+    ``prepared_statements=True``) and a transaction pooler between here and the server
+    does not keep them per client: PgBouncer before 1.21, or a later one without
+    ``max_prepared_statements``. Drop the setting, or upgrade the pooler and set it."""
+
+
+class DependentObjectsError(HermesStoreError):
+    """Our tables cannot be dropped (a downgrade): objects of the host application
+    depend on them (a foreign key to ``sessions``, a view reading ``messages``...).
+    ``dependents`` names each one; nothing was changed. Drop them (or run the host's
+    own downgrade) first."""
+
+    def __init__(self, message: str, dependents: "tuple[str, ...]" = ()) -> None:
+        super().__init__(message)
+        self.dependents = tuple(dependents)
+
+
 class UnknownSessionError(NotFoundError, sqlite3.IntegrityError):
     """A message was written for a session that does not exist.
 

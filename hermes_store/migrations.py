@@ -25,6 +25,7 @@ from sqlalchemy.engine import URL
 
 from . import adopt, dialects, errors, paths
 from .dialects import pg_tenants
+from .models import Base
 from .targets import refuse_async, refuse_session
 from .engine import tenant_of, to_url, with_schema
 from .paths import VERSION_TABLE, head, make_config, script_location
@@ -309,8 +310,61 @@ def downgrade(
         return current(target, version_table=version_table, schema=schema)
     if schema is not None and current(target, version_table=version_table, schema=schema) is None:
         return None  # nothing of this tenant to take down (and no schema to create for it)
-    _run(target, command.downgrade, revision, version_table=version_table, schema=schema)
+    if revision == "base" and _is_server(target):
+        _refuse_host_dependents(target, schema, revision)
+    try:
+        _run(target, command.downgrade, revision, version_table=version_table, schema=schema)
+    except Exception as exc:
+        if not _dependents_still_exist(exc):
+            raise
+        _refuse_host_dependents(target, schema, revision, exc)
+        raise
     return current(target, version_table=version_table, schema=schema)
+
+
+def _dependents_still_exist(exc: BaseException) -> bool:
+    """A DROP refused because other objects depend on what it drops (SQLSTATE 2BP01),
+    typed by our engine hook or raw from a host's own connection."""
+    if isinstance(exc, errors.DependentObjectsError):
+        return True
+    orig = getattr(exc, "orig", None)
+    return getattr(orig if orig is not None else exc, "sqlstate", None) == "2BP01"
+
+
+def _refuse_host_dependents(target: Target, schema: str | None, revision: str,
+                            exc: BaseException | None = None) -> None:
+    """Refuse a server downgrade, typed and naming them, while objects of the host's
+    (a foreign key to ``sessions``, a view on ``messages``) depend on our tables.
+
+    Before anything runs for ``base`` (every table of ours goes); after the server
+    refused a DROP otherwise (``exc``: its transaction rolled back). A host's own
+    Connection holds that failed transaction, so its names come from the server's
+    message then, instead of the catalogs."""
+    if exc is not None and isinstance(target, Connection):
+        found = _detail_lines(exc)
+    else:
+        with _reading(target) as conn:
+            found = pg_tenants.host_dependents(conn, schema, sorted(Base.metadata.tables))
+    if not found and exc is None:
+        return
+    where = f" in schema {schema}" if schema else ""
+    names = "; ".join(found) if found else " ".join(str(exc).split())
+    error = errors.DependentObjectsError(
+        f"cannot downgrade{where} to {revision}: objects of the host application depend on hermes_store's "
+        f"tables: {names}; drop them (or run the host's own downgrade) first; nothing was changed",
+        tuple(found),
+    )
+    if exc is None:
+        raise error
+    raise error from (exc.__cause__ if isinstance(exc, errors.DependentObjectsError) and exc.__cause__ else exc)
+
+
+def _detail_lines(exc: BaseException) -> list[str]:
+    """The dependents a 2BP01's DETAIL names (one per line, as the server writes them)."""
+    text_ = str(getattr(exc, "orig", None) or exc)
+    detail = text_.split("DETAIL:", 1)[1] if "DETAIL:" in text_ else ""
+    detail = detail.split("HINT:", 1)[0].split("[SQL:", 1)[0]
+    return [line.strip() for line in detail.splitlines() if line.strip()]
 
 
 def stamp(target: Target, revision: str, *, version_table: str = VERSION_TABLE, schema: str | None = None) -> None:

@@ -425,6 +425,11 @@ def create_private_database(path: Path) -> bool:
     which :func:`check_file` refuses as a likely failed copy. When another process
     created it first, this waits briefly for that header instead of racing it.
     """
+    folder = path.parent if str(path.parent) else Path(".")
+    if not path.exists() and is_read_only(folder):
+        # Root's open() would succeed in a 0555 folder, and the file would stay behind
+        # when the journal (also refused there by check_target) stops the migration.
+        raise errors.ReadOnlyDatabaseError(f"cannot create {path}: folder {folder} is read-only")
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
     except FileExistsError:

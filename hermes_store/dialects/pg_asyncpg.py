@@ -23,6 +23,7 @@ from sqlalchemy import Connection
 
 from sqlalchemy import Engine
 
+from .. import errors
 from ..codec import pg_decode_nul, pg_encode_nul
 from . import pg_engine
 from .postgresql import PostgreSQLDialect
@@ -48,6 +49,19 @@ def install_nul_codecs(dbapi_conn: Any) -> None:
     dbapi_conn.run_async(_install_codecs)
 
 
+async def _connect(*args: Any, **kwargs: Any) -> Any:
+    """asyncpg's ``connect``, with a socket error typed: SQLAlchemy's adapter passes an
+    ``OSError`` (refused, reset by a pooler that went away, a timeout) through as it is,
+    past every ``handle_error`` hook. Given as the adapter's ``async_creator_fn``."""
+    import asyncpg
+
+    try:
+        return await asyncpg.connect(*args, **kwargs)
+    except OSError as exc:  # ConnectionRefusedError, ConnectionResetError, TimeoutError...
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise errors.DatabaseUnavailableError(f"cannot connect to the database server: {reason}") from exc
+
+
 class AsyncpgDialect(PostgreSQLDialect):
     """:class:`~.postgresql.PostgreSQLDialect` with asyncpg's protocol differences."""
 
@@ -62,6 +76,7 @@ class AsyncpgDialect(PostgreSQLDialect):
             args.setdefault("statement_cache_size", 0)
             args.setdefault("prepared_statement_cache_size", 0)
             args.setdefault("prepared_statement_name_func", _statement_name)
+        args.setdefault("async_creator_fn", _connect)
         out["connect_args"] = args
         return out
 

@@ -9,6 +9,7 @@ connection, prepared statements included.
 from __future__ import annotations
 
 import re
+import socket
 from typing import Any
 
 from sqlalchemy import Engine, event
@@ -83,14 +84,98 @@ _UNAVAILABLE = ("08", "28", "3D000", "57P01", "57P02", "57P03")
 LOCK_SQLSTATES = frozenset({"55P03", "40P01"})
 
 
+#: The modules whose errors are a PostgreSQL driver's: psycopg 3, asyncpg, and the
+#: DB-API face SQLAlchemy's asyncpg adapter puts on asyncpg's errors (the asyncpg error
+#: chained under it, its SQLSTATE copied onto it).
+_DRIVER_MODULES = ("psycopg", "asyncpg")
+_ASYNCPG_ADAPTER = "sqlalchemy.dialects.postgresql.asyncpg"
+#: The SQLSTATEs of a lost connection (connection_exception): the client's side of a
+#: server or pooler closing it under a statement.
+_LOST_SQLSTATES = frozenset({"08000", "08003", "08006"})
+#: What asyncpg says when a connection cannot carry on: it was closed under the
+#: operation, or a cancelled operation left its protocol in another state.
+_LOST_WORDS = ("connection was closed", "connection is closed", "cannot switch to state",
+               "another operation is in progress", "underlying connection is closed")
+#: duplicate_prepared_statement, invalid_sql_statement_name and protocol_violation
+#: ("bind message supplies 1 parameters, but prepared statement "_pg3_0" requires 3":
+#: another client's statement of that name): with a name a driver gave its own
+#: statement, the sign of a pooler handing server connections (and the statements
+#: prepared on them) from one client to another.
+_PREPARED_SQLSTATES = frozenset({"42P05", "26000", "08P01"})
+_DRIVER_STATEMENT = re.compile(r'prepared statement "?(_pg3_\d+|__asyncpg_\w+|__hermes_store_\w+)"?')
+
+PREPARED_STATEMENTS_HINT = (
+    "a transaction pooler between here and the server (PgBouncer before 1.21, or 1.21+ without "
+    "max_prepared_statements) hands prepared statements from one client to another; drop "
+    "?prepare_threshold= from the URL (or prepared_statements=True: hermes_store prepares nothing "
+    "by default), or upgrade PgBouncer to 1.21+ and set max_prepared_statements"
+)
+
+
+def prepared_statements_refused(message: str) -> errors.PreparedStatementsUnsupportedError:
+    """The typed error of a driver's prepared statement met on another client's server
+    connection (or missing from the one a statement landed on)."""
+    return errors.PreparedStatementsUnsupportedError(f"{message.splitlines()[0].strip()}: {PREPARED_STATEMENTS_HINT}")
+
+
+def _driver(exc: BaseException) -> str | None:
+    """``"psycopg"``/``"asyncpg"`` when ``exc`` is one of their errors (or SQLAlchemy's
+    asyncpg adapter's), else None."""
+    module = type(exc).__module__
+    if module == _ASYNCPG_ADAPTER:
+        return "asyncpg"
+    top = module.split(".")[0]
+    return top if top in _DRIVER_MODULES else None
+
+
+def _raised_in_driver(exc: BaseException) -> bool:
+    """Whether a plain Python error (a socket's ``ConnectionResetError``) came out of
+    psycopg's or asyncpg's own code, not ours or SQLite's."""
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_globals.get("__name__", "")
+        if name.split(".")[0] in _DRIVER_MODULES or name == _ASYNCPG_ADAPTER:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def connection_lost(exc: BaseException) -> errors.ConnectionLostError | None:
+    """The typed error for a connection that broke under a statement, or None.
+
+    A socket error raised by the driver (``ConnectionResetError: [Errno 104]`` when a
+    pooler closes or crashes), asyncpg's "connection was closed in the middle of
+    operation" (SQLSTATE 08003) and its "cannot switch to state …; another operation is
+    in progress" (a cancelled statement left the protocol mid-way)."""
+    cause = exc.__cause__ if _driver(exc) == "asyncpg" and exc.__cause__ is not None else exc
+    if isinstance(exc, OSError) and not isinstance(exc, (ConnectionError, socket.gaierror, TimeoutError)):
+        return None
+    if isinstance(exc, OSError):
+        if not _raised_in_driver(exc):
+            return None
+    elif _driver(exc) != "asyncpg":
+        return None
+    elif getattr(exc, "sqlstate", None) not in _LOST_SQLSTATES and not isinstance(cause, OSError) and not any(
+        w in str(exc) for w in _LOST_WORDS
+    ):
+        return None
+    reason = " ".join(str(cause).split()) or type(cause).__name__
+    return errors.ConnectionLostError(f"lost the connection to the database server: {reason}")
+
+
 def translate_error(exc: BaseException, *, locks: bool = False) -> errors.HermesStoreError | None:
-    """psycopg errors (by SQLSTATE) → typed errors; None for anything else."""
-    if type(exc).__module__.split(".")[0] != "psycopg":
+    """psycopg and asyncpg errors (by SQLSTATE), and a connection lost under the driver
+    (a socket error it raised), as typed errors; None for anything else."""
+    lost = connection_lost(exc)
+    if lost is not None:
+        return lost
+    driver = _driver(exc)
+    if driver is None:
         return None
     state = getattr(exc, "sqlstate", None)
     if locks and state in LOCK_SQLSTATES:
         return errors.DatabaseLockedError(str(exc).strip())
-    if state is None and any(k.__name__ == "OperationalError" for k in type(exc).__mro__):
+    if driver == "psycopg" and state is None and any(k.__name__ == "OperationalError" for k in type(exc).__mro__):
         # No SQLSTATE: the client never got an answer (server down, refused, no such
         # database or role at connect time, connection lost). The message names host
         # and port, never the password.
@@ -98,6 +183,10 @@ def translate_error(exc: BaseException, *, locks: bool = False) -> errors.Hermes
     if not isinstance(state, str):
         return None
     message = str(exc).strip()
+    if state in _PREPARED_SQLSTATES and _DRIVER_STATEMENT.search(message):
+        return prepared_statements_refused(message)
+    if state == "2BP01":  # dependent_objects_still_exist: the server's DETAIL names them
+        return errors.DependentObjectsError(message.split("\nHINT:")[0])
     if state == "57014" or (state == "08P01" and "timeout" in message.lower()):
         # A statement cut off for running too long: the server's statement_timeout
         # (57014), or a pooler's query_timeout, which PgBouncer reports as a protocol

@@ -164,3 +164,38 @@ def tenant_table_names(conn: Connection, schema: str) -> set[str]:
             text("SELECT tablename FROM pg_tables WHERE schemaname = :s"), {"s": schema}
         ).scalars()
     )
+
+
+#: What depends on the named tables (and their indexes) of a schema from outside them:
+#: a foreign key of another table, a view, a rule, a policy, a function with a SQL
+#: body... A DROP TABLE of ours fails on each (2BP01). Constraints and views are named
+#: as a person writes them; anything else as the server describes it.
+_HOST_DEPENDENTS = text(
+    "WITH named AS (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    "  WHERE n.nspname = COALESCE(CAST(:schema AS text), current_schema()) AND c.relname = ANY(CAST(:names AS text[]))),"
+    " ours AS (SELECT oid FROM named UNION SELECT i.indexrelid FROM pg_index i WHERE i.indrelid IN (SELECT oid FROM named)),"
+    " deps AS (SELECT d.classid, d.objid, d.objsubid, CASE d.classid"
+    "   WHEN CAST('pg_constraint' AS regclass) THEN (SELECT conrelid FROM pg_constraint WHERE oid = d.objid)"
+    "   WHEN CAST('pg_rewrite' AS regclass) THEN (SELECT ev_class FROM pg_rewrite WHERE oid = d.objid)"
+    "   WHEN CAST('pg_trigger' AS regclass) THEN (SELECT tgrelid FROM pg_trigger WHERE oid = d.objid)"
+    "   WHEN CAST('pg_attrdef' AS regclass) THEN (SELECT adrelid FROM pg_attrdef WHERE oid = d.objid)"
+    "   WHEN CAST('pg_policy' AS regclass) THEN (SELECT polrelid FROM pg_policy WHERE oid = d.objid)"
+    "   WHEN CAST('pg_class' AS regclass) THEN d.objid END AS owner"
+    "  FROM pg_depend d WHERE d.refclassid = CAST('pg_class' AS regclass) AND d.deptype = 'n'"
+    "   AND d.refobjid IN (SELECT oid FROM ours))"
+    " SELECT DISTINCT CASE"
+    "   WHEN classid = CAST('pg_rewrite' AS regclass) THEN CASE (SELECT relkind FROM pg_class WHERE oid = owner)"
+    "     WHEN 'm' THEN 'materialized view ' ELSE 'view ' END || CAST(CAST(owner AS regclass) AS text)"
+    "   WHEN classid = CAST('pg_constraint' AS regclass) THEN 'constraint '"
+    "     || (SELECT quote_ident(conname) FROM pg_constraint WHERE oid = objid)"
+    "     || ' on table ' || CAST(CAST(owner AS regclass) AS text)"
+    "   ELSE pg_describe_object(classid, objid, objsubid) END AS what"
+    " FROM deps WHERE owner IS NULL OR owner NOT IN (SELECT oid FROM ours) ORDER BY 1"
+)
+
+
+def host_dependents(conn: Connection, schema: str | None, tables: Sequence[str]) -> list[str]:
+    """The objects outside ``tables`` (of ``schema``, else the default schema) that keep
+    them from being dropped, as the server names them: ``constraint host_notes_sid_fkey
+    on table host_notes``, ``view host_view``…; empty when nothing does."""
+    return list(conn.execute(_HOST_DEPENDENTS, {"schema": schema, "names": list(tables)}).scalars())
