@@ -10,6 +10,11 @@
   proposing NULL-able primary keys on PostgreSQL, and :func:`quiet_reflection`
   silences SQLite's warnings about our expression indexes. All of them work whatever
   the host's ``target_metadata`` is (one MetaData or a list).
+* :func:`upgrade_hermes_store` / :func:`upgrading` are the "ours first" step of a
+  host's env.py (README's Way 1 and async recipe): our schema is upgraded only when the
+  running Alembic command is ``upgrade``; with ``--sql`` our DDL is written first into
+  the same script. ``current``, ``check``, ``revision --autogenerate``, ``stamp`` and
+  ``downgrade`` write nothing of ours.
 * :func:`next_own_revision_id` / :func:`name_own_revision` give contributor revisions
   ids in our own namespace (``hs0001``, ``hs0002``...), which no Hermes schema
   version (``0001``...``0030``..., digits only) can ever take.
@@ -26,14 +31,17 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, ContextManager, Iterator
 
+from alembic import command
 from sqlalchemy import Column, Connection, event
 from sqlalchemy import inspect as sa_inspect
 
+from . import errors, migrations, paths
 from .dialects import for_connection, postgresql
 from .models import metadata
 
@@ -308,6 +316,86 @@ def exclude_hermes_store(name: str | None, type_: str, parent_names: dict[str, A
     if type_ == "table":
         return not (_is_machinery(name) or name == VERSION_TABLE or name in _our_table_names()
                     or name in OPT_IN_TABLES)
+    return True
+
+
+#: ``-x hermes_store_from=REV`` on a host's ``alembic upgrade FROM:TO --sql``: the revision
+#: of ours the database is at (``hermes-store --url URL current`` prints it; ``head``: none).
+OFFLINE_FROM_ARGUMENT = "hermes_store_from"
+
+
+def _running_command() -> tuple[Any, dict[str, Any]]:
+    """The EnvironmentContext of the Alembic command running now (or None), and its options."""
+    from alembic import context
+
+    proxy = getattr(context, "_proxy", None)
+    return proxy, (getattr(proxy, "context_opts", None) or {})
+
+
+def upgrading() -> bool:
+    """Whether the Alembic command running this env.py is ``upgrade`` (online or ``--sql``).
+
+    A host's env.py that migrates us first asks this before touching our schema, so that
+    ``alembic current``, ``check``, ``history``, ``revision --autogenerate``, ``stamp`` and
+    ``downgrade`` create nothing of ours (they are read-only, or about the host's revisions
+    only). Alembic hands env.py the command's per-revision callback; ``upgrade``'s is its
+    own function of that name, from the command line and from ``alembic.command`` alike.
+    False outside an Alembic run.
+    """
+    _proxy, opts = _running_command()
+    fn = opts.get("fn")
+    return getattr(fn, "__name__", "") == "upgrade" and getattr(fn, "__module__", "") == "alembic.command"
+
+
+def upgrade_hermes_store(url: Any) -> bool:
+    """"Ours first" for a host's env.py: bring hermes_store's schema to head before the
+    host's revisions run, when (and only when) the Alembic command is ``upgrade``.
+    Returns whether it did anything.
+
+    Online: :func:`hermes_store.migrations.upgrade` on ``url`` (our revisions, recorded in
+    our own version table, each in its own transaction; a database at head is only read).
+    Offline (``alembic upgrade head --sql``): nothing is connected to; our upgrade script
+    is written first, into the same output as the host's script, for ``url``'s dialect.
+    Alembic's script starts from an empty database, so ours does too; for a
+    ``FROM:TO`` range pass the revision of ours the database is at with ``-x
+    hermes_store_from=REV`` (``head`` when it is at head): without it an
+    :class:`~hermes_store.errors.InvalidInputError` says so, rather than a script that
+    would create our tables a second time.
+
+    Every other command (``current``, ``check``, ``revision --autogenerate``, ``stamp``,
+    ``downgrade``, ``history``…) leaves our schema as it is and writes nothing.
+    """
+    if not upgrading():
+        return False
+    proxy, opts = _running_command()
+    if not opts.get("as_sql"):
+        migrations.upgrade(url)
+        return True
+    return _write_our_upgrade_script(proxy, url)
+
+
+def _write_our_upgrade_script(proxy: Any, url: Any) -> bool:
+    """Our offline upgrade, written where the host's ``--sql`` script goes."""
+    since = proxy.get_x_argument(as_dictionary=True).get(OFFLINE_FROM_ARGUMENT)
+    if since is None and proxy.context_opts.get("starting_rev") not in (None, "base"):
+        raise errors.InvalidInputError(
+            "this --sql script starts from a revision of yours, not an empty database: say which "
+            f"revision of hermes_store's the database is at with -x {OFFLINE_FROM_ARGUMENT}=REV "
+            f"('hermes-store --url URL current' prints it; -x {OFFLINE_FROM_ARGUMENT}=head for none of ours)"
+        )
+    head = paths.head()
+    if since in ("head", head):
+        return False
+    if since is not None and since not in paths.our_revision_ids():
+        raise errors.InvalidInputError(f"-x {OFFLINE_FROM_ARGUMENT}={since}: not a revision of hermes_store's")
+    rendered = url.render_as_string(hide_password=False) if hasattr(url, "render_as_string") else str(url)
+    cfg = paths.make_config(rendered)
+    # Our env.py takes the URL from -x url= first (before $HERMES_STORE_URL): the script
+    # is for the host's database, whatever the shell says.
+    cfg.cmd_opts = argparse.Namespace(x=[f"url={rendered}"])
+    cfg.output_buffer = proxy.config.output_buffer
+    with paths.alembic_turn(), paths._outer_alembic_kept():
+        command.upgrade(cfg, f"{since}:head" if since else "head", sql=True)
     return True
 
 

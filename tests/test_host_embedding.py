@@ -34,6 +34,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 
 import hermes_store
+import hermes_store.models
 from hermes_store import SessionDB, adopt, errors, introspect, migrations
 from hermes_store.paths import script_location
 
@@ -107,13 +108,17 @@ class Host:
 
 
 def make_host(tmp_path: Path, mode: str, url: str) -> Host:
+    """A host project whose env.py is README's ``{mode}/env.py``; ``async`` mode is made by
+    ``alembic init -t async`` and its ini names the database's async driver."""
     host = Host(tmp_path / "host", url)
     (host.root / "hostapp").mkdir(parents=True)
     (host.root / "hostapp" / "__init__.py").write_text("")
     (host.root / "hostapp" / "models.py").write_text(readme_block("hostapp/models.py"))
-    host.alembic("init", "alembic")
+    host.alembic("init", *(["-t", "async"] if mode == "async" else []), "alembic")
     if url.startswith("sqlite"):
         url = "sqlite:///%(here)s/app.db"  # as a host writes it
+    if mode == "async":
+        url = url.replace("sqlite://", "sqlite+aiosqlite://").replace("postgresql+psycopg://", "postgresql+asyncpg://")
     options = {"sqlalchemy.url": url.replace("%", "%%") if "%(here)s" not in url else url}
     if mode == "branch":
         extra = configparser.ConfigParser(interpolation=None)
@@ -202,7 +207,10 @@ def test_ours_first(tmp_path: Path, database: str) -> None:
     host.alembic("revision", "--autogenerate", "-m", "host tables")
     [rev] = host.revisions()
     _assert_only_the_host_table(rev)
-    host.alembic("upgrade", "head")
+    up = host.alembic("upgrade", "head")
+    # README's env.py reads the ini's logging: Alembic says what it runs, ours and the host's.
+    assert re.search(r"Running upgrade\s+-> \w+, host tables", up.stderr), up.stderr
+    assert f"-> {migrations.head()}," in up.stderr, up.stderr
     tables = _tables(database)
     assert {"host_bookmarks", "sessions", "messages", "hermes_store_version", "alembic_version"} <= tables
     if database.startswith("sqlite"):
@@ -212,6 +220,101 @@ def test_ours_first(tmp_path: Path, database: str) -> None:
     assert _versions(database, "alembic_version") == {rev.name.split("_")[0]}
     _use_with_our_tools(host)
     host.assert_quiet()
+
+
+def _ours(url: str) -> set[str]:
+    """Our tables (and version table) in the database: what a read-only command must not make."""
+    if (path := _sqlite_file(url)) is not None and not path.exists():
+        return set()
+    return _tables(url) & (set(hermes_store.models.metadata.tables) | {"hermes_store_version", "messages_fts"})
+
+
+def _run_script(url: str, script: str) -> None:
+    """Run an ``alembic … --sql`` script on the database, as a DBA would (sqlite3, psql)."""
+    if (path := _sqlite_file(url)) is not None:
+        with sqlite3.connect(path) as conn:
+            conn.executescript(script)
+        return
+    import psycopg
+
+    with psycopg.connect(make_url(url).set(drivername="postgresql").render_as_string(hide_password=False),
+                         autocommit=True) as conn:
+        conn.execute(script)  # no parameters: one simple-protocol round trip, BEGIN … COMMIT included
+
+
+def _reads_write_nothing_and_sql_builds_it_all(host: Host, database: str) -> None:
+    """README's "ours first" env.py on an empty database: the commands that read, or that
+    are about the host's revisions only, create nothing of ours; ``upgrade head --sql``
+    connects to nothing and writes our DDL first, then the host's; that script, run on the
+    empty database, gives a store at our head that our tools use."""
+    host.alembic("current")
+    assert _ours(database) == set()
+    check = host.run(sys.executable, "-m", "alembic", "check")  # fails: the host's table is due
+    assert "New upgrade operations detected" in check.stdout + check.stderr, check.stderr
+    assert _ours(database) == set()
+    host.alembic("revision", "--autogenerate", "-m", "host tables")
+    [rev] = host.revisions()
+    _assert_only_the_host_table(rev)
+    assert _ours(database) == set()
+    host.alembic("history")
+    host.alembic("downgrade", f"{rev.name.split('_')[0]}:base", "--sql")
+    assert _ours(database) == set()
+
+    # Back to an empty database (Alembic's own `check` and autogenerate made an empty
+    # alembic_version of the host's); offline, not even a SQLite file is made.
+    if (path := _sqlite_file(database)) is not None:
+        path.unlink(missing_ok=True)
+    else:
+        engine = sa_create_engine(database)
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE alembic_version"))
+        engine.dispose()
+    script = host.alembic("upgrade", "head", "--sql").stdout
+    assert _ours(database) == set()
+    if (path := _sqlite_file(database)) is not None:
+        assert not path.exists()
+    ours, theirs = script.find("CREATE TABLE sessions"), script.find("CREATE TABLE host_bookmarks")
+    assert 0 <= ours < theirs, script[-2000:]
+    assert "CREATE TABLE hermes_store_version" in script and "INSERT INTO alembic_version" in script
+
+    # A range of the host's says where ours is, or is refused with one typed line.
+    bad = host.run(sys.executable, "-m", "alembic", "upgrade", f"{rev.name.split('_')[0]}:head", "--sql")
+    assert bad.returncode != 0 and "InvalidInputError" in bad.stderr and "hermes_store_from" in bad.stderr, bad.stderr
+    none_of_ours = host.alembic("-x", "hermes_store_from=head", "upgrade", "base:head", "--sql").stdout
+    assert "CREATE TABLE host_bookmarks" in none_of_ours and "CREATE TABLE sessions" not in none_of_ours
+
+    _run_script(database, script)
+    assert migrations.current(database) == migrations.head()
+    assert _versions(database, "alembic_version") == {rev.name.split("_")[0]}
+    _assert_check_and_empty_autogenerate(host)
+    _use_with_our_tools(host)
+    host.assert_quiet()
+
+
+def test_ours_first_reads_write_nothing_and_sql_builds_it_all(tmp_path: Path, database: str) -> None:
+    _reads_write_nothing_and_sql_builds_it_all(make_host(tmp_path, "ours-first", database), database)
+
+
+def test_async_ours_first(tmp_path: Path, database: str) -> None:
+    """README's async env.py in a project made by ``alembic init -t async``: autogenerate
+    holds only the host's table (never a drop of ours), ``upgrade`` runs ours then the
+    host's, a second autogenerate is empty and ``check`` passes, on aiosqlite and asyncpg."""
+    host = make_host(tmp_path, "async", database)
+    host.alembic("revision", "--autogenerate", "-m", "host tables")
+    [rev] = host.revisions()
+    _assert_only_the_host_table(rev)
+    up = host.alembic("upgrade", "head")
+    assert re.search(r"Running upgrade\s+-> \w+, host tables", up.stderr), up.stderr
+    assert {"host_bookmarks", "sessions", "messages", "hermes_store_version", "alembic_version"} <= _tables(database)
+    _assert_check_and_empty_autogenerate(host)
+    assert _versions(database, "hermes_store_version") == {migrations.head()}
+    assert _versions(database, "alembic_version") == {rev.name.split("_")[0]}
+    _use_with_our_tools(host)
+    host.assert_quiet()
+
+
+def test_async_ours_first_reads_write_nothing_and_sql_builds_it_all(tmp_path: Path, database: str) -> None:
+    _reads_write_nothing_and_sql_builds_it_all(make_host(tmp_path, "async", database), database)
 
 
 def branch_host(tmp_path: Path, database: str) -> tuple[Host, Path]:
@@ -246,6 +349,76 @@ def test_branch(tmp_path: Path, database: str) -> None:
     assert _versions(database, "alembic_version") == set()
     host.alembic("upgrade", "heads")
     assert _versions(database, "alembic_version") == {migrations.head(), host_rev}
+    _assert_check_and_empty_autogenerate(host, "--head", "host@head")
+
+    # Offline, README's env.py connects to nothing and the script holds both branches.
+    before = _tables(database)
+    script = host.alembic("upgrade", "heads", "--sql").stdout
+    assert 0 <= script.find("CREATE TABLE sessions") < script.find("CREATE TABLE host_bookmarks"), script[-2000:]
+    assert _tables(database) == before
+    if _sqlite_file(database) is not None:  # and it builds the same store from nothing
+        fresh = f"sqlite:///{tmp_path / 'from-script.db'}"
+        _run_script(fresh, script)
+        assert _versions(fresh, "alembic_version") == {migrations.head(), host_rev}
+        assert migrations.current(fresh) == migrations.head()
+    _use_with_our_tools(host)
+    host.assert_quiet()
+
+
+#: A host project's own first revision, made before it took hermes_store in.
+HOST_NOTES_MODEL = """
+
+class Note(HostBase):
+    __tablename__ = "host_notes"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+"""
+HOST_NOTES_REVISION = """from alembic import op
+import sqlalchemy as sa
+
+revision = "host0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    op.create_table("host_notes", sa.Column("id", sa.Integer(), nullable=False), sa.PrimaryKeyConstraint("id"))
+
+
+def downgrade():
+    op.drop_table("host_notes")
+"""
+
+
+def test_branch_on_a_host_with_revisions(tmp_path: Path, database: str) -> None:
+    """Way 2 for a project that already has revisions: README's commands with ``--head
+    <your head>`` instead of ``base`` keep two heads (the host's chain goes on), not three."""
+    readme = (REPO / "README.md").read_text()
+    assert "`--head <your head> --branch-label host`" in readme
+    host = make_host(tmp_path, "branch", database)
+    with open(host.root / "hostapp" / "models.py", "a") as fh:
+        fh.write(HOST_NOTES_MODEL)
+    (host.root / "alembic" / "versions").mkdir(exist_ok=True)
+    (host.root / "alembic" / "versions" / "host0001_notes.py").write_text(HOST_NOTES_REVISION)
+    locations = readme_block("branch/alembic.ini").split("version_locations =")[1].split("\n")[0].strip()
+    host.set_ini(version_locations=locations.split()[0])  # before hermes_store: the host's folder only
+    host.alembic("upgrade", "head")
+    host.set_ini(version_locations=locations)
+
+    heads = host.alembic("heads").stdout.splitlines()
+    [theirs] = [line.split()[0] for line in heads if "(hermes_store)" not in line]
+    assert theirs == "host0001"
+    for line in readme_block("branch/commands").splitlines():
+        argv = shlex.split(line.replace("--head base", "--head <your head>").replace("<your head>", theirs))
+        host.alembic(*argv[1:])
+    [rev] = [p for p in host.revisions() if not p.name.startswith("host0001")]
+    assert re.search(r"^down_revision\b.*= ['\"]host0001['\"]$", rev.read_text(), re.M), rev.read_text()
+    _assert_only_the_host_table(rev)
+    assert len(host.alembic("heads").stdout.splitlines()) == 2  # the host's and ours, not a third
+    host_rev = rev.name.split("_")[0]
+    assert _versions(database, "alembic_version") == {migrations.head(), host_rev}
+    assert {"host_notes", "host_bookmarks", "sessions"} <= _tables(database)
     _assert_check_and_empty_autogenerate(host, "--head", "host@head")
     _use_with_our_tools(host)
     host.assert_quiet()

@@ -3,9 +3,13 @@
 Every ```python block either runs here, as written, in a fresh temp directory (its own
 ``python`` process, so ``SessionDB()``, relative paths and imports see nothing of this
 test run), or is listed in ``COVERED_ELSEWHERE`` with the test that runs it; a new block
-that is neither fails ``test_every_python_block_is_run_or_covered``. The quick-start
-commands and the first command's tail run on a demo store, and the hits and session the
-README's comments promise are checked.
+that is neither fails ``test_every_python_block_is_run_or_covered``. The same holds for
+every ```bash block (``BASH_BLOCKS``, ``test_every_bash_block_is_run_or_covered``): the
+first command and ``pip install ".[async]"`` run in fresh virtualenvs on a copy of this
+checkout, the quick-start commands on a demo store (the hits and session the README's
+comments promise are checked), the ``alembic -x url=`` line and the ``copy`` lines
+against the test server. No example pins our head revision id: a contributor's new
+revision must not make README wrong (CONTRIBUTING.md, "README and a new revision").
 """
 
 from __future__ import annotations
@@ -37,10 +41,10 @@ PG_PLACEHOLDERS = ("postgresql+psycopg://user:pw@host/db",)
 #: ``complete`` blocks are whole files (every name they use is defined or imported in
 #: them); the others are fragments of a host's file.
 COVERED_ELSEWHERE: dict[str, tuple[str, bool]] = {
-    # Mirrors the handler (a host model, the dependency, one transaction for both rows);
-    # fastapi itself is not a dependency of ours.
-    "from fastapi import Depends, FastAPI": ("test_aio_host.py::test_host_row_and_ours_commit_and_roll_back_together", True),
-    "async def run_async_migrations() -> None:": ("test_aio_host.py::test_the_readme_async_env_py_runs_ours_then_the_hosts", False),
+    # Saved as app.py and served through FastAPI's test client (httpx), on SQLite and asyncpg.
+    "fastapi/app.py": ("test_recipes_fastapi.py::test_the_readme_fastapi_app_runs", True),
+    # Pasted over the env.py of `alembic init -t async`, driven by the real alembic command.
+    "async/env.py": ("test_host_embedding.py::test_async_ours_first", True),
     "ours-first/env.py": ("test_host_embedding.py::test_ours_first", True),
     "branch/env.py": ("test_host_embedding.py::test_branch", True),
     "branch/alembic.ini": ("test_host_embedding.py::test_branch", False),
@@ -65,7 +69,7 @@ with UnitOfWork(engine) as uow:
     assert uow.messages.count("s2") == 1  # committed
 """,
     'migrations.upgrade("sqlite:///app.db")': """
-assert migrations.current("app.db") == migrations.head() == "hs0005"  # what the comment says
+assert migrations.current("app.db") == migrations.head()  # what the comment says
 """,
     'db = SessionDB("postgresql+psycopg://': """
 assert [h["session_id"] for h in db.search_messages("迁移")] == ["s1"]
@@ -238,8 +242,9 @@ def test_the_first_commands_tail_finds_kubernetes(tmp_path: Path) -> None:
 #: Every ```bash block of README.md, by its first line: run by a test here, or by the test
 #: (or the CI step) named. A new block that is neither fails the first test below.
 BASH_BLOCKS: dict[str, str] = {
-    "python3 -m venv .venv": "test_the_first_commands_tail_finds_kubernetes (its install is this venv)",
+    "python3 -m venv .venv": "test_the_first_command_in_a_fresh_venv",
     'pip install ".[test]" && pytest -q -n 2': ".ci/run (it calls exactly this command)",
+    'pip install ".[async]"': "test_the_async_install_in_a_fresh_venv",
     "hermes-store adopt": "test_quick_start_commands_on_a_demo_store",
     'pip install ".[postgresql]"': "test_postgresql_block_migrates_a_server_database",
     "hermes-store copy --from ~/.hermes/state.db": "test_copy_block_moves_the_demo_there_and_back",
@@ -317,3 +322,133 @@ def test_the_test_server_block_starts_and_stops_a_server(tmp_path: Path) -> None
     assert "HERMES_STORE_TEST_PG_URL 1" in done.stdout and "HERMES_STORE_TEST_PGBOUNCER_URL 1" in done.stdout, done.stdout
     folder = Path(re.search(r"^dir=(\S+)$", done.stdout, re.M).group(1))
     assert not folder.exists()  # the stop line removed the server and its folder
+
+
+# ------------------------------------------------------------- installs, on a fresh copy
+
+#: Left out of the checkout copy the install tests build from: what a fresh clone lacks
+#: (a virtualenv, build output) or a wheel never holds.
+_NOT_COPIED_AT_TOP = {".venv", ".git", "build", "dist", "bench", "tests", ".ci", "scripts"}
+_NOT_COPIED = {"__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache"}
+
+
+def _checkout_copy(tmp_path: Path) -> Path:
+    """This checkout's sources in a folder of their own: ``pip install .`` builds there, so
+    its ``build/`` and egg-info never land in our tree."""
+    import shutil
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        skip = {n for n in names if n in _NOT_COPIED}
+        if Path(folder) == REPO:
+            skip |= {n for n in names if n in _NOT_COPIED_AT_TOP or n.endswith((".egg-info", ".db", ".db-wal", ".db-shm"))}
+        return skip
+
+    src = tmp_path / "checkout"
+    shutil.copytree(REPO, src, ignore=ignore)
+    return src
+
+
+def _in_shell(script: str, cwd: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` in bash, as a user's shell (see ``_env``); pip may take a while."""
+    home.mkdir(exist_ok=True)
+    return subprocess.run(["bash", "-c", script], cwd=cwd, env=_env(home), capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_the_first_command_in_a_fresh_venv(tmp_path: Path) -> None:
+    """README's first command, whole and as written, in a copy of the checkout: a new
+    virtualenv, ``pip install .``, the demo and its search, all from that virtualenv."""
+    first = FENCE.search(README).group("body").strip()
+    assert first.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install . && hermes-store ")
+    src = _checkout_copy(tmp_path)
+    done = _in_shell(first, src, tmp_path / "home")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ">>>Kubernetes<<<" in done.stdout and "1 result(s)" in done.stdout, done.stdout
+    where = subprocess.run([str(src / ".venv" / "bin" / "python"), "-c", "import hermes_store; print(hermes_store.__file__)"],
+                           cwd=tmp_path, env=_env(tmp_path / "home"), capture_output=True, text=True, timeout=120)
+    assert where.stdout.startswith(str(src / ".venv")), where  # installed there, not this run's package
+
+
+ASYNC_PROBE = """
+import asyncio, hermes_store
+from hermes_store import aio
+
+async def main():
+    async with aio.AsyncSessionDB("state.db") as db:
+        await db.create_session("s1", "api")
+        await db.append_message("s1", "user", "kubernetes rollout")
+        print(len(await db.search_messages("kubernetes")), hermes_store.__file__)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_the_async_install_in_a_fresh_venv(tmp_path: Path) -> None:
+    """``pip install ".[async]"`` as README writes it, in a fresh virtualenv on a copy of the
+    checkout (the package is on no index): aio then works on SQLite with aiosqlite."""
+    [line] = bash_block('pip install ".[async]"')
+    assert line == 'pip install ".[async]"'
+    src = _checkout_copy(tmp_path)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    home = tmp_path / "home"
+    # The probe runs outside the checkout, where only the installed package can be imported.
+    done = _in_shell(f". {shlex.quote(str(venv))}/bin/activate && {line} && cd {shlex.quote(str(home))} && "
+                     f"python -c {shlex.quote(ASYNC_PROBE)}", src, home)
+    assert done.returncode == 0, done.stderr[-3000:]
+    count, where = done.stdout.split()[-2:]
+    assert count == "1" and where.startswith(str(venv)), done.stdout
+
+
+def test_install_lines_name_this_checkout_not_an_index() -> None:
+    """hermes-store is on no package index: every install line installs this checkout."""
+    assert re.findall(r"pip install\s+\S*hermes-store", README) == []
+    installs = re.findall(r"pip install ([^\s`]+)", README)
+    assert installs and all(i == "." or i.startswith('".[') for i in installs), installs
+
+
+# ------------------------------------------------------------------ the head revision id
+
+
+def test_no_example_pins_the_head() -> None:
+    """A contributor's new revision must not make README wrong: no block and no check names
+    a revision id of ours, and prose names one only for what that revision did."""
+    from hermes_store import migrations
+
+    head = migrations.head()
+    ours = re.compile(r"\bhs\d{4}\b")
+    pinned = [label for label, body in blocks("python") + blocks("bash") + blocks("ini") if ours.search(body)]
+    pinned += [f"CHECKS[{key!r}]" for key, check in CHECKS.items() if ours.search(check)]
+    pinned += [line for line in README.splitlines() if head in line and re.search(r"newest|latest|\bhead\b", line)]
+    assert pinned == [], (
+        f"README.md pins the head revision ({head} today) in {pinned}: write migrations.head() (or "
+        "`hermes-store current`) instead; CONTRIBUTING.md, 'README and a new revision', lists what to update"
+    )
+    guide = (REPO / "CONTRIBUTING.md").read_text()
+    assert "README and a new revision" in guide and "test_no_example_pins_the_head" in guide
+
+
+# ----------------------------------------------------------------- the facade's reads
+
+
+def test_the_facade_reads_table_names_the_calls_the_facade_makes() -> None:
+    """Each row of README's table is what that SessionDB method calls, on a repository a
+    unit of work (sync and aio) has, with argument names both really take."""
+    import inspect
+    import typing
+
+    from hermes_store import SessionDB, UnitOfWork, aio
+
+    table = README.split("<!-- facade-reads -->", 1)[1].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| `(\w+)\((.*?)\)` \| `(\w+)\.(\w+)\((.*?)\)` \|$", table, re.M)
+    assert len(rows) >= 10, table
+    repositories = typing.get_type_hints(UnitOfWork)
+    for facade, facade_args, attr, method, repo_args in rows:
+        repo = repositories[attr]
+        assert attr in typing.get_type_hints(aio.AsyncUnitOfWork), attr
+        source = inspect.getsource(getattr(SessionDB, facade))
+        assert re.search(rf"{repo.__name__}\(c\)\s*\.{method}\(", source), f"SessionDB.{facade} does not call {attr}.{method}"
+        for fn, args in ((getattr(SessionDB, facade), facade_args), (getattr(repo, method), repo_args)):
+            names = set(inspect.signature(fn).parameters)
+            assert set(re.findall(r"(\w+)=", args)) <= names, (fn, args)
