@@ -551,3 +551,32 @@ def test_reading_commands_write_nothing(demo_db: Path, tmp_path: Path, other: st
             assert holder.stdin is not None
             holder.stdin.close()
             holder.wait(timeout=HANG)
+
+
+# ---------------------------------------------------------------------- row 14: the query note
+
+
+@pytest.mark.parametrize("query", ['"unclosed', "a AND", "NOT kubernetes", "(kubernetes"])
+def test_a_query_not_understood_as_written_says_how_it_was_read(query: str, tmp_path: Path) -> None:
+    """Row 14: before, a malformed query printed only "No messages match" (rc 0); now one
+    line says what was not understood, and ``--json`` carries it as ``query_note``."""
+    db = tmp_path / "state.db"
+    assert run("--db", db, "demo").code == 0
+    text = run("--db", db, "search", query)
+    assert text.code == 0, text.stderr
+    notes = [line for line in text.stdout.splitlines() if line.startswith("Note: ")]
+    assert len(notes) == 1 and text.stderr == "", (text.stdout, text.stderr)
+    doc = run("--db", db, "--json", "search", query)
+    assert doc.code == 0 and doc.stderr == ""
+    parsed = json.loads(doc.stdout)
+    assert parsed["query_note"] and "\n" not in parsed["query_note"]
+    assert notes[0] == f"Note: {parsed['query_note']}"
+
+
+def test_a_query_used_as_written_has_no_note(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    assert run("--db", db, "demo").code == 0
+    text = run("--db", db, "search", "kubernetes")
+    assert text.code == 0 and "Note:" not in text.stdout
+    parsed = json.loads(run("--db", db, "--json", "search", "kubernetes").stdout)
+    assert parsed["query_note"] is None and parsed["count"] >= 1

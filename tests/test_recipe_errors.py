@@ -24,14 +24,16 @@ EXE = Path(sys.executable).with_name("hermes-store")
     "only root can create a file in a 0555 folder: for anyone else the kernel refuses it, "
     "so the case this guards (root's open() succeeding) cannot happen"
 ))
+@pytest.mark.parametrize("target", ["ro/new.db", "ro/sub/new.db"])
 @pytest.mark.parametrize("command", ["upgrade", "demo"])
-def test_cli_creates_nothing_in_a_read_only_folder_as_root(tmp_path: Path, command: str) -> None:
-    """Before: ``upgrade`` left a 4,096-byte ``ro/new.db`` behind (rc 1, "left unchanged")."""
+def test_cli_creates_nothing_in_a_read_only_folder_as_root(tmp_path: Path, command: str, target: str) -> None:
+    """Before: ``upgrade`` left a 4,096-byte ``ro/new.db`` behind (rc 1, "left unchanged"),
+    and ``ro/sub/new.db`` made ``ro/sub/`` and a whole database in it."""
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o555)
     try:
-        proc = subprocess.run([EXE, "--json", "--db", "ro/new.db", command], cwd=tmp_path,
+        proc = subprocess.run([EXE, "--json", "--db", target, command], cwd=tmp_path,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert sorted(os.listdir(folder)) == [], "something was created in the read-only folder"

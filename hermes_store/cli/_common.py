@@ -41,7 +41,7 @@ from ..copying.endpoints import readonly_engine, store_file_named
 from ..dialects import backend_name, find_for, for_connection, for_dialect
 from ..engine import create_engine, default_db_path, schema_in_url, schema_of, to_url, with_schema
 from ..facade import SessionDB
-from ..paths import create_private_database
+from ..paths import check_target, create_private_database, make_parents
 from ..repositories.maintenance import DAY
 from ..repositories.sessions import SessionRepository
 from ._base import (
@@ -942,8 +942,10 @@ def atomic_output(target: Path, *, store: Path | None = None) -> Iterator[IO[str
 
 
 def create_private_file(path: Path) -> None:
-    """A new database is created readable by its owner only, as SessionDB does."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """A new database is created readable by its owner only, as SessionDB does; a
+    read-only folder anywhere above it (root included) is refused before any folder is made."""
+    check_target(path, write=True, create=True, make_parents=True)
+    make_parents(path)
     create_private_database(path)
 
 

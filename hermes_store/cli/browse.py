@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..repositories import LineageRepository, SessionRepository
+from ..search import query_note
 from ._common import (
     LIMIT,
     NONEMPTY,
@@ -272,17 +273,24 @@ def search(query: str, sources: tuple[str, ...], exclude: tuple[str, ...], roles
            limit: int, offset: int, show_context: bool) -> None:
     """Full-text search over all messages.
 
-    QUERY supports words, "phrases", prefix*, OR, NOT and CJK text.
+    QUERY: words (all of them), "phrases", prefix*, a OR b, a NOT b or -b (without),
+    NEAR(a b[, N]) (at most N words apart, default 10) and CJK text. Operators are upper
+    case. A query that was not understood as written still runs, and one line says how
+    it was read ("query_note" with --json).
     """
     st = _state()
+    note = query_note(query)
     with session_db(st) as db:
         hits = db.search_messages(query, source_filter=list(sources) or None, exclude_sources=list(exclude) or None,
                                   role_filter=list(roles) or None, limit=limit, offset=offset,
                                   sort=None if sort == "rank" else sort)
     if st.json:
-        st.emit({"query": query, "sort": sort, "limit": limit, "offset": offset, "count": len(hits), "results": hits})
+        st.emit({"query": query, "query_note": note, "sort": sort, "limit": limit, "offset": offset,
+                 "count": len(hits), "results": hits})
         return
     out = stdout_console()
+    if note is not None:
+        out.print(Text(f"Note: {note}", style="yellow"))
     if not hits:
         out.print(Text(f"No messages match {query!r}."))
         return
