@@ -33,6 +33,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -580,3 +581,21 @@ def test_a_query_used_as_written_has_no_note(tmp_path: Path) -> None:
     assert text.code == 0 and "Note:" not in text.stdout
     parsed = json.loads(run("--db", db, "--json", "search", "kubernetes").stdout)
     assert parsed["query_note"] is None and parsed["count"] >= 1
+
+
+def test_progress_threads_leave_interrupts_to_the_main_thread() -> None:
+    """A ^C the kernel handed to the progress thread left the main thread asleep in
+    read(stdin) and the interrupt was lost (an interrupted import exited 0 under load in
+    CI). Threads the CLI starts block SIGINT and SIGTERM; the main thread does not."""
+    import signal as signals
+
+    def blocked(native_id: int) -> set[int]:
+        status = Path(f"/proc/self/task/{native_id}/status").read_text()
+        mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
+        return {sig for sig in (signals.SIGINT, signals.SIGTERM) if mask & (1 << (sig - 1))}
+
+    log = _common.ProgressLog("count", False, every=60.0, write=lambda _line: None)
+    with log:
+        assert log._ticker is not None and log._ticker.native_id is not None
+        assert blocked(log._ticker.native_id) == {signals.SIGINT, signals.SIGTERM}
+    assert blocked(threading.main_thread().native_id) == set()

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sqlite3
 import sys
 import tempfile
 import threading
 import time
-from contextlib import closing, contextmanager, suppress
+from contextlib import ExitStack, closing, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -204,8 +205,27 @@ class State:
         elif kind == "percent":
             columns += [BarColumn(), TaskProgressColumn()]
         columns.append(TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True, disable=self.quiet or not bar) as shown_bar:
+        with ExitStack() as stack:
+            with signals_for_the_main_thread():  # rich's refresh thread starts here
+                shown_bar = stack.enter_context(
+                    Progress(*columns, console=console, transient=True, disable=self.quiet or not bar))
             yield shown_bar
+
+
+@contextmanager
+def signals_for_the_main_thread() -> Iterator[None]:
+    """Threads started inside never take ^C (SIGINT) or SIGTERM: they inherit a mask that
+    blocks both. The kernel hands a process signal to any thread that does not block it;
+    one taken by a progress thread left the main thread asleep in read(stdin), and the
+    interrupt was lost (seen under load: an interrupted import exited 0)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # one that came meanwhile is delivered now
 
 
 #: Seconds between two progress lines when stderr is not a terminal; the first comes as
@@ -268,7 +288,8 @@ class ProgressLog:
 
     def __enter__(self) -> "ProgressLog":
         self._ticker = threading.Thread(target=self._tick, name="hermes-store-progress", daemon=True)
-        self._ticker.start()
+        with signals_for_the_main_thread():
+            self._ticker.start()
         return self
 
     def __exit__(self, *_exc: Any) -> None:
