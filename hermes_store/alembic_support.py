@@ -426,6 +426,10 @@ def keep_triggers_across_batch(conn: Connection) -> None:
     ``conn``, which would re-enter these events), so they work on any SQLite driver
     SQLAlchemy adapts (pysqlite, aiosqlite).
     """
+    if not isinstance(conn, Connection):
+        # Offline (``alembic upgrade --sql``): op.get_bind() is Alembic's mock, nothing runs
+        # here to hook, and a batch rebuild cannot be rendered without reflection anyway.
+        return
     if not for_connection(conn).install_batch_hooks(conn) or _has_batch_hooks(conn):
         return  # already installed on this connection (env.py and a revision may both ask)
     saved: dict[str, tuple[list[str], list[str], int | None]] = {}

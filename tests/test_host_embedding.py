@@ -438,18 +438,42 @@ REBUILD_DOWNGRADE = """with op.batch_alter_table("messages", recreate=_recreate(
         batch_op.drop_column("hs9001_probe")"""
 
 
-def render_our_revision(folder: Path, rev_id: str, down: str) -> Path:
+def render_our_revision(folder: Path, rev_id: str, down: str, upgrades: str = REBUILD_UPGRADE,
+                        downgrades: str = REBUILD_DOWNGRADE) -> Path:
     """A revision file made from our script.py.mako, as ``alembic revision`` makes it."""
     folder.mkdir(parents=True, exist_ok=True)
     body = Template(filename=str(script_location() / "script.py.mako")).render_unicode(
         message="a contributor's column on messages", up_revision=rev_id, down_revision=down,
         create_date="2026-12-02", branch_labels=None, depends_on=None, imports=REBUILD_HELPER,
-        upgrades=REBUILD_UPGRADE, downgrades=REBUILD_DOWNGRADE, comma=format_as_comma,
+        upgrades=upgrades, downgrades=downgrades, comma=format_as_comma,
     )
     assert "keep_triggers_across_batch(op.get_bind())" in body  # the template installs the hooks
     path = folder / f"{rev_id}_probe_column.py"
     path.write_text(body)
     return path
+
+
+def test_a_revision_from_our_template_renders_offline(tmp_path: Path, backend: str) -> None:
+    """``upgrade --sql`` (ours, or a host's that writes ours first) through a contributor's
+    revision made from our template: the template's batch hooks have no connection to hook
+    offline and stay out of the way; the script holds the new column."""
+    import io
+
+    from alembic import command
+
+    extra = tmp_path / "contributor-versions"
+    render_our_revision(extra, "hs9001", migrations.head(),
+                        upgrades='op.add_column("messages", sa.Column("hs9001_probe", sa.TEXT(), nullable=True))',
+                        downgrades='op.drop_column("messages", "hs9001_probe")')
+    url = "sqlite:///app.db" if backend == "sqlite" else "postgresql+psycopg://host.invalid/app"
+    out = io.StringIO()
+    cfg = migrations.make_config(url)
+    cfg.set_main_option("path_separator", "space")
+    cfg.set_main_option("version_locations", f"{migrations.versions_location()} {extra}")
+    cfg.output_buffer = out
+    command.upgrade(cfg, "head", sql=True)
+    assert re.search(r"ALTER TABLE messages ADD COLUMN hs9001_probe", out.getvalue()), out.getvalue()[-2000:]
+    assert not (tmp_path / "app.db").exists()
 
 
 def _messages_machinery(url: str) -> dict:
