@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import sqlite3
 import uuid
 from contextlib import ExitStack, contextmanager
@@ -121,3 +122,14 @@ def module_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         else:
             target = stack.enter_context(server_database(request.getfixturevalue("pg_url"), prefix="hs_mod_"))
         yield fill(stack.enter_context(SessionDB(target)))
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a child a test interrupts with SIGINT: the default disposition.
+
+    A shell starts background jobs with SIGINT ignored, and an ignored signal stays ignored
+    across exec; Python then installs no KeyboardInterrupt handler, and the ^C the test
+    sends is lost (``.ci/run`` started in the background failed that way)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -36,6 +36,7 @@ from hermes_store import SessionDB, errors
 from hermes_store.cli import main, schema
 
 from .test_cli import Run, Target, empty_target, snapshot
+from .helpers import interruptible
 
 pytestmark = pytest.mark.both_backends
 
@@ -388,7 +389,7 @@ def test_sigint_exits_130_with_one_line(tmp_path: Path) -> None:
     db = tmp_path / "i.db"
     assert run("--db", db, "upgrade").code == 0
     proc = subprocess.Popen([EXE, "--db", db, "import", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=interruptible)
     try:
         # Wait until it sleeps in read(stdin), the only pipe it reads: the ^C lands there.
         deadline = time.monotonic() + 120

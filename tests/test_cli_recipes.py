@@ -49,6 +49,7 @@ from hermes_store.cli import _base
 from hermes_store.cli._base import error_code
 
 from .test_cli import run
+from .helpers import interruptible
 from .test_host_embedding import branch_host
 
 pytestmark = pytest.mark.both_backends
@@ -301,7 +302,7 @@ def test_an_interrupt_is_exactly_one_line(demo_db: Path, tmp_path: Path, options
         argv = cli_argv(*options, "--db", tmp_path / "new.db", "import", "-", prelude=MARK_IN_IMPORT)
     env = marks.env(HERMES_STORE_PROGRESS_EVERY="3600")  # no progress line in between
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            pass_fds=(marks.write_fd,))
+                            pass_fds=(marks.write_fd,), preexec_fn=interruptible)
     marks.started()
     try:
         if command == "import":
@@ -584,9 +585,9 @@ def test_a_query_used_as_written_has_no_note(tmp_path: Path) -> None:
 
 
 def test_progress_threads_leave_interrupts_to_the_main_thread() -> None:
-    """A ^C the kernel handed to the progress thread left the main thread asleep in
-    read(stdin) and the interrupt was lost (an interrupted import exited 0 under load in
-    CI). Threads the CLI starts block SIGINT and SIGTERM; the main thread does not."""
+    """The kernel hands a process signal to any thread that does not block it; one handed
+    to a progress thread would leave the main thread asleep in read(stdin), and the ^C
+    would be lost. Threads the CLI starts block SIGINT and SIGTERM; the main thread does not."""
     import signal as signals
 
     def blocked(native_id: int) -> set[int]:

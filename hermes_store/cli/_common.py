@@ -216,8 +216,8 @@ class State:
 def signals_for_the_main_thread() -> Iterator[None]:
     """Threads started inside never take ^C (SIGINT) or SIGTERM: they inherit a mask that
     blocks both. The kernel hands a process signal to any thread that does not block it;
-    one taken by a progress thread left the main thread asleep in read(stdin), and the
-    interrupt was lost (seen under load: an interrupted import exited 0)."""
+    one taken by a progress thread would leave the main thread asleep in read(stdin), and
+    the interrupt would be lost."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return
