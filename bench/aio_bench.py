@@ -75,7 +75,8 @@ import re
 import statistics
 import threading
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 import baseline
 import generate
@@ -152,7 +153,7 @@ class AsyncpgFloor:
         self.conn = conn
 
     @classmethod
-    async def connect(cls, dsn: str) -> "AsyncpgFloor":
+    async def connect(cls, dsn: str) -> AsyncpgFloor:
         import asyncpg
 
         return cls(await asyncpg.connect(dsn))
@@ -201,7 +202,7 @@ class AioSqliteFloor:
         self.conn = conn
 
     @classmethod
-    async def open(cls, path: str, busy_timeout_ms: int = 100) -> "AioSqliteFloor":
+    async def open(cls, path: str, busy_timeout_ms: int = 100) -> AioSqliteFloor:
         import aiosqlite
 
         # check_same_thread=False: the statement meter sets its trace callback from the loop's thread.
@@ -551,10 +552,10 @@ class _Group:
                 if plan.kind == "substring":
                     terms = list(plan.terms)
                     hits = sync_floor.count_substring(terms)
-                    floor_call: Callable[[Any], Any] = lambda b, terms=terms: b.search_substring(terms)  # noqa: E731
+                    floor_call: Callable[[Any], Any] = lambda b, terms=terms: b.search_substring(terms)
                 else:
                     hits = sync_floor.count_matches(q)
-                    floor_call = lambda b, q=q: b.search_fts(q)  # noqa: E731
+                    floor_call = lambda b, q=q: b.search_fts(q)
                 impls: dict[str, AsyncFn] = {}
                 for name in self.libs:
                     impls[name] = lambda name=name, q=q: h[name].search_messages(q)
@@ -781,7 +782,7 @@ class _Group:
                     t = clock()
                     await append(i, m)
                     lat.append(clock() - t)
-            except Exception as exc:  # noqa: BLE001 - reported as lost rows / an error
+            except Exception as exc:
                 errors.append(f"task {i} append #{len(lat)}: {type(exc).__name__}: {exc}")
 
         cpu0 = time.process_time()
@@ -819,7 +820,7 @@ class _Group:
                     t = clock()
                     append(sids[i], **m)
                     lat.append(clock() - t)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 errors.append(f"thread {i} append #{len(lat)}: {type(exc).__name__}: {exc}")
             spans.append((t0, clock()))
 

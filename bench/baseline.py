@@ -25,7 +25,8 @@ import json
 import re
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TextIO
+from typing import Any, TextIO
+from collections.abc import Iterable, Iterator
 
 JSON_PREFIX = "\x00json:"
 PREVIEW_CHARS = 60

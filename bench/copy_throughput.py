@@ -43,7 +43,7 @@ for p in (str(ROOT), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-import generate  # noqa: E402
+import generate
 
 OUT = generate.OUT
 URL_ENVS = ("HERMES_STORE_BENCH_PG_URL", "HERMES_STORE_TEST_PG_URL")

@@ -18,7 +18,8 @@ import datetime
 import re
 import sqlite3
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 HERE = Path(__file__).resolve().parent
 PLANS = HERE / "plans-postgresql.md"
@@ -52,7 +53,7 @@ class Recorder:
     def _before(self, _conn: Any, _cursor: Any, statement: str, parameters: Any, _ctx: Any, many: bool) -> None:
         self.statements.append((statement, parameters, many))
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         from sqlalchemy import event
 
         event.listen(self.engine, "before_cursor_execute", self._before)
@@ -84,7 +85,7 @@ def _explain(engine: Any, statements: list[tuple[str, Any, bool]]) -> list[dict[
                     cur.execute(stmt, params)
                     entry["note"] = "not a statement EXPLAIN takes: run as it is"
                 cur.execute(f"RELEASE SAVEPOINT hb_explain_{i}")
-            except Exception as exc:  # noqa: BLE001 - reported in the file
+            except Exception as exc:
                 entry["error"] = f"{type(exc).__name__}: {exc}".strip()
                 cur.execute(f"ROLLBACK TO SAVEPOINT hb_explain_{i}")
             out.append(entry)

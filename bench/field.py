@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.many_process_worker import FieldResult, run_field  # noqa: E402
+from tests.many_process_worker import FieldResult, run_field
 
 
 def _pg_database(server: str):  # type: ignore[no-untyped-def]

@@ -41,7 +41,8 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -698,7 +699,7 @@ def schema_head() -> str:
         from hermes_store import migrations
 
         return str(migrations.head())
-    except Exception:  # noqa: BLE001 - an older/newer library without this helper
+    except Exception:
         return "unknown"
 
 

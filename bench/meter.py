@@ -48,7 +48,8 @@ import gc
 import re
 import sqlite3
 import time
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 #: libpq's PQTRANS_IDLE: no transaction open at the server.
 _IDLE = 0
@@ -194,14 +195,14 @@ class _CountingCursor:
     def __iter__(self) -> Iterator[Any]:
         return iter(self._cur)
 
-    def __enter__(self) -> "_CountingCursor":
+    def __enter__(self) -> _CountingCursor:
         self._cur.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> Any:
         return self._cur.__exit__(*exc)
 
-    def execute(self, *a: Any, **k: Any) -> "_CountingCursor":
+    def execute(self, *a: Any, **k: Any) -> _CountingCursor:
         self._meter.count += 1
         self._cur.execute(*a, **k)
         return self

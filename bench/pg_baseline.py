@@ -37,11 +37,12 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any, Iterable, Iterator, TextIO
+from typing import Any, TextIO
+from collections.abc import Iterable, Iterator
 
 # Both floors share what does not depend on the driver: the replay dicts, JSON and
 # preview helpers, the message columns (baseline.py imports nothing of ours either).
-from baseline import (  # noqa: F401 - _n_calls is read from here by run.py
+from baseline import (
     JSON_PREFIX, MAX_DEPTH, MESSAGE_COLUMNS, REPLAY_COLUMNS, _cut, _decode_json,
     _encode_json, _escape_like, _n_calls, listing_page, replay_turn,
 )

@@ -34,7 +34,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -42,12 +43,12 @@ for p in (str(ROOT), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-import generate  # noqa: E402
-import pg_load  # noqa: E402
-import meter  # noqa: E402
-import timing  # noqa: E402
-import writers as writers_mod  # noqa: E402
-from baseline import Baseline  # noqa: E402
+import generate
+import pg_load
+import meter
+import timing
+import writers as writers_mod
+from baseline import Baseline
 
 OUT = generate.OUT
 GROUPS = ("writes", "search", "lineage", "listing", "replay", "writers", "export")
@@ -127,7 +128,7 @@ def machine_info(pg_url: str | None = None) -> dict[str, Any]:
 
 class Stats(dict):
     @classmethod
-    def of(cls, samples_ns: list[int], items: int = 1) -> "Stats":
+    def of(cls, samples_ns: list[int], items: int = 1) -> Stats:
         ms = sorted(s / 1e6 for s in samples_ns)
         n = len(ms)
         mean = statistics.fmean(ms)
@@ -719,12 +720,12 @@ def bench_search(rep: Report, env: Env, size: str, quick: bool, profile: bool) -
                 rep.notes.append(f"query {q!r} routed to {plan.kind}, expected {kind}")
             if kind == "substring" or (kind == "trigram" and bk.pg):
                 terms = list(plan.terms) if kind == "substring" else [q]
-                base_fn = lambda terms=terms: env.base.search_substring(terms)  # noqa: E731
+                base_fn = lambda terms=terms: env.base.search_substring(terms)
                 hits = env.base.count_substring(terms)
             else:
                 index = "messages_fts" if kind == "word" else "messages_fts_trigram"
                 match = q if kind == "word" else f'"{q}"'
-                base_fn = lambda match=match, index=index: env.base.search_fts(match, index=index)  # noqa: E731
+                base_fn = lambda match=match, index=index: env.base.search_fts(match, index=index)
                 hits = env.base.count_matches(match, index)
 
             def repo_fn(q: str = q) -> Any:

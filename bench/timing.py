@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import gc
 import statistics
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import meter
 

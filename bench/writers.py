@@ -113,7 +113,7 @@ def worker(impl: str, backend: str, target: str, tag: str, wid: int, n: int, mes
         create(warm)
         for i in range(WARMUP_APPENDS):
             append(warm, messages[(wid * 31 + i) % len(messages)])
-    except BaseException as exc:  # noqa: BLE001 - reported, and the barrier must still be reached
+    except BaseException as exc:
         error = f"setup: {type(exc).__name__}: {exc}"
     barrier.wait(BARRIER_TIMEOUT_S)
     clock = time.monotonic_ns  # CLOCK_MONOTONIC: comparable across processes
@@ -126,7 +126,7 @@ def worker(impl: str, backend: str, target: str, tag: str, wid: int, n: int, mes
                 t = clock()
                 append(sid, m)
                 lat.append(clock() - t)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             error = f"append #{len(lat)}: {type(exc).__name__}: {exc}"
     t1 = clock()
     cpu = time.process_time() - cpu0
@@ -144,13 +144,13 @@ def worker(impl: str, backend: str, target: str, tag: str, wid: int, n: int, mes
                 finally:
                     counter.stop()
                 stmts = (counter.count - c0) / COUNTED_APPENDS
-        except BaseException as exc:  # noqa: BLE001 - the figures above still stand
+        except BaseException as exc:
             stmts = None
             print(f"writer {wid}: counting failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     if close is not None:
         try:
             close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     out.put({"wid": wid, "t0": t0, "t1": t1, "lat": lat, "cpu_s": cpu, "error": error, "stmts": stmts,
              "stmts_unit": getattr(counter, "unit", None)})

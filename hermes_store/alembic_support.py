@@ -35,7 +35,8 @@ import argparse
 import re
 import warnings
 from contextlib import contextmanager
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, ContextManager
+from collections.abc import Callable, Iterator
 
 from alembic import command
 from sqlalchemy import Column, Connection, event
@@ -115,7 +116,7 @@ def other_version_tables(conn: Connection, version_table: str, skip: set[str] | 
         try:
             with caught_failure_contained(conn):
                 columns = [c["name"] for c in insp.get_columns(table)]
-        except Exception:  # noqa: BLE001 - unreadable: certainly not a version table we must keep
+        except Exception:
             continue
         if columns == ["version_num"]:
             found.add(table)

@@ -15,8 +15,6 @@ Schema names are checked here (:func:`check_schema`), before anything connects.
 from __future__ import annotations
 
 import os
-import re
-import sqlite3
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl

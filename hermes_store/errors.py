@@ -108,7 +108,7 @@ class DependentObjectsError(HermesStoreError):
     ``dependents`` names each one; nothing was changed. Drop them (or run the host's
     own downgrade) first."""
 
-    def __init__(self, message: str, dependents: "tuple[str, ...]" = ()) -> None:
+    def __init__(self, message: str, dependents: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.dependents = tuple(dependents)
 

@@ -24,7 +24,7 @@ import time
 import weakref
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Literal, TypeVar
+from typing import Optional, Any, Callable, Iterator, Literal, TypeVar
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import URL
@@ -33,11 +33,10 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from . import errors, migrations, paths
 from .dialects import backend_name, find_for, for_connection
 from .dialects.base import LOCK_BUDGET_OPTION
-from .dialects.sqlite import _wal_warned  # noqa: F401 - tests clear it
+from .dialects.sqlite import _wal_warned
 from .engine import create_engine, default_db_path, schema_in_url, to_url, with_schema
 from .paths import create_private_database  # noqa: F401 - kept importable from here (CLI)
 from .repositories import MaintenanceRepository
-from .repositories.base import driver_errors
 from .repositories.transcripts import remove_committed_files
 from .operations.steps import jitter, retry_locked, wait_or_give_up, with_lock_budget
 from .targets import refuse_async
@@ -71,8 +70,7 @@ from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served b
     load_fts5_cjk_extension,
     workspace_key,
 )
-from .state_modules.common import *  # noqa: F401,F403 - its __all__: hermes_state_common's names
-from .state_modules.common import SCHEMA_VERSION
+from .state_modules.common import *
 from .state_modules.portability import SessionPortabilityMixin
 from .state_modules.schema import SessionSchemaMixin, schema_read_probe_statements  # noqa: F401
 from .state_modules.search import SessionSearchMixin
@@ -86,7 +84,7 @@ from .isolation import (  # noqa: F401 - Hermes v25/v26's live-system guard; tes
     _real_platform_state_root,
     _running_under_pytest,
 )
-from .journal import *  # noqa: F401,F403 - its __all__: Hermes v26's journal-mode functions
+from .journal import *
 from .journal import (  # noqa: F401 - private Hermes names
     _WAL_INCOMPAT_MARKERS,
     _WAL_SIZE_LIMIT_BYTES,
@@ -94,7 +92,7 @@ from .journal import (  # noqa: F401 - private Hermes names
     _wal_reset_repair_hint,
     checkpoint_passive,
 )
-from .state_files import *  # noqa: F401,F403 - its __all__: Hermes v26's state-file helpers
+from .state_files import *
 from .state_files import track_close, track_open
 from .errors import (  # noqa: F401 - Hermes v24-v26 error classes, importable from hermes_state
     MAX_SAFE_EXPORT_MESSAGES,
@@ -108,11 +106,11 @@ from .errors import (  # noqa: F401 - Hermes v24-v26 error classes, importable f
     WalUnsupportedError,
 )
 from .sessiondb import HermesSurface
-from .sessiondb.activity import *  # noqa: F401,F403 - its __all__: Hermes v24-v26 module-level names
-from .sessiondb.display import *  # noqa: F401,F403 - its __all__: Hermes v24-v26 module-level names
-from .sessiondb.leases import *  # noqa: F401,F403 - its __all__: Hermes v24-v26 module-level names
-from .sessiondb.messages import *  # noqa: F401,F403 - its __all__: Hermes v25 transcript-filter names
-from .sessiondb.orphans import *  # noqa: F401,F403 - its __all__: Hermes v24-v26 module-level names
+from .sessiondb.activity import *
+from .sessiondb.display import *
+from .sessiondb.leases import *
+from .sessiondb.messages import *
+from .sessiondb.orphans import *
 from .sessiondb.async_wrapper import AsyncSessionDB  # noqa: F401 - Hermes' gateway wrapper
 from .sessiondb._host import TRANSCRIPT_BUDGET_S, WRITE_BUDGET_S  # noqa: F401 - tuning knobs, named here since v1
 
@@ -167,7 +165,7 @@ def _default_db_path() -> Path:
         return Path(patched).expanduser()
     return default_db_path()
 
-_last_init_error: str | None = None
+_last_init_error: Optional[str] = None
 _init_error_lock = threading.Lock()
 
 
@@ -281,7 +279,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         *,
         url: str | URL | None = None,
         engine: Engine | None = None,
-        schema: str | None = None,
+        schema: Optional[str] = None,
     ) -> None:
         """Open (creating 0600, adopting or migrating as needed) the store at ``db_path``.
 
@@ -355,7 +353,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                 self._sleep(jitter(now - start, deadline - now,
                                    early=EARLY_JITTER_S, late=LATE_JITTER_S, phase=EARLY_PHASE_S))
 
-    def _open(self, db_path: Any, read_only: bool, url: Any, engine: Any, schema: str | None = None) -> None:
+    def _open(self, db_path: Any, read_only: bool, url: Any, engine: Any, schema: Optional[str] = None) -> None:
         target = _database_target(db_path, url, engine)
         if isinstance(target, Path):
             _ensure_test_isolation(target)  # Hermes v25: before anything touches the file
@@ -569,7 +567,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         if not keep:
             conn.close()
 
-    def __enter__(self) -> "SessionDB":
+    def __enter__(self) -> SessionDB:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
@@ -583,7 +581,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             return
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - nothing to report to at garbage collection
+        except Exception:
             pass
 
     def _checkpoint(self) -> None:
@@ -608,7 +606,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                 continue  # each stale connection is dropped, so this ends with a fresh one
 
     def _write(
-        self, fn: Callable[[Connection], T], *, budget: float | None = None, _maintenance: bool = False,
+        self, fn: Callable[[Connection], T], *, budget: Optional[float] = None, _maintenance: bool = False,
         one_statement: bool = False,
     ) -> T:
         """Run ``fn`` in one write transaction; retry on lock with jitter within ``budget``.
@@ -687,7 +685,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                         label=self._label(), sleep=self._sleep,
                         early=EARLY_JITTER_S, late=LATE_JITTER_S, phase=EARLY_PHASE_S)
 
-    def _outside(self, fn: Callable[[Engine], T], *, budget: float | None = None) -> T:
+    def _outside(self, fn: Callable[[Engine], T], *, budget: Optional[float] = None) -> T:
         """``fn(engine)`` outside any transaction (VACUUM, checkpoints asked for), a held
         lock retried as a write's is, within ``budget`` (None: the write budget read now),
         then :class:`~hermes_store.errors.DatabaseLockedError`. Each try gets what is left
@@ -729,7 +727,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                 self._checkpoint()
                 self._schedule("short-CJK index catch-up", self._catch_up_search_index)
             self._after_write(writes)
-        except Exception:  # noqa: BLE001 - the caller's write succeeded; upkeep is best effort
+        except Exception:
             log.warning("%s: search index upkeep after a committed write failed; retried later",
                         self._label(), exc_info=True)
 
@@ -741,7 +739,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         else:
             job()
 
-    def wait_for_upkeep(self, timeout: float | None = None) -> bool:
+    def wait_for_upkeep(self, timeout: Optional[float] = None) -> bool:
         """Wait until this store's background upkeep has nothing left to do (tests, tools);
         False when ``timeout`` ran out first. Always True where upkeep runs inline."""
         return self._upkeep.wait_idle(timeout)
@@ -775,6 +773,6 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                     return done
         except (errors.DatabaseLockedError, errors.DatabaseUnavailableError):
             return done  # someone else is writing (or the disk is full); the next interval will do it
-        except Exception:  # noqa: BLE001 - rows not indexed yet are still found by a direct scan
+        except Exception:
             log.warning("%s: short-CJK index catch-up failed; retried later", self._label(), exc_info=True)
             return done

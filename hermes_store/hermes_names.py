@@ -106,7 +106,7 @@ def load_fts5_cjk_extension(conn: sqlite3.Connection) -> bool:
         finally:
             conn.enable_load_extension(False)
         return True
-    except Exception as exc:  # noqa: BLE001 - best effort by contract
+    except Exception as exc:
         log.debug("CJK tokenizer not loaded from %s: %s", path, exc)
         return False
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, List
+from typing import Any
 
 from .patch_points import facade_value
 
@@ -20,7 +20,7 @@ from .patch_points import facade_value
 _STATE_DB_GUARD_BYPASS = False
 _STATE_DB_GUARD_BYPASS_ENV = "HERMES_STATE_DB_GUARD_BYPASS"
 #: More folders whose direct children are refused in a test context.
-_STATE_DB_GUARD_EXTRA_DENY_ROOTS: List[Path] = []
+_STATE_DB_GUARD_EXTRA_DENY_ROOTS: list[Path] = []
 
 _TEST_ENV = ("PYTEST_CURRENT_TEST", "PYTEST_VERSION", "HERMES_TEST_ISOLATION")
 _PYTEST_NAMES = ("pytest", "py.test", "pytest.exe", "py.test.exe")
@@ -42,7 +42,7 @@ def _process_looks_like_pytest(proc: Any) -> bool:
     """A token of ``proc.cmdline()`` names pytest; an unreadable command line is no."""
     try:
         tokens = proc.cmdline()
-    except Exception:  # noqa: BLE001 - gone, denied, zombie: not pytest
+    except Exception:
         return False
     return any(os.path.basename(str(t)).lower() in _PYTEST_NAMES for t in tokens or ())
 
@@ -62,7 +62,7 @@ def _in_test_context() -> bool:
                     if _process_looks_like_pytest(each):
                         found = True
                         break
-            except Exception:  # noqa: BLE001 - no ancestry: not a test
+            except Exception:
                 found = False
         _ancestry_is_pytest = found
     return _ancestry_is_pytest

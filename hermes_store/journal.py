@@ -14,7 +14,7 @@ import logging
 import sqlite3
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 from . import errors
 from .hermes_config import config_section
@@ -37,7 +37,7 @@ _EIO_PAUSE_S = 0.05
 _DISK_IO = "disk i/o error"
 
 
-def is_sqlite_wal_reset_vulnerable(version_info: Optional[tuple] = None) -> bool:
+def is_sqlite_wal_reset_vulnerable(version_info: tuple | None = None) -> bool:
     """Whether this SQLite (or ``version_info``) has the WAL-reset corruption bug.
 
     Versions before 3.7.0 have no WAL; 3.51.3+, 3.50.7-3.50.x and 3.44.6-3.44.x carry the fix.
@@ -60,7 +60,7 @@ def sqlite_source_id() -> str:
         finally:
             conn.close()
         return str(row[0]) if row and row[0] is not None else ""
-    except Exception:  # noqa: BLE001 - '' by contract
+    except Exception:
         return ""
 
 
@@ -70,7 +70,7 @@ def resolve_journal_mode() -> str:
         section = config_section("database")
         value = section.get("journal_mode") if section else None
         mode = str(value).strip().lower() if isinstance(value, str) else ""
-    except Exception:  # noqa: BLE001 - a bad config never stops an open
+    except Exception:
         return "wal"
     return mode if mode in ("wal", "delete") else "wal"
 
@@ -224,7 +224,7 @@ def apply_database_pragmas(conn: sqlite3.Connection, *, db_label: str = "state.d
     journal_size_limit}`` as PRAGMAs; a non-integer value is skipped with a warning."""
     try:
         section = config_section("database") or {}
-    except Exception:  # noqa: BLE001 - settings are optional
+    except Exception:
         return
     for key in _PRAGMA_KEYS:
         value = section.get(key)

@@ -16,7 +16,7 @@ import os
 import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from . import errors
 

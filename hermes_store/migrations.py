@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from alembic import command
 from alembic.runtime.migration import MigrationContext

@@ -28,7 +28,8 @@ import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from functools import lru_cache
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
 from alembic.config import Config
 from alembic.script import ScriptDirectory

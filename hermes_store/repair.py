@@ -230,7 +230,7 @@ def _repair_locked(path: Path, result: dict[str, Any], backup: bool) -> dict[str
     for name, strategy in _STRATEGIES:
         try:
             strategy(path)
-        except Exception as exc:  # noqa: BLE001 - the next strategy may still work
+        except Exception as exc:
             last_error = f"{name}: {type(exc).__name__}: {exc}"
             continue
         reason = _db_opens_cleanly(path)

@@ -11,7 +11,7 @@ skill's name) and the tail (the instruction) matter, so readers keep at most
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any
 
 #: How a skill-invocation turn starts (Hermes' activation note).
 SKILL_INVOCATION_PREFIX = '[IMPORTANT: The user has invoked the "'
@@ -41,7 +41,7 @@ def skill_preview_source(content: str) -> str:
     return content[:SKILL_PREVIEW_HEAD] + SKILL_PREVIEW_JOIN + content[-SKILL_PREVIEW_TAIL:]
 
 
-def describe_skill_invocation(content: Any) -> Optional[str]:
+def describe_skill_invocation(content: Any) -> str | None:
     """``/<skill> — <instruction>`` for a skill-invocation turn (the bare ``/<skill>``
     without an instruction); None for any other content. Whitespace is folded to
     single spaces. Takes the whole turn or its :func:`skill_preview_source`."""
@@ -61,7 +61,7 @@ def describe_skill_invocation(content: Any) -> Optional[str]:
     return f"{command} — {instruction}" if instruction else command
 
 
-def skill_preview(content: Any, width: int = PREVIEW_CHARS) -> Optional[str]:
+def skill_preview(content: Any, width: int = PREVIEW_CHARS) -> str | None:
     """A listing preview of a skill turn: the description cut at ``width`` plus "...";
     None for other content."""
     described = describe_skill_invocation(skill_preview_source(content) if is_skill_invocation(content) else content)

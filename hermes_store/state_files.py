@@ -22,7 +22,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 from . import errors, held_files
 from .hermes_config import hermes_home
@@ -204,7 +204,7 @@ def _refused_as_not_a_database(p: Path) -> bool:
     return False
 
 
-def quarantine_zeroed_state_db(path: Path) -> Optional[Path]:
+def quarantine_zeroed_state_db(path: Path) -> Path | None:
     """Move a zeroed file (and its sidecars) aside as ``<name>.zeroed-<stamp>-<pid>[-n].bak``.
 
     Under ``<name>.quarantine.lock`` (waited for at most 5 s, else None), after checking
@@ -255,10 +255,10 @@ def _one(conn: sqlite3.Connection, sql: str, params: tuple = ()) -> Any:
     return row[0] if row else None
 
 
-def collect_state_db_stats(db_path: Path) -> Dict[str, Any]:
+def collect_state_db_stats(db_path: Path) -> dict[str, Any]:
     """Size, journal and index facts about a state.db, read-only; a value that cannot be
     read is None, and this never raises."""
-    stats: Dict[str, Any] = dict.fromkeys(_STATS_KEYS)
+    stats: dict[str, Any] = dict.fromkeys(_STATS_KEYS)
     p = Path(db_path)
     try:
         stats["wal_size_bytes"] = os.path.getsize(f"{p}-wal")
@@ -266,7 +266,7 @@ def collect_state_db_stats(db_path: Path) -> Dict[str, Any]:
         stats["wal_size_bytes"] = 0 if p.exists() else None
     try:
         conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True, timeout=1.0)
-    except Exception:  # noqa: BLE001 - never raises
+    except Exception:
         return stats
     try:
         probes = {
@@ -285,14 +285,14 @@ def collect_state_db_stats(db_path: Path) -> Dict[str, Any]:
         for key, probe in probes.items():
             try:
                 stats[key] = probe()
-            except Exception:  # noqa: BLE001 - None for what cannot be read
+            except Exception:
                 stats[key] = None
         if stats["page_count"] is not None and stats["page_size"] is not None:
             stats["logical_size_bytes"] = int(stats["page_count"]) * int(stats["page_size"])
         try:
             stats["fts_rebuild_pending"] = _one(
                 conn, "SELECT count(*) FROM state_meta WHERE key = 'fts_rebuild_high_water'") > 0
-        except Exception:  # noqa: BLE001
+        except Exception:
             stats["fts_rebuild_pending"] = None
     finally:
         conn.close()
@@ -304,7 +304,7 @@ def _meta_int(conn: sqlite3.Connection, key: str) -> int | None:
     return None if value is None else int(value)
 
 
-def count_db_holders(db_path: Path) -> Optional[int]:
+def count_db_holders(db_path: Path) -> int | None:
     """How many processes have the file (or its -wal/-shm) open, from Linux's /proc;
     None where /proc cannot tell."""
     if not sys.platform.startswith("linux") or not os.path.isdir("/proc"):

@@ -19,7 +19,8 @@ engine, the dialect modules and the repositories can all use it without a cycle.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import URL
@@ -129,7 +130,7 @@ class SchemaSQL:
     parameters given here), then reused: ``conn.execute(STMT.on(conn), params)``.
     """
 
-    __slots__ = ("template", "_params", "_values", "_by_schema")
+    __slots__ = ("_by_schema", "_params", "_values", "template")
 
     def __init__(self, template: str, *params: Any, **values: Any) -> None:
         """``params``: ``bindparam()`` objects (expanding IN lists, types); ``values``:

@@ -78,7 +78,7 @@ class UnitOfWork:
     def _begin(self, conn: Connection) -> None:
         conn.begin()
 
-    def __enter__(self) -> "UnitOfWork":
+    def __enter__(self) -> UnitOfWork:
         conn = self._source.connect()
         try:
             # Writers take the write lock at BEGIN (SQLite), so a transaction never

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class Upkeep:
             try:
                 assert job is not None
                 job()
-            except Exception:  # noqa: BLE001 - best effort; asked for again at the next interval
+            except Exception:
                 log.warning("%s: background %s failed; retried later", self._label, name, exc_info=True)
             finally:
                 job = None

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import itertools
 import time as real_time
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy.engine import make_url
@@ -113,12 +114,12 @@ def outcome(call: Any) -> Any:
     """``("ok", result)`` or ``("error", exception type name)``: what a caller sees."""
     try:
         return ("ok", call())
-    except Exception as exc:  # noqa: BLE001 - the type is the outcome
+    except Exception as exc:
         return ("error", type(exc).__name__)
 
 
 async def async_outcome(awaitable: Any) -> Any:
     try:
         return ("ok", await awaitable)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return ("error", type(exc).__name__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from sqlalchemy import Engine

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 import factory
 from factory.alchemy import SQLAlchemyModelFactory

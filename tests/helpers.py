@@ -6,12 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import sqlite3
 import uuid
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import pytest
 from sqlalchemy import create_engine as sa_create_engine

@@ -41,7 +41,8 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 #: Words mixed into the messages (so searches and the indexes have common terms too),
 #: and a CJK phrase now and then, which feeds the short-CJK (bigram) index.
@@ -462,7 +463,7 @@ class Worker:
             t.start()
         try:
             (self.writer if self.role == "writer" else self.maint)()
-        except BaseException as exc:  # noqa: BLE001 - recorded, then the record is still written
+        except BaseException as exc:
             self.rec.error(f"{self.role}: crashed", exc)
         finally:
             self.stop.set()
@@ -613,7 +614,7 @@ def run_field(target: str, workdir: Path, processes: int = 9, seconds: float = 4
     procs = []
     for role, i in roles:
         out = workdir / f"{role}-{i}.json"
-        log = open(workdir / f"{role}-{i}.log", "w", encoding="utf-8")  # noqa: SIM115 - closed below
+        log = open(workdir / f"{role}-{i}.log", "w", encoding="utf-8")
         procs.append((subprocess.Popen([sys.executable, script, role, target, str(out), str(seconds), str(i)],
                                        env=env, stdout=log, stderr=subprocess.STDOUT), out, log))
     codes = []

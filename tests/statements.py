@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 _METER_PATH = Path(__file__).resolve().parent.parent / "bench" / "meter.py"
 

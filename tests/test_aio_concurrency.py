@@ -19,7 +19,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 import pytest
 from sqlalchemy import text
@@ -42,7 +43,7 @@ class _NoThreads(concurrent.futures.ThreadPoolExecutor):
 _BLOCKING_WAITS = frozenset({"wait", "wait_c", "wait_select", "wait_epoll", "wait_poll", "wait_conn",
                              "wait_conn_c"})
 #: The recorders on, for the DB-API wrappers below.
-_ACTIVE: list["BlockingCalls"] = []
+_ACTIVE: list[BlockingCalls] = []
 
 
 def _note(what: str) -> None:
@@ -140,7 +141,7 @@ class BlockingCalls:
                 and frame.f_globals.get("__name__") == "psycopg.waiting":
             self.record(f"psycopg.waiting.{frame.f_code.co_name}")
 
-    def __enter__(self) -> "BlockingCalls":
+    def __enter__(self) -> BlockingCalls:
         self._connect = connect = sqlite3.connect
 
         def recording_connect(*a: Any, **k: Any) -> Any:

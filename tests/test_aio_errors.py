@@ -8,7 +8,8 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession

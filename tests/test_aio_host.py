@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 from sqlalchemy import String, func, select, text
@@ -94,7 +95,7 @@ def test_cancelled_store_calls_leave_no_half_write_and_no_lock(driver: str, tmp_
                 # cancel at a random point: before, during or after the append's statements
                 try:
                     await asyncio.wait_for(db.append_message("s", "user", f"m{i}"), timeout=rng.uniform(0, 0.004))
-                except (asyncio.TimeoutError, TimeoutError):
+                except TimeoutError:
                     cancelled += 1
             session = await db.get_session("s")
             messages = await db.get_messages("s")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
@@ -212,7 +213,7 @@ def _sync_run(url: str | Path) -> Results:
                     for key, repo, method, args, kwargs in calls:
                         face = uow if repo == "uow" else getattr(uow, repo)
                         got[key] = ("ok", getattr(face, method)(*args, **kwargs))
-            except Exception as exc:  # noqa: BLE001 - the type is the outcome
+            except Exception as exc:
                 got["raised"] = ("error", type(exc))
             results[unit] = got
     finally:
@@ -231,7 +232,7 @@ async def _async_run(url: str) -> Results:
                     for key, repo, method, args, kwargs in calls:
                         face = uow if repo == "uow" else getattr(uow, repo)
                         got[key] = ("ok", await getattr(face, method)(*args, **kwargs))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 got["raised"] = ("error", type(exc))
             results[unit] = got
     finally:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import random
 import sqlite3
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import create_engine as sa_create_engine

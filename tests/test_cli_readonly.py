@@ -19,7 +19,8 @@ import json
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy import create_engine as sa_create_engine

@@ -35,7 +35,8 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
@@ -210,7 +211,7 @@ def test_a_logged_record_is_one_line_without_its_traceback() -> None:
         raise ValueError("bad\nthing")
     except ValueError:
         record.exc_info = sys.exc_info()
-    LogLines = _base.LogLines  # noqa: N806
+    LogLines = _base.LogLines
     with CliRunner().isolation() as (_out, err, _):
         LogLines(as_json=False, quiet=False).emit(record)
         LogLines(as_json=True, quiet=False).emit(record)

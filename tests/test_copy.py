@@ -26,7 +26,8 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import pytest
 from sqlalchemy import delete, insert, select, update
@@ -345,7 +346,7 @@ def test_merge_keeps_what_is_there_and_handles_clashes_as_import(backend: str, p
         for sid in ("root", "exact", "long", "a-child", "z-parent"):
             ours = [m for m in want["messages"] if m["session_id"] == sid]
             got = [m for m in stored(db, "messages") if m["session_id"] == sid]
-            strip = lambda ms: [{k: v for k, v in m.items() if k not in ("id", "display_order")} for m in ms]  # noqa: E731
+            strip = lambda ms: [{k: v for k, v in m.items() if k not in ("id", "display_order")} for m in ms]
             assert strip(got) == strip(sorted(ours, key=lambda m: m["id"])), sid
         assert db.get_session("root")["title"] == "root title #2"
         assert db.get_session_lineage("a-child") == ["z-parent", "a-child"]

@@ -18,7 +18,8 @@ import threading
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import create_engine as sa_create_engine
@@ -64,7 +65,7 @@ class WriteLock:
             self.conn = self.engine.connect()
         self.held = False
 
-    def hold(self) -> "WriteLock":
+    def hold(self) -> WriteLock:
         if self.backend == "sqlite":
             self.conn.execute("BEGIN IMMEDIATE")
         else:

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -165,7 +165,7 @@ def _visit_sessiondb_in_a_thread(p: Path) -> None:
     def work() -> None:
         try:
             _visit_sessiondb(p)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             failures.append(exc)
 
     t = threading.Thread(target=work)
@@ -303,7 +303,7 @@ def test_threads_migrating_new_files_at_once_do_not_collide(tmp_path: Path) -> N
             barrier.wait()
             with SessionDB(tmp_path / f"s{i}.db") as db:
                 db.create_session(f"t{i}", "cli")
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             failures.append(exc)
 
     threads = [threading.Thread(target=open_one, args=(i,)) for i in range(n)]

@@ -16,7 +16,8 @@ import shutil
 import sqlite3
 import stat
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 

@@ -14,7 +14,7 @@ import json
 import random
 import re
 import unicodedata
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings

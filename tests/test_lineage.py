@@ -38,7 +38,7 @@ def _cycle(db: SessionDB, end_reason: str | None = "compression") -> None:
 def count_statements(engine):
     statements: list[str] = []
 
-    def _count(conn, cursor, statement, *a):  # noqa: ANN001
+    def _count(conn, cursor, statement, *a):
         if statement.lstrip().upper().startswith(("SELECT", "WITH")):
             statements.append(statement)
 

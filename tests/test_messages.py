@@ -211,7 +211,7 @@ def test_large_bulk_append_goes_through_staging_with_defaults_and_order(db: Sess
 
 # ---------------------------------------------------------------- v23 helpers (pure)
 
-from hermes_store.codec import (  # noqa: E402 - grouped with the tests that use them
+from hermes_store.codec import (
     coerce_timestamp,
     message_preview,
     parse_tool_calls,

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import create_engine as sa_create_engine
@@ -145,7 +145,7 @@ def test_concurrent_title_clash_is_a_title_conflict(pg: SessionDB, pg_database: 
             try:
                 with UnitOfWork(engine) as uow:
                     outcome["result"] = uow.sessions.set_title("b", "shared")
-            except BaseException as exc:  # noqa: BLE001 - inspected below
+            except BaseException as exc:
                 outcome["error"] = exc
 
         t = threading.Thread(target=second)

@@ -7,7 +7,7 @@ some columns and some values hold the stored form of NUL.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -24,7 +24,8 @@ import threading
 import time
 from contextlib import suppress
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import pytest
 from sqlalchemy import create_engine as sa_create_engine
@@ -130,7 +131,7 @@ def _in_threads(work: Callable[[int], None], n: int = 4) -> list[BaseException]:
     def run(i: int) -> None:
         try:
             work(i)
-        except Exception as exc:  # noqa: BLE001 - what each caller sees is the point
+        except Exception as exc:
             seen.append(exc)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
@@ -212,7 +213,7 @@ def test_asyncpg_prepared_statements_through_pgbouncer_are_typed(pooled_database
                     async with aio.AsyncUnitOfWork(engine) as uow:
                         await uow.sessions.create(f"a{t}-{i}", "cli")
                         await uow.sessions.get(f"a{t}-{i}")
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 seen.append(exc)
 
         try:
@@ -382,7 +383,7 @@ def _cancelled_and_cut_off(direct: str, bouncer: OwnPgBouncer) -> None:
             except errors.HermesStoreError as exc:
                 outcomes[type(exc).__name__] += 1
                 typed.append(exc)
-            except BaseException as exc:  # noqa: BLE001 - a raw error is the failure looked for
+            except BaseException as exc:
                 outcomes["raw " + type(exc).__name__] += 1
                 raw.append(exc)
             else:

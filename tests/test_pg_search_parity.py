@@ -35,7 +35,7 @@ import random
 import re
 import unicodedata
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -47,7 +47,7 @@ from hermes_store import migrations
 from hermes_store.engine import create_engine
 from hermes_store.models import Base
 from hermes_store.repositories.search import SearchRepository
-from hermes_store.search import bigram, bigram_upkeep, plan_search
+from hermes_store.search import bigram_upkeep, plan_search
 
 SESSIONS = Base.metadata.tables["sessions"]
 MESSAGES = Base.metadata.tables["messages"]

@@ -71,7 +71,7 @@ def test_an_async_engine_that_cannot_reach_its_server_raises_typed() -> None:
         try:
             async with aio.AsyncUnitOfWork(engine):
                 pass
-        except BaseException as exc:  # noqa: BLE001 - what the caller sees is the point
+        except BaseException as exc:
             return exc
         finally:
             await engine.dispose()

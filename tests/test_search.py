@@ -13,7 +13,7 @@ import shutil
 import sqlite3
 import unicodedata
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

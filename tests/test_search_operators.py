@@ -9,7 +9,7 @@ and on what ``query_note`` says about it.
 from __future__ import annotations
 
 import sqlite3
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings

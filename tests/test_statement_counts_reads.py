@@ -9,7 +9,8 @@ one-statement read (whatever BEGIN/ROLLBACK the facade adds, it adds to both).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 

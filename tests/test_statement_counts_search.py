@@ -29,7 +29,8 @@ What each route needs (PostgreSQL / SQLite):
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 

@@ -16,7 +16,8 @@ import hashlib
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
@@ -217,7 +218,7 @@ def test_prompts_round_trip_through_export_and_import(db: SessionDB, tmp_path: P
         assert raw_rows(other.db_path, "SELECT hash, prompt FROM system_prompts") == [(sha(PROMPT_A), PROMPT_A)]
         assert raw_rows(other.db_path, "SELECT DISTINCT system_prompt FROM sessions") == [(None,)]
         again = other.export_all()
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "messages"} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "messages"} for r in rows]
     assert strip(again) == strip(exported)
 
 

@@ -182,7 +182,7 @@ def test_a_writer_slipping_in_between_check_and_update_is_a_conflict(db: Session
     db.create_session("b", "cli")
     fired: list[str] = []
 
-    def slip_in(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001
+    def slip_in(conn, cursor, statement, parameters, context, executemany):
         if statement.startswith("UPDATE sessions SET title") and not fired:
             fired.append(statement)
             cursor.execute("UPDATE sessions SET title = 'contested' WHERE id = 'b'")

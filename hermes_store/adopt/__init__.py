@@ -36,7 +36,7 @@ import os
 import shutil
 from contextlib import suppress
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from alembic import command
 from alembic.runtime.migration import MigrationContext

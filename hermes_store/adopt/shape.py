@@ -15,7 +15,7 @@ import os
 import re
 import sqlite3
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -113,7 +113,7 @@ class AdoptionReport:
 # ------------------------------------------------------------------ reference data
 
 
-@lru_cache(maxsize=None)
+@cache
 def reference_schema(name: str) -> dict[str, Any]:
     """A normalized Hermes schema shipped in ``hermes_store/reference_schemas``."""
     res = resources.files("hermes_store").joinpath("reference_schemas", f"hermes_v{name}.json")
@@ -123,7 +123,7 @@ def reference_schema(name: str) -> dict[str, Any]:
         raise errors.AdoptionError(f"no reference schema for Hermes v{name} in this installation") from exc
 
 
-@lru_cache(maxsize=None)
+@cache
 def reference_names() -> tuple[str, ...]:
     """Every shipped reference shape: ``"23"``, ``"23_late"``, ``"30_early"``..."""
     folder = resources.files("hermes_store").joinpath("reference_schemas")
@@ -142,7 +142,7 @@ def _shapes(version: int) -> list[str]:
     return [str(version)] + [n for n in reference_names() if n.startswith(f"{version}_")]
 
 
-@lru_cache(maxsize=None)
+@cache
 def fts_names() -> frozenset[str]:
     """Names of Hermes' full-text objects in any known shape (tables, views, triggers).
 

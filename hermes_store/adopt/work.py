@@ -16,7 +16,8 @@ import threading
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from alembic import command
 
@@ -56,7 +57,7 @@ INLINE_FTS_TEXT = "COALESCE(content, '') || ' ' || COALESCE(tool_name, '') || ' 
 # ------------------------------------------------------------------ fresh schema and Alembic on the copy
 
 _fresh_lock = threading.Lock()
-_fresh_cache: dict[tuple[str, str], "Fresh"] = {}
+_fresh_cache: dict[tuple[str, str], Fresh] = {}
 
 
 @dataclass(frozen=True)

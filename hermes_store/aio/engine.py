@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable
 
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine

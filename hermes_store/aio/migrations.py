@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import await_only

@@ -15,14 +15,14 @@ import asyncio
 import os
 import weakref
 from contextlib import asynccontextmanager, contextmanager
-from typing import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 from sqlalchemy.util import await_only
 
 from .. import errors
 
 #: Per event loop, one writer queue per SQLite file.
-_WRITERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, TaskQueue]]" = weakref.WeakKeyDictionary()
+_WRITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, TaskQueue]] = weakref.WeakKeyDictionary()
 
 
 class TaskQueue:
@@ -43,7 +43,7 @@ class TaskQueue:
             return True
         try:
             await asyncio.wait_for(self._slots.acquire(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise errors.DatabaseLockedError(
                 f"{self.label}: other tasks of this event loop held it for {timeout:.3g}s; giving up"
             ) from None

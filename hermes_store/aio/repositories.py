@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
+from collections.abc import Callable
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -42,7 +43,7 @@ class AsyncRepository:
         self._bound: Any = None
 
     @classmethod
-    def bound_to(cls, sync_repository: Any, interrupt: Callable[[], bool]) -> "AsyncRepository":
+    def bound_to(cls, sync_repository: Any, interrupt: Callable[[], bool]) -> AsyncRepository:
         """The async face of a sync repository on a connection driven by this loop's
         greenlets (an :class:`AsyncUnitOfWork`'s); ``interrupt`` stops its statement
         when the caller is cancelled (see :func:`~hermes_store.aio.engine.run_interruptible`)."""

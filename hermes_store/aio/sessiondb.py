@@ -21,7 +21,8 @@ import inspect
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
@@ -70,7 +71,7 @@ class LoopUpkeep:
         while True:
             try:
                 await run_sync(job)
-            except Exception:  # noqa: BLE001 - best effort; asked for again at the next interval
+            except Exception:
                 log.warning("%s: background %s failed; retried later", self._label, name, exc_info=True)
             if name not in self._again or self._closed:
                 return
@@ -193,7 +194,7 @@ class AsyncSessionDB:
         self._db: LoopSessionDB | None = None
         self._opening: asyncio.Lock | None = None
 
-    async def open(self) -> "AsyncSessionDB":
+    async def open(self) -> AsyncSessionDB:
         """Open (create, adopt or migrate as needed) the store; once."""
         if self._db is not None:
             return self
@@ -214,7 +215,7 @@ class AsyncSessionDB:
         if db is not None:
             await run_sync(db.close)
 
-    async def __aenter__(self) -> "AsyncSessionDB":
+    async def __aenter__(self) -> AsyncSessionDB:
         return await self.open()
 
     async def __aexit__(self, *exc: Any) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 from types import TracebackType
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable
 
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -70,7 +71,7 @@ class AsyncUnitOfWork:
         self._queue: TaskQueue | None = None
         self._owner: asyncio.Task[object] | None = None
 
-    async def __aenter__(self) -> "AsyncUnitOfWork":
+    async def __aenter__(self) -> AsyncUnitOfWork:
         if self._queue_key is not None:
             # One writer of this loop at a time per file (see hermes_store.aio.queues).
             queue = writer_queue(self._queue_key)

@@ -18,7 +18,8 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import click
 from click.core import ParameterSource

@@ -18,7 +18,8 @@ from contextlib import ExitStack, closing, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Iterator
+from typing import IO, Any
+from collections.abc import Callable, Iterable, Iterator
 
 import click
 from rich import box
@@ -286,7 +287,7 @@ class ProgressLog:
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
 
-    def __enter__(self) -> "ProgressLog":
+    def __enter__(self) -> ProgressLog:
         self._ticker = threading.Thread(target=self._tick, name="hermes-store-progress", daemon=True)
         with signals_for_the_main_thread():
             self._ticker.start()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import click
 from rich.cells import cell_len

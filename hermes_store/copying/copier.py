@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from sqlalchemy import Connection, exists, func, insert, inspect, select, update
 from sqlalchemy import table as sa_table
@@ -256,7 +257,7 @@ class Copier(Verifier):
         if self.pending >= self.batch:
             checkpoint(handled)
 
-    def _finish(self, page: "_Page", sid: Any, rows: list[tuple[Any, ...]], big: "_BigSession | None") -> None:
+    def _finish(self, page: _Page, sid: Any, rows: list[tuple[Any, ...]], big: _BigSession | None) -> None:
         """A session read whole: buffered for the transaction (a big one is written already)."""
         if big is not None:
             big.finish()
@@ -267,7 +268,7 @@ class Copier(Verifier):
         self.pending += len(rows) + 1
         page.done.add(sid)
 
-    def _add_session(self, page: "_Page", row: dict[str, Any]) -> None:
+    def _add_session(self, page: _Page, row: dict[str, Any]) -> None:
         """Buffer a session row, with the links and names the destination can hold."""
         row = dict(row)
         sid = row["id"]
@@ -294,7 +295,7 @@ class Copier(Verifier):
         self.report.sessions_copied += 1
         self.wrote = True
 
-    def _free_title(self, title: str, page: "_Page") -> str:
+    def _free_title(self, title: str, page: _Page) -> str:
         """The next "title #N" nobody has (a merge met a title already in use)."""
         self._flush()  # titles of buffered sessions must be visible to the lookup
         base, _n = split_title_number(title)

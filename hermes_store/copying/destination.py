@@ -9,7 +9,8 @@ import sqlite3
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from sqlalchemy import Connection, Engine, event, func, inspect, select
 from sqlalchemy.exc import SQLAlchemyError

@@ -7,7 +7,8 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL, make_url

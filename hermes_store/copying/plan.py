@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .. import errors, paths
 from ..adopt.work import FTS_BOOKKEEPING_KEYS
@@ -94,7 +95,7 @@ class CopyInProgressError(CopyError):
 class CopyVerificationError(CopyError):
     """The copy finished but the destination does not match the source; ``report`` says where."""
 
-    def __init__(self, message: str, report: "CopyReport") -> None:
+    def __init__(self, message: str, report: CopyReport) -> None:
         super().__init__(message)
         self.report = report
 

@@ -3,7 +3,8 @@ sides have, keyset pages of a primary key, lookups by key in bounded IN lists.""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
 
 from sqlalchemy import Connection, func, literal, select, tuple_
 

@@ -10,7 +10,7 @@ import sqlite3
 import tempfile
 from contextlib import closing, contextmanager, suppress
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from sqlalchemy import Engine
 

@@ -10,7 +10,7 @@ and FTS upkeep, schema introspection) lives in one module per dialect implementi
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
@@ -87,5 +87,13 @@ def backend_name(target: URL | Connection | Engine) -> str:
 
 
 __all__ = [
-    "Dialect", "all_dialects", "backend_name", "with_driver", "find", "find_for", "for_connection", "for_dialect", "for_url",
+    "Dialect",
+    "all_dialects",
+    "backend_name",
+    "find",
+    "find_for",
+    "for_connection",
+    "for_dialect",
+    "for_url",
+    "with_driver",
 ]

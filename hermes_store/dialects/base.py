@@ -7,7 +7,8 @@ itself, so ``hermes_store.dialects`` can import them all at its top without a cy
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
@@ -58,7 +59,7 @@ class Dialect(Protocol):
     def configure_engine(self, engine: Engine, *, foreign_keys: bool, busy_timeout_ms: int) -> None:
         """Hooks a new engine of ours needs (per-connection setup, transaction handling)."""
 
-    def translate_error(self, exc: BaseException, *, locks: bool = False) -> "errors.HermesStoreError | None":
+    def translate_error(self, exc: BaseException, *, locks: bool = False) -> errors.HermesStoreError | None:
         """The typed error for one of this driver's errors, or None to keep it.
 
         A held lock (busy, lock timeout, deadlock) is kept unless ``locks``: the write
@@ -66,7 +67,7 @@ class Dialect(Protocol):
         PRAGMAs, checkpoints) asks for DatabaseLockedError, which :meth:`is_retryable`
         accepts."""
 
-    def isolate_failure(self, conn: Connection) -> "AbstractContextManager[Any]":
+    def isolate_failure(self, conn: Connection) -> AbstractContextManager[Any]:
         """Around a statement whose failure the caller catches: keep the rest of the
         transaction usable (a SAVEPOINT where a failed statement aborts it)."""
 
@@ -254,7 +255,7 @@ class Dialect(Protocol):
         """The index serving substring and CJK search is there and answers."""
 
 
-def translate_python_error(exc: BaseException) -> "errors.HermesStoreError | None":
+def translate_python_error(exc: BaseException) -> errors.HermesStoreError | None:
     """The typed error for what Python raises while a driver binds a value (any driver):
     a lone surrogate, an int out of range. None for anything else."""
     if isinstance(exc, UnicodeEncodeError):
@@ -272,7 +273,7 @@ def translate_python_error(exc: BaseException) -> "errors.HermesStoreError | Non
 CLOSED_BY_COMPRESSION = "compression"
 
 
-def refused_append(session_id: Any, row: Sequence[Any] | None) -> "errors.HermesStoreError":
+def refused_append(session_id: Any, row: Sequence[Any] | None) -> errors.HermesStoreError:
     """Why an append's guarded counter bump matched no row: the session is missing
     (``row`` None), or compression closed it. ``row`` is ``(end_reason,)`` from the one
     lookup made only then."""

@@ -17,7 +17,7 @@ import logging
 import re
 import sqlite3
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError

@@ -15,7 +15,7 @@ ROLLBACK, which a killed holder's connection gets from the server too.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from sqlalchemy import Connection, text
 

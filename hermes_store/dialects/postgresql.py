@@ -15,7 +15,8 @@ from contextlib import AbstractContextManager, contextmanager
 
 import functools
 import math
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy import (
     Connection, Engine, Text, bindparam, cast, column, exists, func, inspect, insert, literal_column, select, table, text,

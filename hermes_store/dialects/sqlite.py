@@ -13,7 +13,8 @@ import sqlite3
 import sys
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert

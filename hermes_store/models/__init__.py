@@ -29,18 +29,18 @@ from .tables import (
 metadata = Base.metadata
 
 __all__ = [
+    "NAMING_CONVENTION",
     "AgentSession",
     "AsyncDelegation",
+    "Base",
     "CjkBigram",
     "CjkBigramDirty",
-    "Base",
     "CompressionLock",
     "ConversationGeneration",
     "GatewayHeartbeat",
     "GatewayHygieneState",
     "GatewayRouting",
     "Message",
-    "NAMING_CONVENTION",
     "SchemaVersion",
     "SessionModelUsage",
     "SessionTurnLease",

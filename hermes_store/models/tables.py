@@ -7,7 +7,6 @@ Timestamps are Unix epoch floats, as Hermes writes them.
 
 from __future__ import annotations
 
-from typing import Optional
 
 from sqlalchemy import BIGINT, BLOB, INTEGER, REAL, TEXT, ForeignKey, Identity, Index, func, text
 from sqlalchemy.dialects.postgresql import BYTEA, DOUBLE_PRECISION
@@ -51,92 +50,92 @@ class AgentSession(Base):
     # SQLite lets a non-INTEGER PRIMARY KEY hold NULL; Hermes' DDL does not forbid it.
     id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
     source: Mapped[str] = mapped_column(TEXT, nullable=False)
-    user_id: Mapped[Optional[str]] = mapped_column(TEXT)
-    model: Mapped[Optional[str]] = mapped_column(TEXT)
-    model_config: Mapped[Optional[str]] = mapped_column(TEXT)
-    system_prompt: Mapped[Optional[str]] = mapped_column(TEXT)
-    parent_session_id: Mapped[Optional[str]] = mapped_column(TEXT, ForeignKey("sessions.id"))
+    user_id: Mapped[str | None] = mapped_column(TEXT)
+    model: Mapped[str | None] = mapped_column(TEXT)
+    model_config: Mapped[str | None] = mapped_column(TEXT)
+    system_prompt: Mapped[str | None] = mapped_column(TEXT)
+    parent_session_id: Mapped[str | None] = mapped_column(TEXT, ForeignKey("sessions.id"))
     started_at: Mapped[float] = mapped_column(DOUBLE, nullable=False)
-    ended_at: Mapped[Optional[float]] = mapped_column(DOUBLE)
-    end_reason: Mapped[Optional[str]] = mapped_column(TEXT)
-    message_count: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
-    tool_call_count: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
-    input_tokens: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
-    output_tokens: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
+    ended_at: Mapped[float | None] = mapped_column(DOUBLE)
+    end_reason: Mapped[str | None] = mapped_column(TEXT)
+    message_count: Mapped[int | None] = mapped_column(BIG, server_default=text("0"))
+    tool_call_count: Mapped[int | None] = mapped_column(BIG, server_default=text("0"))
+    input_tokens: Mapped[int | None] = mapped_column(BIG, server_default=text("0"))
+    output_tokens: Mapped[int | None] = mapped_column(BIG, server_default=text("0"))
     # v3
-    title: Mapped[Optional[str]] = mapped_column(TEXT)
+    title: Mapped[str | None] = mapped_column(TEXT)
     # v5: billing
-    cache_read_tokens: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
-    cache_write_tokens: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
-    reasoning_tokens: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
-    billing_provider: Mapped[Optional[str]] = mapped_column(TEXT)
-    billing_base_url: Mapped[Optional[str]] = mapped_column(TEXT)
-    billing_mode: Mapped[Optional[str]] = mapped_column(TEXT)
-    estimated_cost_usd: Mapped[Optional[float]] = mapped_column(DOUBLE)
-    actual_cost_usd: Mapped[Optional[float]] = mapped_column(DOUBLE)
-    cost_status: Mapped[Optional[str]] = mapped_column(TEXT)
-    cost_source: Mapped[Optional[str]] = mapped_column(TEXT)
-    pricing_version: Mapped[Optional[str]] = mapped_column(TEXT)
+    cache_read_tokens: Mapped[int | None] = mapped_column(BIG, server_default=text("0"))
+    cache_write_tokens: Mapped[int | None] = mapped_column(BIG, server_default=text("0"))
+    reasoning_tokens: Mapped[int | None] = mapped_column(BIG, server_default=text("0"))
+    billing_provider: Mapped[str | None] = mapped_column(TEXT)
+    billing_base_url: Mapped[str | None] = mapped_column(TEXT)
+    billing_mode: Mapped[str | None] = mapped_column(TEXT)
+    estimated_cost_usd: Mapped[float | None] = mapped_column(DOUBLE)
+    actual_cost_usd: Mapped[float | None] = mapped_column(DOUBLE)
+    cost_status: Mapped[str | None] = mapped_column(TEXT)
+    cost_source: Mapped[str | None] = mapped_column(TEXT)
+    pricing_version: Mapped[str | None] = mapped_column(TEXT)
     # v8
-    api_call_count: Mapped[Optional[int]] = mapped_column(BIG, server_default=text("0"))
+    api_call_count: Mapped[int | None] = mapped_column(BIG, server_default=text("0"))
     # v11
-    handoff_state: Mapped[Optional[str]] = mapped_column(TEXT)
-    handoff_platform: Mapped[Optional[str]] = mapped_column(TEXT)
-    handoff_error: Mapped[Optional[str]] = mapped_column(TEXT)
+    handoff_state: Mapped[str | None] = mapped_column(TEXT)
+    handoff_platform: Mapped[str | None] = mapped_column(TEXT)
+    handoff_error: Mapped[str | None] = mapped_column(TEXT)
     # v14
-    cwd: Mapped[Optional[str]] = mapped_column(TEXT)
+    cwd: Mapped[str | None] = mapped_column(TEXT)
     rewind_count: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
     archived: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
     # v16
-    git_branch: Mapped[Optional[str]] = mapped_column(TEXT)
-    git_repo_root: Mapped[Optional[str]] = mapped_column(TEXT)
+    git_branch: Mapped[str | None] = mapped_column(TEXT)
+    git_repo_root: Mapped[str | None] = mapped_column(TEXT)
     # v17: gateway peer and compression failures
-    session_key: Mapped[Optional[str]] = mapped_column(TEXT)
-    chat_id: Mapped[Optional[str]] = mapped_column(TEXT)
-    chat_type: Mapped[Optional[str]] = mapped_column(TEXT)
-    thread_id: Mapped[Optional[str]] = mapped_column(TEXT)
-    compression_failure_cooldown_until: Mapped[Optional[float]] = mapped_column(DOUBLE)
-    compression_failure_error: Mapped[Optional[str]] = mapped_column(TEXT)
+    session_key: Mapped[str | None] = mapped_column(TEXT)
+    chat_id: Mapped[str | None] = mapped_column(TEXT)
+    chat_type: Mapped[str | None] = mapped_column(TEXT)
+    thread_id: Mapped[str | None] = mapped_column(TEXT)
+    compression_failure_cooldown_until: Mapped[float | None] = mapped_column(DOUBLE)
+    compression_failure_error: Mapped[str | None] = mapped_column(TEXT)
     # v18
-    display_name: Mapped[Optional[str]] = mapped_column(TEXT)
-    origin_json: Mapped[Optional[str]] = mapped_column(TEXT)
-    expiry_finalized: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=text("0"))
+    display_name: Mapped[str | None] = mapped_column(TEXT)
+    origin_json: Mapped[str | None] = mapped_column(TEXT)
+    expiry_finalized: Mapped[int | None] = mapped_column(INTEGER, server_default=text("0"))
     # v21
     compression_fallback_streak: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
-    profile_name: Mapped[Optional[str]] = mapped_column(TEXT)
+    profile_name: Mapped[str | None] = mapped_column(TEXT)
     # v24 (added under late v23): activity tracking, anti-thrash count, durable pin
-    last_activity_at: Mapped[Optional[float]] = mapped_column(DOUBLE)
-    last_activity_description: Mapped[Optional[str]] = mapped_column(TEXT)
-    last_activity_provenance: Mapped[Optional[str]] = mapped_column(TEXT)
+    last_activity_at: Mapped[float | None] = mapped_column(DOUBLE)
+    last_activity_description: Mapped[str | None] = mapped_column(TEXT)
+    last_activity_provenance: Mapped[str | None] = mapped_column(TEXT)
     compression_ineffective_count: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
     pinned: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
     # v25: the prompt lives in system_prompts; ``system_prompt`` is the legacy fallback
-    system_prompt_hash: Mapped[Optional[str]] = mapped_column(TEXT, ForeignKey("system_prompts.hash"))
-    title_source: Mapped[Optional[str]] = mapped_column(TEXT)
+    system_prompt_hash: Mapped[str | None] = mapped_column(TEXT, ForeignKey("system_prompts.hash"))
+    title_source: Mapped[str | None] = mapped_column(TEXT)
     hidden: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
-    last_read_at: Mapped[Optional[float]] = mapped_column(DOUBLE)
+    last_read_at: Mapped[float | None] = mapped_column(DOUBLE)
     # v26
     git_metadata_generation: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
     # v27 (tool_names added under late v26)
-    tool_names: Mapped[Optional[str]] = mapped_column(TEXT)
-    compression_recovery_deadline: Mapped[Optional[float]] = mapped_column(DOUBLE)
+    tool_names: Mapped[str | None] = mapped_column(TEXT)
+    compression_recovery_deadline: Mapped[float | None] = mapped_column(DOUBLE)
     # v30 (late)
-    created_source: Mapped[Optional[str]] = mapped_column(TEXT)
+    created_source: Mapped[str | None] = mapped_column(TEXT)
     compression_overload_streak: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
-    transport_profile: Mapped[Optional[str]] = mapped_column(TEXT)
+    transport_profile: Mapped[str | None] = mapped_column(TEXT)
 
-    parent: Mapped[Optional["AgentSession"]] = relationship(
+    parent: Mapped[AgentSession | None] = relationship(
         remote_side=[id], back_populates="children", lazy="raise_on_sql"
     )
-    children: Mapped[list["AgentSession"]] = relationship(
+    children: Mapped[list[AgentSession]] = relationship(
         back_populates="parent", lazy="raise_on_sql", passive_deletes=True
     )
-    messages: Mapped[list["Message"]] = relationship(
+    messages: Mapped[list[Message]] = relationship(
         back_populates="session", lazy="raise_on_sql", order_by="Message.id", passive_deletes=True
     )
     # The ledger rows go with their session in the database (ON DELETE CASCADE); the ORM
     # never loads them just to delete them.
-    model_usage: Mapped[list["SessionModelUsage"]] = relationship(
+    model_usage: Mapped[list[SessionModelUsage]] = relationship(
         back_populates="session",
         lazy="raise_on_sql",
         cascade="all, delete-orphan",
@@ -189,42 +188,42 @@ class Message(Base):
     id: Mapped[int] = mapped_column(BIG, Identity(), primary_key=True, autoincrement=True, nullable=True)
     session_id: Mapped[str] = mapped_column(TEXT, ForeignKey("sessions.id"), nullable=False)
     role: Mapped[str] = mapped_column(TEXT, nullable=False)
-    content: Mapped[Optional[str]] = mapped_column(TEXT)
-    tool_call_id: Mapped[Optional[str]] = mapped_column(TEXT)
-    tool_calls: Mapped[Optional[str]] = mapped_column(TEXT)
-    tool_name: Mapped[Optional[str]] = mapped_column(TEXT)
+    content: Mapped[str | None] = mapped_column(TEXT)
+    tool_call_id: Mapped[str | None] = mapped_column(TEXT)
+    tool_calls: Mapped[str | None] = mapped_column(TEXT)
+    tool_name: Mapped[str | None] = mapped_column(TEXT)
     timestamp: Mapped[float] = mapped_column(DOUBLE, nullable=False)
-    token_count: Mapped[Optional[int]] = mapped_column(BIG)
+    token_count: Mapped[int | None] = mapped_column(BIG)
     # v2
-    finish_reason: Mapped[Optional[str]] = mapped_column(TEXT)
+    finish_reason: Mapped[str | None] = mapped_column(TEXT)
     # v6
-    reasoning: Mapped[Optional[str]] = mapped_column(TEXT)
-    reasoning_details: Mapped[Optional[str]] = mapped_column(TEXT)
-    codex_reasoning_items: Mapped[Optional[str]] = mapped_column(TEXT)
+    reasoning: Mapped[str | None] = mapped_column(TEXT)
+    reasoning_details: Mapped[str | None] = mapped_column(TEXT)
+    codex_reasoning_items: Mapped[str | None] = mapped_column(TEXT)
     # v7
-    reasoning_content: Mapped[Optional[str]] = mapped_column(TEXT)
+    reasoning_content: Mapped[str | None] = mapped_column(TEXT)
     # v9
-    codex_message_items: Mapped[Optional[str]] = mapped_column(TEXT)
+    codex_message_items: Mapped[str | None] = mapped_column(TEXT)
     # v12
-    platform_message_id: Mapped[Optional[str]] = mapped_column(TEXT)
+    platform_message_id: Mapped[str | None] = mapped_column(TEXT)
     # v13
-    observed: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=text("0"))
+    observed: Mapped[int | None] = mapped_column(INTEGER, server_default=text("0"))
     # v14: rewound messages are kept with active = 0
     active: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("1"))
     # v16
     compacted: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
     # v19
-    effect_disposition: Mapped[Optional[str]] = mapped_column(TEXT)
+    effect_disposition: Mapped[str | None] = mapped_column(TEXT)
     # v22
-    api_content: Mapped[Optional[str]] = mapped_column(TEXT)
+    api_content: Mapped[str | None] = mapped_column(TEXT)
     # v24 (added under late v23): typed display events
-    display_kind: Mapped[Optional[str]] = mapped_column(TEXT)
-    display_metadata: Mapped[Optional[str]] = mapped_column(TEXT)
+    display_kind: Mapped[str | None] = mapped_column(TEXT)
+    display_metadata: Mapped[str | None] = mapped_column(TEXT)
     # v27 (added under late v26): a compression summary is not summarized again
     _compressed_summary: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
     # v30 (late): stable on-screen order; NULL = pending backfill by Hermes
-    display_identity: Mapped[Optional[bytes]] = mapped_column(BYTES)
-    display_order: Mapped[Optional[int]] = mapped_column(INTEGER)
+    display_identity: Mapped[bytes | None] = mapped_column(BYTES)
+    display_order: Mapped[int | None] = mapped_column(INTEGER)
 
     session: Mapped[AgentSession] = relationship(back_populates="messages", lazy="raise_on_sql")
 
@@ -282,7 +281,7 @@ class StateMeta(Base):
     __tablename__ = "state_meta"
 
     key: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
-    value: Mapped[Optional[str]] = mapped_column(TEXT)
+    value: Mapped[str | None] = mapped_column(TEXT)
 
 
 class CompressionLock(Base):
@@ -340,10 +339,10 @@ class SessionModelUsage(Base):
     reasoning_tokens: Mapped[int] = mapped_column(BIG, nullable=False, server_default=text("0"))
     estimated_cost_usd: Mapped[float] = mapped_column(DOUBLE, nullable=False, server_default=text("0"))
     actual_cost_usd: Mapped[float] = mapped_column(DOUBLE, nullable=False, server_default=text("0"))
-    cost_status: Mapped[Optional[str]] = mapped_column(TEXT)
-    cost_source: Mapped[Optional[str]] = mapped_column(TEXT)
-    first_seen: Mapped[Optional[float]] = mapped_column(DOUBLE)
-    last_seen: Mapped[Optional[float]] = mapped_column(DOUBLE)
+    cost_status: Mapped[str | None] = mapped_column(TEXT)
+    cost_source: Mapped[str | None] = mapped_column(TEXT)
+    first_seen: Mapped[float | None] = mapped_column(DOUBLE)
+    last_seen: Mapped[float | None] = mapped_column(DOUBLE)
 
     session: Mapped[AgentSession] = relationship(back_populates="model_usage", lazy="raise_on_sql")
 
@@ -362,21 +361,21 @@ class AsyncDelegation(Base):
     origin_session: Mapped[str] = mapped_column(TEXT, nullable=False)
     origin_ui_session_id: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=text("''"))
     # Plain text, no foreign key: Hermes declares none.
-    parent_session_id: Mapped[Optional[str]] = mapped_column(TEXT)
+    parent_session_id: Mapped[str | None] = mapped_column(TEXT)
     state: Mapped[str] = mapped_column(TEXT, nullable=False)
     dispatched_at: Mapped[float] = mapped_column(DOUBLE, nullable=False)
-    completed_at: Mapped[Optional[float]] = mapped_column(DOUBLE)
+    completed_at: Mapped[float | None] = mapped_column(DOUBLE)
     updated_at: Mapped[float] = mapped_column(DOUBLE, nullable=False)
-    event_json: Mapped[Optional[str]] = mapped_column(TEXT)
-    result_json: Mapped[Optional[str]] = mapped_column(TEXT)
+    event_json: Mapped[str | None] = mapped_column(TEXT)
+    result_json: Mapped[str | None] = mapped_column(TEXT)
     delivery_state: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=text("'pending'"))
     delivery_attempts: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
-    delivered_at: Mapped[Optional[float]] = mapped_column(DOUBLE)
-    owner_pid: Mapped[Optional[int]] = mapped_column(INTEGER)
-    owner_started_at: Mapped[Optional[int]] = mapped_column(BIG)
-    task_json: Mapped[Optional[str]] = mapped_column(TEXT)
-    delivery_claim: Mapped[Optional[str]] = mapped_column(TEXT)
-    delivery_claimed_at: Mapped[Optional[float]] = mapped_column(DOUBLE)
+    delivered_at: Mapped[float | None] = mapped_column(DOUBLE)
+    owner_pid: Mapped[int | None] = mapped_column(INTEGER)
+    owner_started_at: Mapped[int | None] = mapped_column(BIG)
+    task_json: Mapped[str | None] = mapped_column(TEXT)
+    delivery_claim: Mapped[str | None] = mapped_column(TEXT)
+    delivery_claimed_at: Mapped[float | None] = mapped_column(DOUBLE)
     # v30 (late): mirrors the delegation tool's own table
     origin_session_id: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=text("''"))
 

@@ -29,12 +29,12 @@ from .search_index import catch_up_search_index, index_search
 from .steps import LONG_BUDGET_S, WRITE_BUDGET_S, Steps, UnitOfWorkSteps
 
 __all__ = [
-    "ImportLimits",
     "LONG_BUDGET_S",
+    "WRITE_BUDGET_S",
+    "ImportLimits",
     "Pacing",
     "Steps",
     "UnitOfWorkSteps",
-    "WRITE_BUDGET_S",
     "auto_prune_and_vacuum",
     "catch_up_search_index",
     "demote_legacy_fts",

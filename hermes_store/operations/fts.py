@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import sqlite3
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any
+from collections.abc import Callable
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
@@ -37,7 +38,7 @@ STEP_BUDGET_S = 5.0
 #: What a failed yes/no probe of the indexes may raise (the answer is then no).
 PROBE_ERRORS = (errors.DatabaseUnavailableError, DBAPIError, sqlite3.Error)
 
-ProgressCallback = Callable[[Dict[str, Any]], None]
+ProgressCallback = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def vacuum(steps: Steps, *, optimize: Callable[[], int] | None = None) -> int:
     """
     try:
         optimized = optimize() if optimize is not None else len(optimize_indexes(steps))
-    except Exception as exc:  # noqa: BLE001 - Hermes: logged, counts as 0
+    except Exception as exc:
         log.warning("optimize before vacuum failed: %s", exc)
         optimized = 0
     steps.outside(vacuum_now)
@@ -152,12 +153,12 @@ def teardown_trash(steps: Steps, report: Callable[[str, int, int, int], None],
 def optimize_fts_storage(
     steps: Steps,
     *,
-    progress_cb: Optional[ProgressCallback] = None,
+    progress_cb: ProgressCallback | None = None,
     vacuum: bool = True,
     pacing: Pacing = Pacing(),
     fts_enabled: bool | None = None,
     on_demoted: Callable[[list[str]], None] | None = None,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """Hermes' ``hermes sessions optimize-storage``, one short transaction per step.
 
     In order: demote a pre-v23 layout (unless a window is already open; ``on_demoted``
@@ -204,13 +205,13 @@ def optimize_fts_storage(
     ):
         _pause(steps, steps.monotonic(), pacing)
     teardown_trash(steps, report, pacing)
-    vacuumed: Optional[bool] = None
+    vacuumed: bool | None = None
     if vacuum:
         report("vacuum", 100, last["indexed"], last["total"])
         try:
             steps.outside(vacuum_now)
             vacuumed = True
-        except Exception as exc:  # noqa: BLE001 - Hermes: a failed VACUUM is not fatal
+        except Exception as exc:
             log.warning("vacuum after optimize-storage failed: %s", exc)
             vacuumed = False
     steps.write(lambda c: FtsUpkeepRepository(c).finish_storage_optimize())

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import time as _time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
+from collections.abc import Callable
 
 from sqlalchemy import Connection, Engine
 
@@ -34,11 +35,11 @@ LAST_VACUUM_KEY = "last_vacuum"
 LAST_AUTO_ARCHIVE_KEY = "last_auto_archive"
 
 
-def _stamps(steps: Steps, *keys: str) -> list[Optional[float]]:
+def _stamps(steps: Steps, *keys: str) -> list[float | None]:
     """The times stored under ``keys``, in one read; None when absent or unreadable
     (treated as never)."""
     raws = steps.read(lambda c: [MaintenanceRepository(c).get_meta(k) for k in keys])
-    out: list[Optional[float]] = []
+    out: list[float | None] = []
     for raw in raws:
         try:
             out.append(float(raw) if raw is not None else None)
@@ -56,7 +57,7 @@ def reported(exc: BaseException) -> str:
     return f"{type(shown).__name__}: {shown}"
 
 
-def _due(steps: Steps, last: Optional[float], interval_s: float) -> bool:
+def _due(steps: Steps, last: float | None, interval_s: float) -> bool:
     return last is None or steps.now() - last >= interval_s
 
 
@@ -65,7 +66,7 @@ def auto_prune_and_vacuum(
     retention_days: int = 90,
     min_interval_hours: float = 24,
     vacuum: bool = True,
-    sessions_dir: Optional[Path] = None,
+    sessions_dir: Path | None = None,
     min_vacuum_interval_days: float = 30,
     *,
     run_vacuum: Callable[[], Any] | None = None,
@@ -156,7 +157,7 @@ def vacuum(steps: Steps, *, optimize: Callable[[], int]) -> int:
     0), then :func:`vacuum_v26`, whose errors propagate. Returns the optimize count."""
     try:
         optimized = optimize()
-    except Exception as exc:  # noqa: BLE001 - Hermes: logged, counts as 0
+    except Exception as exc:
         log.warning("optimize before vacuum failed: %s", exc)
         optimized = 0
     steps.outside(vacuum_v26)

@@ -10,7 +10,7 @@ starts right after it. Rows not covered yet are still found, by a direct scan.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from sqlalchemy.exc import OperationalError
 
@@ -69,6 +69,6 @@ def catch_up_search_index(
                 return done
     except (errors.DatabaseLockedError, errors.DatabaseUnavailableError):
         return done  # someone else is writing (or the disk is full); the next interval will do it
-    except Exception:  # noqa: BLE001 - rows not indexed yet are still found by a direct scan
+    except Exception:
         log.warning("short-CJK index catch-up failed; retried later", exc_info=True)
         return done

@@ -22,7 +22,8 @@ import math
 import random
 import sqlite3
 import time
-from typing import Callable, Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
+from collections.abc import Callable
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
@@ -206,6 +207,15 @@ class UnitOfWorkSteps:
 
 
 __all__ = [
-    "EARLY_JITTER_S", "EARLY_PHASE_S", "LATE_JITTER_S", "LONG_BUDGET_S", "Steps", "UnitOfWorkSteps",
-    "WRITE_BUDGET_S", "jitter", "retry_locked", "wait_or_give_up", "with_lock_budget",
+    "EARLY_JITTER_S",
+    "EARLY_PHASE_S",
+    "LATE_JITTER_S",
+    "LONG_BUDGET_S",
+    "WRITE_BUDGET_S",
+    "Steps",
+    "UnitOfWorkSteps",
+    "jitter",
+    "retry_locked",
+    "wait_or_give_up",
+    "with_lock_budget",
 ]

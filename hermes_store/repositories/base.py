@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import Any, Callable, Generic, Hashable, Iterable, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from sqlalchemy import Connection, Engine, bindparam, column, insert, literal, select, table, text
 from sqlalchemy.orm import Session as OrmSession
@@ -36,12 +37,12 @@ MESSAGES = Base.metadata.tables["messages"]
 #: Per engine, then per (tenant schema, object name): a tenant's engine and a plain one
 #: can share an Engine object (UnitOfWork(engine, schema=...)), so the schema is part of
 #: every key. Only answers that found the object are kept (see _table_info).
-_SCHEMA_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], frozenset[str]]]" = weakref.WeakKeyDictionary()
-_OBJECT_SQL_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], str]]" = weakref.WeakKeyDictionary()
-_INFO_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], Any]]" = weakref.WeakKeyDictionary()
+_SCHEMA_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], frozenset[str]]] = weakref.WeakKeyDictionary()
+_OBJECT_SQL_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], str]] = weakref.WeakKeyDictionary()
+_INFO_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], Any]] = weakref.WeakKeyDictionary()
 #: Per SQLAlchemy dialect instance (one per engine; its driver fixes the parameter
 #: style), then per (table, schema, columns): compiled INSERTs for the DB-API cursor.
-_INSERTS: "weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[str, tuple[str, ...]]]]" = weakref.WeakKeyDictionary()
+_INSERTS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[str, tuple[str, ...]]]] = weakref.WeakKeyDictionary()
 #: Raw statements rendered per schema (``{table}`` placeholders → qualified names).
 #: Bounded: search assembles statements whose text depends on the query's shape.
 _RENDERED: dict[tuple[str, str | None], TextClause] = {}
@@ -54,7 +55,7 @@ UnknownFieldError = errors.UnknownFieldError  # re-exported: repositories raise 
 T = TypeVar("T")
 
 
-class per_dialect(Generic[T]):  # noqa: N801 - used as a decorator
+class per_dialect(Generic[T]):
     """A statement built once per dialect (and per extra key), then reused.
 
     Decorate ``build(dialect, *key) -> statement``; call the result with a Connection
@@ -72,7 +73,7 @@ class per_dialect(Generic[T]):  # noqa: N801 - used as a decorator
         self.built: dict[tuple[Any, ...], T] = {}
         self.__doc__ = build.__doc__
 
-    def __call__(self, target: "Connection | Engine | Dialect", *key: Hashable) -> T:
+    def __call__(self, target: Connection | Engine | Dialect, *key: Hashable) -> T:
         dialect = for_connection(target) if isinstance(target, (Connection, Engine)) else target
         full = (dialect, *key)
         found = self.built.get(full)

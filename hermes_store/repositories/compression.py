@@ -18,7 +18,8 @@ on PostgreSQL the two never interleave and never deadlock.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from sqlalchemy import delete, insert, literal, select, update
 

@@ -10,7 +10,8 @@ the file), so two authors reacting at once both land.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Optional
+from typing import Any
+from collections.abc import Iterable
 
 from sqlalchemy import func, select, update
 
@@ -29,7 +30,7 @@ M = MESSAGES.c
 S = SESSIONS.c
 
 
-def decode_display_metadata(value: Any) -> Optional[dict[str, Any]]:
+def decode_display_metadata(value: Any) -> dict[str, Any] | None:
     """A stored ``display_metadata`` as Hermes' readers give it: a JSON object → dict
     (one extra layer of JSON string unwrapped); anything else → None."""
     if not isinstance(value, str) or not value:
@@ -46,7 +47,7 @@ def decode_display_metadata(value: Any) -> Optional[dict[str, Any]]:
     return None
 
 
-def encode_display_metadata(value: Any) -> Optional[str]:
+def encode_display_metadata(value: Any) -> str | None:
     """What a write stores: a dict as JSON, a JSON string only if it holds an object, else NULL."""
     if isinstance(value, dict):
         return json.dumps(value, ensure_ascii=False)
@@ -65,7 +66,7 @@ def _text_of(content: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _reactions(metadata: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
+def _reactions(metadata: dict[str, Any] | None) -> list[dict[str, Any]]:
     found = (metadata or {}).get(REACTIONS_METADATA_KEY)
     return [r for r in found if isinstance(r, dict)] if isinstance(found, list) else []
 
@@ -139,7 +140,7 @@ class DisplayRepository(Repository):
                 break
         return out
 
-    def latest_row_id(self, session_id: str, role: str, offset: int, require_text: bool) -> Optional[int]:
+    def latest_row_id(self, session_id: str, role: str, offset: int, require_text: bool) -> int | None:
         """The ``offset``-th newest live user/assistant row (blank ones skipped with ``require_text``)."""
         if not session_id or role not in TEXT_ROLES or offset < 0:
             return None
@@ -160,7 +161,7 @@ class DisplayRepository(Repository):
                 return None
             skip += _SCAN_BATCH
 
-    def message_role(self, session_id: str, row_id: int) -> Optional[str]:
+    def message_role(self, session_id: str, row_id: int) -> str | None:
         found = self.conn.execute(select(M.role).where(M.id == row_id, M.session_id == session_id)).first()
         return None if found is None else found[0]
 
@@ -199,13 +200,13 @@ class DisplayRepository(Repository):
 
     # ------------------------------------------------------------------ reactions
 
-    def _locked_metadata(self, session_id: str, row_id: int) -> tuple[bool, Optional[dict[str, Any]]]:
+    def _locked_metadata(self, session_id: str, row_id: int) -> tuple[bool, dict[str, Any] | None]:
         found = self.conn.execute(
             select(M.display_metadata).where(M.id == row_id, M.session_id == session_id).with_for_update()
         ).first()
         return (False, None) if found is None else (True, decode_display_metadata(found[0]))
 
-    def _store_reactions(self, row_id: int, metadata: Optional[dict[str, Any]],
+    def _store_reactions(self, row_id: int, metadata: dict[str, Any] | None,
                          reactions: list[dict[str, Any]]) -> None:
         updated = dict(metadata or {})
         if reactions:
@@ -215,8 +216,8 @@ class DisplayRepository(Repository):
         self.conn.execute(update(MESSAGES).where(M.id == row_id)
                           .values(display_metadata=encode_display_metadata(updated) if updated else None))
 
-    def set_reaction(self, session_id: str, row_id: Any, emoji: Optional[str], author: str
-                     ) -> Optional[list[dict[str, Any]]]:
+    def set_reaction(self, session_id: str, row_id: Any, emoji: str | None, author: str
+                     ) -> list[dict[str, Any]] | None:
         """One reaction per author: the old one goes; the same emoji again toggles it
         off; None clears. None when the row is not in the session."""
         row = _row_id(row_id, "message_row_id")

@@ -175,7 +175,7 @@ class FtsUpkeepRepository(Repository):
             try:
                 with self.conn.begin_nested():
                     self.dialect.fts_command(self.conn, name, "rebuild")
-            except Exception as exc:  # noqa: BLE001 - Hermes: logged, rolled back, next index
+            except Exception as exc:
                 if self.dialect.is_retryable(exc):
                     raise  # a held lock (REINDEX behind a server's lock timeout): retried, not skipped
                 log.warning("search index %s: rebuild failed (%s); left as it was", name, exc)

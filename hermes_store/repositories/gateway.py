@@ -13,7 +13,8 @@ Session rows are read as ``s.*`` (every column the database has, like Hermes'
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from sqlalchemy import (
     and_,

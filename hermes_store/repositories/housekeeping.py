@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from sqlalchemy import case, delete, exists, func, literal, or_, select, update
 from sqlalchemy.exc import IntegrityError

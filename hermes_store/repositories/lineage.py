@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from sqlalchemy import (
     Boolean,
@@ -336,10 +337,23 @@ def _rank(row: Any) -> tuple[int, float, float, str]:
 class Node:
     """One fetched session (a view of its row in a :class:`Graph`)."""
 
-    __slots__ = ("graph", "row", "id", "parent", "tool", "started_at", "ended_at", "compressed", "activity",
-                 "has_messages", "branched", "delegated", "fork")
+    __slots__ = (
+        "activity",
+        "branched",
+        "compressed",
+        "delegated",
+        "ended_at",
+        "fork",
+        "graph",
+        "has_messages",
+        "id",
+        "parent",
+        "row",
+        "started_at",
+        "tool",
+    )
 
-    def __init__(self, graph: "Graph", row: Any) -> None:
+    def __init__(self, graph: Graph, row: Any) -> None:
         self.graph = graph
         self.row = row
         self.id = row[_ID]
@@ -356,22 +370,22 @@ class Node:
         self.fork = is_fork(tool=self.tool, model_config=config, parent_id=self.parent)
 
     @property
-    def children(self) -> list["Node"]:
+    def children(self) -> list[Node]:
         return [self.graph.node(r) for r in self.graph.kids.get(self.id, ())]
 
-    def continues_as(self) -> "Node | None":
+    def continues_as(self) -> Node | None:
         """The preferred forward compression child (Hermes v23 per-step order)."""
         row = self.graph.step(self.row)
         return None if row is None else self.graph.node(row)
 
-    def newest_child(self) -> "Node | None":
+    def newest_child(self) -> Node | None:
         """The most recently started child that is neither a branch, a delegate, a tool run
         nor (in rows of the resume walk) a reset child."""
         kids = [c for c in self.children
                 if not c.tool and not c.branched and not c.delegated and not self.reset_into(c)]
         return max(kids, key=lambda c: (_num(c.started_at), c.id)) if kids else None
 
-    def reset_into(self, child: "Node") -> bool:
+    def reset_into(self, child: Node) -> bool:
         """Whether ``child`` began after a reset of this session (Hermes v26): it carries
         ``_reset_from``, or shares this session's non-empty ``session_key`` while this
         session ended with a reset reason. Only rows of the resume walk hold the evidence."""
@@ -382,7 +396,7 @@ class Node:
             return True
         return bool(me[_RESET_ENDED]) and bool(kid[_KEY]) and kid[_KEY] == me[_KEY]
 
-    def first_continuation(self) -> "Node | None":
+    def first_continuation(self) -> Node | None:
         """The earliest-started child that is not a fork (Hermes v26's lineage rule)."""
         kids = [c for c in self.children if not c.fork]
         return min(kids, key=lambda c: (_num(c.started_at), c.id)) if kids else None
@@ -602,5 +616,14 @@ class LineageRepository(Repository):
         return tips
 
 
-__all__ = ["COMPRESSION", "Graph", "LineageRepository", "MAX_DEPTH", "Node", "RESET_END_REASONS", "RESUME_HOPS",
-           "is_fork", "marker_value"]
+__all__ = [
+    "COMPRESSION",
+    "MAX_DEPTH",
+    "RESET_END_REASONS",
+    "RESUME_HOPS",
+    "Graph",
+    "LineageRepository",
+    "Node",
+    "is_fork",
+    "marker_value",
+]

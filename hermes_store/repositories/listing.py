@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Iterable, Sequence
 
 from sqlalchemy import (
     BigInteger,

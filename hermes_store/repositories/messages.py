@@ -22,12 +22,13 @@ from __future__ import annotations
 import math
 import operator
 import re
-from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from sqlalchemy import bindparam, case, delete, func, literal, or_, select, update
 
 from .. import errors
-from ..errors import MessageNotFoundError, UnknownSessionError  # noqa: F401 - raised here, importable here
+from ..errors import MessageNotFoundError, UnknownSessionError
 from ..codec import (
     check_key,
     clean_text,

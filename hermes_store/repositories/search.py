@@ -30,7 +30,8 @@ import re
 import sqlite3
 import weakref
 from functools import lru_cache
-from typing import Any, Collection, Iterable, Sequence
+from typing import Any
+from collections.abc import Collection, Iterable, Sequence
 
 from sqlalchemy import bindparam
 from sqlalchemy.exc import OperationalError
@@ -691,7 +692,7 @@ class SearchRepository(Repository):
 class Marks:
     """What :meth:`SearchRepository._marks` read (see there)."""
 
-    __slots__ = ("grams", "total", "high_water", "counts", "delegated", "gap")
+    __slots__ = ("counts", "delegated", "gap", "grams", "high_water", "total")
 
     def __init__(self, grams: list[list[str]] | None) -> None:
         #: The query's pairs per group, or None when the bigram index cannot help.
@@ -717,7 +718,7 @@ _GAP_SQL = SchemaSQL("SELECT key, value FROM {state_meta} WHERE key IN (:hw, :pr
 _STALE_SQL = SchemaSQL("SELECT value FROM {state_meta} WHERE key = :st", st=FTS_STALE_KEY)
 #: Per engine, then per tenant schema: the search index was seen not stale (Hermes v26
 #: fail-open). Only that answer is kept; a stale one is asked again on every search.
-_FRESH: "weakref.WeakKeyDictionary[Any, set[str | None]]" = weakref.WeakKeyDictionary()
+_FRESH: weakref.WeakKeyDictionary[Any, set[str | None]] = weakref.WeakKeyDictionary()
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 #: A page row: the hit's columns plus the texts a snippet is cut from and the context shows.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from sqlalchemy import String, and_, bindparam, case, func, literal, or_, select, update
 from sqlalchemy.exc import IntegrityError

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, literal, select
+from sqlalchemy import bindparam, func, literal, select
 
 from ..dialects import Dialect
 from ..models import Base

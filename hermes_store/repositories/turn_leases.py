@@ -17,7 +17,8 @@ other transaction, then does nothing) and reads who holds it now.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from sqlalchemy import Connection, Integer, String, bindparam, delete, literal_column, select, update
 from sqlalchemy.sql import Select

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import re
 import weakref
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from sqlalchemy import text
 
@@ -37,7 +38,7 @@ _RUN = re.compile(f"[{CJK_CLASS}]{{2,}}")
 _MARK = re.compile(r"[ \t\n\r]*[-+]?[0-9]{1,18}[ \t\n\r]*")
 #: Per engine and tenant schema: the high-water mark the cached pair counts were read
 #: at, and the counts (tenants sharing an engine each have their own index).
-_COUNTS: "weakref.WeakKeyDictionary[Any, dict[str | None, tuple[int, dict[str, int]]]]" = weakref.WeakKeyDictionary()
+_COUNTS: weakref.WeakKeyDictionary[Any, dict[str | None, tuple[int, dict[str, int]]]] = weakref.WeakKeyDictionary()
 _MAX_CACHED = 4096
 
 # Every statement names its tables in the connection's tenant schema (bare on SQLite).

@@ -17,7 +17,8 @@ does so. With one writer at a time (SQLite's write lock) every id is final at on
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from ..dialects import for_connection
 from ..tenancy import SchemaSQL

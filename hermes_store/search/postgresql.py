@@ -25,7 +25,8 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from ..tenancy import SchemaSQL
 from .latin_in_cjk import RUN_RANK_SQL, RunsSQL, term_body

@@ -22,7 +22,7 @@ this store, so budgets, retries, upkeep hooks and Hermes' semantics stay the sto
 from __future__ import annotations
 
 import time as _time
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import Optional, TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..engine import schema_of
 from ..operations.steps import LONG_BUDGET_S, WRITE_BUDGET_S
@@ -91,20 +91,20 @@ class HostSteps:
         self._maintenance = maintenance
 
     @property
-    def engine(self) -> "Engine":
+    def engine(self) -> Engine:
         return self._host._open_engine()
 
     @property
     def schema(self) -> str | None:
         return schema_of(self.engine)
 
-    def write(self, fn: "Callable[[Connection], T]", *, budget: float | None = None) -> T:
+    def write(self, fn: Callable[[Connection], T], *, budget: Optional[float] = None) -> T:
         return self._host._write(fn, budget=budget, _maintenance=self._maintenance)
 
-    def read(self, fn: "Callable[[Connection], T]") -> T:
+    def read(self, fn: Callable[[Connection], T]) -> T:
         return self._host._read(fn)
 
-    def outside(self, fn: "Callable[[Engine], T]") -> T:
+    def outside(self, fn: Callable[[Engine], T]) -> T:
         """``fn(engine)`` outside a transaction, a held lock retried within the store's
         write budget (its ``_outside``): a closed store says so, a read-only one refuses."""
         return self._host._outside(fn)

@@ -387,7 +387,7 @@ class FtsMixin(Host):
             try:
                 steps.outside(prune_ops.vacuum_after_optimize_storage)
                 vacuumed = True
-            except Exception as exc:  # noqa: BLE001 - Hermes: a failed VACUUM is not fatal
+            except Exception as exc:
                 log.warning("vacuum after optimize-storage failed: %s", exc)
                 vacuumed = False
         for event in held:
@@ -410,7 +410,7 @@ class FtsMixin(Host):
         _PERIODIC.active = True  # per thread: an explicit optimize elsewhere stays full
         try:
             self.optimize_fts()
-        except Exception as exc:  # noqa: BLE001 - best effort: the write itself succeeded
+        except Exception as exc:
             log.warning("periodic search index upkeep failed (the write was committed): %s", exc)
         finally:
             _PERIODIC.active = False
@@ -433,7 +433,7 @@ class FtsMixin(Host):
                     self._label(), exc)  # type: ignore[attr-defined]
         try:
             rebuilt = self.rebuild_fts()
-        except Exception as again:  # noqa: BLE001 - the original error is what the caller sees
+        except Exception as again:
             log.warning("search index rebuild failed: %s", again)
             return False
         return rebuilt > 0

@@ -36,18 +36,18 @@ class HousekeepingMixin(Host):
         return self._write(lambda c: HousekeepingRepository(c).set_archived(session_id, bool(archived)))
 
     def list_prune_candidates(
-        self, older_than_days: Optional[float] = None, source: str = None, **filters: Any
+        self, older_than_days: Optional[float] = None, source: Optional[str] = None, **filters: Any
     ) -> list[dict[str, Any]]:
         """Read-only: what prune_sessions would delete (ended, unpinned), oldest first,
         each with ``last_active`` (newest message, else start)."""
         return self._read(lambda c: HousekeepingRepository(c).candidates(older_than_days, source, filters))
 
-    def count_open_prune_matches(self, older_than_days: Optional[float] = None, source: str = None,
+    def count_open_prune_matches(self, older_than_days: Optional[float] = None, source: Optional[str] = None,
                                  **filters: Any) -> int:
         """Sessions still running that the same filters match (prune skips them)."""
         return self._read(lambda c: HousekeepingRepository(c).count_open_matches(older_than_days, source, filters))
 
-    def archive_sessions(self, older_than_days: Optional[float] = None, source: str = None, **filters: Any) -> int:
+    def archive_sessions(self, older_than_days: Optional[float] = None, source: Optional[str] = None, **filters: Any) -> int:
         """Archive the lineage of every matching session (unarchived ones by default).
 
         Returns the number of sessions matched, not rows updated.
@@ -80,7 +80,7 @@ class HousekeepingMixin(Host):
     def prune_sessions(
         self,
         older_than_days: Optional[float] = 90,
-        source: str = None,
+        source: Optional[str] = None,
         sessions_dir: Optional[Path] = None,
         **filters: Any,
     ) -> int:
@@ -90,7 +90,7 @@ class HousekeepingMixin(Host):
             budget=transcript_budget(),
         )
 
-    def prune_candidates(self, older_than_days: float = 90, source: str | None = None) -> list[dict[str, Any]]:
+    def prune_candidates(self, older_than_days: float = 90, source: Optional[str] = None) -> list[dict[str, Any]]:
         """Read-only: what ``prune_sessions(older_than_days, source)`` would delete.
 
         hermes_store's own (the CLI's dry run): list_prune_candidates' rows plus
@@ -180,7 +180,7 @@ class HousekeepingMixin(Host):
         """
         return self._read(lambda c: HousekeepingRepository(c).export_session(session_id, include_inactive))
 
-    def export_all(self, source: str = None, *, include_inactive: bool = False) -> list[dict[str, Any]]:
+    def export_all(self, source: Optional[str] = None, *, include_inactive: bool = False) -> list[dict[str, Any]]:
         """Every session (of ``source``) exported, most recently active first (Hermes' order).
 
         For a full-fidelity backup of a large store use :meth:`iter_export` (streamed,
@@ -211,7 +211,7 @@ class HousekeepingMixin(Host):
         )
         return out
 
-    def iter_export(self, source: str | None = None) -> Iterator[dict[str, Any]]:
+    def iter_export(self, source: Optional[str] = None) -> Iterator[dict[str, Any]]:
         """Streamed export of every row (rewound and archived messages too), flat memory.
 
         hermes_store's own, for backups (the CLI's ``export``): oldest first, parents

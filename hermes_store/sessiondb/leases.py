@@ -70,7 +70,7 @@ def holder_process_gone(holder: str) -> bool:
     if probe is not None:
         try:
             return probe.pid_exists(pid) is False
-        except Exception:  # noqa: BLE001 - an unanswerable probe leaves the lease to its TTL
+        except Exception:
             return False
     if os.name != "posix":
         return False
@@ -145,7 +145,7 @@ class TurnLeasesMixin(Host):
         steps = HostSteps(self)
         start = steps.monotonic()
         deadline = start + max(0.0, float(wait_seconds))
-        next_notice: float | None = None
+        next_notice: Optional[float] = None
         while True:
             if should_abort is not None and should_abort():
                 return False
@@ -163,7 +163,7 @@ class TurnLeasesMixin(Host):
             if on_wait is not None and (next_notice is None or current >= next_notice):
                 try:
                     on_wait(current - start)
-                except Exception:  # noqa: BLE001 - a progress notice must not end the wait
+                except Exception:
                     log.warning("on_wait callback of the turn lease of %r failed", session_id, exc_info=True)
                 next_notice = current + max(0.0, float(wait_notice_interval_seconds))
             steps.sleep(max(MIN_POLL_S, min(float(poll_interval_seconds), deadline - current)))

@@ -30,18 +30,18 @@ class MessagesMixin(Host):
         self,
         session_id: str,
         role: str,
-        content: str = None,
-        tool_name: str = None,
+        content: Optional[str] = None,
+        tool_name: Optional[str] = None,
         tool_calls: Any = None,
-        tool_call_id: str = None,
-        token_count: int = None,
-        finish_reason: str = None,
-        reasoning: str = None,
-        reasoning_content: str = None,
+        tool_call_id: Optional[str] = None,
+        token_count: Optional[int] = None,
+        finish_reason: Optional[str] = None,
+        reasoning: Optional[str] = None,
+        reasoning_content: Optional[str] = None,
         reasoning_details: Any = None,
         codex_reasoning_items: Any = None,
         codex_message_items: Any = None,
-        platform_message_id: str = None,
+        platform_message_id: Optional[str] = None,
         observed: bool = False,
         effect_disposition: Optional[str] = None,
         timestamp: Any = None,
@@ -158,7 +158,7 @@ class MessagesMixin(Host):
     def clear_messages(self, session_id: str) -> None:
         self._write(lambda c: MessageRepository(c).clear(session_id), budget=transcript_budget())
 
-    def message_count(self, session_id: str | None = None) -> int:
+    def message_count(self, session_id: Optional[str] = None) -> int:
         return self._read(lambda c: MessageRepository(c).count(session_id))
 
     def get_messages(

@@ -151,7 +151,7 @@ class PrivateSurfaceMixin(Host):
         try:
             self.close()
             self._open(*self._open_args)
-        except Exception as exc:  # noqa: BLE001 - the caller's original error is what matters
+        except Exception as exc:
             log.warning("%s: reopening after 'file is not a database' failed: %s", self._label(), exc)
             return False
         return True

@@ -51,7 +51,7 @@ class SessionsMixin(Host):
         return self._write(lambda c: SessionRepository(c).create(session_id, source, **fields),
                            budget=transcript_budget())
 
-    def ensure_session(self, session_id: str, source: str = "unknown", model: str | None = None, **kwargs: Any) -> str:
+    def ensure_session(self, session_id: str, source: str = "unknown", model: Optional[str] = None, **kwargs: Any) -> str:
         fields = _create_fields("ensure_session", kwargs)
         return self._write(lambda c: SessionRepository(c).ensure(session_id, source, model, **fields),
                            budget=transcript_budget())
@@ -81,7 +81,7 @@ class SessionsMixin(Host):
             return False
         try:
             return self._write(lambda c: SessionRepository(c).promote_to_reset(session_id, reason))
-        except Exception:  # noqa: BLE001 - Hermes swallows every failure here
+        except Exception:
             log.warning("promote_to_session_reset(%r) failed", session_id, exc_info=True)
             return False
 
@@ -142,9 +142,9 @@ class SessionsMixin(Host):
     def record_session_activity(
         self,
         session_id: str,
-        description: str | None = None,
+        description: Optional[str] = None,
         provenance: str | None = "unknown",
-        at: float | None = None,
+        at: Optional[float] = None,
     ) -> bool:
         """Stamp a sign of life without a message (v24 ``last_activity_*``).
 

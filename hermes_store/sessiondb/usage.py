@@ -64,7 +64,7 @@ class TokenWriter:
     the interpreter exits. After :meth:`close` nothing is queued any more.
     """
 
-    def __init__(self, store: "UsageMixin") -> None:
+    def __init__(self, store: UsageMixin) -> None:
         self._store = weakref.ref(store)
         self._cv = threading.Condition()
         self._queue: deque[tuple[str, dict[str, Any]]] = deque()
@@ -185,11 +185,11 @@ class TokenWriter:
             atexit.unregister(hook)
 
 
-def apply_quietly(store: "UsageMixin", session_id: str, delta: dict[str, Any]) -> None:
+def apply_quietly(store: UsageMixin, session_id: str, delta: dict[str, Any]) -> None:
     """update_token_counts, a failure logged (a queued delta has no caller to raise to)."""
     try:
         store.update_token_counts(session_id, **delta)
-    except Exception:  # noqa: BLE001 - the agent loop must not fail on accounting
+    except Exception:
         log.warning("token counts for %r not recorded", session_id, exc_info=True)
 
 
@@ -199,7 +199,7 @@ class UsageMixin(Host):
         session_id: str,
         input_tokens: int = 0,
         output_tokens: int = 0,
-        model: str | None = None,
+        model: Optional[str] = None,
         cache_read_tokens: int = 0,
         cache_write_tokens: int = 0,
         reasoning_tokens: int = 0,
@@ -263,7 +263,7 @@ class UsageMixin(Host):
             args.pop(name)
         self._write(lambda c: UsageRepository(c).record_auxiliary(session_id, task, **args))
 
-    def usage(self, by: str = "model", source: str | None = None) -> list[Any]:
+    def usage(self, by: str = "model", source: Optional[str] = None) -> list[Any]:
         return self._read(lambda c: MaintenanceRepository(c).usage(by, source))
 
     def usage_totals(self, *, min_message_count: int = 1, include_archived: bool = False) -> Dict[str, float]:
@@ -310,7 +310,7 @@ class UsageMixin(Host):
         False if ``timeout`` ran out first. Never raises."""
         try:
             return self._token_writer().flush(float(timeout))
-        except Exception:  # noqa: BLE001 - Hermes' readers call it on their way to a read
+        except Exception:
             log.warning("flushing queued token counts failed", exc_info=True)
             return False
 

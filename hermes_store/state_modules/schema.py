@@ -14,7 +14,6 @@ import json
 import logging
 import re
 import sqlite3
-from pathlib import Path
 from typing import Dict, Tuple
 
 from sqlalchemy import Connection

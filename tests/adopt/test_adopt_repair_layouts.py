@@ -17,7 +17,8 @@ import hashlib
 import re
 import sqlite3
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 

@@ -522,7 +522,7 @@ def test_concurrent_steppers_and_writers_never_double_index(hermes_state, db) ->
         try:
             while store.fts_rebuild_step():
                 pass
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             failures.append(exc)
 
     def writer() -> None:
@@ -530,7 +530,7 @@ def test_concurrent_steppers_and_writers_never_double_index(hermes_state, db) ->
             for i in range(40):
                 store = others[i % 2]
                 store.append_message("s1", "user", f"concurrent c{i}z")
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             failures.append(exc)
 
     threads = [threading.Thread(target=stepper, args=(s,)) for s in [db, *others]] + [threading.Thread(target=writer)]

@@ -312,7 +312,7 @@ def test_resume_falls_back_to_the_tip_when_the_walk_fails(db, clock, monkeypatch
     make(db, clock, "below", 20, parent="tip", messages=[21])
     assert db.resolve_resume_session_id("root") == "below"
 
-    def broken(self, session_id):  # noqa: ANN001
+    def broken(self, session_id):
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(LineageRepository, "resume_target", broken)

@@ -260,7 +260,7 @@ def test_get_messages_is_live_only_by_default(db: Any) -> None:
 def test_get_messages_limit_and_offset(db: Any) -> None:
     db.create_session("s", "cli")
     ids = [db.append_message("s", "user", f"m{i}") for i in range(6)]
-    got = lambda **kw: [m["id"] for m in db.get_messages("s", **kw)]  # noqa: E731
+    got = lambda **kw: [m["id"] for m in db.get_messages("s", **kw)]
     assert got(limit=2) == ids[:2]
     assert got(limit=2, offset=3) == ids[3:5]
     assert got(offset=4) == ids[4:]  # offset alone pages too

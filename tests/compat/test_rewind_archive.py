@@ -9,7 +9,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 

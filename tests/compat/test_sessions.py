@@ -171,7 +171,7 @@ def test_racing_creates_of_one_id_both_succeed(hermes_state, db) -> None:
                 barrier.wait()
                 try:
                     assert store.create_session(sid, "cli", model=model) == sid
-                except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                except BaseException as exc:
                     errors.append(exc)
 
             threads = [threading.Thread(target=create, args=(db, "a")),

@@ -139,7 +139,7 @@ def test_two_stores_applying_at_once_both_succeed_and_create_once(db, hermes_sta
         barrier.wait()
         try:
             results.append(store.apply_telegram_topic_migration())
-        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+        except Exception as exc:
             results.append(exc)
 
     threads = [threading.Thread(target=apply, args=(s,)) for s in stores]
@@ -318,7 +318,7 @@ def test_concurrent_deletes_of_a_chats_last_two_topics_turn_the_mode_off(topics,
                 barrier.wait()
                 try:
                     results.append(store.delete_telegram_topic_binding(chat_id=chat, thread_id=thread_id))
-                except Exception as exc:  # noqa: BLE001 - reported below
+                except Exception as exc:
                     results.append(exc)
 
             threads = [threading.Thread(target=drop, args=(stores[i], i + 1)) for i in range(2)]

@@ -197,7 +197,7 @@ def test_racing_writers_for_one_title_exactly_one_wins(hermes_state, db) -> None
                 barrier.wait()
                 try:
                     outcome[sid] = store.set_session_title(sid, title)
-                except Exception as exc:  # noqa: BLE001 - inspected below
+                except Exception as exc:
                     outcome[sid] = exc
 
             threads = [threading.Thread(target=claim, args=(db, "a")),

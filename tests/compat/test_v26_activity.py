@@ -33,14 +33,14 @@ class Updates:
         self.engine = db.engine
         self.seen: list[str] = []
 
-    def __enter__(self) -> "Updates":
+    def __enter__(self) -> Updates:
         event.listen(self.engine, "before_cursor_execute", self._hook)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         event.remove(self.engine, "before_cursor_execute", self._hook)
 
-    def _hook(self, conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+    def _hook(self, conn, cursor, statement, parameters, context, executemany) -> None:
         if statement.lstrip().upper().startswith("UPDATE") and "SESSIONS" in statement.upper().split("SET")[0]:
             self.seen.append(statement)
 

@@ -9,7 +9,6 @@ settable ``clock`` or, for the waiting acquire, a clock whose ``sleep`` moves it
 
 from __future__ import annotations
 
-import inspect
 import os
 import sqlite3
 import threading

@@ -29,7 +29,7 @@ def test_constants(hermes_state) -> None:
     assert hermes_state._STATE_DB_GUARD_BYPASS_ENV == "HERMES_STATE_DB_GUARD_BYPASS"
     assert hermes_state._STATE_DB_GUARD_BYPASS is False and hermes_state._STATE_DB_GUARD_EXTRA_DENY_ROOTS == []
     try:
-        import psutil  # noqa: F401
+        import psutil
     except ImportError:
         assert hermes_state.psutil is None
     else:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from alembic.autogenerate import produce_migrations
@@ -410,7 +410,7 @@ def failing_engine(path: Path, pattern: str):
     engine = create_engine(path, foreign_keys=False)
 
     @event.listens_for(engine, "before_cursor_execute")
-    def _boom(conn, cursor, statement, *args):  # noqa: ANN001
+    def _boom(conn, cursor, statement, *args):
         if re.search(pattern, statement):
             raise RuntimeError(f"injected failure at: {statement[:60]}")
 
@@ -766,7 +766,7 @@ def rebuild_revision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
         REBUILD_EVERY_TABLE.format(down=HEAD, tables=sorted(metadata.tables)))
     real = paths.make_config
 
-    def with_later_revision(*args: object, **kwargs: object):  # noqa: ANN202 - an alembic Config
+    def with_later_revision(*args: object, **kwargs: object):
         cfg = real(*args, **kwargs)  # type: ignore[arg-type]
         cfg.set_main_option("path_separator", "space")
         cfg.set_main_option("version_locations", f"{paths.script_location() / 'versions'} {extra}")
@@ -798,7 +798,7 @@ def table_facts(conn: sqlite3.Connection) -> dict[str, tuple]:
     return facts
 
 
-def _seeded_head(migrate, db_path: Path, raw) -> tuple[dict, dict]:  # noqa: ANN001 - fixtures
+def _seeded_head(migrate, db_path: Path, raw) -> tuple[dict, dict]:
     migrate("0001")
     conn = raw()
     seed_v1(conn)
@@ -813,7 +813,7 @@ def _seeded_head(migrate, db_path: Path, raw) -> tuple[dict, dict]:  # noqa: ANN
     return snap(db_path), facts
 
 
-def _assert_rebuilt(db_path: Path, raw, before: dict, facts: dict, *, with_column: bool) -> dict:  # noqa: ANN001
+def _assert_rebuilt(db_path: Path, raw, before: dict, facts: dict, *, with_column: bool) -> dict:
     """Checks after a rebuild; the table facts after writing through the triggers (the
     id mark moved on)."""
     after = snap(db_path)

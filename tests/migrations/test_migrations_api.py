@@ -23,7 +23,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from alembic import command
@@ -342,7 +343,7 @@ def failing_engine(target: str, pattern: str) -> Engine:
     engine = create_engine(target, foreign_keys=False)
 
     @event.listens_for(engine, "before_cursor_execute")
-    def _boom(conn, cursor, statement, *args):  # noqa: ANN001
+    def _boom(conn, cursor, statement, *args):
         if re.search(pattern, statement):
             raise RuntimeError(f"injected failure at: {statement[:60]}")
 

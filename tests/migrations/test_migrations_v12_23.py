@@ -11,7 +11,7 @@ import json
 import re
 import sqlite3
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy import event
@@ -592,7 +592,7 @@ def test_failing_data_step_leaves_previous_revision(
     engine = create_engine(seeded_v11, foreign_keys=False)
 
     @event.listens_for(engine, "before_cursor_execute")
-    def _boom(_conn, _cursor, statement, *_args):  # noqa: ANN001
+    def _boom(_conn, _cursor, statement, *_args):
         if re.search(pattern, statement.lstrip()):
             raise RuntimeError("injected failure")
 
@@ -618,7 +618,7 @@ def test_failing_data_step_leaves_previous_revision(
 # ------------------------------------------------------------------ models at head
 
 
-def test_head_models_round_trip_new_tables(session) -> None:  # noqa: ANN001
+def test_head_models_round_trip_new_tables(session) -> None:
     from sqlalchemy import func, select
     from sqlalchemy.exc import InvalidRequestError
     from sqlalchemy.orm import selectinload

@@ -18,7 +18,7 @@ import re
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -146,7 +146,7 @@ def test_v25_prompt_move_is_all_or_nothing(prompts_v24: Path, raw: Raw) -> None:
     engine = create_engine(prompts_v24, foreign_keys=False)
 
     @event.listens_for(engine, "before_cursor_execute")
-    def _boom(conn, cursor, statement, *args):  # noqa: ANN001
+    def _boom(conn, cursor, statement, *args):
         if statement.startswith("UPDATE schema_version SET version = 25"):
             raise RuntimeError("injected failure after the prompt move")
 

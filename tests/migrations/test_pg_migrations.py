@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from alembic import command
