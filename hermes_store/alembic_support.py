@@ -44,12 +44,11 @@ from sqlalchemy import inspect as sa_inspect
 
 from . import errors, migrations, paths
 from .dialects import for_connection, postgresql
+from .keys import VERSION_TABLE
 from .models import metadata
 
 SHADOW_SUFFIXES = ("_data", "_idx", "_content", "_docsize", "_config")
 
-#: Our Alembic version table's default name.
-VERSION_TABLE = "hermes_store_version"
 #: Every FTS5 virtual table any Hermes schema version (or we) created, and the views
 #: that feed them. Listed by name so a host's env.py can hide them without a connection.
 FTS_TABLES = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")

@@ -113,14 +113,12 @@ from .sessiondb.messages import *
 from .sessiondb.orphans import *
 from .sessiondb.async_wrapper import AsyncSessionDB  # noqa: F401 - Hermes' gateway wrapper
 from .sessiondb._host import TRANSCRIPT_BUDGET_S, WRITE_BUDGET_S  # noqa: F401 - tuning knobs, named here since v1
+#: Jitter windows: short sleeps for the first EARLY_PHASE_S seconds, then longer ones.
+from .keys import EARLY_JITTER_S, EARLY_PHASE_S, LATE_JITTER_S
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Jitter windows: short sleeps for the first 2 s, then longer ones.
-EARLY_JITTER_S = (0.020, 0.150)
-LATE_JITTER_S = (0.250, 1.0)
-EARLY_PHASE_S = 2.0
 #: A PASSIVE WAL checkpoint after this many successful writes (and on close).
 CHECKPOINT_EVERY = 50
 #: SQLite's own busy wait before our jittered retry takes over (milliseconds).

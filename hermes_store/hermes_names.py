@@ -21,13 +21,12 @@ from typing import Any
 
 from . import migrations
 from .paths import VERSION_TABLE
+from .keys import FTS_CJK_STALE_KEY, MAX_FTS5_QUERY_CHARS
 
 log = logging.getLogger("hermes_store.facade")
 
 #: Hermes' limits and storage markers (hermes_state v23 names).
-MAX_FTS5_QUERY_CHARS = 2048
 FTS_STORAGE_VERSION = 1
-FTS_CJK_STALE_KEY = "fts_cjk_stale"
 
 #: "Malformed" errors Hermes repairs by itself (``is_malformed_db_error``).
 _MALFORMED_MARKERS = ("malformed database schema", "database disk image is malformed")

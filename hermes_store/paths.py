@@ -50,9 +50,8 @@ except ImportError:
         return False
 from .dialects import find_for, for_connection
 from .engine import check_schema, create_engine, to_url
+from .keys import VERSION_TABLE
 
-#: Name of our Alembic version table; a host's ``alembic_version`` is never touched.
-VERSION_TABLE = "hermes_store_version"
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 

@@ -22,7 +22,8 @@ from hermes_store import SessionDB, introspect
 #: The repository root, and the test data every module reads (never /work/shared).
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
-SCHEMA_DIR = DATA / "schema"
+#: The normalized Hermes schemas: the package's own copy, the one adoption checks against.
+SCHEMA_DIR = Path(introspect.__file__).resolve().parent / "reference_schemas"
 HERMES_DBS = DATA / "hermes-dbs"
 
 PG_URL_ENV = "HERMES_STORE_TEST_PG_URL"
@@ -30,7 +31,7 @@ PGBOUNCER_URL_ENV = "HERMES_STORE_TEST_PGBOUNCER_URL"
 
 
 def reference_schema(name: str | int) -> dict:
-    """The normalized Hermes schema ``hermes_v<name>.json`` carried in tests/data."""
+    """The normalized Hermes schema ``hermes_v<name>.json`` the package ships."""
     return json.loads((SCHEMA_DIR / f"hermes_v{name}.json").read_text())
 
 

@@ -23,6 +23,7 @@ from alembic import command
 
 from .. import errors
 from ..introspect import diff, snapshot
+from ..keys import TOOL_HIGH_WATER_KEY
 from ..paths import create_private_database, migration_connection, readonly_connection, revision_order, run_alembic
 from .shape import (
     _LITERAL,
@@ -42,10 +43,6 @@ Progress = Callable[[str, float], None]
 
 #: state_meta keys of a pending v23 FTS rebuild; a full rebuild makes them obsolete.
 FTS_WINDOW_KEYS = ("fts_rebuild_high_water", "fts_rebuild_progress")
-#: state_meta key of v28's bounded tool-row indexing: rows up to it were indexed in full.
-#: A full rebuild indexes every row in full and moves it to MAX(id); revision 0030 (and
-#: Hermes' own move to FTS layout 3) deletes it.
-TOOL_HIGH_WATER_KEY = "fts_tool_full_content_high_water"
 #: FTS bookkeeping in state_meta: rebuilt, moved or deleted with the indexes, not data.
 FTS_BOOKKEEPING_KEYS = (*FTS_WINDOW_KEYS, TOOL_HIGH_WATER_KEY)
 #: Prefix of the work tables adoption uses on the copy (never left behind).

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .. import errors
 from ..dialects import for_connection
-from ..facade import WRITE_BUDGET_S
+from ..keys import WRITE_BUDGET_S
 from ..targets import refuse_sync
 from ..uow import UnitOfWork
 from . import repositories as arepos

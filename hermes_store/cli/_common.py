@@ -39,6 +39,7 @@ from rich.text import Text
 from sqlalchemy import Connection, inspect
 
 from .. import adopt as adopt_mod, errors, migrations, paths
+from ..keys import COMPRESSION_END_REASON
 from ..copying.endpoints import readonly_engine, store_file_named
 from ..dialects import backend_name, find_for, for_connection, for_dialect
 from ..engine import create_engine, default_db_path, schema_in_url, schema_of, to_url, with_schema
@@ -604,8 +605,8 @@ def relation(child: dict[str, Any], parent: dict[str, Any] | None) -> str:
     ended, started = parent.get("ended_at"), child.get("started_at") or 0
     if cfg.get("_branched_from") or (parent.get("end_reason") == "branched" and ended is not None and started >= ended):
         return "branch"
-    if parent.get("end_reason") == "compression" and ended is not None and started >= ended:
-        return "compression"
+    if parent.get("end_reason") == COMPRESSION_END_REASON and ended is not None and started >= ended:
+        return COMPRESSION_END_REASON
     if cfg.get("_delegate_from"):
         return "delegate"
     return "child"

@@ -14,6 +14,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
 from .. import errors
+from ..keys import COMPRESSION_END_REASON
 from .fts5 import Fts5Storage
 
 #: Tables every migrated database has; missing one means "not migrated", not a bug.
@@ -270,7 +271,7 @@ def translate_python_error(exc: BaseException) -> errors.HermesStoreError | None
 
 #: The end reason of a session closed by compression: no append may land in it (Hermes
 #: v26 points writers at its live continuation instead).
-CLOSED_BY_COMPRESSION = "compression"
+CLOSED_BY_COMPRESSION = COMPRESSION_END_REASON
 
 
 def refused_append(session_id: Any, row: Sequence[Any] | None) -> errors.HermesStoreError:

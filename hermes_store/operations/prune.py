@@ -17,6 +17,7 @@ from collections.abc import Callable
 from sqlalchemy import Connection, Engine
 
 from .. import errors
+from ..keys import LAST_AUTO_ARCHIVE_KEY, LAST_AUTO_PRUNE_KEY, LAST_VACUUM_KEY
 from ..dialects import for_connection
 from ..engine import translate_driver_error
 from ..repositories import MaintenanceRepository
@@ -27,12 +28,6 @@ from .steps import Steps
 
 log = logging.getLogger(__name__)
 
-#: The ``state_meta`` key holding when auto-prune last ran (Hermes v11).
-LAST_AUTO_PRUNE_KEY = "last_auto_prune"
-#: When the last successful VACUUM ran (Hermes v23 late).
-LAST_VACUUM_KEY = "last_vacuum"
-#: When auto-archive last ran (Hermes v23 late).
-LAST_AUTO_ARCHIVE_KEY = "last_auto_archive"
 
 
 def _stamps(steps: Steps, *keys: str) -> list[float | None]:

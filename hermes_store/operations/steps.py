@@ -29,6 +29,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from .. import errors
+from ..keys import EARLY_JITTER_S, EARLY_PHASE_S, LATE_JITTER_S, LONG_BUDGET_S, WRITE_BUDGET_S
 from ..dialects import for_connection
 from ..dialects.base import LOCK_BUDGET_OPTION
 from ..engine import schema_of
@@ -36,15 +37,6 @@ from ..uow import UnitOfWork, _in_schema
 
 T = TypeVar("T")
 
-#: Retry budget of an ordinary write step (seconds), read at call time.
-WRITE_BUDGET_S = 20.0
-#: Retry budget of a long write step: transcripts, imports, index rebuilds (seconds).
-LONG_BUDGET_S = 60.0
-#: Jitter windows between two tries of a locked write: short sleeps for the first
-#: EARLY_PHASE_S seconds, then longer ones (the facade's own values).
-EARLY_JITTER_S = (0.020, 0.150)
-LATE_JITTER_S = (0.250, 1.0)
-EARLY_PHASE_S = 2.0
 
 
 @runtime_checkable

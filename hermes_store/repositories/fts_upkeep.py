@@ -26,7 +26,7 @@ from sqlalchemy import Connection, delete, func, select, update
 from sqlalchemy.exc import OperationalError
 
 from ..dialects.fts5 import Fts5Storage
-from ..hermes_names import FTS_CJK_STALE_KEY
+from ..keys import FTS_CJK_STALE_KEY, OPTIMIZE_AVAILABLE_KEY, STORAGE_VERSION_KEY, TOOL_HIGH_WATER_KEY
 from ..models import Base
 from ..search.fts_head import head_fts_objects
 from ..tenancy import qualified
@@ -41,11 +41,6 @@ REBUILD_HIGH_WATER = "fts_rebuild_high_water"
 REBUILD_PROGRESS = "fts_rebuild_progress"
 CJK_REBUILD_HIGH_WATER = "fts_cjk_rebuild_high_water"
 CJK_REBUILD_PROGRESS = "fts_cjk_rebuild_progress"
-#: Written by Hermes on open for files that have something for optimize-storage to do.
-OPTIMIZE_AVAILABLE_KEY = "fts_optimize_available"
-STORAGE_VERSION_KEY = "fts_storage_version"
-#: The v28 truncation mark: obsolete once the head layout (which needs none) is in place.
-TOOL_HIGH_WATER_KEY = "fts_tool_full_content_high_water"
 #: Hermes' FTS storage layout our head schema has (v30's layout 3: the word index reads
 #: ``messages_fts_src``, the trigram index has no tool_calls). Stamped, never lowered.
 HEAD_FTS_LAYOUT = 3

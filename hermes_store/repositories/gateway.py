@@ -30,6 +30,7 @@ from sqlalchemy import (
 )
 
 from ..dialects import Dialect
+from ..keys import COMPRESSION_END_REASON
 from ..models import Base
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, insert_or_skip, now, per_dialect
 from .housekeeping import HousekeepingRepository, activity_recency
@@ -107,7 +108,7 @@ class GatewayRepository(Repository):
             if parent_id is None or parent_id in seen:
                 return found
             parent = self.conn.execute(select(s.end_reason, s.user_id).where(s.id == parent_id)).first()
-            if parent is None or parent[0] != "compression":
+            if parent is None or parent[0] != COMPRESSION_END_REASON:
                 return found
             if user_id and parent[1] and parent[1] != user_id:
                 return found

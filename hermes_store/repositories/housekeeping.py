@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
 from .. import errors
+from ..keys import COMPRESSION_END_REASON, DAY
 from ..codec import clean_text
 from ..models import Base
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, insert_or_skip, missing_sessions, now
@@ -30,7 +31,6 @@ from .messages import MessageRepository
 from .sessions import SessionRepository
 from .transcripts import queue_transcript_files
 
-DAY = 86_400.0
 USAGE = Base.metadata.tables["session_model_usage"]
 
 # ---------------------------------------------------------------------- the filter table
@@ -243,14 +243,14 @@ class HousekeepingRepository(Repository):
         up = up.union(
             select(parent.c.id)
             .select_from(up.join(child, child.c.id == up.c.id).join(parent, parent.c.id == child.c.parent_session_id))
-            .where(parent.c.end_reason == "compression")
+            .where(parent.c.end_reason == COMPRESSION_END_REASON)
         )
         node, kid = s.alias("n"), s.alias("k")
         lineage = select(up.c.id).cte("archive_lineage", recursive=True, nesting=True)
         lineage = lineage.union(
             select(kid.c.id)
             .select_from(lineage.join(node, node.c.id == lineage.c.id).join(kid, kid.c.parent_session_id == node.c.id))
-            .where(node.c.end_reason == "compression")
+            .where(node.c.end_reason == COMPRESSION_END_REASON)
         )
         stmt = update(s).where(s.c.id.in_(select(lineage.c.id))).values(archived=1 if archived else 0)
         return self.conn.execute(stmt).rowcount > 0
@@ -268,7 +268,7 @@ class HousekeepingRepository(Repository):
         (any end but 'compression'); ``ended_only`` leaves running ones alone. Returns
         how many sessions matched."""
         s = SESSIONS.c
-        conds = [s.archived == 0, or_(s.end_reason.is_(None), s.end_reason != "compression"),
+        conds = [s.archived == 0, or_(s.end_reason.is_(None), s.end_reason != COMPRESSION_END_REASON),
                  activity_recency() < cutoff]
         if exclude_pinned:
             conds.append(s.pinned == 0)

@@ -54,6 +54,7 @@ from sqlalchemy.sql import ColumnElement, Select
 from sqlalchemy.sql.selectable import CTE
 
 from ..dialects.base import CLOSED_BY_COMPRESSION
+from ..keys import RESET_END_REASONS, RESET_MARKER  # Hermes' _RESET_END_REASONS (v26)
 from .base import MESSAGES, SESSIONS, Repository
 
 #: The one bound of every walk through ``parent_session_id`` (ancestors, descendants
@@ -72,9 +73,6 @@ RESUME_HOPS = 32
 COMPRESSION = CLOSED_BY_COMPRESSION
 BRANCH_MARKER = "_branched_from"
 DELEGATE_MARKER = "_delegate_from"
-RESET_MARKER = "_reset_from"
-#: Hermes' ``_RESET_END_REASONS``: a session ended so is followed by a reset child (v26).
-RESET_END_REASONS = ("session_reset", "session_switch", "idle", "daily", "suspended", "resume_pending_expired")
 
 _S = SESSIONS
 _M = MESSAGES

@@ -83,11 +83,10 @@ from .lineage import (
     marker_text,
 )
 from .records import SessionRecord
+from ..keys import MAX_ROWS, RESET_END_REASONS, RESET_MARKER
 from .sessions import SessionRepository
 
 PREVIEW_CHARS = 60
-#: Larger limits/offsets mean "everything"; clamped so both databases can bind them.
-MAX_ROWS = 2**62
 #: What a projected compression tip brings to its chain's row (Hermes v23), plus the
 #: v25 companions of two of them (where the prompt is stored, who set the title).
 TIP_COLUMNS = (
@@ -126,8 +125,6 @@ _SESSION_KEY = bindparam("session_key", type_=String)
 _SKILL_PATTERN = escape_like(SKILL_INVOCATION_PREFIX) + "%"
 _WORKSPACE, _WORKSPACE_SLASH = bindparam("ws", type_=String), bindparam("ws_slash", type_=String)
 #: Hermes' reset-child marker and the end reasons a reset follows (v26 §5.2).
-RESET_MARKER = "_reset_from"
-RESET_END_REASONS = ("session_reset", "session_switch", "idle", "daily", "suspended", "resume_pending_expired")
 #: Columns ``compact_rows`` leaves out (Hermes v26): the prompt, its key, the git probe counter.
 COMPACT_DROPS = frozenset({"system_prompt", "system_prompt_hash", "git_metadata_generation"})
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from sqlalchemy import Engine, bindparam, select, update
 
 from .. import errors
+from ..keys import DAY
 from ..codec import check_key, is_stale_tool_call_marker_message
 from ..dialects.sqlite import _outside_transaction  # VACUUM INTO: a SQLite file's statement
 from ..models import Base
@@ -37,7 +38,6 @@ from .transcripts import (  # noqa: F401 - importable from here since v1 (the CL
     unsafe_file_id,
 )
 
-DAY = 86_400.0
 _TAKEN = SchemaSQL("SELECT 1 FROM {messages} WHERE id IN :ids LIMIT 1", bindparam("ids", expanding=True))
 _ORPHANS = SchemaSQL(
     "SELECT id FROM {sessions} WHERE parent_session_id IN :ids AND id NOT IN :ids ORDER BY id",

@@ -38,7 +38,7 @@ from sqlalchemy.exc import OperationalError
 
 from .. import errors
 from ..codec import clean_text, decode_content
-from ..hermes_names import MAX_FTS5_QUERY_CHARS
+from ..keys import FTS_STALE_KEY, MAX_FTS5_QUERY_CHARS, MAX_ROWS
 from ..search import bigram
 from ..search import latin_in_cjk
 from ..search import postgresql as pg_search
@@ -50,7 +50,6 @@ from ..search.fts import (
     WORD_INDEX,
 )
 from ..search.query import escape_like, item_terms, match_items, plan_search, split_on
-from ..state_modules.common import FTS_STALE_KEY
 from ..tenancy import SchemaSQL
 from .base import Repository, in_filter
 from .base import source_filter as source_clauses
@@ -63,8 +62,6 @@ HIT_COLUMNS = (
 )
 SNIPPET_RADIUS = 40
 SORTS = (None, "rank", "newest", "oldest")
-#: Larger limits/offsets mean "everything"; clamped so SQLite can bind them.
-MAX_ROWS = 2**62
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from sqlalchemy import String, and_, bindparam, case, func, literal, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from .. import errors
+from ..keys import COMPRESSION_END_REASON
 from ..codec import check_key, clean_text, text_from_bytes
 from ..dialects import Dialect
 from ..models import Base
@@ -95,14 +96,14 @@ def compression_lineage(session_id: str) -> Any:
     up = up.union(
         select(parent.c.id)
         .select_from(up.join(child, child.c.id == up.c.id).join(parent, parent.c.id == child.c.parent_session_id))
-        .where(parent.c.end_reason == "compression")
+        .where(parent.c.end_reason == COMPRESSION_END_REASON)
     )
     node, kid = s.alias("lin_n"), s.alias("lin_k")
     lineage = select(up.c.id).cte("lineage_all", recursive=True, nesting=True)
     lineage = lineage.union(
         select(kid.c.id)
         .select_from(lineage.join(node, node.c.id == lineage.c.id).join(kid, kid.c.parent_session_id == node.c.id))
-        .where(node.c.end_reason == "compression")
+        .where(node.c.end_reason == COMPRESSION_END_REASON)
     )
     return select(lineage.c.id)
 
@@ -221,7 +222,7 @@ class SessionRepository(Repository):
         ).mappings().first()
         if row is None:
             return
-        names = INHERITED + (INHERITED_BY_CONTINUATION if row["end_reason"] == "compression" else ())
+        names = INHERITED + (INHERITED_BY_CONTINUATION if row["end_reason"] == COMPRESSION_END_REASON else ())
         values = {c: func.coalesce(SESSIONS.c[c], row[c]) for c in names if row[c] is not None}
         if values:
             self.conn.execute(update(SESSIONS).where(SESSIONS.c.id == session_id).values(values))
@@ -702,7 +703,7 @@ class SessionRepository(Repository):
         seed = (
             select(parent.c.id)
             .select_from(child.join(parent, parent.c.id == child.c.parent_session_id))
-            .where(child.c.id == session_id, parent.c.end_reason == "compression")
+            .where(child.c.id == session_id, parent.c.end_reason == COMPRESSION_END_REASON)
         )
         up = seed.cte("up", recursive=True)
         step_child, step_parent = SESSIONS.alias("step_child"), SESSIONS.alias("step_parent")
@@ -712,7 +713,7 @@ class SessionRepository(Repository):
                 up.join(step_child, step_child.c.id == up.c.id)
                 .join(step_parent, step_parent.c.id == step_child.c.parent_session_id)
             )
-            .where(step_parent.c.end_reason == "compression")
+            .where(step_parent.c.end_reason == COMPRESSION_END_REASON)
         )
         found = self.conn.execute(select(up.c.id).where(up.c.id == candidate).limit(1)).first()
         return found is not None

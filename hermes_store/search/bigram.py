@@ -24,11 +24,12 @@ from collections.abc import Sequence
 from sqlalchemy import text
 
 from ..dialects import for_connection
+from ..keys import BIGRAM_HIGH_WATER_KEY
 from ..tenancy import SchemaSQL, render, schema_of_connection
 from .query import CJK_CLASS
 
 BLOCK = 64
-HIGH_WATER_KEY = "hermes_store.cjk_bigram_high_water"
+HIGH_WATER_KEY = BIGRAM_HIGH_WATER_KEY
 TABLE = "messages_cjk_bigram"
 DIRTY_TABLE = "messages_cjk_bigram_dirty"
 

@@ -21,13 +21,14 @@ from typing import Any
 from collections.abc import Iterable, Sequence
 
 from ..dialects import for_connection
+from ..keys import BIGRAM_SETTLE_KEY
 from ..tenancy import SchemaSQL
 from .bigram import BLOCK, DIRTY_TABLE, HIGH_WATER_KEY, TABLE, bigrams, high_water, installed
 
 #: ``"<settled> <top>:<transaction>,…"``: the id every id up to which is final, then the
 #: newest committed id when last noted and the transactions writing then, waiting to
 #: settle (``"<settled> :"`` when nothing waits; see the module docstring).
-SETTLE_KEY = "hermes_store.cjk_bigram_settling"
+SETTLE_KEY = BIGRAM_SETTLE_KEY
 _NOTE = re.compile(r"(-?[0-9]{1,18}) (-?[0-9]{1,18})?:([0-9/,]*)")
 
 _TAIL = SchemaSQL("SELECT count(*) FROM {messages} WHERE id > :hw")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import errors
+from ..keys import DAY
 from ..codec import check_key
 from ..repositories.gateway import DEFAULT_ORPHAN_GAP_S, GatewayRepairRepository
 from ._host import Host, transcript_budget
@@ -20,7 +21,6 @@ from ._host import Host, transcript_budget
 #: Module-level Hermes names defined here; the facade (hermes_state) re-exports them.
 __all__: list[str] = []
 
-DAY = 86_400.0
 
 
 def _days(value: Any, what: str) -> float:

@@ -21,11 +21,10 @@ from ..hermes_names import (
     ddl_strings,
 )
 from ..search.query import escape_like as _escape_like
+from ..keys import FTS_STALE_KEY
 
 #: The ``schema_version`` our head revision writes (Hermes v30's file format).
 SCHEMA_VERSION = 30
-#: ``state_meta`` key set while the search index is known to be stale (v26 fail-open).
-FTS_STALE_KEY = "fts_stale"
 
 
 def escape_like(text: str) -> str:
