@@ -22,6 +22,7 @@ from typing import Any
 from . import migrations
 from .paths import VERSION_TABLE
 from .keys import FTS_CJK_STALE_KEY, MAX_FTS5_QUERY_CHARS
+from .review_turns import _is_background_review_harness_message, _strip_background_review_harness  # noqa: F401
 
 log = logging.getLogger("hermes_store.facade")
 
@@ -30,10 +31,6 @@ FTS_STORAGE_VERSION = 1
 
 #: "Malformed" errors Hermes repairs by itself (``is_malformed_db_error``).
 _MALFORMED_MARKERS = ("malformed database schema", "database disk image is malformed")
-#: Prefixes of the two "review the conversation" prompts Hermes' background review injects.
-_HARNESS_PREFIXES = (
-    "Review the conversation above and",
-)
 
 
 
@@ -204,32 +201,6 @@ def _delete_delegate_children(conn: sqlite3.Connection, parent_ids: list[str]) -
     conn.execute(f"DELETE FROM messages WHERE session_id IN ({marks})", children)
     conn.execute(f"DELETE FROM sessions WHERE id IN ({marks})", children)
     return children
-
-
-# ----------------------------------------------------------------------------- background review
-
-def _is_background_review_harness_message(msg: dict[str, Any]) -> bool:
-    """A user/system turn injected by Hermes' background review ("Review the conversation above and …")."""
-    if not isinstance(msg, dict) or msg.get("role") not in ("user", "system"):
-        return False
-    content = msg.get("content")
-    return isinstance(content, str) and content.lstrip().startswith(_HARNESS_PREFIXES)
-
-
-def _strip_background_review_harness(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Drop each harness turn and the assistant reply right after it."""
-    kept: list[dict[str, Any]] = []
-    skip_reply = False
-    for msg in messages:
-        if _is_background_review_harness_message(msg):
-            skip_reply = True
-            continue
-        if skip_reply and isinstance(msg, dict) and msg.get("role") == "assistant":
-            skip_reply = False
-            continue
-        skip_reply = False
-        kept.append(msg)
-    return kept
 
 
 __all__ = [

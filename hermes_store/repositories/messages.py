@@ -50,7 +50,7 @@ from ..codec import (
     text_from_bytes,
     tool_call_increment,
 )
-from ..hermes_names import _strip_background_review_harness
+from ..review_turns import _strip_background_review_harness
 from ..models import Base
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, UnknownFieldError, missing_sessions, now
 from .lineage import BRANCH_MARKER, LineageRepository, _marker
