@@ -16,7 +16,7 @@ import asyncio  # noqa: F401 - a hermes_state module global Hermes code reaches 
 import logging
 import math
 import os
-import random  # noqa: F401 - tests patch facade.random.uniform; the jitter (operations.steps) draws from it
+import random  # noqa: F401 - tests patch facade.random.uniform; the jitter (hermes_store.retry) draws from it
 import sqlite3
 import sys  # noqa: F401 - Hermes' tests patch hermes_state.sys.platform
 import threading
@@ -30,7 +30,7 @@ from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from . import errors, migrations, paths
+from . import errors, migrations, paths, retry
 from .dialects import backend_name, find_for, for_connection
 from .dialects.base import LOCK_BUDGET_OPTION
 from .dialects.sqlite import _wal_warned
@@ -38,7 +38,7 @@ from .engine import create_engine, default_db_path, schema_in_url, to_url, with_
 from .paths import create_private_database  # noqa: F401 - kept importable from here (CLI)
 from .repositories import MaintenanceRepository
 from .repositories.transcripts import remove_committed_files
-from .operations.steps import jitter, retry_locked, wait_or_give_up, with_lock_budget
+from .operations.steps import with_lock_budget
 from .targets import refuse_async
 from .upkeep import Upkeep
 from .repair import (  # noqa: F401 - Hermes' module-level names, served by the swap
@@ -70,7 +70,7 @@ from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served b
     load_fts5_cjk_extension,
     workspace_key,
 )
-from .state_modules.common import *
+from .state_modules.common import *  # noqa: F403 - Hermes' module-level names, served by the swap
 from .state_modules.portability import SessionPortabilityMixin
 from .state_modules.schema import SessionSchemaMixin, schema_read_probe_statements  # noqa: F401
 from .state_modules.search import SessionSearchMixin
@@ -84,7 +84,8 @@ from .isolation import (  # noqa: F401 - Hermes v25/v26's live-system guard; tes
     _real_platform_state_root,
     _running_under_pytest,
 )
-from .journal import *
+from .journal import *  # noqa: F403 - Hermes' module-level names, served by the swap
+from .journal import apply_database_pragmas
 from .journal import (  # noqa: F401 - private Hermes names
     _WAL_INCOMPAT_MARKERS,
     _WAL_SIZE_LIMIT_BYTES,
@@ -92,8 +93,14 @@ from .journal import (  # noqa: F401 - private Hermes names
     _wal_reset_repair_hint,
     checkpoint_passive,
 )
-from .state_files import *
-from .state_files import track_close, track_open
+from .state_files import *  # noqa: F403 - Hermes' module-level names, served by the swap
+from .state_files import (
+    is_zeroed_state_db,
+    preflight_db_writability,
+    quarantine_zeroed_state_db,
+    track_close,
+    track_open,
+)
 from .errors import (  # noqa: F401 - Hermes v24-v26 error classes, importable from hermes_state
     MAX_SAFE_EXPORT_MESSAGES,
     MAX_SAFE_RESUME_MESSAGES,
@@ -106,11 +113,11 @@ from .errors import (  # noqa: F401 - Hermes v24-v26 error classes, importable f
     WalUnsupportedError,
 )
 from .sessiondb import HermesSurface
-from .sessiondb.activity import *
-from .sessiondb.display import *
-from .sessiondb.leases import *
-from .sessiondb.messages import *
-from .sessiondb.orphans import *
+from .sessiondb.activity import *  # noqa: F403 - Hermes' module-level names
+from .sessiondb.display import *  # noqa: F403 - Hermes' module-level names
+from .sessiondb.leases import *  # noqa: F403 - Hermes' module-level names
+from .sessiondb.messages import *  # noqa: F403 - Hermes' module-level names
+from .sessiondb.orphans import *  # noqa: F403 - Hermes' module-level names
 from .sessiondb.async_wrapper import AsyncSessionDB  # noqa: F401 - Hermes' gateway wrapper
 from .sessiondb._host import TRANSCRIPT_BUDGET_S, WRITE_BUDGET_S  # noqa: F401 - tuning knobs, named here since v1
 #: Jitter windows: short sleeps for the first EARLY_PHASE_S seconds, then longer ones.
@@ -154,6 +161,11 @@ try:
     import psutil
 except ImportError:  # optional, as in Hermes
     psutil = None
+
+
+def _monotonic() -> float:
+    """This module's ``time.monotonic()`` looked up now (tests replace ``hermes_state.time``)."""
+    return time.monotonic()
 
 
 def _default_db_path() -> Path:
@@ -332,24 +344,26 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         under way elsewhere. Each failed try drops what it opened; any other error, a
         read-only open, or a lock still held after ``_WRITE_PATIENCE_S`` (read now)
         propagates at once."""
-        start = time.monotonic()
-        deadline = start + float(_WRITE_PATIENCE_S)
-        while True:
-            try:
-                return self._open(db_path, read_only, url, engine, schema)
-            except Exception as exc:
-                now = time.monotonic()
-                if read_only or not _held_lock(getattr(self, "url", None), exc):
-                    raise
-                if now >= deadline:
-                    raise errors.DatabaseLockedError(
-                        f"database is locked (another process held {db_path or 'the database'}'s lock for over "
-                        f"{now - start:.3g}s while this one opened it): {exc}"
-                    ) from exc
-                log.debug("%s: locked while opening (%s); trying again", db_path, exc)
-                self._dispose_quietly()
-                self._sleep(jitter(now - start, deadline - now,
-                                   early=EARLY_JITTER_S, late=LATE_JITTER_S, phase=EARLY_PHASE_S))
+        def attempt(_deadline: float) -> None:
+            self._open(db_path, read_only, url, engine, schema)
+
+        def triage(exc: BaseException) -> retry.Verdict:
+            return retry.RAISE if read_only or not _held_lock(getattr(self, "url", None), exc) else retry.WAIT
+
+        def give_up(exc: BaseException, waited: float) -> BaseException:
+            error = errors.DatabaseLockedError(
+                f"database is locked (another process held {db_path or 'the database'}'s lock for over "
+                f"{waited:.3g}s while this one opened it): {exc}"
+            )
+            error.__cause__ = exc
+            return error
+
+        def drop(exc: BaseException) -> None:
+            log.debug("%s: locked while opening (%s); trying again", db_path, exc)
+            self._dispose_quietly()
+
+        retry.run(attempt, budget=float(_WRITE_PATIENCE_S), triage=triage, give_up=give_up, before_wait=drop,
+                  **self._patience())
 
     def _open(self, db_path: Any, read_only: bool, url: Any, engine: Any, schema: Optional[str] = None) -> None:
         target = _database_target(db_path, url, engine)
@@ -621,51 +635,49 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             budget = min(WRITE_BUDGET_S, _WRITE_PATIENCE_S)
         if self.read_only:
             raise errors.ReadOnlyDatabaseError(f"{self._label()}: opened with read_only=True")
-        start = time.monotonic()
-        deadline = start + budget
-        while True:
-            try:
-                with self._borrow(write=True) as (conn, kept):
-                    if one_statement and self._dialect.one_statement_writes:
-                        result = self._one_statement(conn, kept, fn, deadline)
-                        break
-                    try:
-                        with conn.begin():
-                            try:
-                                self._dialect.begin_write(conn, deadline - time.monotonic())
-                            except Exception as exc:
-                                # Nothing of ``fn`` ran yet, so a kept connection the server
-                                # dropped is simply replaced (a write is never repeated
-                                # once it may have reached the server).
-                                if kept and conn.invalidated:
-                                    raise _StaleConnection from exc
-                                raise
-                            result = fn(conn)
-                    except BaseException:
-                        remove_committed_files(conn, committed=False)
-                        raise
-                    remove_committed_files(conn)  # transcript files go only once the rows are gone
-                break
-            except _StaleConnection:
-                continue  # each stale connection is dropped, so this ends with a fresh one
-            except errors.SessionCompressionInProgressError:
-                # Hermes v26: a compression finishing soon; waited out for a few seconds.
-                now = time.monotonic()
-                limit = min(deadline, start + _COMPRESSION_BUSY_WAIT_S)
-                if now >= limit:
+        dialect = self._dialect
+
+        def attempt(deadline: float) -> T:
+            with self._borrow(write=True) as (conn, kept):
+                if one_statement and dialect.one_statement_writes:
+                    return self._one_statement(conn, kept, fn, deadline)
+                try:
+                    with conn.begin():
+                        try:
+                            dialect.begin_write(conn, deadline - time.monotonic())
+                        except Exception as exc:
+                            # Nothing of ``fn`` ran yet, so a kept connection the server
+                            # dropped is simply replaced (a write is never repeated
+                            # once it may have reached the server).
+                            if kept and conn.invalidated:
+                                raise _StaleConnection from exc
+                            raise
+                        result = fn(conn)
+                except BaseException:
+                    remove_committed_files(conn, committed=False)
                     raise
-                self._sleep(jitter(now - start, limit - now,
-                                   early=EARLY_JITTER_S, late=LATE_JITTER_S, phase=EARLY_PHASE_S))
-            except (DBAPIError, sqlite3.DatabaseError) as exc:
+                remove_committed_files(conn)  # transcript files go only once the rows are gone
+                return result
+
+        def triage(exc: BaseException) -> retry.Verdict:
+            if isinstance(exc, _StaleConnection):
+                return retry.AGAIN  # each stale connection is dropped, so this ends with a fresh one
+            if isinstance(exc, errors.SessionCompressionInProgressError):
+                # Hermes v26: a compression finishing soon; waited out for a few seconds.
+                return retry.Busy(_COMPRESSION_BUSY_WAIT_S)
+            if isinstance(exc, (DBAPIError, sqlite3.DatabaseError)):
                 # BEGIN IMMEDIATE reports a held lock as the driver's own error; a
                 # server reports serialization failures and deadlocks (40001/40P01).
-                if not self._dialect.is_retryable(exc):
-                    # Hermes v23: a damaged search index is rebuilt once per instance
-                    # and the write runs again (sessiondb.fts._on_write_error decides).
-                    if not _maintenance and self._on_write_error(exc):
-                        continue
-                    raise
-                self._wait_or_give_up(exc, start, deadline, budget)
+                if dialect.is_retryable(exc):
+                    return retry.WAIT
+                # Hermes v23: a damaged search index is rebuilt once per instance
+                # and the write runs again (sessiondb.fts._on_write_error decides).
+                if not _maintenance and self._on_write_error(exc):
+                    return retry.AGAIN
+            return retry.RAISE
+
+        result = retry.run(attempt, budget=budget, triage=triage, give_up=retry.locked_error(self._label, budget),
+                           **self._patience())
         if _maintenance:
             return result
         with self._lock:
@@ -675,13 +687,11 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         self._upkeep_after_commit(writes, due)
         return result
 
-    def _wait_or_give_up(self, exc: BaseException, start: float, deadline: float, budget: float) -> None:
-        """After a try that met a held lock: the operations layer's one policy
-        (:func:`~hermes_store.operations.steps.wait_or_give_up`) with this store's clock,
-        sleep and jitter windows (this module's, read now: code may change them)."""
-        wait_or_give_up(exc, start=start, now=time.monotonic(), deadline=deadline, budget=budget,
-                        label=self._label(), sleep=self._sleep,
-                        early=EARLY_JITTER_S, late=LATE_JITTER_S, phase=EARLY_PHASE_S)
+    def _patience(self) -> dict[str, Any]:
+        """The retry runner's clock, sleep and jitter windows: this store's sleep, and this
+        module's ``time`` and windows read now (code and tests change them here)."""
+        return {"sleep": self._sleep, "monotonic": _monotonic,
+                "early": EARLY_JITTER_S, "late": LATE_JITTER_S, "phase": EARLY_PHASE_S}
 
     def _outside(self, fn: Callable[[Engine], T], *, budget: Optional[float] = None) -> T:
         """``fn(engine)`` outside any transaction (VACUUM, checkpoints asked for), a held
@@ -693,10 +703,9 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             raise errors.ReadOnlyDatabaseError(f"{self._label()}: opened with read_only=True")
         if budget is None:
             budget = min(WRITE_BUDGET_S, _WRITE_PATIENCE_S)
-        clock = time.monotonic
-        return retry_locked(lambda deadline: fn(with_lock_budget(engine, deadline - clock())), budget=budget,
-                            is_retryable=self._dialect.is_retryable, label=self._label(), sleep=self._sleep,
-                            monotonic=clock, early=EARLY_JITTER_S, late=LATE_JITTER_S, phase=EARLY_PHASE_S)
+        return retry.run(lambda deadline: fn(with_lock_budget(engine, deadline - _monotonic())), budget=budget,
+                         triage=retry.locks(self._dialect.is_retryable),
+                         give_up=retry.locked_error(self._label, budget), **self._patience())
 
     def _one_statement(self, conn: Connection, kept: bool, fn: Callable[[Connection], T], deadline: float) -> T:
         """``fn``'s one statement, committed by itself (driver autocommit), carrying what is

@@ -7,7 +7,8 @@ writers get the lock between two steps and a failure in one step leaves the step
 before it committed. Who runs the steps decides how:
 
 - :class:`UnitOfWorkSteps` (here): one :class:`~hermes_store.uow.UnitOfWork` per step on
-  an Engine (and tenant schema), a locked write retried with jitter within a budget;
+  an Engine (and tenant schema), a locked write retried within a budget by the package's
+  one retry runner (:mod:`hermes_store.retry`);
 - ``SessionDB`` passes an adapter over its own ``_write`` / ``_read`` (kept
   connections, Hermes' upkeep hooks), so its methods behave exactly as before;
 - an async caller passes a runner whose ``sleep`` does not block its event loop.
@@ -19,17 +20,15 @@ A workflow never sleeps or reads a clock by itself: it asks ``steps.sleep``,
 from __future__ import annotations
 
 import math
-import random
-import sqlite3
 import time
 from typing import Protocol, TypeVar, runtime_checkable
 from collections.abc import Callable
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError
 
-from .. import errors
+from .. import retry
 from ..keys import EARLY_JITTER_S, EARLY_PHASE_S, LATE_JITTER_S, LONG_BUDGET_S, WRITE_BUDGET_S
+from ..retry import jitter  # importable from here as before (sessiondb.private)
 from ..dialects import for_connection
 from ..dialects.base import LOCK_BUDGET_OPTION
 from ..engine import schema_of
@@ -72,50 +71,6 @@ class Steps(Protocol):
 
     def now(self) -> float:
         """Wall-clock time (seconds since the epoch) for stamps a workflow stores."""
-
-
-def jitter(elapsed: float, left: float, *, early: tuple[float, float] | None = None,
-           late: tuple[float, float] | None = None, phase: float | None = None) -> float:
-    """Seconds to wait before the next try of a locked write, never past the budget.
-
-    The windows default to this module's, read at call time; the facade passes its own
-    (Hermes' tuning knobs, which applications and tests may change on it)."""
-    phase = EARLY_PHASE_S if phase is None else phase
-    low, high = (EARLY_JITTER_S if early is None else early) if elapsed < phase else \
-        (LATE_JITTER_S if late is None else late)
-    return min(random.uniform(low, high), max(left, 0.0))
-
-
-def wait_or_give_up(exc: BaseException, *, start: float, now: float, deadline: float, budget: float, label: str,
-                    sleep: Callable[[float], None], early: tuple[float, float] | None = None,
-                    late: tuple[float, float] | None = None, phase: float | None = None) -> None:
-    """The step after a try met a held lock: past the deadline, DatabaseLockedError
-    chained from ``exc``; before it, a jittered sleep. One policy for every retry loop
-    (the facade's writes, the steps runners, maintenance outside a transaction)."""
-    if now >= deadline:
-        # Chained from the driver's own error, also when the engine had typed it already.
-        cause = exc.__cause__ if isinstance(exc, errors.DatabaseLockedError) and exc.__cause__ is not None else exc
-        raise errors.DatabaseLockedError(f"{label}: database stayed locked for {budget:.3g}s; giving up") from cause
-    sleep(jitter(now - start, deadline - now, early=early, late=late, phase=phase))
-
-
-def retry_locked(attempt: Callable[[float], T], *, budget: float, is_retryable: Callable[[BaseException], bool],
-                 label: str, sleep: Callable[[float], None], monotonic: Callable[[], float],
-                 early: tuple[float, float] | None = None, late: tuple[float, float] | None = None,
-                 phase: float | None = None) -> T:
-    """``attempt(deadline)`` until it does not meet a held lock (``is_retryable``), with
-    :func:`wait_or_give_up` between tries. A translated lock (``DatabaseLockedError``
-    from a statement outside a transaction) is a held lock too."""
-    start = monotonic()
-    deadline = start + budget
-    while True:
-        try:
-            return attempt(deadline)
-        except (DBAPIError, sqlite3.DatabaseError, errors.DatabaseLockedError) as exc:
-            if not is_retryable(exc):
-                raise
-            wait_or_give_up(exc, start=start, now=monotonic(), deadline=deadline, budget=budget, label=label,
-                            sleep=sleep, early=early, late=late, phase=phase)
 
 
 def with_lock_budget(engine: Engine, seconds: float) -> Engine:
@@ -184,8 +139,10 @@ class UnitOfWorkSteps:
         return self._retry(attempt, WRITE_BUDGET_S if budget is None else budget)
 
     def _retry(self, attempt: Callable[[float], T], budget: float) -> T:
-        return retry_locked(attempt, budget=budget, is_retryable=for_connection(self.engine).is_retryable,
-                            label=self._label(), sleep=self.sleep, monotonic=self.monotonic)
+        """The package's one retry runner (:func:`hermes_store.retry.run`) with this runner's clock."""
+        return retry.run(attempt, budget=budget, triage=retry.locks(for_connection(self.engine).is_retryable),
+                         give_up=retry.locked_error(self._label(), budget), sleep=self.sleep,
+                         monotonic=self.monotonic)
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         with UnitOfWork(self.engine, write=False, schema=self.schema) as uow:
@@ -207,7 +164,5 @@ __all__ = [
     "Steps",
     "UnitOfWorkSteps",
     "jitter",
-    "retry_locked",
-    "wait_or_give_up",
     "with_lock_budget",
 ]
