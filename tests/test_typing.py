@@ -15,6 +15,7 @@ HOST = '''
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from hermes_store import SessionDB, UnitOfWork, migrations
 from hermes_store import aio
@@ -44,6 +45,12 @@ def facade(path: str) -> int:
 async def native(url: str) -> None:
     async with aio.AsyncSessionDB(url) as db:
         await db.create_session("s3", "cli")
+        message_id: int = await db.append_message("s3", "user", "hi", tool_name=None)
+        hits: list[dict[str, Any]] = await db.search_messages("hi", limit=5)
+        exported: list[dict[str, Any]] = await db.iter_export()
+        title: str | None = await db.sanitize_title(" t ")
+        done: bool = await db.wait_for_upkeep(timeout=1.0)
+        assert message_id > 0 and done and title and len(hits) + len(exported) >= 0
 
 
 asyncio.run(native("sqlite+aiosqlite:///x.db"))
@@ -60,6 +67,24 @@ with UnitOfWork(create_engine("x.db")) as uow:
         started: str = record["started_at"]
         record["no_such_field"]
 '''
+
+#: The sync API's mistakes, awaited: each must be an error as it is in sync code (line: what mypy says).
+WRONG_ASYNC = {
+    'await db.append_mesage("s", "user", "hi")': '"AsyncSessionDB" has no attribute "append_mesage"',
+    'await db.append_message("s", "user", "hi", bogus_kw=1)': 'Unexpected keyword argument "bogus_kw"',
+    "await db.search_messages(123)": 'Argument 1 has incompatible type "int"; expected "str"',
+    'count: str = await db.append_message("s", "user", "hi")': "Incompatible types in assignment",
+}
+
+
+def _async_host(statements: list[str]) -> str:
+    body = "".join(f"        {line}\n" for line in statements)
+    return (
+        "from hermes_store import aio\n\n\n"
+        "async def host() -> None:\n"
+        '    async with aio.AsyncSessionDB("x.db") as db:\n'
+        f"{body}"
+    )
 
 
 def _mypy(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
@@ -91,3 +116,21 @@ def test_wrong_uses_of_our_types_are_reported(tmp_path: Path) -> None:
     assert run.returncode == 1, run.stdout + run.stderr
     assert 'Incompatible types in assignment (expression has type "float"' in run.stdout, run.stdout
     assert '"SessionRecord" has no key "no_such_field"' in run.stdout, run.stdout
+
+
+def test_mistakes_in_awaited_calls_are_reported_like_sync_ones(tmp_path: Path) -> None:
+    """The async API is typed method by method, not as ``(*Any, **Any) -> Awaitable[Any]``."""
+    run = _mypy(tmp_path, _async_host(list(WRONG_ASYNC)))
+    assert run.returncode == 1, run.stdout + run.stderr
+    errors = [line for line in run.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == len(WRONG_ASYNC), run.stdout
+    for line_no, (statement, message) in enumerate(WRONG_ASYNC.items(), start=6):
+        assert any(f"host.py:{line_no}:" in e and message in e for e in errors), (statement, run.stdout)
+
+
+def test_a_clean_async_host_checks_clean(tmp_path: Path) -> None:
+    """The async mistakes' own host, with the mistakes corrected: the errors above are theirs."""
+    fixed = ['await db.append_message("s", "user", "hi")', 'await db.append_message("s", "user", "hi", tool_name="t")',
+             'await db.search_messages("hi")', 'count: int = await db.append_message("s", "user", "hi")']
+    run = _mypy(tmp_path, _async_host(fixed))
+    assert run.returncode == 0, run.stdout + run.stderr

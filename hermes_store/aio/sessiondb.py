@@ -16,13 +16,12 @@ Hermes' own thread-wrapper ``AsyncSessionDB(db)`` stays in ``hermes_state`` for 
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from collections.abc import Awaitable, Callable
+from typing import Any
+from collections.abc import Callable
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
@@ -36,6 +35,7 @@ from ..facade import MAX_IDLE_CONNECTIONS, URL_ENV, SessionDB
 from ..targets import refuse_sync
 from .engine import async_url, create_async_engine, run_sync
 from .queues import TaskQueue, writer_queue
+from .surface import SessionDBAwaited
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def _sync_face(target: Any, schema: str | None) -> tuple[Path | URL | None, str]
     return dialects.with_driver(url, asyncio=False), driver
 
 
-class AsyncSessionDB:
+class AsyncSessionDB(SessionDBAwaited):
     """Hermes' ``SessionDB`` API, awaited: ``async with AsyncSessionDB(url) as db``.
 
     ``target``: a SQLite file path, a URL (``sqlite+aiosqlite://``, ``postgresql+asyncpg://``,
@@ -183,6 +183,9 @@ class AsyncSessionDB:
     driver) or an AsyncEngine (its URL: the store opens its own engine, as SessionDB
     does, and never disposes yours). Opening happens at ``async with`` / :meth:`open`,
     or at the first call.
+
+    Every public SessionDB method is a coroutine here with the sync method's signature,
+    for type checkers too (:mod:`hermes_store.aio.surface`, generated).
     """
 
     def __init__(self, target: str | os.PathLike[str] | URL | AsyncEngine | None = None, *,
@@ -234,11 +237,6 @@ class AsyncSessionDB:
     def url(self) -> URL | None:
         return self._db.async_engine.url if self._db is not None and self._db.async_engine is not None else None
 
-    if TYPE_CHECKING:
-        # The coroutines are made from SessionDB's methods below; a type checker sees
-        # each as an awaitable call (their exact signatures: SessionDB's, same names).
-        def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]: ...
-
     async def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         db = self._db
         if db is None:
@@ -250,18 +248,5 @@ class AsyncSessionDB:
             return await run_sync(lambda: list(method(*args, **kwargs)))
         return await run_sync(method, *args, **kwargs)
 
-
-def _coroutine(name: str, sync_method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(sync_method)
-    async def method(self: AsyncSessionDB, *args: Any, **kwargs: Any) -> Any:
-        return await self._call(name, args, kwargs)
-
-    return method
-
-
-for _name, _member in inspect.getmembers(SessionDB, inspect.isfunction):
-    if not _name.startswith("_") and _name not in vars(AsyncSessionDB):
-        setattr(AsyncSessionDB, _name, _coroutine(_name, _member))
-del _name, _member
 
 __all__ = ["AsyncSessionDB", "LoopSessionDB", "LoopUpkeep"]
