@@ -3,7 +3,9 @@
 Each figure is the median wall time of N runs, each in a fresh process, next to the
 floor every Python program pays (``python -c pass``) and the cost of importing the
 package itself (``python -c "import hermes_store"``), which the console script does
-before any of the command line's own code runs.
+before any of the command line's own code runs. Two library imports are timed beside them
+(issue 31, point 5): ``from hermes_store import SessionDB`` (the sync store, which must
+load no PostgreSQL or async module for a SQLite file) and ``import hermes_store.aio``.
 
     python bench/cli_startup.py            # 15 runs each
     python bench/cli_startup.py -n 31 --json
@@ -54,6 +56,8 @@ def main() -> int:
     cases = [
         ("python -c pass (floor)", [python, "-c", "pass"]),
         ("python -c 'import hermes_store'", [python, "-c", "import hermes_store"]),
+        ("from hermes_store import SessionDB", [python, "-c", "from hermes_store import SessionDB"]),
+        ("import hermes_store.aio", [python, "-c", "import hermes_store.aio"]),
         ("hermes-store --version", [str(args.exe), "--version"]),
         ("hermes-store --help", [str(args.exe), "--help"]),
     ]

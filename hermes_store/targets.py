@@ -7,6 +7,7 @@ targets on the way in and say, in one line, which one to use instead.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -16,13 +17,19 @@ from sqlalchemy.orm import Session
 
 from . import errors
 
-try:  # SQLAlchemy's asyncio layer needs greenlet (the ``async`` extra); without it no async target exists
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
-except ImportError:  # pragma: no cover - exercised by tests/test_aio_errors.py in a subprocess
-    ASYNC_TYPES: tuple[type, ...] = ()
-else:
-    ASYNC_TYPES = (AsyncEngine, AsyncConnection, AsyncSession)
 SYNC_TYPES = (Engine, Connection, Session)
+#: SQLAlchemy's asyncio layer: looked up, never imported here (it loads greenlet and
+#: asyncio, which a sync store never needs), since no async object exists before it is.
+_ASYNCIO_MODULE = "sqlalchemy.ext.asyncio"
+
+
+def async_types() -> tuple[type, ...]:
+    """SQLAlchemy's AsyncEngine, AsyncConnection and AsyncSession once its asyncio layer
+    is loaded; () before (and without the ``async`` extra), when nothing can be one."""
+    module = sys.modules.get(_ASYNCIO_MODULE)
+    if module is None:
+        return ()
+    return (module.AsyncEngine, module.AsyncConnection, module.AsyncSession)
 
 
 def async_driver(url: URL) -> bool:
@@ -36,7 +43,7 @@ def async_driver(url: URL) -> bool:
 def refuse_async(target: Any, api: str) -> None:
     """InvalidInputError when the sync ``api`` is given an async engine, connection,
     session or async-driver URL."""
-    if isinstance(target, ASYNC_TYPES):
+    if isinstance(target, async_types()):
         kind = type(target).__name__
         raise errors.InvalidInputError(
             f"{api} takes a sync {kind.removeprefix('Async')}, not an {kind}: "
@@ -71,4 +78,4 @@ def refuse_sync(target: Any, api: str) -> None:
         )
 
 
-__all__ = ["ASYNC_TYPES", "SYNC_TYPES", "async_driver", "refuse_async", "refuse_session", "refuse_sync"]
+__all__ = ["SYNC_TYPES", "async_driver", "async_types", "refuse_async", "refuse_session", "refuse_sync"]
