@@ -34,8 +34,8 @@ from __future__ import annotations
 import argparse
 import re
 import warnings
-from contextlib import contextmanager
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 from collections.abc import Callable, Iterator
 
 from alembic import command
@@ -44,14 +44,15 @@ from sqlalchemy import inspect as sa_inspect
 
 from . import errors, migrations, paths
 from .dialects import for_connection, postgresql
+from .dialects.fts5 import FTS_SHADOWS, HERMES_FTS_TABLES
 from .keys import VERSION_TABLE
 from .models import metadata
 
-SHADOW_SUFFIXES = ("_data", "_idx", "_content", "_docsize", "_config")
+SHADOW_SUFFIXES = FTS_SHADOWS  # the dialect's list, named here for hosts' env.py files
 
 #: Every FTS5 virtual table any Hermes schema version (or we) created, and the views
 #: that feed them. Listed by name so a host's env.py can hide them without a connection.
-FTS_TABLES = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
+FTS_TABLES = HERMES_FTS_TABLES
 FTS_VIEWS = ("messages_fts_src", "messages_fts_trigram_src", "messages_fts_cjk_src")
 FTS_NAMES = frozenset(
     [*FTS_TABLES, *FTS_VIEWS, *(t + s for t in FTS_TABLES for s in SHADOW_SUFFIXES)]
@@ -100,7 +101,9 @@ def foreign_names(conn: Connection) -> set[str]:
 OPT_IN_TABLES = frozenset({"telegram_dm_topic_mode", "telegram_dm_topic_bindings"})
 
 
-def other_version_tables(conn: Connection, version_table: str, skip: set[str] | frozenset[str] = frozenset()) -> set[str]:
+def other_version_tables(
+    conn: Connection, version_table: str, skip: set[str] | frozenset[str] = frozenset()
+) -> set[str]:
     """Alembic version tables of other applications sharing the database (one column,
     ``version_num``). Our autogenerate must never propose dropping a host's.
 
@@ -122,7 +125,7 @@ def other_version_tables(conn: Connection, version_table: str, skip: set[str] | 
     return found
 
 
-def caught_failure_contained(conn: Connection) -> ContextManager[Any]:
+def caught_failure_contained(conn: Connection) -> AbstractContextManager[Any]:
     """Wrap a statement whose failure the caller catches and carries on from.
 
     On PostgreSQL a failed statement aborts the whole transaction (every later one

@@ -5,7 +5,10 @@ racing writers of other processes can corrupt the file: fixed in 3.51.3 and the
 3.50.7 / 3.44.6 backports). These functions are Hermes' module-level names, for code
 that hands us its own connection. Names Hermes' tests patch on ``hermes_state``
 (``is_sqlite_wal_reset_vulnerable``, ``resolve_journal_mode``) are looked up on the
-facade module at call time, so a patch there steers these functions too.
+facade module at call time, so a patch there steers these functions too: that lookup
+(:mod:`hermes_store.patch_points`) and ``config.yaml`` make this module part of the Hermes
+layer. What the core shares with it (the warned-labels set, the version check) is
+:mod:`hermes_store.sqlite_journal`, below both.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from . import errors
 from .hermes_config import config_section
 from .patch_points import facade_value
+from .sqlite_journal import WAL_FALLBACK_WARNED, is_sqlite_wal_reset_vulnerable, sqlite_source_id
 
 log = logging.getLogger("hermes_store.facade")
 
@@ -26,8 +30,9 @@ log = logging.getLogger("hermes_store.facade")
 _WAL_INCOMPAT_MARKERS = ("locking protocol", "not authorized", "disk i/o error")
 #: ``journal_size_limit`` on a WAL connection (64 MiB).
 _WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
-#: Labels already warned about (one warning per label per process and cause).
-_wal_fallback_warned_paths: set[str] = set()
+#: Labels already warned about (one warning per label per process and cause); the WAL
+#: fallback's set is shared with our own connections (``dialects.sqlite.enable_wal``).
+_wal_fallback_warned_paths = WAL_FALLBACK_WARNED
 _wal_reset_warned_labels: set[str] = set()
 _wal_refused_warned_labels: set[str] = set()
 #: ``database.<key>`` settings applied as PRAGMAs (``apply_database_pragmas``).
@@ -35,33 +40,6 @@ _PRAGMA_KEYS = ("cache_size", "mmap_size", "temp_store", "wal_autocheckpoint", "
 _EIO_READS = 4
 _EIO_PAUSE_S = 0.05
 _DISK_IO = "disk i/o error"
-
-
-def is_sqlite_wal_reset_vulnerable(version_info: tuple | None = None) -> bool:
-    """Whether this SQLite (or ``version_info``) has the WAL-reset corruption bug.
-
-    Versions before 3.7.0 have no WAL; 3.51.3+, 3.50.7-3.50.x and 3.44.6-3.44.x carry the fix.
-    """
-    raw = tuple(sqlite3.sqlite_version_info if version_info is None else version_info)
-    version = tuple(int(p) for p in (raw + (0, 0, 0))[:3])
-    if version < (3, 7, 0) or version >= (3, 51, 3):
-        return False
-    if (3, 50, 7) <= version < (3, 51, 0) or (3, 44, 6) <= version < (3, 45, 0):
-        return False
-    return True
-
-
-def sqlite_source_id() -> str:
-    """``sqlite_source_id()`` of the linked library; ``''`` when it cannot be asked."""
-    try:
-        conn = sqlite3.connect(":memory:")
-        try:
-            row = conn.execute("SELECT sqlite_source_id()").fetchone()
-        finally:
-            conn.close()
-        return str(row[0]) if row and row[0] is not None else ""
-    except Exception:
-        return ""
 
 
 def resolve_journal_mode() -> str:

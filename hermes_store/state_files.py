@@ -26,7 +26,7 @@ from typing import Any
 
 from . import errors, held_files
 from .hermes_config import hermes_home
-from .paths import readonly_connection
+from .paths import SIDECARS, readonly_connection
 
 log = logging.getLogger("hermes_store.facade")
 
@@ -34,7 +34,7 @@ log = logging.getLogger("hermes_store.facade")
 PERSISTENCE_ERROR_CAUSES = ("locked", "compression", "compression_closed", "turn_lease", "corrupt", "disk", "unknown")
 _DISK_FULL_TEXTS = ("no space left on device", "not enough space", "database or disk is full", "disk full",
                     "full disk", "enospc")
-_SIDECARS = ("-wal", "-shm", "-journal")
+_SIDECARS = SIDECARS  # the store's sidecar suffixes, kept once in paths
 _QUARANTINE_LOCK_S = 5.0
 _STATS_KEYS = (
     "page_count", "page_size", "freelist_count", "logical_size_bytes", "wal_size_bytes", "journal_mode",

@@ -63,7 +63,7 @@ from typing import Any
 from collections.abc import Callable, Iterator
 
 from .. import errors, held_files
-from ..locks import holding, try_flock
+from ..locks import PRIVATE, holding, try_flock
 from ..paths import SIDECARS, fsync_dir, fsync_file, is_read_only
 
 #: Suffix of the backup kept next to the adopted file.
@@ -74,8 +74,7 @@ MARKER_SUFFIX = ".adopt-swap"
 LOCK_WAIT_S = 600.0
 #: How long sealing the original waits for a writer of it to finish (SQLite busy timeout, seconds).
 SEAL_WAIT_S = 10.0
-#: Mode of every file adoption creates, backups included.
-PRIVATE = 0o600
+#: Mode of every file adoption creates, backups included: ``locks.PRIVATE``, imported above.
 
 #: Test hook: ``fault_hook(step_name)`` at each named step (see the module docstring).
 fault_hook: Callable[[str], None] | None = None
