@@ -37,6 +37,7 @@ from .dialects.sqlite import _wal_warned
 from .engine import create_engine, default_db_path, schema_in_url, to_url, with_schema
 from .paths import create_private_database  # noqa: F401 - kept importable from here (CLI)
 from .repositories import MaintenanceRepository
+from .repositories.base import clock_options
 from .repositories.transcripts import remove_committed_files
 from .operations.steps import with_lock_budget
 from .targets import refuse_async
@@ -161,6 +162,12 @@ try:
     import psutil
 except ImportError:  # optional, as in Hermes
     psutil = None
+
+
+def _wall_clock() -> float:
+    """This module's ``time.time()`` looked up now: the clock the repositories of a
+    SessionDB stamp rows with (Hermes' tests replace ``hermes_state.time``)."""
+    return time.time()
 
 
 def _monotonic() -> float:
@@ -390,7 +397,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             # As it is on disk: must exist; nothing created, migrated or switched.
             paths.check_target(self.db_path, write=False, create=False, make_parents=False)
             ro_url = URL.create("sqlite", database=f"file:{self.db_path}", query={"mode": "ro", "uri": "true"})
-            self._engine = self._new_engine(ro_url, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
+            self._engine = self._clocked_engine(ro_url, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
             self._dialect = for_connection(self._engine)
             self.journal_mode = None
             self._wal_active = False
@@ -410,7 +417,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             # adopts a Hermes-made file, migrates our own older revisions.
             self._migrate_file(self.db_path)
             # No pool cap: how many threads use one SessionDB is the application's call.
-            self._engine = self._new_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
+            self._engine = self._clocked_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
             label = self.db_path.name
         else:
             if self.read_only:
@@ -419,7 +426,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                 )
             # A server: no file checks, adoption, WAL or PRAGMAs. Our own pooled
             # engine (pre-ping, NUL mapping, typed errors), never the caller's.
-            self._engine = self._new_engine(self.url, max_overflow=-1)
+            self._engine = self._clocked_engine(self.url, max_overflow=-1)
             migrations.upgrade(self._engine)
             label = self.url.database or backend_name(self.url)
         self._dialect = dialect = for_connection(self._engine)
@@ -474,6 +481,14 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
     def _new_engine(self, target: Any, **kwargs: Any) -> Engine:
         return create_engine(target, **kwargs)
 
+    def _clocked_engine(self, target: Any, **kwargs: Any) -> Engine:
+        """:meth:`_new_engine`, its connections carrying this module's clock: the
+        repositories stamp rows by it (:func:`hermes_store.repositories.base.clock_of`),
+        so code that patches ``hermes_state.time`` moves every timestamp we write."""
+        engine = self._new_engine(target, **kwargs)
+        engine.update_execution_options(**clock_options(_wall_clock))
+        return engine
+
     def _migrate_file(self, path: Path) -> None:
         """Create, adopt or migrate the file before its engine opens it."""
         migrations.upgrade(path)
@@ -489,7 +504,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         """The clock: this module's ``time`` looked up at call time.
 
         Hermes' tests patch ``hermes_state.time`` (this module, through the swap);
-        repositories read the same clock through :func:`repositories.base.now`.
+        repositories read the same clock, attached to this store's engine (:meth:`_clocked_engine`).
         """
         return time.time()
 

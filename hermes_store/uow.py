@@ -22,8 +22,10 @@ from .dialects import for_connection
 from .engine import schema_of, tenant_of
 from .targets import refuse_async
 from .tenancy import tenant_options
+from .repositories.base import Clock, clock_options
 from .repositories.transcripts import remove_committed_files
 from .repositories import (
+    UNIT_OF_WORK,
     CompressionRepository,
     GatewayRepository,
     HousekeepingRepository,
@@ -48,7 +50,11 @@ def _in_schema(engine: Engine, schema: str | None) -> Engine:
 
 
 class UnitOfWork:
-    """Opens a connection and transaction; commits on success, rolls back on error."""
+    """Opens a connection and transaction; commits on success, rolls back on error.
+
+    The repositories are those of :data:`hermes_store.repositories.UNIT_OF_WORK`, bound
+    on entry; the annotations below say their types to a type checker (a test keeps
+    the two in step)."""
 
     sessions: SessionRepository
     messages: MessageRepository
@@ -61,9 +67,14 @@ class UnitOfWork:
     housekeeping: HousekeepingRepository
     gateway: GatewayRepository
 
-    def __init__(self, engine: Engine, *, write: bool = True, schema: str | None = None) -> None:
+    def __init__(self, engine: Engine, *, write: bool = True, schema: str | None = None,
+                 clock: Clock | None = None) -> None:
         """``schema``: the PostgreSQL schema of one tenant (a bad name, a SQLite engine, or
-        an engine bound to another schema is an InvalidInputError, raised here)."""
+        an engine bound to another schema is an InvalidInputError, raised here).
+
+        ``clock`` (``() -> epoch seconds``): what the repositories stamp rows with; None
+        keeps the engine's (see :func:`hermes_store.repositories.base.clock_of`), else
+        ``time.time``."""
         refuse_async(engine, "UnitOfWork")
         #: The tenant schema, or None for the engine's own (default) schema.
         self.schema = tenant_of(engine, schema)
@@ -73,6 +84,7 @@ class UnitOfWork:
         self.engine = engine
         self._source = _in_schema(engine, self.schema) if self._per_transaction else engine
         self.write = write
+        self.clock = clock
         self.conn: Connection | None = None
 
     def _begin(self, conn: Connection) -> None:
@@ -84,21 +96,15 @@ class UnitOfWork:
             # Writers take the write lock at BEGIN (SQLite), so a transaction never
             # fails half-way through on a lock upgrade.
             conn.execution_options(**for_connection(conn).begin_options(self.write))
+            if self.clock is not None:
+                conn.execution_options(**clock_options(self.clock))
             self._begin(conn)
         except BaseException:
             conn.close()  # a failed BEGIN (locked, read-only) must not leak the connection
             raise
         self.conn = conn
-        self.sessions = SessionRepository(conn)
-        self.messages = MessageRepository(conn)
-        self.lineage = LineageRepository(conn)
-        self.search = SearchRepository(conn)
-        self.maintenance = MaintenanceRepository(conn)
-        self.listing = ListingRepository(conn)
-        self.usage = UsageRepository(conn)
-        self.compression = CompressionRepository(conn)
-        self.housekeeping = HousekeepingRepository(conn)
-        self.gateway = GatewayRepository(conn)
+        for name, repository in UNIT_OF_WORK.items():
+            setattr(self, name, repository(conn))
         return self
 
     def commit(self) -> None:

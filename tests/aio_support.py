@@ -42,19 +42,25 @@ class FrozenClock:
 
 @pytest.fixture
 def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> FrozenClock:
-    """Patch the clock the facade and the repositories read (``hermes_store.facade.time``)."""
+    """Patch the clock the facade and the repositories read: ``hermes_store.facade.time``
+    (a SessionDB's) and the repositories' default (``repositories.base.time``, a unit of work's)."""
     import hermes_store.facade as facade
+    from hermes_store.repositories import base
 
     clock = FrozenClock()
     monkeypatch.setattr(facade, "time", clock)
+    monkeypatch.setattr(base, "time", clock)
     return clock
 
 
 def restart_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """Start the clock again from the same instant (before the second run)."""
     import hermes_store.facade as facade
+    from hermes_store.repositories import base
 
-    monkeypatch.setattr(facade, "time", FrozenClock())
+    clock = FrozenClock()
+    monkeypatch.setattr(facade, "time", clock)
+    monkeypatch.setattr(base, "time", clock)
 
 
 #: (method, args, kwargs): a conversation life cycle touching every family of the facade.

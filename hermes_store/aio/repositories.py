@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 from collections.abc import Callable
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -70,7 +70,7 @@ def _coroutine(name: str, sync_method: Callable[..., Any]) -> Callable[..., Any]
     return method
 
 
-def async_repository(sync_class: type) -> type:
+def async_repository(sync_class: type) -> type[AsyncRepository]:
     """An :class:`AsyncRepository` class with a coroutine for each public method of ``sync_class``."""
     namespace: dict[str, Any] = {
         "sync_class": sync_class,
@@ -84,22 +84,37 @@ def async_repository(sync_class: type) -> type:
     return type(sync_class.__name__, (AsyncRepository,), namespace)
 
 
-CompressionRepository = async_repository(repositories.CompressionRepository)
-FtsUpkeepRepository = async_repository(repositories.FtsUpkeepRepository)
-GatewayRepository = async_repository(repositories.GatewayRepository)
-HousekeepingRepository = async_repository(repositories.HousekeepingRepository)
-LineageRepository = async_repository(repositories.LineageRepository)
-ListingRepository = async_repository(repositories.ListingRepository)
-MaintenanceRepository = async_repository(repositories.MaintenanceRepository)
-MessageRepository = async_repository(repositories.MessageRepository)
-SearchRepository = async_repository(repositories.SearchRepository)
-SessionRepository = async_repository(repositories.SessionRepository)
-StateMetaRepository = async_repository(repositories.StateMetaRepository)
-TelegramTopicRepository = async_repository(repositories.TelegramTopicRepository)
-UsageRepository = async_repository(repositories.UsageRepository)
+#: The async face of every repository of :data:`hermes_store.repositories.REPOSITORIES`,
+#: by class name (the names below come from it; a test checks the declarations).
+ASYNC_REPOSITORIES: dict[str, type[AsyncRepository]] = {
+    sync.__name__: async_repository(sync) for sync in repositories.REPOSITORIES
+}
+globals().update(ASYNC_REPOSITORIES)
+
+
+def async_of(sync_class: type) -> type[AsyncRepository]:
+    """The async face of a repository class of the registry."""
+    return ASYNC_REPOSITORIES[sync_class.__name__]
+
+
+if TYPE_CHECKING:  # what the registry adds above, said to a type checker
+    CompressionRepository: type[AsyncRepository]
+    FtsUpkeepRepository: type[AsyncRepository]
+    GatewayRepository: type[AsyncRepository]
+    HousekeepingRepository: type[AsyncRepository]
+    LineageRepository: type[AsyncRepository]
+    ListingRepository: type[AsyncRepository]
+    MaintenanceRepository: type[AsyncRepository]
+    MessageRepository: type[AsyncRepository]
+    SearchRepository: type[AsyncRepository]
+    SessionRepository: type[AsyncRepository]
+    StateMetaRepository: type[AsyncRepository]
+    TelegramTopicRepository: type[AsyncRepository]
+    UsageRepository: type[AsyncRepository]
 
 __all__ = [
-    "AsyncRepository", "CompressionRepository", "FtsUpkeepRepository", "GatewayRepository", "HousekeepingRepository",
-    "LineageRepository", "ListingRepository", "MaintenanceRepository", "MessageRepository", "SearchRepository",
-    "SessionRepository", "StateMetaRepository", "TelegramTopicRepository", "UsageRepository", "async_repository",
+    "ASYNC_REPOSITORIES", "AsyncRepository", "CompressionRepository", "FtsUpkeepRepository", "GatewayRepository",
+    "HousekeepingRepository", "LineageRepository", "ListingRepository", "MaintenanceRepository", "MessageRepository",
+    "SearchRepository", "SessionRepository", "StateMetaRepository", "TelegramTopicRepository", "UsageRepository",
+    "async_of", "async_repository",
 ]

@@ -19,6 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .. import errors
 from ..dialects import for_connection
 from ..keys import WRITE_BUDGET_S
+from ..repositories import UNIT_OF_WORK
+from ..repositories.base import Clock
 from ..targets import refuse_sync
 from ..uow import UnitOfWork
 from . import repositories as arepos
@@ -27,23 +29,15 @@ from .queues import TaskQueue, writer_queue
 
 T = TypeVar("T")
 
-#: (attribute, async repository class) of what a unit of work offers.
-_REPOSITORIES = (
-    ("sessions", arepos.SessionRepository),
-    ("messages", arepos.MessageRepository),
-    ("lineage", arepos.LineageRepository),
-    ("search", arepos.SearchRepository),
-    ("maintenance", arepos.MaintenanceRepository),
-    ("listing", arepos.ListingRepository),
-    ("usage", arepos.UsageRepository),
-    ("compression", arepos.CompressionRepository),
-    ("housekeeping", arepos.HousekeepingRepository),
-    ("gateway", arepos.GatewayRepository),
-)
+#: (attribute, async repository class) of what a unit of work offers: the sync registry's.
+_REPOSITORIES = tuple((name, arepos.async_of(sync)) for name, sync in UNIT_OF_WORK.items())
 
 
 class AsyncUnitOfWork:
-    """Opens a connection and transaction; commits on success, rolls back on error."""
+    """Opens a connection and transaction; commits on success, rolls back on error.
+
+    Its repositories are the async faces of :data:`hermes_store.repositories.UNIT_OF_WORK`'s
+    (the annotations below name them for a type checker; a test keeps them in step)."""
 
     sessions: Any
     messages: Any
@@ -56,13 +50,15 @@ class AsyncUnitOfWork:
     housekeeping: Any
     gateway: Any
 
-    def __init__(self, engine: AsyncEngine, *, write: bool = True, schema: str | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, *, write: bool = True, schema: str | None = None,
+                 clock: Clock | None = None) -> None:
+        """As :class:`~hermes_store.uow.UnitOfWork` (``clock``: what rows are stamped with)."""
         refuse_sync(engine, "AsyncUnitOfWork")
         if not isinstance(engine, AsyncEngine):
             raise errors.InvalidInputError(
                 f"aio.AsyncUnitOfWork takes an AsyncEngine (aio.create_async_engine(url)), not {type(engine).__name__}"
             )
-        self._uow = UnitOfWork(engine.sync_engine, write=write, schema=schema)
+        self._uow = UnitOfWork(engine.sync_engine, write=write, schema=schema, clock=clock)
         self.engine = engine
         self.schema = self._uow.schema
         database = engine.url.database

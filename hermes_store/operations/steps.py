@@ -32,6 +32,7 @@ from ..retry import jitter  # importable from here as before (sessiondb.private)
 from ..dialects import for_connection
 from ..dialects.base import LOCK_BUDGET_OPTION
 from ..engine import schema_of
+from ..repositories.base import Clock
 from ..uow import UnitOfWork, _in_schema
 
 T = TypeVar("T")
@@ -85,8 +86,8 @@ class _StepUnitOfWork(UnitOfWork):
     transaction waits for other writers' row locks for at most what is left of the
     budget (``lock_timeout``, via :meth:`Dialect.begin_write`), never forever."""
 
-    def __init__(self, engine: Engine, schema: str | None, seconds: float) -> None:
-        super().__init__(engine, write=True, schema=schema)
+    def __init__(self, engine: Engine, schema: str | None, seconds: float, clock: Clock | None) -> None:
+        super().__init__(engine, write=True, schema=schema, clock=clock)
         self._seconds = seconds
 
     def _begin(self, conn: Connection) -> None:
@@ -103,6 +104,8 @@ class UnitOfWorkSteps:
 
     ``sleep``, ``monotonic`` and ``now`` may be given (or assigned later): an async
     caller substitutes a sleep that yields to its event loop, a test one that records.
+    A ``now`` of its own is also the clock the steps' repositories stamp rows with
+    (else the engine's, see :func:`hermes_store.repositories.base.clock_of`).
     """
 
     def __init__(
@@ -128,11 +131,15 @@ class UnitOfWorkSteps:
     def _label(self) -> str:
         return self.engine.url.render_as_string(hide_password=True)
 
+    def _clock(self) -> Clock | None:
+        """The clock handed to each step's unit of work: ``now`` when one was given."""
+        return None if self.now is time.time else self.now
+
     def write(self, fn: Callable[[Connection], T], *, budget: float | None = None) -> T:
         def attempt(deadline: float) -> T:
             # BEGIN IMMEDIATE reports a held lock as the driver's own error; a server
             # reports lock timeouts, serialization failures and deadlocks.
-            with _StepUnitOfWork(self.engine, self.schema, deadline - self.monotonic()) as uow:
+            with _StepUnitOfWork(self.engine, self.schema, deadline - self.monotonic(), self._clock()) as uow:
                 assert uow.conn is not None
                 return fn(uow.conn)
 
@@ -145,7 +152,7 @@ class UnitOfWorkSteps:
                          monotonic=self.monotonic)
 
     def read(self, fn: Callable[[Connection], T]) -> T:
-        with UnitOfWork(self.engine, write=False, schema=self.schema) as uow:
+        with UnitOfWork(self.engine, write=False, schema=self.schema, clock=self._clock()) as uow:
             assert uow.conn is not None
             return fn(uow.conn)
 

@@ -1,4 +1,15 @@
-"""Repositories: plain classes over the caller's Session/Connection. They never commit."""
+"""Repositories: plain classes over the caller's Session/Connection. They never commit.
+
+:data:`UNIT_OF_WORK` is THE registry of what a unit of work offers (attribute name →
+repository class) and :data:`REPOSITORIES` every public repository class: ``UnitOfWork``,
+``aio.AsyncUnitOfWork`` and the ``aio`` repository classes are built from them, so a new
+repository is added here once (and annotated on the units of work, which a test checks).
+"""
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from .base import Repository
 
 from .compression import CompressionRepository
 from .fts_upkeep import FtsUpkeepRepository
@@ -15,7 +26,30 @@ from .state_meta import StateMetaRepository
 from .telegram import TelegramTopicRepository
 from .usage import ApiCallUsage, UsageRepository
 
+#: Attribute of a unit of work → the repository bound to its connection there.
+UNIT_OF_WORK: Mapping[str, type[Repository]] = MappingProxyType({
+    "sessions": SessionRepository,
+    "messages": MessageRepository,
+    "lineage": LineageRepository,
+    "search": SearchRepository,
+    "maintenance": MaintenanceRepository,
+    "listing": ListingRepository,
+    "usage": UsageRepository,
+    "compression": CompressionRepository,
+    "housekeeping": HousekeepingRepository,
+    "gateway": GatewayRepository,
+})
+#: Every public repository class: a unit of work's, then those used on their own.
+REPOSITORIES: tuple[type[Repository], ...] = (
+    *UNIT_OF_WORK.values(),
+    FtsUpkeepRepository,
+    StateMetaRepository,
+    TelegramTopicRepository,
+)
+
 __all__ = [
+    "REPOSITORIES",
+    "UNIT_OF_WORK",
     "ApiCallUsage",
     "CompressionRepository",
     "FtsUpkeepRepository",

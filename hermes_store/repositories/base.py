@@ -53,6 +53,7 @@ ID_CHUNK = 500
 
 UnknownFieldError = errors.UnknownFieldError  # re-exported: repositories raise it
 T = TypeVar("T")
+R = TypeVar("R", bound="Repository")
 
 
 class per_dialect(Generic[T]):
@@ -132,14 +133,39 @@ def as_connection(executor: Executor) -> Connection:
     return executor
 
 
-def now() -> float:
-    """Unix epoch seconds as a float, Hermes' timestamp format.
+#: Execution option carrying the clock repositories stamp rows with (``() -> epoch
+#: seconds``): set by whoever owns the connection (``UnitOfWork(clock=...)``, SessionDB
+#: on its engine), so the core never reads another layer's globals for the time.
+CLOCK_OPTION = "hermes_store_clock"
+Clock = Callable[[], float]
 
-    Read through the facade module's ``time`` when it is loaded: code written for
-    Hermes patches ``hermes_state.time`` (our facade, through the swap) to move the
-    clock, and that must move every timestamp we write. Looked up, not imported, so
-    repositories do not depend on the facade.
+
+def wall_clock() -> float:
+    """The default clock: this module's ``time.time()``, Hermes' timestamp format."""
+    return time.time()
+
+
+def clock_of(conn: Connection) -> Clock:
+    """The clock attached to ``conn`` (its own, or its engine's), else :func:`wall_clock`."""
+    found: Clock | None = conn.get_execution_options().get(CLOCK_OPTION)
+    return wall_clock if found is None else found
+
+
+def clock_options(clock: Clock) -> dict[str, Clock]:
+    """Execution options attaching ``clock`` to an engine or connection (see :data:`CLOCK_OPTION`)."""
+    return {CLOCK_OPTION: clock}
+
+
+def now(conn: Connection | None = None) -> float:
+    """Unix epoch seconds as a float, by ``conn``'s clock (:func:`clock_of`).
+
+    Without ``conn`` (transitional, for the repository modules that do not pass their
+    connection yet: display, telegram, maintenance): the clock of Hermes' module
+    (``hermes_state.time``) when it is loaded, as before. Remove once every caller
+    passes its connection or calls :meth:`Repository.now`.
     """
+    if conn is not None:
+        return clock_of(conn)()
     return facade_value("time", time).time()
 
 
@@ -165,8 +191,20 @@ class Repository:
     to anyone).
     """
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: Executor, *, clock: Clock | None = None) -> None:
+        """``clock``: what :meth:`now` reads; None: the one attached to the connection
+        (:func:`clock_of`: ``UnitOfWork(clock=...)``, SessionDB's), else ``time.time``."""
         self.conn = as_connection(executor)
+        self._clock = clock
+
+    def now(self) -> float:
+        """Epoch seconds for the rows this repository stamps, by its clock."""
+        clock = self._clock
+        return (clock_of(self.conn) if clock is None else clock)()
+
+    def _peer(self, repository: type[R]) -> R:
+        """Another repository on this connection, stamping rows by this one's clock."""
+        return repository(self.conn, clock=self._clock)
 
     @property
     def schema(self) -> str | None:

@@ -27,7 +27,7 @@ from .. import errors
 from ..codec import parse_tool_calls, tool_call_increment
 from ..dialects import Dialect
 from ..models import Base
-from .base import MESSAGES, SESSIONS, Repository, now, per_dialect
+from .base import MESSAGES, SESSIONS, Repository, per_dialect
 from .lineage import COMPRESSION, is_fork
 from .sessions import INHERITED, INHERITED_BY_CONTINUATION, SessionRepository
 from .turn_leases import DeadHolder, lease_reclaimable
@@ -74,7 +74,7 @@ class CompressionRepository(Repository):
             until = float(row[0])
         except (TypeError, ValueError):  # a hand-written junk value in a SQLite file
             return None
-        current = now()
+        current = self.now()
         if until <= current:
             return None
         return {"cooldown_until": until, "remaining_seconds": until - current, "error": row[1]}
@@ -141,7 +141,7 @@ class CompressionRepository(Repository):
         """Drop this session's lease if it expired (or, with ``dead_holder``, if another
         holder's process is provably gone), insert ours unless one is held, and report
         whether the stored holder is now ``holder``. Re-entrant; never extends a lease."""
-        current = now()
+        current = self.now()
         expires = current + ttl_seconds
         row = self._lease(session_id)
         if row is not None and lease_reclaimable(row, holder, current, dead_holder):
@@ -157,7 +157,7 @@ class CompressionRepository(Repository):
         """Push the expiry to now + ttl for the lease's holder, even after it expired
         (Hermes v26), as long as the row is still theirs: once anyone else took the
         session over, or the lease was released, there is nothing left to extend."""
-        expires = now() + ttl_seconds
+        expires = self.now() + ttl_seconds
         changed = self.conn.execute(
             update(LOCKS).where(LOCKS.c.session_id == session_id, LOCKS.c.holder == holder).values(expires_at=expires)
         ).rowcount
@@ -184,7 +184,7 @@ class CompressionRepository(Repository):
     def lock_holder(self, session_id: str) -> str | None:
         """The holder of a lease that has not expired, else None."""
         return self.conn.execute(
-            select(LOCKS.c.holder).where(LOCKS.c.session_id == session_id, LOCKS.c.expires_at >= now())
+            select(LOCKS.c.holder).where(LOCKS.c.session_id == session_id, LOCKS.c.expires_at >= self.now())
         ).scalar()
 
     # ------------------------------------------------------------- compression children (v26)
@@ -204,7 +204,7 @@ class CompressionRepository(Repository):
         if reason != COMPRESSION:
             return None
         live = self._children(parent_id, live_only=True)
-        return SessionRepository(self.conn).get(live[0]) if len(live) == 1 else None  # type: ignore[return-value]
+        return self._peer(SessionRepository).get(live[0]) if len(live) == 1 else None  # type: ignore[return-value]
 
     def reopen_orphan(self, session_id: str) -> bool:
         """Reopen a session that ended 'compression' but was never continued (its child
@@ -218,7 +218,7 @@ class CompressionRepository(Repository):
         if parent is None or parent[0] != COMPRESSION or self._children(session_id, live_only=False):
             return False
         if lease is not None:
-            if lease[1] is not None and float(lease[1]) >= now():
+            if lease[1] is not None and float(lease[1]) >= self.now():
                 return False
             if not self._drop_as_read(session_id, lease):
                 return False
@@ -236,7 +236,7 @@ class CompressionRepository(Repository):
             raise errors.CompressionSessionBusyError(
                 f"Compression lease lost before publication: session {parent_id!r} ({state}, expected {holder!r})"
             )
-        if lease[1] is None or float(lease[1]) < now():
+        if lease[1] is None or float(lease[1]) < self.now():
             raise errors.CompressionSessionBusyError(
                 f"Compression lease lost before publication: session {parent_id!r} (the lease of {holder!r} expired)"
             )
@@ -275,14 +275,14 @@ class CompressionRepository(Repository):
             raise PublicationError(f"cannot publish compression child {child_id!r}: that session already exists")
         columns = {c: parent[c] for c in CHILD_INHERITS if parent[c] is not None}
         columns.update({k: v for k, v in fields.items() if v is not None})
-        SessionRepository(self.conn).create(child_id, source, parent_session_id=parent_id, **columns)
+        self._peer(SessionRepository).create(child_id, source, parent_session_id=parent_id, **columns)
         insert_messages()
         if watermark is not None:
             self._clone_tail(parent_id, child_id, watermark, watermark_ceiling)
         self._set_counters(child_id)
         self.conn.execute(
             update(SESSIONS).where(_S.id == parent_id, _S.ended_at.is_(None))
-            .values(ended_at=now(), end_reason=COMPRESSION)
+            .values(ended_at=self.now(), end_reason=COMPRESSION)
         )
 
     def _clone_tail(self, parent_id: str, child_id: str, watermark: int, ceiling: int | None) -> None:

@@ -32,7 +32,7 @@ from sqlalchemy import (
 from ..dialects import Dialect
 from ..keys import COMPRESSION_END_REASON
 from ..models import Base
-from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, insert_or_skip, now, per_dialect
+from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, insert_or_skip, per_dialect
 from .housekeeping import HousekeepingRepository, activity_recency
 from .lineage import BRANCH_MARKER, DELEGATE_MARKER, marker_value
 from .sessions import RESET_END_REASONS, SessionRepository
@@ -85,7 +85,7 @@ class GatewayRepository(Repository):
         """
         s = SESSIONS.c
         if not ancestors and not self.session_exists(session_id):
-            row = {"id": session_id, "source": peer["source"], "started_at": now()}
+            row = {"id": session_id, "source": peer["source"], "started_at": self.now()}
             self.conn.execute(insert_or_skip(self.conn, "sessions", list(row), ["id"]), row)
         values = {k: v for k, v in {**peer, **extras}.items() if v is not None}
         targets = [session_id]
@@ -126,7 +126,7 @@ class GatewayRepository(Repository):
         """Upsert one entry, stamping ``updated_at``."""
         self.conn.execute(
             _save_entry(self.conn),
-            {"scope": scope, "session_key": session_key, "entry_json": entry_json, "updated_at": now()},
+            {"scope": scope, "session_key": session_key, "entry_json": entry_json, "updated_at": self.now()},
         )
 
     def replace_routing_entries(self, scope: str, entries: Sequence[tuple[str, str]]) -> int:
@@ -135,7 +135,7 @@ class GatewayRepository(Repository):
         self.conn.execute(delete(ROUTING).where(ROUTING.c.scope == scope))
         if not entries:
             return 0
-        stamp = now()
+        stamp = self.now()
         rows = [{"scope": scope, "session_key": k, "entry_json": v, "updated_at": stamp} for k, v in entries]
         self.conn.execute(insert(ROUTING), rows)
         return len(rows)
@@ -195,7 +195,7 @@ class GatewayRepository(Repository):
     def _rows(self, stmt: Any) -> list[dict[str, Any]]:
         """Session rows with the full system prompt, as get_session returns them."""
         rows = [dict(r) for r in self.conn.execute(stmt).mappings()]
-        SessionRepository(self.conn).resolve_prompts(rows)
+        self._peer(SessionRepository).resolve_prompts(rows)
         return rows
 
     def list_gateway_sessions(self, platform: str | None, active_only: bool) -> list[dict[str, Any]]:
@@ -389,7 +389,7 @@ class GatewayRepairRepository(Repository):
             if target not in kept:
                 routes += self.conn.execute(delete(ROUTING).where(r.scope == scope, r.session_key == key)).rowcount
         ids = [sid for sid in found if sid not in kept]
-        deleted = HousekeepingRepository(self.conn).delete_sessions(ids, sessions_dir)
+        deleted = self._peer(HousekeepingRepository).delete_sessions(ids, sessions_dir)
         return deleted, routes
 
     # ------------------------------------------------------------------ orphaned gateway sessions

@@ -25,7 +25,7 @@ from .. import errors
 from ..keys import COMPRESSION_END_REASON, DAY
 from ..codec import clean_text
 from ..models import Base
-from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, insert_or_skip, missing_sessions, now
+from .base import ID_CHUNK, MESSAGES, SESSIONS, Clock, Repository, insert_or_skip, missing_sessions
 from .lineage import LineageRepository
 from .messages import MessageRepository
 from .sessions import SessionRepository
@@ -213,7 +213,7 @@ class HousekeepingRepository(Repository):
         message appended meanwhile makes the row re-checked instead of deleted under it.
         """
         picked = [message_recency().label("last_active") if c == "last_active" else SESSIONS.c[c] for c in columns]
-        conds = filter_conditions(older_than_days, source, filters, now())
+        conds = filter_conditions(older_than_days, source, filters, self.now())
         if keep_pinned:
             conds.append(SESSIONS.c.pinned == 0)
         stmt = select(*picked).where(*conds).order_by(SESSIONS.c.started_at, SESSIONS.c.id)
@@ -224,7 +224,7 @@ class HousekeepingRepository(Repository):
     def count_open_matches(self, older_than_days: float | None, source: str | None,
                            filters: Mapping[str, Any]) -> int:
         """Sessions still running that the filter table matches (the ended guard inverted)."""
-        conds = filter_conditions(older_than_days, source, filters, now(), ended=False)
+        conds = filter_conditions(older_than_days, source, filters, self.now(), ended=False)
         return int(self.conn.execute(select(func.count()).select_from(SESSIONS).where(*conds)).scalar() or 0)
 
     # ------------------------------------------------------------------ archive
@@ -299,7 +299,7 @@ class HousekeepingRepository(Repository):
             if ledger:
                 self.conn.execute(delete(USAGE).where(USAGE.c.session_id.in_(chunk)))
             self.conn.execute(delete(SESSIONS).where(SESSIONS.c.id.in_(chunk)))
-        SessionRepository(self.conn).drop_unused_prompts()  # as Hermes does after deletes
+        self._peer(SessionRepository).drop_unused_prompts()  # as Hermes does after deletes
 
     def queue_files(self, ids: Iterable[str], sessions_dir: str | Path | None) -> None:
         """Queue the transcript files of deleted sessions for removal after commit."""
@@ -406,7 +406,7 @@ class HousekeepingRepository(Repository):
             return False
         if self.has_table("session_model_usage"):  # normally gone already by ON DELETE CASCADE
             self.conn.execute(delete(USAGE).where(USAGE.c.session_id == session_id))
-        SessionRepository(self.conn).drop_unused_prompts([row[0]])
+        self._peer(SessionRepository).drop_unused_prompts([row[0]])
         self.queue_files([session_id], sessions_dir)
         return True
 
@@ -431,11 +431,11 @@ class HousekeepingRepository(Repository):
 
     def messages_of(self, session_id: str, include_inactive: bool = False) -> list[dict[str, Any]]:
         """Message rows exactly as get_messages returns them (live rows only unless asked)."""
-        return MessageRepository(self.conn).get_messages(session_id, include_inactive)  # type: ignore[return-value]
+        return self._peer(MessageRepository).get_messages(session_id, include_inactive)  # type: ignore[return-value]
 
     def export_session(self, session_id: str, include_inactive: bool = False) -> dict[str, Any] | None:
         """The session row (prompt resolved) plus ``messages`` and its ``model_usage`` rows."""
-        row = SessionRepository(self.conn).get(session_id)
+        row = self._peer(SessionRepository).get(session_id)
         if row is None:
             return None
         out = dict(row)
@@ -458,7 +458,7 @@ class HousekeepingRepository(Repository):
 
     def export_lineage(self, session_id: str) -> list[dict[str, Any]]:
         """:meth:`export_session` of each session of the compression lineage, root first."""
-        return self.export_sessions(LineageRepository(self.conn).compression_lineage(session_id))
+        return self.export_sessions(self._peer(LineageRepository).compression_lineage(session_id))
 
     # ------------------------------------------------------------------ import (Hermes v23)
 
@@ -476,15 +476,15 @@ class HousekeepingRepository(Repository):
         skipped: list[str] = []
         cleared: list[str] = []
         parents: list[tuple[str, Any]] = []
-        sessions = SessionRepository(self.conn)
-        messages = MessageRepository(self.conn)
+        sessions = self._peer(SessionRepository)
+        messages = self._peer(MessageRepository)
         known = self.columns_of("sessions")
         for entry in entries:
             sid = entry["id"]
             if sid in existing:
                 skipped.append(sid)
                 continue
-            row = _session_row(entry, known)
+            row = _session_row(entry, known, self.now)
             if "system_prompt" in row and sessions.prompts_hashed():
                 row["system_prompt_hash"] = sessions.store_prompt(row.pop("system_prompt"))
             inserted, title_cleared = self._insert_session(row)
@@ -565,7 +565,7 @@ IMPORT_SESSION_FIELDS = (
 _DECODED_MESSAGE_KEYS = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
 
 
-def _session_row(entry: Mapping[str, Any], known: frozenset[str]) -> dict[str, Any]:
+def _session_row(entry: Mapping[str, Any], known: frozenset[str], clock: Clock) -> dict[str, Any]:
     row: dict[str, Any] = {"id": entry["id"]}
     for key in IMPORT_SESSION_FIELDS:
         value = entry.get(key)
@@ -580,7 +580,7 @@ def _session_row(entry: Mapping[str, Any], known: frozenset[str]) -> dict[str, A
     if not row.get("source"):
         row["source"] = "import"
     if row.get("started_at") is None:
-        row["started_at"] = now()
+        row["started_at"] = clock()
     if "archived" in row:
         row["archived"] = 1 if row["archived"] else 0
     return {k: v for k, v in row.items() if v is not None}

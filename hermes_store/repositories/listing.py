@@ -561,7 +561,7 @@ class ListingRepository(Repository):
 
     def _resolve(self, rows: list[SessionRecord], compact: bool, prompts: bool) -> None:
         if not compact and not prompts:
-            SessionRepository(self.conn).resolve_prompts(rows)  # type: ignore[arg-type]
+            self._peer(SessionRepository).resolve_prompts(rows)  # type: ignore[arg-type]
 
     def _rows_by_id(self, ids: Sequence[str], compact: bool) -> dict[str, SessionRecord]:
         cols = self._cols(compact)
@@ -854,7 +854,7 @@ class ListingRepository(Repository):
         stmt = stmt.order_by(activity.desc(), t.c.started_at.desc(), t.c.id.desc()) \
             .limit(_count_arg(limit, "limit")).offset(_count_arg(offset, "offset"))
         rows = [dict(r) for r in self.conn.execute(stmt, params).mappings()]
-        SessionRepository(self.conn).resolve_prompts(rows)
+        self._peer(SessionRepository).resolve_prompts(rows)
         return rows  # type: ignore[return-value]
 
     def rich_row(self, session_id: str, compact: bool = False) -> SessionRecord | None:

@@ -52,7 +52,7 @@ from ..codec import (
 )
 from ..review_turns import _strip_background_review_harness
 from ..models import Base
-from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, UnknownFieldError, missing_sessions, now
+from .base import ID_CHUNK, MESSAGES, SESSIONS, Clock, Repository, UnknownFieldError, missing_sessions, now
 from .lineage import BRANCH_MARKER, LineageRepository, _marker
 from .records import MessageRecord, MessageWindow, RewindResult
 from .turn_leases import guard_transcript_write, raise_if_closed_by_compression
@@ -102,9 +102,9 @@ def _text(value: Any, key: str) -> Any:
     return value
 
 
-def _timestamp(value: Any) -> float:
+def _timestamp(value: Any, clock: Clock | None = None) -> float:
     if value is None:
-        return now()
+        return now() if clock is None else clock()
     try:
         ts = float(value.timestamp() if callable(getattr(value, "timestamp", None)) else value)
     except (TypeError, ValueError, OverflowError, OSError) as exc:
@@ -142,7 +142,7 @@ def encode_row(
 
 def _encode(
     session_id: Any, role: Any, content: Any, timestamp: Any,
-    fields: dict[str, Any], known: Collection[str] | None, index: int | None,
+    fields: dict[str, Any], known: Collection[str] | None, index: int | None, clock: Clock | None = None,
 ) -> dict[str, Any]:
     """:func:`encode_row` without repacking keyword arguments (the hot paths call this)."""
     try:
@@ -156,7 +156,7 @@ def _encode(
             "session_id": session_id,
             "role": role,
             "content": encode_content(content),
-            "timestamp": _timestamp(timestamp),
+            "timestamp": _timestamp(timestamp, clock),
         }
         for key, value in fields.items():
             if key in JSON_COLUMNS:
@@ -176,7 +176,8 @@ def _encode(
 
 
 def encode_message(
-    item: Any, known: Collection[str], *, index: int | None = None, keep_id: bool = False
+    item: Any, known: Collection[str], *, index: int | None = None, keep_id: bool = False,
+    clock: Clock | None = None,
 ) -> dict[str, Any]:
     """A message dict (``session_id``, ``role``, columns...) → its row, via :func:`encode_row`.
 
@@ -192,7 +193,7 @@ def encode_message(
         raise errors.InvalidInputError(f"{_label(index)}: no {'session_id' if sid is None else 'role'!r}")
     content, ts = fields.pop("content", None), fields.pop("timestamp", None)
     mid = fields.pop("id", None)
-    row = _encode(sid, role, content, ts, fields, known, index)
+    row = _encode(sid, role, content, ts, fields, known, index, clock)
     if keep_id and mid is not None:
         try:
             row = {"id": operator.index(mid), **row}
@@ -282,7 +283,8 @@ def display_fields(display_kind: Any, display_metadata: Any) -> dict[str, Any]:
 
 
 def replacement_rows(
-    session_id: str, messages: Any, start: float | None = None, known: Collection[str] | None = None
+    session_id: str, messages: Any, start: float | None = None, known: Collection[str] | None = None,
+    wall: Clock | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """Rows of a whole new transcript (``replace_messages``, ``archive_and_compact``,
     and imports), with the total ``tool_call_count`` they add.
@@ -290,13 +292,13 @@ def replacement_rows(
     Per Hermes v23: ``role`` defaults to ``"unknown"``; ``platform_message_id`` falls
     back to the key ``message_id`` (what conversations carry); reasoning fields are
     kept for assistant messages only; the display fields as appends write them (v26);
-    other keys are ignored. An explicit timestamp is
-    kept; otherwise a clock starting at ``start`` (now) hands out stamps that advance
+    other keys are ignored. An explicit timestamp is kept; otherwise a clock starting
+    at ``start`` (else ``wall()``, the repository's clock) hands out stamps that advance
     past both the previous stamp and the previous row's own timestamp.
     """
     if messages is None or isinstance(messages, (str, bytes, Mapping)):
         raise errors.InvalidInputError(f"messages must be a list of dicts, not {type(messages).__name__}")
-    clock = now() if start is None else float(start)
+    clock = (now if wall is None else wall)() if start is None else float(start)
     rows: list[dict[str, Any]] = []
     calls = 0
     for index, m in enumerate(messages):
@@ -542,10 +544,10 @@ class MessageRepository(Repository):
         if session_id is None:
             raise UnknownSessionError("no session id (messages.session_id is NOT NULL)")
         ts = coerce_timestamp(timestamp)
-        row, calls = hermes_row(session_id, role, content, now() if ts is None else ts,
+        row, calls = hermes_row(session_id, role, content, self.now() if ts is None else ts,
                                 known=self._known(), **fields)
         if turn_lease is not None:
-            guard_transcript_write(self.conn, session_id, holder=turn_lease[0], ttl_seconds=turn_lease[1], now=now())
+            guard_transcript_write(self.conn, session_id, holder=turn_lease[0], ttl_seconds=turn_lease[1], now=self.now())
         # The hot path of every agent turn: on SQLite two plain statements on the
         # DB-API connection, inside the caller's transaction (see the dialects).
         return self.dialect.append_message(self.conn, row, calls)
@@ -561,7 +563,7 @@ class MessageRepository(Repository):
         through its foreign key): the session's newest ids are then exactly these rows.
         """
         items = _message_list(messages)
-        rows, calls = replacement_rows(session_id, items, known=self._known())
+        rows, calls = replacement_rows(session_id, items, known=self._known(), wall=self.now)
         if not rows:
             return 0, 0
         if not self._lock_session(session_id):
@@ -584,7 +586,7 @@ class MessageRepository(Repository):
         if not items:
             return 0
         holder, ttl = turn_lease if turn_lease is not None else (None, 0.0)
-        guard_transcript_write(self.conn, session_id, holder=holder, ttl_seconds=ttl, now=now())
+        guard_transcript_write(self.conn, session_id, holder=holder, ttl_seconds=ttl, now=self.now())
         n, calls = (insert or self.insert_message_rows)(session_id, items)
         if n:
             self.dialect.bump_message_counts(self.conn, [(session_id, n, calls)])
@@ -604,7 +606,7 @@ class MessageRepository(Repository):
         rows: list[dict[str, Any]] = []
         per_session: dict[str, list[int]] = {}
         for index, item in enumerate(messages):
-            row = encode_message(item, known, index=index)
+            row = encode_message(item, known, index=index, clock=self.now)
             rows.append(row)
             c = per_session.setdefault(row["session_id"], [0, 0])
             c[0] += 1
@@ -776,7 +778,7 @@ class MessageRepository(Repository):
         mark = None if watermark is None else _watermark(watermark)
         if lock_holder is not None:
             held = self.conn.execute(
-                select(LOCKS.c.holder).where(LOCKS.c.session_id == session_id, LOCKS.c.expires_at >= now())
+                select(LOCKS.c.holder).where(LOCKS.c.session_id == session_id, LOCKS.c.expires_at >= self.now())
             ).scalar()
             if held != lock_holder:
                 raise errors.SessionCompressionInProgressError(
@@ -1023,7 +1025,7 @@ class MessageRepository(Repository):
         session for an explicit branch."""
         if self._is_branch(session_id):
             return [session_id]
-        return LineageRepository(self.conn).ancestors(session_id) or [session_id]
+        return self._peer(LineageRepository).ancestors(session_id) or [session_id]
 
     def resume_conversations(self, session_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """``(model_history, display_history)`` from one read of the lineage's live rows:

@@ -24,7 +24,6 @@ from .base import (
     TableKey,
     UnknownFieldError,
     like_prefix,
-    now,
     per_dialect,
     table_key,
     table_of,
@@ -183,7 +182,7 @@ class SessionRepository(Repository):
             # existing session keeps the prompt it has (inline or hashed).
             stored = self.store_prompt(cols.pop("system_prompt"))
             cols["system_prompt_hash"] = stored
-        started = cols.pop("started_at", None) or now()  # before the names: listed once
+        started = cols.pop("started_at", None) or self.now()  # before the names: listed once
         names = ("id", "source", "started_at", *cols)
         values = {"id": session_id, "source": source, "started_at": started, **cols}
         target = table_key(self.conn, "sessions", (*names, "system_prompt") if stored is not None else names)
@@ -322,7 +321,7 @@ class SessionRepository(Repository):
         return (
             self._exec(
                 "UPDATE {sessions} SET ended_at = :t, end_reason = :r WHERE id = :id AND ended_at IS NULL",
-                {"t": now(), "r": end_reason, "id": session_id},
+                {"t": self.now(), "r": end_reason, "id": session_id},
             )
             > 0
         )
@@ -373,7 +372,7 @@ class SessionRepository(Repository):
         result = self.conn.execute(
             update(SESSIONS)
             .where(s.id == session_id, or_(s.ended_at.is_(None), s.end_reason.in_(RESETTABLE_END_REASONS)))
-            .values(ended_at=now(), end_reason=reason)
+            .values(ended_at=self.now(), end_reason=reason)
         )
         return result.rowcount > 0
 
@@ -569,7 +568,7 @@ class SessionRepository(Repository):
         """
         if description is not None:
             description = clean_text(str(description))[:ACTIVITY_DESCRIPTION_CHARS]
-        when = now() if at is None else float(at)
+        when = self.now() if at is None else float(at)
         return self.update_fields(
             session_id,
             last_activity_at=when,

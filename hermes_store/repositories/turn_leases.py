@@ -27,7 +27,6 @@ from ..dialects import Dialect
 from ..errors import CompressionSessionClosedError, SessionTurnLeaseLostError
 from ..models import Base
 from .base import SESSIONS, Repository, per_dialect
-from .base import now as current_time
 from .lineage import COMPRESSION, MAX_DEPTH
 
 LEASES = Base.metadata.tables["session_turn_leases"]
@@ -121,7 +120,7 @@ class TurnLeaseRepository(Repository):
         holder's process is provably gone), insert ours unless one is held, and report
         whether ``holder`` holds it now. Re-entrant; never extends a lease."""
         key = turn_lease_key(self.conn, session_id)
-        current = current_time()
+        current = self.now()
         row = self.conn.execute(
             select(LEASES.c.holder, LEASES.c.expires_at).where(LEASES.c.conversation_id == key).with_for_update()
         ).first()
@@ -142,7 +141,7 @@ class TurnLeaseRepository(Repository):
         key = turn_lease_key(self.conn, session_id)
         return self.conn.execute(
             update(LEASES).where(LEASES.c.conversation_id == key, LEASES.c.holder == holder)
-            .values(expires_at=current_time() + ttl_seconds)
+            .values(expires_at=self.now() + ttl_seconds)
         ).rowcount > 0
 
     def release(self, session_id: str, holder: str) -> int:

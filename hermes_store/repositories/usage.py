@@ -16,7 +16,7 @@ from sqlalchemy import and_, case, func, literal, or_, select, update
 from .. import errors
 from ..dialects import Dialect
 from ..models import Base
-from .base import SESSIONS, Repository, now, per_dialect
+from .base import SESSIONS, Repository, per_dialect
 from .sessions import SessionRepository
 
 LEDGER = "session_model_usage"
@@ -115,20 +115,20 @@ class UsageRepository(Repository):
         )}
         estimated_cost_usd = _cost(usage.estimated_cost_usd, "estimated_cost_usd")
         actual_cost_usd = _cost(usage.actual_cost_usd, "actual_cost_usd")
-        t = now()
+        t = self.now()
         if task:
             if absolute:
                 raise errors.InvalidInputError(
                     "absolute=True resyncs the session's own totals; a side task (task=...) is always a delta"
                 )
-            SessionRepository(self.conn).create(session_id, "unknown")
+            self._peer(SessionRepository).create(session_id, "unknown")
             if any(counts.values()) or estimated_cost_usd:
                 self._add_to_ledger(
                     session_id, model or "unknown", [billing_provider or "", billing_base_url or "", billing_mode or ""],
                     task, counts, estimated_cost_usd, actual_cost_usd, cost_status, cost_source, t,
                 )
             return
-        SessionRepository(self.conn).create(session_id, "unknown", model=model)
+        self._peer(SessionRepository).create(session_id, "unknown", model=model)
         accounted = bool(any(counts.values()) or estimated_cost_usd or actual_cost_usd)
         s = SESSIONS.c
         values: dict[str, Any] = {}
@@ -197,9 +197,9 @@ class UsageRepository(Repository):
         )}
         counts["api_call_count"] = 1 if api_call_count is None else _count(api_call_count, "api_call_count")
         estimated_cost_usd = _cost(estimated_cost_usd, "estimated_cost_usd")
-        SessionRepository(self.conn).create(session_id, "unknown")
+        self._peer(SessionRepository).create(session_id, "unknown")
         self._add_to_ledger(session_id, model or "unknown", [billing_provider or "", billing_base_url or "", ""],
-                            task, counts, estimated_cost_usd, None, None, None, now())
+                            task, counts, estimated_cost_usd, None, None, None, self.now())
 
     def totals(self, min_message_count: int, include_archived: bool) -> dict[str, float]:
         """Tokens and cost of root sessions with at least ``min_message_count`` messages.
