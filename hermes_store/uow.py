@@ -24,19 +24,7 @@ from .targets import refuse_async
 from .tenancy import tenant_options
 from .repositories.base import Clock, clock_options
 from .repositories.transcripts import remove_committed_files
-from .repositories import (
-    UNIT_OF_WORK,
-    CompressionRepository,
-    GatewayRepository,
-    HousekeepingRepository,
-    LineageRepository,
-    ListingRepository,
-    MaintenanceRepository,
-    MessageRepository,
-    SearchRepository,
-    SessionRepository,
-    UsageRepository,
-)
+from .repositories import UNIT_OF_WORK, Repositories
 
 
 def _in_schema(engine: Engine, schema: str | None) -> Engine:
@@ -49,23 +37,11 @@ def _in_schema(engine: Engine, schema: str | None) -> Engine:
     return kept[schema]
 
 
-class UnitOfWork:
+class UnitOfWork(Repositories):
     """Opens a connection and transaction; commits on success, rolls back on error.
 
-    The repositories are those of :data:`hermes_store.repositories.UNIT_OF_WORK`, bound
-    on entry; the annotations below say their types to a type checker (a test keeps
-    the two in step)."""
-
-    sessions: SessionRepository
-    messages: MessageRepository
-    lineage: LineageRepository
-    search: SearchRepository
-    maintenance: MaintenanceRepository
-    listing: ListingRepository
-    usage: UsageRepository
-    compression: CompressionRepository
-    housekeeping: HousekeepingRepository
-    gateway: GatewayRepository
+    Its repositories are :class:`hermes_store.repositories.Repositories`' (``uow.sessions``,
+    ``uow.messages``...), bound to the connection on entry."""
 
     def __init__(self, engine: Engine, *, write: bool = True, schema: str | None = None,
                  clock: Clock | None = None) -> None:

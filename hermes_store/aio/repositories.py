@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 from collections.abc import Callable
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -85,7 +85,7 @@ def async_repository(sync_class: type) -> type[AsyncRepository]:
 
 
 #: The async face of every repository of :data:`hermes_store.repositories.REPOSITORIES`,
-#: by class name (the names below come from it; a test checks the declarations).
+#: by class name, each also a name of this module (``aio.SessionRepository``...).
 ASYNC_REPOSITORIES: dict[str, type[AsyncRepository]] = {
     sync.__name__: async_repository(sync) for sync in repositories.REPOSITORIES
 }
@@ -97,24 +97,11 @@ def async_of(sync_class: type) -> type[AsyncRepository]:
     return ASYNC_REPOSITORIES[sync_class.__name__]
 
 
-if TYPE_CHECKING:  # what the registry adds above, said to a type checker
-    CompressionRepository: type[AsyncRepository]
-    FtsUpkeepRepository: type[AsyncRepository]
-    GatewayRepository: type[AsyncRepository]
-    HousekeepingRepository: type[AsyncRepository]
-    LineageRepository: type[AsyncRepository]
-    ListingRepository: type[AsyncRepository]
-    MaintenanceRepository: type[AsyncRepository]
-    MessageRepository: type[AsyncRepository]
-    SearchRepository: type[AsyncRepository]
-    SessionRepository: type[AsyncRepository]
-    StateMetaRepository: type[AsyncRepository]
-    TelegramTopicRepository: type[AsyncRepository]
-    UsageRepository: type[AsyncRepository]
+def __getattr__(name: str) -> type[AsyncRepository]:
+    """Only reached for a name the registry did not add (AttributeError); it also tells a
+    type checker what the registry's names above are: async repository classes."""
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = [
-    "ASYNC_REPOSITORIES", "AsyncRepository", "CompressionRepository", "FtsUpkeepRepository", "GatewayRepository",
-    "HousekeepingRepository", "LineageRepository", "ListingRepository", "MaintenanceRepository", "MessageRepository",
-    "SearchRepository", "SessionRepository", "StateMetaRepository", "TelegramTopicRepository", "UsageRepository",
-    "async_of", "async_repository",
-]
+
+__all__ = ["ASYNC_REPOSITORIES", "AsyncRepository", "async_of", "async_repository"]
+__all__ += list(ASYNC_REPOSITORIES)  # the async repository classes, by name

@@ -26,19 +26,26 @@ from .state_meta import StateMetaRepository
 from .telegram import TelegramTopicRepository
 from .usage import ApiCallUsage, UsageRepository
 
-#: Attribute of a unit of work → the repository bound to its connection there.
-UNIT_OF_WORK: Mapping[str, type[Repository]] = MappingProxyType({
-    "sessions": SessionRepository,
-    "messages": MessageRepository,
-    "lineage": LineageRepository,
-    "search": SearchRepository,
-    "maintenance": MaintenanceRepository,
-    "listing": ListingRepository,
-    "usage": UsageRepository,
-    "compression": CompressionRepository,
-    "housekeeping": HousekeepingRepository,
-    "gateway": GatewayRepository,
-})
+class Repositories:
+    """THE registry of what a unit of work offers: attribute name → repository class,
+    bound in this order. ``UnitOfWork`` inherits these annotations (so a type checker
+    knows ``uow.sessions`` is a :class:`SessionRepository`); ``aio.AsyncUnitOfWork``
+    and the ``aio`` classes are built from :data:`UNIT_OF_WORK` / :data:`REPOSITORIES`."""
+
+    sessions: SessionRepository
+    messages: MessageRepository
+    lineage: LineageRepository
+    search: SearchRepository
+    maintenance: MaintenanceRepository
+    listing: ListingRepository
+    usage: UsageRepository
+    compression: CompressionRepository
+    housekeeping: HousekeepingRepository
+    gateway: GatewayRepository
+
+
+#: :class:`Repositories` as a mapping (attribute → class).
+UNIT_OF_WORK: Mapping[str, type[Repository]] = MappingProxyType(dict(Repositories.__annotations__))
 #: Every public repository class: a unit of work's, then those used on their own.
 REPOSITORIES: tuple[type[Repository], ...] = (
     *UNIT_OF_WORK.values(),
@@ -61,6 +68,7 @@ __all__ = [
     "MessageRecord",
     "MessageRepository",
     "MessageWindow",
+    "Repositories",
     "SearchHit",
     "SearchRepository",
     "SessionRecord",
