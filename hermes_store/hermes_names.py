@@ -22,6 +22,7 @@ from typing import Any
 from . import migrations
 from .paths import VERSION_TABLE
 from .keys import FTS_CJK_STALE_KEY, MAX_FTS5_QUERY_CHARS
+from .repositories.lineage import delegate_tree_sql
 from .review_turns import _is_background_review_harness_message, _strip_background_review_harness  # noqa: F401
 
 log = logging.getLogger("hermes_store.facade")
@@ -175,17 +176,7 @@ def _collect_delegate_child_ids(conn: sqlite3.Connection, parent_ids: list[str])
     if not parents:
         return []
     marks = ",".join("?" * len(parents))
-    rows = conn.execute(
-        f"""WITH RECURSIVE tree(id) AS (
-                SELECT id FROM sessions WHERE id IN ({marks})
-                UNION
-                SELECT s.id FROM sessions s JOIN tree t
-                  ON {_delegate_from_json('s.model_config')} = t.id
-                  OR (s.parent_session_id = t.id AND {_delegate_from_json('s.model_config')} IS NOT NULL)
-            )
-            SELECT id FROM tree""",
-        parents,
-    ).fetchall()
+    rows = conn.execute(delegate_tree_sql(marks, _delegate_from_json), parents).fetchall()
     doomed = set(parents)
     return [r[0] for r in rows if r[0] not in doomed]
 

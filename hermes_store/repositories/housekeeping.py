@@ -26,7 +26,7 @@ from ..keys import COMPRESSION_END_REASON, DAY
 from ..codec import clean_text
 from ..models import Base
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Clock, Repository, insert_or_skip, missing_sessions
-from .lineage import LineageRepository
+from .lineage import LineageRepository, compression_lineage_ids, parent_chain
 from .messages import MessageRepository
 from .sessions import SessionRepository
 from .transcripts import queue_transcript_files
@@ -238,21 +238,7 @@ class HousekeepingRepository(Repository):
         finite.
         """
         s = SESSIONS
-        child, parent = s.alias("c"), s.alias("p")
-        up = select(s.c.id).where(s.c.id == session_id).cte("archive_up", recursive=True, nesting=True)
-        up = up.union(
-            select(parent.c.id)
-            .select_from(up.join(child, child.c.id == up.c.id).join(parent, parent.c.id == child.c.parent_session_id))
-            .where(parent.c.end_reason == COMPRESSION_END_REASON)
-        )
-        node, kid = s.alias("n"), s.alias("k")
-        lineage = select(up.c.id).cte("archive_lineage", recursive=True, nesting=True)
-        lineage = lineage.union(
-            select(kid.c.id)
-            .select_from(lineage.join(node, node.c.id == lineage.c.id).join(kid, kid.c.parent_session_id == node.c.id))
-            .where(node.c.end_reason == COMPRESSION_END_REASON)
-        )
-        stmt = update(s).where(s.c.id.in_(select(lineage.c.id))).values(archived=1 if archived else 0)
+        stmt = update(s).where(s.c.id.in_(compression_lineage_ids(session_id))).values(archived=1 if archived else 0)
         return self.conn.execute(stmt).rowcount > 0
 
     def archive(self, older_than_days: float | None, source: str | None, filters: Mapping[str, Any]) -> int:
@@ -543,11 +529,7 @@ class HousekeepingRepository(Repository):
 
     def _ancestors(self, session_id: str) -> set[str]:
         """Ids on the parent chain above and including ``session_id`` (cycle-safe)."""
-        s = SESSIONS
-        up = select(s.c.id, s.c.parent_session_id.label("parent")).where(s.c.id == session_id)
-        up = up.cte("import_up", recursive=True)
-        p = s.alias("p")
-        up = up.union(select(p.c.id, p.c.parent_session_id).select_from(p.join(up, p.c.id == up.c.parent)))
+        up = parent_chain(session_id, name="import_up", depth=False)
         return {r[0] for r in self.conn.execute(select(up.c.id))}
 
 

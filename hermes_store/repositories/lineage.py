@@ -12,6 +12,11 @@ Two kinds of walk:
   both backends the same answer with no dialect code, and the walk keeps Hermes'
   exact per-step preference order and cycle rule.
 
+Every recursive CTE of the package is built here (a test keeps it so): the walks
+above, and the builders other modules call (:func:`parent_chain`,
+:func:`compression_lineage_ids`, :func:`compression_ancestors`, :func:`compression_chains`,
+:func:`delegate_tree_sql`), each written once and parameterized by what differs.
+
 Each statement is built once, on first use, with the ids as bind parameters, so a call
 pays neither its construction nor its compilation. A node row is lean: source and end
 reason as 0/1 flags, ``model_config`` only where a marker substring can be, and the
@@ -91,21 +96,113 @@ IDS = bindparam("ids", type_=String, expanding=True)
 # --------------------------------------------------------------------- plain parent links
 
 
-def _up(seed_id: Any = SID) -> CTE:
-    """``up(id, parent, depth)``: the session and every parent above it, depth-bounded."""
-    seed = select(_S.c.id, _S.c.parent_session_id.label("parent"), _ZERO.label("depth")).where(_S.c.id == seed_id)
-    up = seed.cte("up", recursive=True)
+def parent_chain(seed_id: Any = SID, *, name: str = "up", through_compression: bool = False,
+                 depth: bool = True) -> CTE:
+    """``name(id, parent[, depth])``: the session and every parent above it.
+
+    ``through_compression``: climb only to parents that ended 'compression' (a turn
+    lease's conversation). ``depth``: number the hops (UNION ALL, bounded by
+    :data:`MAX_DEPTH` so a corrupt cycle stops); without it the walk is a UNION, which
+    ends a cycle by itself.
+    """
+    columns = [_S.c.id, _S.c.parent_session_id.label("parent")]
+    if not depth:
+        seed = select(*columns).where(_S.c.id == seed_id).cte(name, recursive=True)
+        parent = _S.alias("p")
+        return seed.union(
+            select(parent.c.id, parent.c.parent_session_id).select_from(parent.join(seed, parent.c.id == seed.c.parent))
+        )
+    up = select(*columns, _ZERO.label("depth")).where(_S.c.id == seed_id).cte(name, recursive=True)
+    cond = [up.c.depth < MAX_DEPTH]
+    if through_compression:
+        cond.insert(0, _S.c.end_reason == COMPRESSION)
     step = (
         select(_S.c.id, _S.c.parent_session_id, up.c.depth + _ONE)
         .join_from(_S, up, _S.c.id == up.c.parent)
-        .where(up.c.depth < MAX_DEPTH)
+        .where(*cond)
     )
     return up.union_all(step)
 
 
+def compression_lineage_ids(session_id: Any) -> Select:
+    """The ids of a session's compression lineage, as a SELECT (archiving and lineage-wide
+    flags update this row set).
+
+    Up through parents that ended 'compression', then down to every child of a member
+    that itself ended 'compression' (delegate and branch children of such members
+    included). UNION keeps a corrupt parent cycle finite. Nesting CTEs: the SELECT is
+    used inside an UPDATE's WHERE.
+    """
+    child, parent = _S.alias("lin_c"), _S.alias("lin_p")
+    up = select(_S.c.id).where(_S.c.id == session_id).cte("lineage_up", recursive=True, nesting=True)
+    up = up.union(
+        select(parent.c.id)
+        .select_from(up.join(child, child.c.id == up.c.id).join(parent, parent.c.id == child.c.parent_session_id))
+        .where(parent.c.end_reason == COMPRESSION)
+    )
+    node, kid = _S.alias("lin_n"), _S.alias("lin_k")
+    lineage = select(up.c.id).cte("lineage_all", recursive=True, nesting=True)
+    lineage = lineage.union(
+        select(kid.c.id)
+        .select_from(lineage.join(node, node.c.id == lineage.c.id).join(kid, kid.c.parent_session_id == node.c.id))
+        .where(node.c.end_reason == COMPRESSION)
+    )
+    return select(lineage.c.id)
+
+
+def compression_ancestors(session_id: Any) -> CTE:
+    """``up(id)``: the session's earlier selves, reached going up through parents that
+    ended 'compression' (the session itself left out). UNION: cycle-safe."""
+    child, parent = _S.alias("child"), _S.alias("parent")
+    seed = (
+        select(parent.c.id)
+        .select_from(child.join(parent, parent.c.id == child.c.parent_session_id))
+        .where(child.c.id == session_id, parent.c.end_reason == COMPRESSION)
+    )
+    up = seed.cte("up", recursive=True)
+    step_child, step_parent = _S.alias("step_child"), _S.alias("step_parent")
+    return up.union(
+        select(step_parent.c.id)
+        .select_from(
+            up.join(step_child, step_child.c.id == up.c.id)
+            .join(step_parent, step_parent.c.id == step_child.c.parent_session_id)
+        )
+        .where(step_parent.c.end_reason == COMPRESSION)
+    )
+
+
+def compression_chains(roots: CTE, child: Any, *conditions: ColumnElement[bool]) -> CTE:
+    """``chain(root_id, id, end_reason)``: each root of ``roots`` (columns ``root_id``,
+    ``id``, ``end_reason``) and the compression continuations below it: children (alias
+    ``child`` of ``sessions``) of a member that ended 'compression', not tool runs, that
+    also meet ``conditions``. UNION: cycle-safe."""
+    chain = select(roots.c.root_id, roots.c.id, roots.c.end_reason).cte("chain", recursive=True)
+    return chain.union(
+        select(chain.c.root_id, child.c.id, child.c.end_reason)
+        .join_from(chain, child, child.c.parent_session_id == chain.c.id)
+        .where(chain.c.end_reason == COMPRESSION, child.c.source != "tool", *conditions)
+    )
+
+
+def delegate_tree_sql(parent_marks: str, delegate_of: Any) -> str:
+    """SQLite SQL (Hermes' raw-connection helper): every session delegated, recursively,
+    from the ids bound at ``parent_marks`` (``?,?``), parents included; ``delegate_of(col)``
+    is the SQL reading a ``model_config`` column's ``_delegate_from``."""
+    return (
+        f"""WITH RECURSIVE tree(id) AS (
+                SELECT id FROM sessions WHERE id IN ({parent_marks})
+                UNION
+                SELECT s.id FROM sessions s JOIN tree t
+                  ON {delegate_of('s.model_config')} = t.id
+                  OR (s.parent_session_id = t.id AND {delegate_of('s.model_config')} IS NOT NULL)
+            )
+            SELECT id FROM tree"""
+    )
+
+
 @functools.cache
 def _ancestors_stmt() -> Select:
-    up = _up()
+    up = parent_chain()
     depth = func.min(up.c.depth).label("d")
     return select(up.c.id, depth).group_by(up.c.id).order_by(depth.desc())
 
@@ -144,7 +241,8 @@ def _forward(seed: Select, name: str = "fwd", *, skip_tool: bool = True) -> CTE:
     cond = [fwd.c.end_reason == COMPRESSION]
     if skip_tool:
         cond.append(child.c.source != "tool")
-    step = select(child.c.id, child.c.end_reason).join_from(fwd, child, child.c.parent_session_id == fwd.c.id).where(*cond)
+    step = select(child.c.id, child.c.end_reason).join_from(fwd, child, child.c.parent_session_id == fwd.c.id) \
+        .where(*cond)
     return fwd.union(step)
 
 
@@ -261,7 +359,7 @@ def _tips_stmt() -> Select:
 
 @functools.cache
 def _chain_stmt() -> Select:
-    up = _up()
+    up = parent_chain()
     fwd = _forward(_seed())
     text_null, real_null, int_null = cast(null(), String), cast(null(), Float), cast(null(), Integer)
     ups = select(

@@ -78,6 +78,7 @@ from .lineage import (
     IDS,
     Graph,
     _forward,
+    compression_chains,
     _marker,
     link_columns,
     marker_text,
@@ -417,18 +418,7 @@ def _ranked(s: Any, base: Any, conds: list[ColumnElement[bool]], shape: Shape) -
     chain, only the chains the needles match."""
     roots = select(s.c.id.label("root_id"), s.c.end_reason.label("end_reason"), s.c.id.label("id")) \
         .select_from(base).where(*conds).cte("roots")
-    chain = select(roots.c.root_id, roots.c.id, roots.c.end_reason).cte("chain", recursive=True)
-    child = _CHILD
-    chain = chain.union(
-        select(chain.c.root_id, child.c.id, child.c.end_reason)
-        .join_from(chain, child, child.c.parent_session_id == chain.c.id)
-        .where(
-            chain.c.end_reason == COMPRESSION,
-            child.c.source != "tool",
-            _lacks(child, BRANCH_MARKER),
-            _lacks(child, DELEGATE_MARKER),
-        )
-    )
+    chain = compression_chains(roots, _CHILD, _lacks(_CHILD, BRANCH_MARKER), _lacks(_CHILD, DELEGATE_MARKER))
     mem = _MEMBER
     stats = (
         select(chain.c.root_id, func.max(last_active(mem, shape.activity)).label("chain_last"))

@@ -28,7 +28,7 @@ from .base import (
     table_key,
     table_of,
 )
-from .lineage import RESET_END_REASONS, RESET_MARKER
+from .lineage import RESET_END_REASONS, RESET_MARKER, compression_ancestors, compression_lineage_ids
 from .records import SessionRecord
 
 _PROMPTS = SchemaSQL("SELECT hash, prompt FROM {system_prompts} WHERE hash IN :hashes",
@@ -80,31 +80,6 @@ def _create(dialect: Dialect, target: TableKey, names: tuple[str, ...], prompt_s
     if not fills:
         return ins.on_conflict_do_nothing(index_elements=["id"])
     return ins.on_conflict_do_update(index_elements=["id"], set_=fills)
-
-
-def compression_lineage(session_id: str) -> Any:
-    """The ids of the session's compression lineage, as a SELECT (set_session_archived's row set).
-
-    Up through parents that ended 'compression', then down to every child of a member
-    that itself ended 'compression' (delegate and branch children of such members
-    included). UNION keeps a corrupt parent cycle finite.
-    """
-    s = SESSIONS
-    child, parent = s.alias("lin_c"), s.alias("lin_p")
-    up = select(s.c.id).where(s.c.id == session_id).cte("lineage_up", recursive=True, nesting=True)
-    up = up.union(
-        select(parent.c.id)
-        .select_from(up.join(child, child.c.id == up.c.id).join(parent, parent.c.id == child.c.parent_session_id))
-        .where(parent.c.end_reason == COMPRESSION_END_REASON)
-    )
-    node, kid = s.alias("lin_n"), s.alias("lin_k")
-    lineage = select(up.c.id).cte("lineage_all", recursive=True, nesting=True)
-    lineage = lineage.union(
-        select(kid.c.id)
-        .select_from(lineage.join(node, node.c.id == lineage.c.id).join(kid, kid.c.parent_session_id == node.c.id))
-        .where(node.c.end_reason == COMPRESSION_END_REASON)
-    )
-    return select(lineage.c.id)
 
 
 @per_dialect
@@ -613,7 +588,7 @@ class SessionRepository(Repository):
         ended 'compression', then every child of any member that itself ended
         'compression', recursively (UNION keeps a corrupt cycle finite).
         """
-        stmt = update(SESSIONS).where(SESSIONS.c.id.in_(compression_lineage(session_id))).values(values)
+        stmt = update(SESSIONS).where(SESSIONS.c.id.in_(compression_lineage_ids(session_id))).values(values)
         return self.conn.execute(stmt).rowcount > 0
 
     # ------------------------------------------------------------------ lifecycle (v26)
@@ -698,22 +673,7 @@ class SessionRepository(Repository):
         """Whether ``candidate`` is reached from ``session_id`` going up through parents
         that ended with 'compression' (the session's earlier selves). Cycle-safe: the
         walk is a UNION, so a session seen twice stops it."""
-        child, parent = SESSIONS.alias("child"), SESSIONS.alias("parent")
-        seed = (
-            select(parent.c.id)
-            .select_from(child.join(parent, parent.c.id == child.c.parent_session_id))
-            .where(child.c.id == session_id, parent.c.end_reason == COMPRESSION_END_REASON)
-        )
-        up = seed.cte("up", recursive=True)
-        step_child, step_parent = SESSIONS.alias("step_child"), SESSIONS.alias("step_parent")
-        up = up.union(
-            select(step_parent.c.id)
-            .select_from(
-                up.join(step_child, step_child.c.id == up.c.id)
-                .join(step_parent, step_parent.c.id == step_child.c.parent_session_id)
-            )
-            .where(step_parent.c.end_reason == COMPRESSION_END_REASON)
-        )
+        up = compression_ancestors(session_id)
         found = self.conn.execute(select(up.c.id).where(up.c.id == candidate).limit(1)).first()
         return found is not None
 

@@ -20,14 +20,14 @@ import functools
 from typing import Any
 from collections.abc import Callable
 
-from sqlalchemy import Connection, Integer, String, bindparam, delete, literal_column, select, update
+from sqlalchemy import Connection, String, bindparam, delete, select, update
 from sqlalchemy.sql import Select
 
 from ..dialects import Dialect
 from ..errors import CompressionSessionClosedError, SessionTurnLeaseLostError
 from ..models import Base
 from .base import SESSIONS, Repository, per_dialect
-from .lineage import COMPRESSION, MAX_DEPTH
+from .lineage import COMPRESSION, parent_chain
 
 LEASES = Base.metadata.tables["session_turn_leases"]
 #: Whether a lease holder's process is provably gone (True), given the holder text.
@@ -41,15 +41,7 @@ _SID = bindparam("sid", type_=String)
 def _lease_key_stmt() -> Select:
     """The farthest ancestor reached through parents that ended 'compression' (the
     session itself when its parent did not, or when it is unknown)."""
-    seed = select(_S.c.id, _S.c.parent_session_id.label("parent"), literal_column("0", Integer).label("depth")) \
-        .where(_S.c.id == _SID)
-    up = seed.cte("lease_up", recursive=True)
-    step = (
-        select(_S.c.id, _S.c.parent_session_id, up.c.depth + literal_column("1", Integer))
-        .join_from(_S, up, _S.c.id == up.c.parent)
-        .where(_S.c.end_reason == COMPRESSION, up.c.depth < MAX_DEPTH)
-    )
-    up = up.union_all(step)
+    up = parent_chain(_SID, name="lease_up", through_compression=True)
     return select(up.c.id).order_by(up.c.depth.desc()).limit(1)
 
 
