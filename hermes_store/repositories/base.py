@@ -37,12 +37,14 @@ MESSAGES = Base.metadata.tables["messages"]
 #: Per engine, then per (tenant schema, object name): a tenant's engine and a plain one
 #: can share an Engine object (UnitOfWork(engine, schema=...)), so the schema is part of
 #: every key. Only answers that found the object are kept (see _table_info).
-_SCHEMA_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], frozenset[str]]] = weakref.WeakKeyDictionary()
+_SCHEMA_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], frozenset[str]]] = \
+    weakref.WeakKeyDictionary()
 _OBJECT_SQL_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], str]] = weakref.WeakKeyDictionary()
 _INFO_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[str | None, str], Any]] = weakref.WeakKeyDictionary()
 #: Per SQLAlchemy dialect instance (one per engine; its driver fixes the parameter
 #: style), then per (table, schema, columns): compiled INSERTs for the DB-API cursor.
-_INSERTS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[str, tuple[str, ...]]]] = weakref.WeakKeyDictionary()
+_INSERTS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[str, tuple[str, ...]]]] = \
+    weakref.WeakKeyDictionary()
 #: Raw statements rendered per schema (``{table}`` placeholders → qualified names).
 #: Bounded: search assembles statements whose text depends on the query's shape.
 _RENDERED: dict[tuple[str, str | None], TextClause] = {}
@@ -217,12 +219,12 @@ class Repository:
     def _all(self, sql: str | TextClause, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         result = self.conn.execute(self._sql(sql) if isinstance(sql, str) else sql, params or {})
         keys = list(result.keys())
-        return [dict(zip(keys, row)) for row in result.fetchall()]
+        return [dict(zip(keys, row, strict=True)) for row in result.fetchall()]
 
     def _one(self, sql: str | TextClause, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
         result = self.conn.execute(self._sql(sql) if isinstance(sql, str) else sql, params or {})
         row = result.fetchone()
-        return None if row is None else dict(zip(result.keys(), row))
+        return None if row is None else dict(zip(result.keys(), row, strict=True))
 
     def _scalar(self, sql: str | TextClause, params: dict[str, Any] | None = None) -> Any:
         return self.conn.execute(self._sql(sql) if isinstance(sql, str) else sql, params or {}).scalar()
@@ -346,7 +348,7 @@ def in_filter(column_sql: str, values: Sequence[Any], prefix: str, params: dict[
               negate: bool = False) -> str:
     """``column IN (:prefix0, :prefix1...)`` (or NOT IN), its values added to ``params``."""
     names = [f"{prefix}{i}" for i in range(len(values))]
-    params.update(zip(names, values))
+    params.update(zip(names, values, strict=True))
     return f"{column_sql} {'NOT IN' if negate else 'IN'} ({', '.join(':' + n for n in names)})"
 
 

@@ -63,7 +63,8 @@ def check_filter_names(filters: Mapping[str, Any]) -> None:
 
 
 def _number(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and math.isnan(value)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or (isinstance(value, float) and math.isnan(value)):
         raise errors.InvalidInputError(f"{name} must be a number, not {value!r}")
     return value
 

@@ -332,7 +332,7 @@ def _full_columns(f: Any, cols: Sequence[str], activity: bool, prompts: bool) ->
         if prompts and name == "system_prompt" else f.c[name]
         for name in cols
     ]
-    return out + [_preview_source(f).label("_preview"), last_active(f, activity).label("last_active")]
+    return [*out, _preview_source(f).label("_preview"), last_active(f, activity).label("last_active")]
 
 
 def _with_prompts(frm: Any, f: Any, prompts: bool) -> Any:
@@ -544,7 +544,7 @@ class ListingRepository(Repository):
     def _record(cols: Sequence[str], values: Sequence[Any]) -> SessionRecord:
         """A listing row: the columns, then last_active and preview (Hermes' key order)."""
         n = len(cols)
-        item: dict[str, Any] = dict(zip(cols, values[:n]))
+        item: dict[str, Any] = dict(zip(cols, values[:n], strict=True))
         item["last_active"] = values[n + 1]
         item["preview"] = make_preview(values[n])
         return item  # type: ignore[return-value]

@@ -244,9 +244,10 @@ def hermes_row(
     """One message as Hermes v23 writes it, and what it adds to ``tool_call_count``.
 
     ``tool_calls`` may be JSON text (parsed first; unparsable text is kept as given and
-    counts 0 — Hermes stores NULL there, a deliberate difference); ``observed`` is stored 0/1; ``api_content`` only when it is a str; reasoning
-    and codex items as JSON (see :func:`encode_json_text`). The rest goes through
-    :func:`encode_row` (ids checked, content encoded, lone surrogates scrubbed).
+    counts 0 — Hermes stores NULL there, a deliberate difference); ``observed`` is stored
+    0/1; ``api_content`` only when it is a str; reasoning and codex items as JSON (see
+    :func:`encode_json_text`). The rest goes through :func:`encode_row` (ids checked,
+    content encoded, lone surrogates scrubbed).
     """
     try:
         parsed = parse_tool_calls(tool_calls)
@@ -547,7 +548,8 @@ class MessageRepository(Repository):
         row, calls = hermes_row(session_id, role, content, self.now() if ts is None else ts,
                                 known=self._known(), **fields)
         if turn_lease is not None:
-            guard_transcript_write(self.conn, session_id, holder=turn_lease[0], ttl_seconds=turn_lease[1], now=self.now())
+            guard_transcript_write(self.conn, session_id, holder=turn_lease[0], ttl_seconds=turn_lease[1],
+                                   now=self.now())
         # The hot path of every agent turn: on SQLite two plain statements on the
         # DB-API connection, inside the caller's transaction (see the dialects).
         return self.dialect.append_message(self.conn, row, calls)
@@ -571,7 +573,7 @@ class MessageRepository(Repository):
         self.insert_rows(rows)
         newest = select(M.id).where(M.session_id == session_id).order_by(M.id.desc()).limit(len(rows))
         ids = [int(r[0]) for r in self.conn.execute(newest).fetchall()][::-1]
-        for msg, row_id in zip(items, ids):
+        for msg, row_id in zip(items, ids, strict=False):  # as many ids as rows written
             if isinstance(msg, dict):
                 msg[ROW_ID_KEY] = row_id
         return len(rows), calls
@@ -694,7 +696,7 @@ class MessageRepository(Repository):
             q = q.offset(off)
         result = self.conn.execute(q)
         keys = list(result.keys())
-        rows = [decode_row(dict(zip(keys, r))) for r in result.fetchall()]
+        rows = [decode_row(dict(zip(keys, r, strict=True))) for r in result.fetchall()]
         return rows[::-1] if latest else rows
 
     def count(self, session_id: str | None = None) -> int:
@@ -876,7 +878,7 @@ class MessageRepository(Repository):
             result = self.conn.execute(select(MESSAGES).where(M.id == mid, M.session_id == session_id))
             first = result.first()
             if first is not None:
-                found = dict(zip(result.keys(), first))
+                found = dict(zip(result.keys(), first, strict=True))
         if found is None:
             raise MessageNotFoundError(f"message {target_message_id} not found in session {session_id}")
         if found["role"] != "user":
@@ -936,7 +938,7 @@ class MessageRepository(Repository):
         for q in (before, after):
             result = self.conn.execute(q)
             keys = list(result.keys())
-            rows += [dict(zip(keys, r)) for r in result.fetchall()]
+            rows += [dict(zip(keys, r, strict=True)) for r in result.fetchall()]
         rows.sort(key=lambda r: r["id"])
         n_before = sum(1 for r in rows if r["id"] < anchor)
         return MessageWindow([decode_row(r) for r in rows], n_before, len(rows) - n_before - 1)
@@ -960,7 +962,7 @@ class MessageRepository(Repository):
             return MessageWindow([], 0, 0, [], [])
         result = self.conn.execute(select(MESSAGES).where(M.session_id == session_id).order_by(M.id))
         keys = list(result.keys())
-        rows = [dict(zip(keys, r)) for r in result.fetchall()]
+        rows = [dict(zip(keys, r, strict=True)) for r in result.fetchall()]
         idx = next((i for i, r in enumerate(rows) if r["id"] == anchor), None)
         if idx is None:
             return MessageWindow([], 0, 0, [], [])

@@ -47,7 +47,9 @@ NEVER_REFILLED = ("source", "user_id", "started_at")
 INHERITED = ("cwd", "git_repo_root", "git_branch", "profile_name")
 #: ...and these too when the parent ended with 'compression': the continuation is the
 #: same conversation, so it keeps the gateway routing. A delegate of a live parent does not.
-INHERITED_BY_CONTINUATION = ("user_id", "session_key", "chat_id", "chat_type", "thread_id", "display_name", "origin_json")
+INHERITED_BY_CONTINUATION = (
+    "user_id", "session_key", "chat_id", "chat_type", "thread_id", "display_name", "origin_json",
+)
 #: End reasons a session reset may replace (the others are explicit and kept).
 RESETTABLE_END_REASONS = ("agent_close", "ws_orphan_reap")
 #: Hermes bounds an activity description to this many characters (v24).

@@ -112,6 +112,7 @@ class UsageRepository(Repository):
         counts = {c: _count(v, c) for c, v in zip(
             (*COUNTERS, "api_call_count"),
             (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, api_call_count),
+            strict=True,
         )}
         estimated_cost_usd = _cost(usage.estimated_cost_usd, "estimated_cost_usd")
         actual_cost_usd = _cost(usage.actual_cost_usd, "actual_cost_usd")
@@ -124,7 +125,8 @@ class UsageRepository(Repository):
             self._peer(SessionRepository).create(session_id, "unknown")
             if any(counts.values()) or estimated_cost_usd:
                 self._add_to_ledger(
-                    session_id, model or "unknown", [billing_provider or "", billing_base_url or "", billing_mode or ""],
+                    session_id, model or "unknown",
+                    [billing_provider or "", billing_base_url or "", billing_mode or ""],
                     task, counts, estimated_cost_usd, actual_cost_usd, cost_status, cost_source, t,
                 )
             return
@@ -166,7 +168,7 @@ class UsageRepository(Repository):
         ).mappings().first() or {}
         key_model = model if model is not None else (stored.get("model") or "unknown")
         key_route = [v if v is not None else (stored.get(c) or "") for c, v in
-                     zip(ROUTE, (billing_provider, billing_base_url, billing_mode))]
+                     zip(ROUTE, (billing_provider, billing_base_url, billing_mode), strict=True)]
         self._add_to_ledger(session_id, key_model, key_route, "", counts, estimated_cost_usd, actual_cost_usd,
                             cost_status, cost_source, t)
 
@@ -193,7 +195,8 @@ class UsageRepository(Repository):
         ``api_call_count`` None counts one call.
         """
         counts = {c: _count(v, c) for c, v in zip(
-            COUNTERS, (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens)
+            COUNTERS, (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens),
+            strict=True,
         )}
         counts["api_call_count"] = 1 if api_call_count is None else _count(api_call_count, "api_call_count")
         estimated_cost_usd = _cost(estimated_cost_usd, "estimated_cost_usd")
@@ -254,7 +257,7 @@ class UsageRepository(Repository):
     ) -> None:
         """Add a delta to the ledger row of (session, model, route, task), creating it."""
         q: dict[str, Any] = {
-            "session_id": session_id, "model": model, **dict(zip(ROUTE, route)), "task": task, **counts,
+            "session_id": session_id, "model": model, **dict(zip(ROUTE, route, strict=True)), "task": task, **counts,
             "estimated_cost_usd": float(estimated or 0.0), "actual_cost_usd": float(actual or 0.0),
             "cost_status": cost_status, "cost_source": cost_source, "first_seen": t, "last_seen": t,
         }
