@@ -4,7 +4,7 @@
     python scripts/generate_aio_surface.py --check  # exit 1 when it is stale
 
 Run it after adding, renaming or removing a public ``SessionDB`` method (or turning one
-into a generator or a staticmethod); tests/test_aio_surface.py fails until then. Each
+into a generator); tests/test_aio_surface.py fails until then. Each
 line borrows the sync method's signature (see ``hermes_store.aio.awaiting``), so the
 file holds names only, never a copied signature.
 """
@@ -32,7 +32,9 @@ defines the sync method.
 from __future__ import annotations
 
 from ..facade import SessionDB
-from .awaiting import awaited, awaited_list, awaited_static
+from .awaiting import awaited, awaited_list, methods_of
+
+SYNC = methods_of(SessionDB)
 
 
 class SessionDBAwaited:
@@ -43,8 +45,6 @@ class SessionDBAwaited:
 def wrapper_of(cls: type, name: str) -> str:
     """Which helper of ``hermes_store.aio.awaiting`` makes ``cls.name``'s coroutine."""
     raw = inspect.getattr_static(cls, name)
-    if isinstance(raw, staticmethod):
-        return "awaited_static"
     if isinstance(raw, classmethod):
         raise SystemExit(f"{cls.__name__}.{name} is a classmethod: teach {__file__} how to await it")
     function = getattr(cls, name)
@@ -54,7 +54,8 @@ def wrapper_of(cls: type, name: str) -> str:
 
 
 def render(cls: type = SessionDB) -> str:
-    """The text of the module (see the module docstring)."""
+    """The text of the module (see the module docstring) for ``cls`` (a SessionDB, or a
+    subclass in the generator's own test)."""
     by_module: dict[str, list[str]] = {}
     for name, function in inspect.getmembers(cls, inspect.isfunction):
         if not name.startswith("_"):
@@ -63,7 +64,7 @@ def render(cls: type = SessionDB) -> str:
     for module in sorted(by_module):
         lines.append(f"    # {module}")
         for name in sorted(by_module[module]):
-            line = f"    {name} = {wrapper_of(cls, name)}({cls.__name__}.{name})"
+            line = f"    {name} = {wrapper_of(cls, name)}(SYNC.{name})"
             if len(line) > 120:
                 raise SystemExit(f"{cls.__name__}.{name}: its line would pass 120 characters")
             lines.append(line)

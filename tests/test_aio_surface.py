@@ -47,9 +47,9 @@ def test_the_generator_sees_a_new_method_and_its_kind() -> None:
             return n
 
     text = _generator().render(Grown)
-    assert "    brand_new = awaited(Grown.brand_new)\n" in text
-    assert "    brand_new_rows = awaited_list(Grown.brand_new_rows)\n" in text
-    assert "    brand_new_static = awaited_static(Grown.brand_new_static)\n" in text
+    assert "    brand_new = awaited(SYNC.brand_new)\n" in text
+    assert "    brand_new_rows = awaited_list(SYNC.brand_new_rows)\n" in text
+    assert "    brand_new_static = awaited(SYNC.brand_new_static)\n" in text
     assert text != _generator().render()
 
 

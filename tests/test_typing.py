@@ -74,6 +74,10 @@ WRONG_ASYNC = {
     'await db.append_message("s", "user", "hi", bogus_kw=1)': 'Unexpected keyword argument "bogus_kw"',
     "await db.search_messages(123)": 'Argument 1 has incompatible type "int"; expected "str"',
     'count: str = await db.append_message("s", "user", "hi")': "Incompatible types in assignment",
+    # a method taking **kwargs (its self could not be stripped by a ParamSpec alone)
+    "await db.update_session(123, title='t')": 'Argument 1 has incompatible type "int"; expected "str"',
+    # a staticmethod of SessionDB, awaited on the instance
+    "await db.sanitize_title(1)": 'Argument 1 has incompatible type "int"',
 }
 
 
@@ -131,6 +135,7 @@ def test_mistakes_in_awaited_calls_are_reported_like_sync_ones(tmp_path: Path) -
 def test_a_clean_async_host_checks_clean(tmp_path: Path) -> None:
     """The async mistakes' own host, with the mistakes corrected: the errors above are theirs."""
     fixed = ['await db.append_message("s", "user", "hi")', 'await db.append_message("s", "user", "hi", tool_name="t")',
-             'await db.search_messages("hi")', 'count: int = await db.append_message("s", "user", "hi")']
+             'await db.search_messages("hi")', 'count: int = await db.append_message("s", "user", "hi")',
+             "await db.update_session('s', title='t')", "await db.sanitize_title('t')"]
     run = _mypy(tmp_path, _async_host(fixed))
     assert run.returncode == 0, run.stdout + run.stderr
