@@ -21,7 +21,8 @@ from sqlalchemy import event, text
 
 from hermes_store import SessionDB
 from hermes_store.repositories import search as search_mod
-from hermes_store.search import bigram, bigram_upkeep
+from hermes_store.dialects import cjk_bigram as bigram
+from hermes_store.dialects import cjk_bigram as bigram_upkeep
 
 pytestmark = pytest.mark.both_backends
 

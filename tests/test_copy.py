@@ -38,7 +38,7 @@ from hermes_store.copying import MARKER_KEY, CopyError, CopyInProgressError, Cop
 from hermes_store.copying.destination import destination_lock
 from hermes_store.copying.endpoints import endpoint
 from hermes_store.models import Base
-from hermes_store.search import bigram_upkeep
+from hermes_store.dialects import cjk_bigram as bigram_upkeep
 
 from .helpers import HERMES_DBS
 from .test_cli import file_target, one_line_error, run, server_target, snapshot

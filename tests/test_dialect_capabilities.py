@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from hermes_store import errors
 from hermes_store.dialects import Dialect, all_dialects, fts5, postgresql, sqlite
 from hermes_store.repositories.messages import MessageRepository
-from hermes_store.search.fts_head import head_fts_objects
+from hermes_store.operations.fts import head_fts_objects
 
 #: What only a SQLite file with FTS5 tables can do: on ``Dialect.fts5``, nowhere else.
 FTS5_ONLY = ("fts_tables", "fts_table_exists", "fts_queryable", "fts_layout_is_legacy", "fts_backfill",
@@ -34,6 +34,36 @@ def test_search_route_differences() -> None:
     assert (pg.caseless_like, pg.caseless_like_folds_non_ascii, pg.cjk_by_substring) == ("ILIKE", True, True)
     assert lite.rowid_walk_hint.strip() == "NOT INDEXED" and pg.rowid_walk_hint == ""
     assert lite.word_match(None, '"otter"') == ('"otter"', None)  # FTS5 reads MATCH and cuts snippets
+
+
+def test_capabilities_are_asked_by_name() -> None:
+    """What used to be read off ``is_file`` / ``fts5 is None``: each a named question."""
+    lite, pg = sqlite.DIALECT, postgresql.DIALECT
+    assert lite.search_index_can_lag and not pg.search_index_can_lag
+    assert lite.fts5_storage is lite.fts5 and isinstance(pg.fts5_storage, fts5.NoFts5Storage)
+    assert (lite.driver_param_mark, pg.driver_param_mark) == ("?", "%s")
+    assert pg.integrity_check(None, quick=True, max_lines=5) == []  # a server has no such check
+    assert pg.export_reader(None) is None  # the repositories' own reads
+
+
+def test_no_fts5_storage_sends_no_statement() -> None:
+    """PostgreSQL's storage answers "no FTS5 table" without a connection to ask."""
+    empty = postgresql.DIALECT.fts5_storage
+    assert empty.tables(None) == {} and empty.trash_tables(None) == [] and empty.trash_rows(None) == 0
+    assert not empty.queryable(None, "messages_fts") and not empty.layout_is_legacy(None)
+    assert empty.backfill(None, "messages_fts", 0, 10) == 0 and empty.demote_legacy(None, ()) == []
+
+
+def test_sqlite_file_facts_come_from_the_dialect(engine: Engine) -> None:
+    with engine.connect() as conn:
+        assert sqlite.DIALECT.integrity_check(conn, quick=True, max_lines=5) == ["ok"]
+        assert (sqlite.DIALECT.logical_size_bytes(conn, None, ["messages"]) or 0) > 0
+    _with_session(engine)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s', 'user', 'x', 1)")
+        read = sqlite.DIALECT.export_reader(conn)
+        assert read is not None
+        assert [r["content"] for r in read("messages", "s", "id")] == ["x"]
 
 
 def test_head_fts_objects_are_what_our_migrations_build() -> None:

@@ -31,7 +31,7 @@ from hermes_store.operations import (
 )
 from hermes_store.operations import steps as steps_module
 from hermes_store.repositories import MaintenanceRepository
-from hermes_store.search import bigram_upkeep
+from hermes_store.dialects import cjk_bigram as bigram_upkeep
 from hermes_store.sessiondb._host import HostSteps
 
 from .factories import set_times

@@ -28,7 +28,8 @@ from sqlalchemy import text
 from hermes_store import SessionDB, migrations
 from hermes_store import facade
 from hermes_store.repositories import MaintenanceRepository
-from hermes_store.search import bigram, bigram_upkeep
+from hermes_store.dialects import cjk_bigram as bigram
+from hermes_store.dialects import cjk_bigram as bigram_upkeep
 
 from .helpers import hostile_search_path, server_database, via_pooler
 

@@ -47,7 +47,8 @@ from hermes_store import migrations
 from hermes_store.engine import create_engine
 from hermes_store.models import Base
 from hermes_store.repositories.search import SearchRepository
-from hermes_store.search import bigram_upkeep, plan_search
+from hermes_store.dialects import cjk_bigram as bigram_upkeep
+from hermes_store.search import plan_search
 
 SESSIONS = Base.metadata.tables["sessions"]
 MESSAGES = Base.metadata.tables["messages"]

@@ -28,7 +28,8 @@ from hermes_store import SessionDB, errors, facade
 from hermes_store.upkeep import Upkeep
 from hermes_store.dialects.pg_tenants import try_transaction_lock
 from hermes_store.repositories.messages import MessageRepository
-from hermes_store.search import bigram, bigram_upkeep
+from hermes_store.dialects import cjk_bigram as bigram
+from hermes_store.dialects import cjk_bigram as bigram_upkeep
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ import pytest
 
 from hermes_store import SessionDB
 from hermes_store.errors import InvalidInputError
-from hermes_store.search import bigram, plan_search
+from hermes_store.dialects import cjk_bigram as bigram
+from hermes_store.search import plan_search
 
 from .factories import set_times
 from .helpers import HERMES_DBS, reference_schema, snap

@@ -51,6 +51,17 @@ class Dialect(Protocol):
     #: Hermes' FTS5 tables (rebuild windows, legacy layouts, trash) where full-text
     #: search runs on them; None where the server keeps its own indexes complete.
     fts5: Fts5Storage | None
+    #: The same tables, never None: where there are none, a storage that holds no table
+    #: and sends no statement (:class:`~hermes_store.dialects.fts5.NoFts5Storage`).
+    fts5_storage: Fts5Storage
+    #: Whether the full-text index can miss rows: it is filled by triggers and chunked
+    #: backfills (a rebuild window, a stale flag, Hermes v23 optimize-storage), so search
+    #: checks for a gap and upkeep has bookkeeping to heal. False where the server keeps
+    #: its indexes complete on every write.
+    search_index_can_lag: bool
+    #: The placeholder the driver's own cursors take (``?`` for sqlite3, ``%s`` for
+    #: psycopg): for a statement run on a DB-API cursor a host hands us.
+    driver_param_mark: str
 
     # -------------------------------------------------------------- engines and errors
 
@@ -192,6 +203,16 @@ class Dialect(Protocol):
     def has_table(self, conn: Connection, name: str) -> bool:
         """Whether the connection's schema has a table of that name."""
 
+    @property
+    def search(self) -> Any:
+        """The search statement builders of this dialect, one per route (a
+        :class:`hermes_store.dialects.search_base.SearchRoutes`)."""
+
+    def delegated_sessions(self, conn: Connection, candidates: Sequence[tuple[str, Any]] | None = None) -> list[str]:
+        """Where :meth:`cjk_sessions` leaves sub-agent sessions to Python (``cjk_by_substring``
+        dialects): those among ``candidates`` (``(id, model_config)`` rows, read here
+        when None)."""
+
     # -------------------------------------------------------------- full-text search
 
     def fts_indexes(self, conn: Connection) -> list[str]:
@@ -248,6 +269,25 @@ class Dialect(Protocol):
     def checkpoint_truncate(self, engine: Engine) -> None:
         """Fold the whole write-ahead log into the file and truncate it (before a
         VACUUM; best effort). Nothing to do where the server keeps its own log."""
+
+    def logical_size_bytes(self, conn: Connection, schema: str | None, tables: Sequence[str]) -> int | None:
+        """The store's size: a file's ``page_count × page_size``; on a server the on-disk
+        size of ``tables`` in ``schema`` (indexes and TOAST included). None when unknown."""
+
+    def integrity_check(self, conn: Connection, *, quick: bool, max_lines: int) -> list[str]:
+        """The database's own integrity check (``["ok"]`` when sound, else up to
+        ``max_lines`` problems); ``[]`` where the database has no such check."""
+
+    def object_sizes(self, conn: Connection, schema: str | None,
+                     tables: Sequence[str]) -> list[tuple[str, str, str, int]] | None:
+        """``(name, 'table'|'index', table, bytes)`` of each table and index of ours,
+        largest first; None where the database cannot say (a SQLite build without ``dbstat``)."""
+
+    def export_reader(self, conn: Connection) -> Callable[[str, str, str], list[dict[str, Any]]] | None:
+        """A reader of one session's rows straight from the driver, ``(table, session id,
+        ORDER BY columns) -> rows as dicts``, where that is much cheaper than SQLAlchemy's
+        per-statement result setup (SQLite, on a big export); None where the
+        repositories' own reads serve as well."""
 
     def fts_search_available(self, conn: Connection) -> bool:
         """Full-text search can be served here."""

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
 from .. import errors
-from ..search.fts import fts5 as fts5_statements
+from ..search.fts import FTS_INDEXES, MERGE_PAGES
 
 # Warnings keep the facade's logger name: that is where users have filters for them.
 log = logging.getLogger("hermes_store.facade")
@@ -55,13 +55,37 @@ def _fts_option(sql: str, option: str) -> str | None:
     return None if found is None else next(g for g in found.groups() if g is not None)
 
 
+def fts5_command(conn: Connection, index: str, cmd: str) -> None:
+    """Run an FTS5 special command ('rebuild', 'optimize', 'merge', 'integrity-check', 'delete-all')."""
+    if cmd == "integrity-check":
+        # rank=1 also compares the index with its external content.
+        conn.exec_driver_sql(f"INSERT INTO {index}({index}, rank) VALUES('integrity-check', 1)")
+    elif cmd == "merge":
+        # Bounded upkeep: at most about MERGE_PAGES pages of segment merging, and
+        # only where automerge left a level with enough segments (positive N).
+        conn.exec_driver_sql(f"INSERT INTO {index}({index}, rank) VALUES('merge', {MERGE_PAGES})")
+    else:
+        conn.exec_driver_sql(f"INSERT INTO {index}({index}) VALUES('{cmd}')")
+
+
+def existing_indexes(conn: Connection) -> list[str]:
+    """Our two message indexes (word, trigram) this file has as FTS5 virtual tables."""
+    names = {
+        r[0]
+        for r in conn.exec_driver_sql(
+            "SELECT name FROM sqlite_master WHERE type='table' AND sql LIKE 'CREATE VIRTUAL TABLE%'"
+        )
+    }
+    return [i for i in FTS_INDEXES if i in names]
+
+
 def fts_objects_of(path: Path | str) -> tuple[FtsObject, ...]:
     """(type, name, CREATE) of every message FTS object of the SQLite file at ``path``
     in creation order: views, then the virtual tables, then the triggers that feed them
     (the CJK index is Hermes' optional one, never ours, and is left out).
 
     Read from a file our migrations built, this is the layout a demotion creates
-    (see :func:`hermes_store.search.fts_head.head_fts_objects`).
+    (see :func:`hermes_store.operations.fts.head_fts_objects`).
     """
     raw = sqlite3.connect(str(path))
     try:
@@ -146,7 +170,7 @@ class Fts5Storage:
 
     def rebuild_from_source(self, conn: Connection, index: str) -> None:
         """FTS5 ``'rebuild'``: the index is dropped and made again from its content."""
-        fts5_statements.command(conn, index, "rebuild")
+        fts5_command(conn, index, "rebuild")
 
     def trash_tables(self, conn: Connection) -> list[str]:
         """Plain tables left by a demotion (``fts_v22_trash_*``), by name."""
@@ -219,7 +243,8 @@ class Fts5Storage:
                 with conn.begin_nested():
                     self._move_shadows_to_trash(conn, name)
             except (DBAPIError, sqlite3.Error) as exc:
-                log.warning("%s: could not keep the old index's pages for a chunked teardown (%s); dropping it", name, exc)
+                log.warning("%s: could not keep the old index's pages for a chunked teardown (%s); dropping it",
+                            name, exc)
                 conn.exec_driver_sql(f"DROP TABLE IF EXISTS {_quote(name)}")
         for _kind, _name, sql in head_objects:
             conn.exec_driver_sql(sql)
@@ -247,3 +272,44 @@ class Fts5Storage:
             conn.exec_driver_sql("DELETE FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
         finally:
             conn.exec_driver_sql("PRAGMA writable_schema = RESET")  # off, and the schema is read again
+
+
+class NoFts5Storage(Fts5Storage):
+    """The FTS5 storage of a database that has none (a server's search runs on indexes it
+    keeps complete): no table, nothing to backfill, demote or tear down, and not one
+    statement sent to ask. What ``Dialect.fts5_storage`` is there, so callers ask
+    questions instead of testing for None."""
+
+    def tables(self, conn: Connection) -> dict[str, str]:
+        return {}
+
+    def table_exists(self, conn: Connection, name: str) -> bool:
+        return False
+
+    def queryable(self, conn: Connection, name: str) -> bool:
+        return False
+
+    def layout_is_legacy(self, conn: Connection) -> bool:
+        return False
+
+    def backfill(self, conn: Connection, index: str, lo: int, hi: int, *, sweep: bool = False) -> int:
+        return 0
+
+    def rebuild_from_source(self, conn: Connection, index: str) -> None:
+        return None
+
+    def trash_tables(self, conn: Connection) -> list[str]:
+        return []
+
+    def trash_rows(self, conn: Connection) -> int:
+        return 0
+
+    def trash_delete(self, conn: Connection, name: str, rows: int) -> int:
+        return 0
+
+    def demote_legacy(self, conn: Connection, head_objects: Sequence[FtsObject]) -> list[str]:
+        return []
+
+
+#: The one storage of databases without FTS5 tables.
+NO_FTS5_STORAGE = NoFts5Storage()

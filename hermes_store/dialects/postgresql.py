@@ -19,7 +19,8 @@ from typing import Any
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy import (
-    Connection, Engine, Text, bindparam, cast, column, exists, func, inspect, insert, literal_column, select, table, text,
+    Connection, Engine, Text, bindparam, cast, column, exists, func, inspect, insert, literal_column, select, table,
+    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -30,12 +31,29 @@ from ..models import Base
 from ..search import latin_in_cjk as runs
 from ..search import postgresql as pg_search
 from ..tenancy import qualified, quote_ident, schema_of_connection
-from . import pg_engine, pg_tenants
+from . import pg_engine, pg_tenants, search_pg
 from .base import CLOSED_BY_COMPRESSION, LOCK_BUDGET_OPTION, MessageRuns, refused_append
-from .fts5 import Fts5Storage
+from .fts5 import NO_FTS5_STORAGE, Fts5Storage
 from .pg_nul import install_nul_adapters
 from .pg_tenants import tenant_table_names
 
+#: The on-disk size of our tables (with indexes and TOAST) in the schema we work in.
+_SERVER_SIZE = text(
+    "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+    " JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE n.nspname = COALESCE(:schema, current_schema()) AND c.relkind IN ('r', 'm', 'p')"
+    " AND c.relname IN :names"
+).bindparams(bindparam("names", expanding=True))
+#: Our tables (with their TOAST and indexes) and each of their indexes, in the schema we work in.
+_SERVER_SIZES = text(
+    "SELECT c.relname, CASE WHEN c.relkind = 'i' THEN 'index' ELSE 'table' END, COALESCE(t.relname, c.relname),"
+    " CASE WHEN c.relkind = 'i' THEN pg_relation_size(c.oid) ELSE pg_total_relation_size(c.oid) END"
+    " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " LEFT JOIN pg_index i ON i.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = i.indrelid"
+    " WHERE n.nspname = COALESCE(:schema, current_schema()) AND c.relkind IN ('r', 'p', 'm', 'i')"
+    " AND COALESCE(t.relname, c.relname) IN :names"
+    " ORDER BY 4 DESC, 1"
+).bindparams(bindparam("names", expanding=True))
 #: libpq's PQTRANS_IDLE: no transaction open at the server.
 _IDLE = 0
 #: The server had ended the session before a statement arrived.
@@ -185,6 +203,9 @@ class PostgreSQLDialect:
     #: No FTS5 tables: search runs on GIN indexes the server keeps complete on every
     #: write (no rebuild window to backfill, no pre-v23 layout, no trash to tear down).
     fts5: Fts5Storage | None = None
+    fts5_storage: Fts5Storage = NO_FTS5_STORAGE
+    search_index_can_lag = False
+    driver_param_mark = "%s"
     # Search routes: ILIKE folds every letter (narrowed to ASCII where SQLite's LIKE
     # must be matched); CJK queries go by substring over the pg_trgm index; the planner
     # keeps a block read on the id range by itself.
@@ -326,14 +347,14 @@ class PostgreSQLDialect:
         server fills in column defaults itself."""
         schema = schema_of_connection(conn) if runs else None
         for names, values in runs:
-            conn.execute(insert(_messages_target(names, schema)), [dict(zip(names, v)) for v in values])
+            conn.execute(insert(_messages_target(names, schema)), [dict(zip(names, v, strict=True)) for v in values])
 
     # -------------------------------------------------------------- search routes
 
     def word_match(self, conn: Connection, match: str) -> tuple[Any, Any]:
         """Terms are folded by the function that built the index (one round trip at
         most), so both sides cut and fold words alike; snippets are cut in Python."""
-        words = pg_search.word_query(conn, match)
+        words = search_pg.word_query(conn, match)
         return words.tsquery, words
 
     def cjk_sessions(self, conn: Connection, params: dict[str, Any], object_sql: Callable[[str], str],
@@ -344,7 +365,7 @@ class PostgreSQLDialect:
         many statements (candidate blocks, unindexed tail, tool rows) repeat the clause.
         """
         clause = _TRIGRAM_SOURCES
-        delegated = pg_search.delegated_sessions(conn, candidates)
+        delegated = search_pg.delegated_sessions(conn, candidates)
         if delegated:
             params["dlg"] = delegated
             clause += " AND s.id <> ALL(CAST(:dlg AS text[]))"
@@ -383,11 +404,22 @@ class PostgreSQLDialect:
 
         return runs.RunsSQL(
             source="{messages} m JOIN {sessions} s ON s.id = m.session_id",
-            where=(f"m.role <> 'tool' AND {runs.any_in_run(query, in_run)} AND {runs.condition(query, in_run, has_words)}"
+            where=(f"m.role <> 'tool' AND {runs.any_in_run(query, in_run)}"
+                   f" AND {runs.condition(query, in_run, has_words)}"
                    " AND NOT (m.search_vector @@ CAST(:q AS tsquery))"),
             sessions=_TRIGRAM_SOURCES,
             maybe_delegated=f"s.{pg_search.DELEGATED_CANDIDATE}",
         )
+
+    @property
+    def search(self) -> search_pg.PgSearchRoutes:
+        """The search statements of this dialect, per route (:mod:`.search_pg`)."""
+        return search_pg.ROUTES
+
+    def delegated_sessions(self, conn: Connection, candidates: Sequence[tuple[str, Any]] | None = None) -> list[str]:
+        """Sub-agent sessions among ``candidates`` (read here when None): PostgreSQL 15
+        has no safe JSON test in SQL, so they are decided in Python."""
+        return search_pg.delegated_sessions(conn, candidates)
 
     def has_table(self, conn: Connection, name: str) -> bool:
         return inspect(conn).has_table(name, schema=schema_of_connection(conn))
@@ -487,6 +519,24 @@ class PostgreSQLDialect:
 
     def checkpoint_truncate(self, engine: Engine) -> None:
         return None  # no WAL file of ours to truncate: the server manages its own
+
+    def logical_size_bytes(self, conn: Connection, schema: str | None, tables: Sequence[str]) -> int | None:
+        """The on-disk size of our tables in this schema (indexes and TOAST included),
+        the nearest a server has to a file's size."""
+        total = conn.execute(_SERVER_SIZE, {"schema": schema, "names": sorted(tables)}).scalar()
+        return int(total or 0)
+
+    def integrity_check(self, conn: Connection, *, quick: bool, max_lines: int) -> list[str]:
+        return []  # a server has no such check of its own
+
+    def object_sizes(self, conn: Connection, schema: str | None,
+                     tables: Sequence[str]) -> list[tuple[str, str, str, int]] | None:
+        """Our tables (with their TOAST and indexes) and each of their indexes."""
+        rows = conn.execute(_SERVER_SIZES, {"schema": schema, "names": sorted(tables)}).fetchall()
+        return [tuple(r) for r in rows]  # type: ignore[misc]
+
+    def export_reader(self, conn: Connection) -> Callable[[str, str, str], list[dict[str, Any]]] | None:
+        return None  # the repositories' reads: a round trip costs more than their setup
 
     def fts_search_available(self, conn: Connection) -> bool:
         return True  # the tsvector column is always there; its index only makes it fast

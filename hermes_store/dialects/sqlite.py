@@ -32,8 +32,11 @@ from .fts5 import (
     TRIGRAM_FTS,
     WORD_FTS,
     Fts5Storage,
+    existing_indexes,
+    fts5_command,
 )
 from ..search import latin_in_cjk as runs
+from . import search_fts5
 from ..search.fts import TRIGRAM_INDEX, TRIGRAM_SOURCE_VIEW, WORD_INDEX, fts5 as fts5_statements, trigram_sessions
 
 # Warnings keep the facade's logger name: that is where users have filters for them.
@@ -294,6 +297,12 @@ def _outside_transaction(engine: Engine, sql: str, params: Sequence[Any] = ()) -
 
 #: What a best-effort checkpoint skips: a held lock (typed), and what it skipped before
 #: errors were typed there (any OperationalError: I/O, a full disk, a read-only file).
+#: Every b-tree of a file by the bytes of its pages (``dbstat``: compiled into most builds).
+_FILE_SIZES = (
+    "SELECT s.name, COALESCE(m.type, 'table'), COALESCE(m.tbl_name, s.name), SUM(s.pgsize)"
+    " FROM dbstat s LEFT JOIN sqlite_master m ON m.name = s.name"
+    " GROUP BY s.name ORDER BY SUM(s.pgsize) DESC, s.name"
+)
 _SKIPPED_CHECKPOINT = (sqlite3.OperationalError, errors.DatabaseLockedError, errors.DatabaseUnavailableError)
 
 
@@ -309,6 +318,10 @@ class SQLiteDialect:
     keys_may_be_null = True
     #: Hermes' FTS5 tables live in the file (see :mod:`hermes_store.dialects.fts5`).
     fts5: Fts5Storage | None = _STORAGE
+    fts5_storage: Fts5Storage = _STORAGE
+    #: Triggers and chunked backfills fill the FTS5 tables: a window or a stale flag can leave rows out.
+    search_index_can_lag = True
+    driver_param_mark = "?"
     # Search routes: LIKE folds ASCII letters only; CJK queries use the trigram FTS5
     # index; NOT INDEXED keeps a block read on the rowid range.
     caseless_like = "LIKE"
@@ -555,6 +568,15 @@ class SQLiteDialect:
             sessions=self.cjk_sessions(conn, params, object_sql),
         )
 
+    @property
+    def search(self) -> search_fts5.Fts5SearchRoutes:
+        """The search statements of this dialect, per route (:mod:`.search_fts5`)."""
+        return search_fts5.ROUTES
+
+    def delegated_sessions(self, conn: Connection, candidates: Sequence[tuple[str, Any]] | None = None) -> list[str]:
+        """Never asked: ``json_extract`` decides sub-agent sessions in SQL (:meth:`cjk_sessions`)."""
+        return []
+
     def has_table(self, conn: Connection, name: str) -> bool:
         return conn.execute(
             text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :n"), {"n": name}
@@ -563,7 +585,7 @@ class SQLiteDialect:
     # -------------------------------------------------------------- full-text search
 
     def fts_indexes(self, conn: Connection) -> list[str]:
-        return fts5_statements.existing_indexes(conn)
+        return existing_indexes(conn)
 
     def fts_search_available(self, conn: Connection) -> bool:
         """Full-text search can be served: FTS5 is compiled in and the word index answers."""
@@ -574,7 +596,7 @@ class SQLiteDialect:
         return _STORAGE.queryable(conn, TRIGRAM_FTS)
 
     def fts_command(self, conn: Connection, index: str, cmd: str) -> None:
-        fts5_statements.command(conn, index, cmd)
+        fts5_command(conn, index, cmd)
 
     def match_sql(self, index: str) -> str:
         return fts5_statements.match_sql(index)
@@ -602,6 +624,38 @@ class SQLiteDialect:
         """
         with suppress(*_SKIPPED_CHECKPOINT):
             _outside_transaction(engine, "PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def logical_size_bytes(self, conn: Connection, schema: str | None, tables: Sequence[str]) -> int | None:
+        pages = conn.exec_driver_sql("PRAGMA page_count").scalar()
+        size = conn.exec_driver_sql("PRAGMA page_size").scalar()
+        return None if pages is None or size is None else int(pages) * int(size)
+
+    def integrity_check(self, conn: Connection, *, quick: bool, max_lines: int) -> list[str]:
+        pragma = "quick_check" if quick else "integrity_check"
+        return [str(r[0]) for r in conn.exec_driver_sql(f"PRAGMA {pragma}({int(max_lines)})").fetchall()]
+
+    def object_sizes(self, conn: Connection, schema: str | None,
+                     tables: Sequence[str]) -> list[tuple[str, str, str, int]] | None:
+        """Every b-tree of the file by the bytes of its pages (``dbstat``, compiled into
+        most builds; None without it)."""
+        try:
+            return [tuple(r) for r in conn.exec_driver_sql(_FILE_SIZES).fetchall()]  # type: ignore[misc]
+        except OperationalError as exc:
+            if "dbstat" in str(exc):
+                return None
+            raise
+
+    def export_reader(self, conn: Connection) -> Callable[[str, str, str], list[dict[str, Any]]] | None:
+        """Straight from sqlite3's (or SQLAlchemy's aiosqlite adapter's) connection: per
+        session, SQLAlchemy's result setup would cost more than the query itself."""
+        raw = conn.connection.dbapi_connection
+
+        def read(table: str, session_id: str, order_by: str) -> list[dict[str, Any]]:
+            cursor = raw.execute(f"SELECT * FROM {table} WHERE session_id = ? ORDER BY {order_by}", (session_id,))
+            keys = [d[0] for d in cursor.description]
+            return [dict(zip(keys, r, strict=True)) for r in cursor.fetchall()]
+
+        return read
 
     def defer_foreign_keys(self, conn: Connection) -> None:
         conn.exec_driver_sql("PRAGMA defer_foreign_keys = ON")
@@ -646,7 +700,8 @@ class SQLiteDialect:
     @staticmethod
     def _autoincrement(conn: Connection, table: str) -> bool:
         """Whether ``table`` keeps a counter in sqlite_sequence (declared AUTOINCREMENT)."""
-        sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :t"), {"t": table}).scalar()
+        sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :t"),
+                           {"t": table}).scalar()
         return bool(sql) and "AUTOINCREMENT" in sql.upper()
 
     # -------------------------------------------------------------- introspection

@@ -9,17 +9,21 @@ there is never a window, legacy layout or trash, and the steps find nothing to d
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from .. import errors
+from .. import errors, migrations
 from ..dialects import for_connection
+from ..dialects.fts5 import FtsObject, fts_objects_of
 from ..repositories.base import driver_errors
 from ..repositories.fts_upkeep import FtsUpkeepRepository
 from . import steps as steps_module
@@ -86,10 +90,25 @@ def rebuild_step(steps: Steps, kind: str = "main", *, chunk_rows: int = REBUILD_
         return True
 
 
+@functools.lru_cache(maxsize=1)
+def head_fts_objects() -> tuple[FtsObject, ...]:
+    """(type, name, CREATE) of every FTS object our head schema has, in creation order.
+
+    Read from a database our migrations build (once per process), so the layout a
+    demotion creates is exactly what a fresh file gets: views, then the virtual
+    tables, then the triggers that feed them (the CJK index is not ours). Here, above
+    the migrations: the dialects and repositories below them take it as an argument.
+    """
+    with tempfile.TemporaryDirectory(prefix="hermes-store-fts-") as tmp:
+        path = Path(tmp) / "head.db"
+        migrations.upgrade(path)
+        return fts_objects_of(path)
+
+
 def demote_legacy_fts(steps: Steps) -> list[str]:
     """Swap pre-v23 inline indexes for the head layout in one short write; the demoted
     tables (none on a current layout or while a window is open)."""
-    demoted = steps.write(lambda c: FtsUpkeepRepository(c).demote_legacy(), budget=_long_budget())
+    demoted = steps.write(lambda c: FtsUpkeepRepository(c).demote_legacy(head_fts_objects), budget=_long_budget())
     if demoted:
         log.info("demoted pre-v23 search indexes %s; backfilling the new ones", ", ".join(demoted))
     return demoted
@@ -136,7 +155,7 @@ def teardown_trash(steps: Steps, report: Callable[[str, int, int, int], None],
         started = steps.monotonic()
         chunk = pacing.chunk_rows
         try:
-            deleted, more = steps.write(lambda c: FtsUpkeepRepository(c).teardown_chunk(chunk),
+            deleted, more = steps.write(lambda c, rows=chunk: FtsUpkeepRepository(c).teardown_chunk(rows),
                                         budget=pacing.step_budget)
         except errors.DatabaseLockedError:
             _pause(steps, started, pacing)

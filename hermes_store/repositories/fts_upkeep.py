@@ -11,24 +11,26 @@ indexes :meth:`FtsUpkeepRepository.demote_legacy` replaces.
 
 This module is the portable half: markers are read and moved with Core statements
 on the ``state_meta`` model table, so the same code runs on PostgreSQL, where the
-dialect has no FTS5 storage (``Dialect.fts5`` is None: search runs on GIN indexes the
-server keeps complete) and any window left in ``state_meta`` simply closes. What an
-FTS5 table needs is behind the dialect (:mod:`hermes_store.dialects.fts5`).
+search index cannot lag (``Dialect.search_index_can_lag`` is False: search runs on GIN
+indexes the server keeps complete; its ``fts5_storage`` holds no table) and any window
+left in ``state_meta`` simply closes. What an FTS5 table needs is behind the dialect
+(:mod:`hermes_store.dialects.fts5`).
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
+import sys
 from typing import Any
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import Connection, delete, func, select, update
 from sqlalchemy.exc import OperationalError
 
-from ..dialects.fts5 import Fts5Storage
+from ..dialects.base import Dialect
+from ..dialects.fts5 import Fts5Storage, FtsObject
 from ..keys import FTS_CJK_STALE_KEY, OPTIMIZE_AVAILABLE_KEY, STORAGE_VERSION_KEY, TOOL_HIGH_WATER_KEY
 from ..models import Base
-from ..search.fts_head import head_fts_objects
 from ..tenancy import qualified
 from .base import MESSAGES, Repository
 from .state_meta import STATE_META, add_meta, get_meta, set_meta
@@ -66,21 +68,21 @@ def parse_marker(value: Any) -> int | None:
         return None
 
 
-def set_meta_on_cursor(cursor: Any, key: str, value: Any, *, schema: str | None = None) -> None:
+def set_meta_on_cursor(cursor: Any, key: str, value: Any, *, schema: str | None = None,
+                       dialect: Dialect | None = None) -> None:
     """Upsert one ``state_meta`` row through a caller's DB-API cursor (or connection).
 
     Hermes' ``set_meta(..., cursor=cur)`` runs inside its own schema setup: the
     statement goes out on that cursor as it is, in whatever transaction it has; we
     neither begin nor commit. A SQLAlchemy Connection is accepted too. ``schema``: the
-    store's tenant schema, named in the statement (a DB-API cursor carries no tenant).
+    store's tenant schema, named in the statement (a DB-API cursor carries no tenant);
+    ``dialect``: the store's, whose driver's placeholder the statement is written with.
     """
     stored = None if value is None else str(value)
     if isinstance(cursor, Connection):
         set_meta(cursor, key, stored)
         return
-    owner = getattr(cursor, "connection", cursor)
-    mark = "?" if isinstance(cursor, (sqlite3.Cursor, sqlite3.Connection)) or isinstance(owner, sqlite3.Connection) \
-        else "%s"
+    mark = _driver_mark(cursor) if dialect is None else dialect.driver_param_mark
     cursor.execute(
         f"INSERT INTO {qualified(schema, 'state_meta')} (key, value) VALUES ({mark}, {mark}) "
         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -88,22 +90,45 @@ def set_meta_on_cursor(cursor: Any, key: str, value: Any, *, schema: str | None 
     )
 
 
+def _driver_mark(cursor: Any) -> str:
+    """The placeholder of a cursor's driver, for callers that do not name the dialect:
+    its DB-API module's ``paramstyle`` (``qmark`` for sqlite3, else ``format``/``pyformat``)."""
+    owner = getattr(cursor, "connection", cursor)
+    module = sys.modules.get(type(owner).__module__.partition(".")[0])
+    return "?" if getattr(module, "paramstyle", None) == "qmark" else "%s"
+
+
 class FtsUpkeepRepository(Repository):
-    """The rebuild windows, index-wide FTS commands and optimize-storage, on one connection."""
+    """The rebuild windows, index-wide FTS commands and optimize-storage, on one connection.
+
+    Every FTS5 statement is the dialect's (``fts5_storage``); where its search index
+    cannot lag (a server) the bookkeeping below has nothing to heal and says so without
+    a statement."""
 
     @property
     def fts5(self) -> Fts5Storage | None:
         """The database's FTS5 storage; None where search needs none (a server)."""
         return self.dialect.fts5
 
+    @property
+    def _storage(self) -> Fts5Storage:
+        """The FTS5 tables, as an empty storage where there are none."""
+        return self.dialect.fts5_storage
+
+    @property
+    def _can_lag(self) -> bool:
+        return self.dialect.search_index_can_lag
+
     def _fts_tables(self) -> dict[str, str]:
         """Hermes' FTS5 tables here, with their stored CREATE ({} without FTS5 storage)."""
-        fts5 = self.fts5
-        return {} if fts5 is None else fts5.tables(self.conn)
+        return self._storage.tables(self.conn)
 
     def _queryable(self, name: str) -> bool:
-        fts5 = self.fts5
-        return fts5 is not None and fts5.queryable(self.conn, name)
+        return self._storage.queryable(self.conn, name)
+
+    def has_trash(self) -> bool:
+        """Whether tables of a demoted pre-v23 index (``fts_v22_trash_*``) remain."""
+        return bool(self._storage.trash_tables(self.conn))
 
     # ------------------------------------------------------------------ state_meta
 
@@ -162,7 +187,8 @@ class FtsUpkeepRepository(Repository):
         """Re-make every index from its content (FTS5 ``'rebuild'``, REINDEX on a server).
 
         Each index in its own savepoint: one that fails is rolled back, logged and left
-        as it was (a held lock is raised instead: the write's retry loop waits it out). A rebuilt index holds every row, so a rebuild window over indexes
+        as it was (a held lock is raised instead: the write's retry loop waits it out). A
+        rebuilt index holds every row, so a rebuild window over indexes
         that were all rebuilt is closed (a later backfill would index rows twice).
         """
         done = []
@@ -209,10 +235,10 @@ class FtsUpkeepRepository(Repository):
         raw_hw = self.meta(hw_key)
         if raw_hw is None:
             return False
-        fts5 = self.fts5
+        fts5 = self._storage
         present = self._fts_tables()
         targets = [n for n in names if self._queryable(n)]
-        if fts5 is None or not targets:
+        if not targets:
             if not any(n in present for n in names):
                 self._forget(hw_key, progress_key)  # nothing the window could be about
             return False  # present but unreadable here (no tokenizer): left for a capable host
@@ -253,8 +279,8 @@ class FtsUpkeepRepository(Repository):
         """Whether optimize-storage has work: a pre-v23 layout, an open window, CJK work a
         loaded tokenizer could do, trash tables of a demotion still to tear down, or
         (Hermes v25) a word/trigram index left empty beside messages."""
-        fts5 = self.fts5
-        if fts5 is None:  # no FTS5 storage: only an open window (it closes at the first step)
+        fts5 = self._storage
+        if not self._can_lag:  # no FTS5 storage: only an open window (it closes at the first step)
             return self.meta(REBUILD_HIGH_WATER) is not None
         if fts5.layout_is_legacy(self.conn) or self.meta(REBUILD_HIGH_WATER) is not None:
             return True
@@ -263,17 +289,19 @@ class FtsUpkeepRepository(Repository):
             return True
         return bool(fts5.trash_tables(self.conn)) or self._empty_index_with_messages()
 
-    def demote_legacy(self) -> list[str]:
+    def demote_legacy(self, head_objects: Callable[[], Sequence[FtsObject]]) -> list[str]:
         """Replace pre-v23 inline indexes by the head layout and open a window over every
         message (see :meth:`Fts5Storage.demote_legacy`). Nothing happens while a
         window is open (an interrupted optimize resumes instead), when the layout is
-        current, or without FTS5 storage. Returns the demoted tables."""
-        fts5 = self.fts5
-        if fts5 is None or self.meta(REBUILD_HIGH_WATER) is not None:
+        current, or without FTS5 storage. ``head_objects`` gives the head schema's FTS
+        objects (:func:`hermes_store.operations.fts.head_fts_objects`), asked only when
+        there is something to demote. Returns the demoted tables."""
+        fts5 = self._storage
+        if not self._can_lag or self.meta(REBUILD_HIGH_WATER) is not None:
             return []
         if not fts5.layout_is_legacy(self.conn):
             return []
-        demoted = fts5.demote_legacy(self.conn, head_fts_objects())
+        demoted = fts5.demote_legacy(self.conn, head_objects())
         if not demoted:
             return []
         top = int(self.conn.execute(select(func.max(MESSAGES.c.id))).scalar() or 0)
@@ -284,16 +312,15 @@ class FtsUpkeepRepository(Repository):
         return demoted
 
     def trash_rows(self) -> int:
-        fts5 = self.fts5
-        return 0 if fts5 is None else fts5.trash_rows(self.conn)
+        return self._storage.trash_rows(self.conn)
 
     def teardown_chunk(self, rows: int) -> tuple[int, bool]:
         """Delete up to ``rows`` rows of the first trash table (dropping it once empty).
 
         Returns (rows deleted, whether trash remains)."""
-        fts5 = self.fts5
-        tables = [] if fts5 is None else fts5.trash_tables(self.conn)
-        if fts5 is None or not tables:
+        fts5 = self._storage
+        tables = fts5.trash_tables(self.conn)
+        if not tables:
             return 0, False
         deleted = fts5.trash_delete(self.conn, tables[0], rows)
         return deleted, bool(deleted) or len(tables) > 1
@@ -301,8 +328,8 @@ class FtsUpkeepRepository(Repository):
     def _empty_index_with_messages(self) -> bool:
         """A word or trigram index that holds no row (its ``_docsize`` table is empty)
         while messages exist: the shape an interrupted rebuild leaves without markers."""
-        fts5 = self.fts5
-        if fts5 is None or self.conn.execute(select(MESSAGES.c.id).limit(1)).first() is None:
+        fts5 = self._storage
+        if not self._can_lag or self.conn.execute(select(MESSAGES.c.id).limit(1)).first() is None:
             return False
         for index in WINDOWS["main"][2]:
             docsize = f"{index}_docsize"
@@ -316,8 +343,8 @@ class FtsUpkeepRepository(Repository):
         a high-water mark without progress gets progress 0 and its partial indexes are
         emptied (the backfill then indexes every row once); an empty index with
         messages and no window gets a window over every message. The keys seeded."""
-        fts5 = self.fts5
-        if fts5 is None:
+        fts5 = self._storage
+        if not self._can_lag:
             return []
         high, progress, indexes = WINDOWS["main"]
         if self.meta(high) is not None:
@@ -341,8 +368,7 @@ class FtsUpkeepRepository(Repository):
         ``"teardown_incomplete"`` while trash tables remain; None when it may."""
         if self.meta(REBUILD_HIGH_WATER) is not None or self._empty_index_with_messages():
             return "backfill_incomplete"
-        fts5 = self.fts5
-        if fts5 is not None and fts5.trash_tables(self.conn):
+        if self.has_trash():
             return "teardown_incomplete"
         return None
 
@@ -358,7 +384,8 @@ class FtsUpkeepRepository(Repository):
             self._set(STORAGE_VERSION_KEY, str(layout))
         self._forget(OPTIMIZE_AVAILABLE_KEY)
         self.conn.execute(
-            update(SCHEMA_VERSION).where(SCHEMA_VERSION.c.version < MIN_SCHEMA_VERSION).values(version=MIN_SCHEMA_VERSION)
+            update(SCHEMA_VERSION).where(SCHEMA_VERSION.c.version < MIN_SCHEMA_VERSION)
+            .values(version=MIN_SCHEMA_VERSION)
         )
         return None
 
@@ -373,5 +400,4 @@ class FtsUpkeepRepository(Repository):
     def fts_table_exists(self, name: str) -> bool:
         """Hermes' ``_fts_table_exists``: a table of that name is in the SQLite schema
         (its FTS5 tables, their shadows, trash). A server has no FTS5 table at all."""
-        fts5 = self.fts5
-        return fts5 is not None and fts5.table_exists(self.conn, name)
+        return self._storage.table_exists(self.conn, name)

@@ -8,6 +8,7 @@ and the FTS upkeep in :mod:`.fts_upkeep`; this module imports them, never the re
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from collections.abc import Iterable, Iterator, Mapping
@@ -19,7 +20,8 @@ from ..keys import DAY
 from ..codec import check_key, is_stale_tool_call_marker_message
 from ..dialects.sqlite import _outside_transaction  # VACUUM INTO: a SQLite file's statement
 from ..models import Base
-from ..search import bigram, bigram_upkeep
+from ..dialects import cjk_bigram
+from ..search import bigram
 from ..tenancy import SchemaSQL
 from . import fts_upkeep
 from .base import MESSAGES, SESSIONS, Repository, insert_or_skip, now
@@ -57,14 +59,6 @@ _ORPHANED_COMPRESSION = SchemaSQL(
 )
 
 
-#: The on-disk size of our tables (with indexes and TOAST) in the schema we work in.
-_SERVER_SIZE = SchemaSQL(
-    "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
-    " JOIN pg_namespace n ON n.oid = c.relnamespace"
-    " WHERE n.nspname = COALESCE(:schema, current_schema()) AND c.relkind IN ('r', 'm', 'p')"
-    " AND c.relname IN :names",
-    bindparam("names", expanding=True),
-)
 #: ``state_meta`` key prefix of the once-per-root kanban retag (ours: Hermes' is not known).
 KANBAN_RETAG_PREFIX = "kanban_worker_retag:"
 #: ``state_meta`` key prefix of a server's marker-purge backup (a file store backs up to a file).
@@ -76,11 +70,6 @@ def vacuum_into(engine: Engine, path: str) -> None:
     our engine's DB-API connections are in autocommit and issue BEGIN themselves. Errors
     are typed, a held lock as DatabaseLockedError (``Steps.outside`` retries it)."""
     _outside_transaction(engine, "VACUUM INTO ?", (path,))
-
-
-def _dict_rows(cursor: Any) -> list[dict[str, Any]]:
-    keys = [d[0] for d in cursor.description]
-    return [dict(zip(keys, r)) for r in cursor.fetchall()]
 
 
 class MaintenanceRepository(Repository):
@@ -100,13 +89,7 @@ class MaintenanceRepository(Repository):
     def logical_size_bytes(self) -> int | None:
         """SQLite: ``page_count × page_size``. A server: the on-disk size of our tables in
         this schema (indexes and TOAST included), the nearest it has to a file's size."""
-        if self.dialect.is_file:
-            pages = self.conn.exec_driver_sql("PRAGMA page_count").scalar()
-            size = self.conn.exec_driver_sql("PRAGMA page_size").scalar()
-            return None if pages is None or size is None else int(pages) * int(size)
-        names = sorted(Base.metadata.tables)
-        total = self.conn.execute(_SERVER_SIZE.on(self.conn), {"schema": self.schema, "names": names}).scalar()
-        return int(total or 0)
+        return self.dialect.logical_size_bytes(self.conn, self.schema, sorted(Base.metadata.tables))
 
     def retag_kanban_workers(self, root: str) -> int:
         """Once per root (stamped in ``state_meta``): sessions of source ``cli`` whose cwd
@@ -176,6 +159,9 @@ class MaintenanceRepository(Repository):
         """
         last_started, last_id = -1e300, ""
         ledger = self.has_table("session_model_usage")
+        # Where the driver's own reads are much cheaper (SQLite), per-session rows go
+        # straight to it: SQLAlchemy's result setup would cost more than the query.
+        read = self.dialect.export_reader(self.conn)
         where = "" if source is None else " AND source = :src"
         while True:
             page = self._all(
@@ -186,7 +172,7 @@ class MaintenanceRepository(Repository):
             if not page:
                 return
             SessionRepository(self.conn).resolve_prompts(page)
-            if not self.dialect.is_file:
+            if read is None:
                 for row in page:
                     row["messages"] = MessageRepository(self.conn).get_messages(row["id"], include_inactive=True)
                     if ledger:
@@ -194,18 +180,10 @@ class MaintenanceRepository(Repository):
                     yield row
                 last_started, last_id = page[-1]["started_at"], page[-1]["id"]
                 continue
-            # Per-session queries go straight to the DB-API cursor: SQLAlchemy's result
-            # setup per statement would cost more than the query on a big export.
-            raw = self.conn.connection.dbapi_connection  # sqlite3's, or SQLAlchemy's aiosqlite adapter
             for row in page:
-                row["messages"] = [decode_row(m) for m in _dict_rows(raw.execute(
-                    "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (row["id"],)
-                ))]
+                row["messages"] = [decode_row(m) for m in read("messages", row["id"], "id")]
                 if ledger:
-                    row["model_usage"] = _dict_rows(raw.execute(
-                        "SELECT * FROM session_model_usage WHERE session_id = ? "
-                        "ORDER BY model, task, billing_provider", (row["id"],)
-                    ))
+                    row["model_usage"] = read("session_model_usage", row["id"], "model, task, billing_provider")
                 yield row
             last_started, last_id = page[-1]["started_at"], page[-1]["id"]
 
@@ -239,7 +217,8 @@ class MaintenanceRepository(Repository):
         rows = []
         for index, m in enumerate(messages):
             if not isinstance(m, Mapping):
-                raise errors.InvalidInputError(f"session {sid!r}: message #{index} must be a dict, not {type(m).__name__}")
+                raise errors.InvalidInputError(
+                    f"session {sid!r}: message #{index} must be a dict, not {type(m).__name__}")
             item = {k: v for k, v in m.items() if k in msg_cols}
             # Hermes' display identity is a digest it computes itself (NULL = "to be
             # filled in"); only the real bytes are kept, never a text rendering of them.
@@ -286,7 +265,7 @@ class MaintenanceRepository(Repository):
         read back in (reads order by id), so it is all or nothing per session.
         """
         ids = [r.get("id") for r in rows]
-        keep = bool(ids) and all(i is not None for i in ids) and all(a < b for a, b in zip(ids, ids[1:]))
+        keep = bool(ids) and all(i is not None for i in ids) and all(a < b for a, b in pairwise(ids))
         for start in range(0, len(ids), 500):
             if not keep:
                 break
@@ -389,13 +368,13 @@ class MaintenanceRepository(Repository):
         """
         done = self.fts_rebuild()
         if self._bigram():
-            bigram_upkeep.rebuild(self.conn)
+            cjk_bigram.rebuild(self.conn)
             done.append(bigram.TABLE)
         return done
 
     def search_index_behind(self) -> bool:
         """Whether the short-CJK index has rows to catch up on (False when absent)."""
-        return self._bigram() and bool(bigram_upkeep.pending(self.conn))
+        return self._bigram() and bool(cjk_bigram.pending(self.conn))
 
     def catch_up_search_index(self, limit: int | None = None, *, single_owner: bool = False) -> int:
         """Extend the short-CJK index over up to ``limit`` new rows; returns rows indexed.
@@ -406,11 +385,11 @@ class MaintenanceRepository(Repository):
             return 0
         if single_owner and not self.dialect.try_upkeep_lock(self.conn, "cjk-bigram"):
             return 0
-        return bigram_upkeep.catch_up(self.conn, limit)
+        return cjk_bigram.catch_up(self.conn, limit)
 
     def _bigram(self) -> bool:
         """Whether this database has the short-CJK index (both dialects may)."""
-        return bigram.installed(self.conn)
+        return cjk_bigram.installed(self.conn)
 
     def fts_rebuild(self) -> list[str]:
         """Re-read every message into each full-text index; returns the indexes rebuilt."""
@@ -460,7 +439,8 @@ class MaintenanceRepository(Repository):
             {"src": source},
         ).fetchall()
         n = len(keys)
-        return [UsageRow(tuple(r[:n]), *(int(x or 0) for x in r[n:n + 7]), float(r[n + 7] or 0), float(r[n + 8] or 0)) for r in rows]
+        return [UsageRow(tuple(r[:n]), *(int(x or 0) for x in r[n:n + 7]), float(r[n + 7] or 0), float(r[n + 8] or 0))
+                for r in rows]
 
     def _usage_from_sessions(self, source: str | None) -> list[UsageRow]:
         """Hermes' documented stats query: sessions, tokens and cost per model."""

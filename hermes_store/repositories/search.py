@@ -1,8 +1,11 @@
 """Full-text search over messages: word index, trigram index, substring fallback.
 
 The routing (which index a query can use) lives in :mod:`hermes_store.search.query`;
-FTS5 syntax in :mod:`hermes_store.search.fts`. This module filters, sorts, pages and
-adds one message of context on each side of every hit.
+FTS5 syntax in :mod:`hermes_store.search.fts`. The statement of each route is built by
+the dialect (``Dialect.search``: :mod:`hermes_store.dialects.search_base` and one
+module per dialect), from what this module passes it; this module runs the statements,
+filters, pages, and shapes the rows (snippets cut in Python, one message of context on
+each side of every hit).
 
 What each route covers follows Hermes' indexes (v30):
 
@@ -29,18 +32,34 @@ import logging
 import re
 import sqlite3
 import weakref
-from functools import lru_cache
+from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Collection, Iterable, Sequence
 
-from sqlalchemy import bindparam
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.sql.elements import TextClause
 
 from .. import errors
 from ..codec import clean_text, decode_content
+from ..dialects import cjk_bigram
+from ..dialects.search_base import (
+    CONTEXT_KEY,
+    CONTEXT_SQL,
+    GAP_HIGH_WATER,
+    GAP_PROGRESS,
+    GAP_SQL,
+    MARKS_PARAMS,
+    NEWEST,
+    OLDEST,
+    STALE_SQL,
+    VISIBLE,
+    Order,
+    marks_sql,
+    statement,
+    time_order,
+)
 from ..keys import FTS_STALE_KEY, MAX_FTS5_QUERY_CHARS, MAX_ROWS
-from ..search import bigram
-from ..search import latin_in_cjk
+from ..search import cjk_pairs, latin_in_cjk
 from ..search import postgresql as pg_search
 from ..search.fts import (
     SNIPPET_CLOSE,
@@ -49,17 +68,19 @@ from ..search.fts import (
     TRIGRAM_INDEX,
     WORD_INDEX,
 )
-from ..search.query import escape_like, item_terms, match_items, plan_search, split_on
-from ..tenancy import SchemaSQL
+from ..search.groups import (  # noqa: F401 - importable from here (tests, older callers)
+    MIN_TRIGRAM_CHARS,
+    Groups,
+    boolean_groups,
+    substring_groups,
+    trigram_groups,
+)
+from ..search.query import SearchPlan, plan_search
 from .base import Repository, in_filter
 from .base import source_filter as source_clauses
 from .records import SearchHit
 
 CONTEXT_CHARS = 200
-HIT_COLUMNS = (
-    "m.id AS id, m.session_id AS session_id, m.role AS role, {snippet} AS snippet, m.timestamp AS timestamp, "
-    "m.tool_name AS tool_name, s.source AS source, s.model AS model, s.started_at AS session_started, {rank} AS rank"
-)
 SNIPPET_RADIUS = 40
 SORTS = (None, "rank", "newest", "oldest")
 
@@ -100,68 +121,46 @@ def _count(value: Any, name: str) -> int:
     return min(max(number, 0), MAX_ROWS)
 
 
-#: A boolean query as FTS5 reads it: an OR of groups; a group needs all its positive
-#: terms and none of its NOT-ed units (each unit: terms that must all be present).
-Groups = list[tuple[list[str], list[list[str]]]]
+@dataclass(slots=True)
+class _Search:
+    """One search's reading of its arguments, handed from step to step explicitly."""
 
-def boolean_groups(match: str) -> Groups:
-    """Read a sanitized MATCH string with FTS5's precedence, for LIKE to mirror it.
-
-    FTS5's grammar binds space-joined terms tightest, then NOT, then AND, then OR:
-    ``a b NOT c d OR e`` is ``((a AND b) AND NOT (c AND d)) OR e``. A ``NEAR(a b, N)``
-    group is read as its two terms (a substring test cannot count words): only the
-    stale-index scan meets one, CJK plans have it read so already.
-    """
-    items = match_items(match)  # operators are bare; a quoted "AND" is a term
-    groups: Groups = []
-    for group in split_on(items, "OR"):
-        positives: list[str] = []
-        negatives: list[list[str]] = []
-        for factor in split_on(group, "AND"):
-            first, *negated = split_on(factor, "NOT")
-            positives += [_term_text(t) for i in first for t in item_terms(i)]
-            negatives += [[_term_text(t) for i in unit for t in item_terms(i)] for unit in negated]
-        groups.append((positives, negatives))
-    return groups
-
-
-def substring_groups(match: str) -> Groups:
-    """The short-CJK substring route's reading of a sanitized MATCH string: any one
-    positive term matches (Hermes' LIKE scan ORs its terms), with the exclusions of its
-    own OR branch (``数据 NOT 迁移``, ``数据 -迁移``)."""
-    groups: Groups = []
-    for positives, negatives in boolean_groups(match):
-        for term in positives:
-            if ([term], negatives) not in groups:
-                groups.append(([term], negatives))
-    return groups
+    plan: SearchPlan
+    sort: str | None
+    params: dict[str, Any]
+    #: Caller filters (``" AND ..."`` on ``m`` and ``s``), and whether they name sessions.
+    filters: str
+    by_source: bool
+    #: The visibility rule (Hermes v23), '' with ``include_inactive``.
+    visible: str
+    #: ``offset + limit``, capped.
+    window: int
+    #: Whether the hits' context is wanted (``fields``).
+    context: bool
+    #: Whether the query is answered by substring (short CJK; every CJK query where the
+    #: dialect has no trigram full-text index), with its reading as ``groups``.
+    by_substring: bool = False
+    groups: Groups = field(default_factory=list)
+    #: What the substring route read first (:meth:`SearchRepository._marks`).
+    marks: Marks | None = None
 
 
-#: Characters a term needs to be a trigram term: FTS5's trigram tokenizer gives a
-#: shorter one no token at all.
-MIN_TRIGRAM_CHARS = 3
+@dataclass(frozen=True, slots=True)
+class _IndexRoute:
+    """A word or trigram query's part of the index route (:meth:`SearchRepository._index_setup`)."""
 
-
-def trigram_groups(match: str) -> Groups:
-    """:func:`boolean_groups` as FTS5's trigram index reads them, for LIKE to mirror it.
-
-    A term of fewer than three characters has no trigram, and FTS5 then leaves it out:
-    next to other terms it asks nothing (``C++ 数据库`` is ``数据库``), a group of only
-    such terms matches nothing, and NOT-ing only such terms excludes nothing.
-    """
-    groups: Groups = []
-    for positives, negatives in boolean_groups(match):
-        kept = [t for t in positives if len(t) >= MIN_TRIGRAM_CHARS]
-        if kept:
-            units = ([t for t in unit if len(t) >= MIN_TRIGRAM_CHARS] for unit in negatives)
-            groups.append((kept, [u for u in units if u]))
-    return groups
-
-
-def _term_text(item: str) -> str:
-    """A rendered term without its prefix star and phrase quotes."""
-    item = item[:-1] if item.endswith("*") else item
-    return item[1:-1] if len(item) >= 2 and item[0] == item[-1] == '"' else item
+    index: str
+    #: The CJK routes' session and visibility conditions.
+    cjk_filter: str
+    #: Rows with tool calls are matched by substring (the v30 trigram index lacks them).
+    calls_by_like: bool
+    #: What cuts word hits' snippets in Python (PostgreSQL), None where the index does.
+    words: pg_search.WordQuery | None
+    #: Conditions dropping the rows another route answers.
+    exclude: str
+    #: The lookup of word terms inside CJK runs, and its terms.
+    runs: latin_in_cjk.RunsSQL | None
+    run_terms: Sequence[latin_in_cjk.Term]
 
 
 class SearchRepository(Repository):
@@ -198,101 +197,204 @@ class SearchRepository(Repository):
         or the ``fts_stale`` key seen in ``state_meta``) every query is a LIKE scan.
         """
         wanted = hit_fields(fields)
-        self._context_wanted = wanted is None or "context" in wanted
         if not isinstance(query, str):
             return []
         plan = plan_search(clean_text(query[:MAX_FTS5_QUERY_CHARS]))
         if plan.kind == "empty":
             return []
+        search = self._read(plan, source_filter, exclude_sources, role_filter, limit, offset, sort,
+                            include_inactive=include_inactive, wanted=wanted)
+        return _project(self._hits(search, stale=stale), wanted)
+
+    def search_sql(
+        self,
+        query: str,
+        source_filter: str | Iterable[str] | None = None,
+        exclude_sources: str | Iterable[str] | None = None,
+        role_filter: str | Iterable[str] | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        sort: str | None = None,
+        *,
+        include_inactive: bool = False,
+        fields: Collection[str] | None = None,
+    ) -> TextClause | None:
+        """The page statement :meth:`search_messages` sends for these arguments, with its
+        values bound, without running it (as sqlite-utils pairs ``search_sql()`` with
+        ``search()``); None when nothing is searched.
+
+        The reads that choose the statement still run (column lists, the bigram index's
+        marks, terms folded by the index's function); a route that widens its page or
+        merges rows from a second statement (FTS5's ranked page, tool rows beside the
+        trigram index) gives its first. A stale index or a rebuild window is not looked
+        at: this is the statement of the index's route.
+        """
+        wanted = hit_fields(fields)
+        if not isinstance(query, str):
+            return None
+        plan = plan_search(clean_text(query[:MAX_FTS5_QUERY_CHARS]))
+        if plan.kind == "empty":
+            return None
+        search = self._read(plan, source_filter, exclude_sources, role_filter, limit, offset, sort,
+                            include_inactive=include_inactive, wanted=wanted)
+        sql = self._first_statement(search)
+        return statement(sql, self.schema, search.params)
+
+    # ------------------------------------------------------------------ reading the arguments
+
+    def _read(
+        self, plan: SearchPlan, source_filter: str | Iterable[str] | None, exclude_sources: str | Iterable[str] | None,
+        role_filter: str | Iterable[str] | None, limit: int, offset: int, sort: str | None, *,
+        include_inactive: bool, wanted: tuple[str, ...] | None,
+    ) -> _Search:
+        """The arguments as one :class:`_Search`; a substring route's marks read too."""
         if sort not in SORTS:
             sort = None
         params: dict[str, Any] = {"limit": _count(limit, "limit"), "offset": _count(offset, "offset")}
-        words: pg_search.WordQuery | None = None
         where = source_clauses("s", _as_list(source_filter), _as_list(exclude_sources), params,
-                              prefixes=("src", "xsrc"))
+                               prefixes=("src", "xsrc"))
         by_source = bool(where)
         roles = _as_list(role_filter)
         if roles:
             where.append(in_filter("m.role", roles, "role", params))
-        filters = "".join(f" AND {w}" for w in where)
-        order = {"newest": "m.timestamp DESC, m.id DESC", "oldest": "m.timestamp ASC, m.id ASC"}
-        window = min(params["limit"] + params["offset"], MAX_ROWS)
         dialect = self.dialect
-        visible = "" if include_inactive or "compacted" not in self.columns_of("messages") else VISIBLE
-        by_substring = plan.kind == "substring" or (plan.kind == "trigram" and dialect.cjk_by_substring)
-        groups: Groups = []
-        marks: Marks | None = None
-        runs: latin_in_cjk.RunsSQL | None = None
-        run_terms: Sequence[latin_in_cjk.Term] = ()
-        if by_substring:
+        search = _Search(
+            plan=plan, sort=sort, params=params, filters="".join(f" AND {w}" for w in where), by_source=by_source,
+            visible="" if include_inactive or "compacted" not in self.columns_of("messages") else VISIBLE,
+            window=min(params["limit"] + params["offset"], MAX_ROWS),
+            context=wanted is None or "context" in wanted,
+        )
+        search.by_substring = plan.kind == "substring" or (plan.kind == "trigram" and dialect.cjk_by_substring)
+        if search.by_substring:
             # PostgreSQL answers every CJK query by substring (LIKE/ILIKE over the pg_trgm
             # index), with the query's own AND/OR/NOT meaning; the substring route ORs its
             # positive terms, each without its OR branch's exclusions.
-            groups = trigram_groups(plan.match) if plan.kind == "trigram" else substring_groups(plan.match)
-            marks = self._marks(groups, delegated=dialect.cjk_by_substring, gap=dialect.fts5 is not None)
+            search.groups = trigram_groups(plan.match) if plan.kind == "trigram" else substring_groups(plan.match)
+            search.marks = self._marks(search.groups, delegated=dialect.cjk_by_substring,
+                                       gap=dialect.search_index_can_lag)
+        return search
+
+    # ------------------------------------------------------------------ routes
+
+    def _hits(self, search: _Search, *, stale: bool) -> list[SearchHit]:
+        """Run the route ``search`` takes; rows shaped into hits."""
+        plan, params, marks = search.plan, search.params, search.marks
+        lags = self.dialect.search_index_can_lag
         # CJK queries are answered from the trigram index or by substring; every one
         # of those routes leaves out the sessions that index leaves out (v29: cron,
         # v30: cron and sub-agents), so a query's answer does not depend on its length.
-        if dialect.fts5 is not None and (stale or self._stale_seen()):
-            return _project(self._stale_scan(plan.match, filters + visible, params), wanted)
-        cjk_filter = "" if plan.kind == "word" else self._cjk_sessions(params, marks)
-        # Every route below applies cjk_filter to the rows it returns: the visibility rule too.
-        cjk_filter += visible
-        if by_substring:
-            # SQLite's LIKE folds ASCII letters only; so does the 2-char route on PostgreSQL.
-            sql, flat = self._substring_select(groups, filters + cjk_filter, params, window, flat=True,
-                                               ascii_case=plan.kind == "substring", marks=marks)
-            ordering = order.get(sort or "", order["newest"])
-            page = f"{sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({sql}) m ORDER BY {ordering}"
-            rows = self._all(self._with_context(page + " LIMIT :limit OFFSET :offset", ordering), params)
+        if lags and (stale or self._stale_seen()):
+            return self._stale_scan(plan.match, search.filters + search.visible, params, context=search.context)
+        words: pg_search.WordQuery | None = None
+        run_terms: Sequence[latin_in_cjk.Term] = ()
+        if search.by_substring:
+            rows = self._all(self._substring_page(search), params)
         else:
-            index = WORD_INDEX if plan.kind == "word" else TRIGRAM_INDEX
-            # From v30 the trigram index holds no tool_calls: a row with tool calls is
-            # matched by substring over all its columns instead (see _with_tool_rows).
-            calls_by_like = plan.kind == "trigram" and "tool_calls" not in self.object_sql(TRIGRAM_INDEX)
-            # Where the index does not cut snippets, ``words`` is what cuts them here.
-            params["q"], words = dialect.word_match(self.conn, plan.match)
-            if words is not None and words.near:
-                params["qn"] = words.near  # NEAR's exact tsquery (search.postgresql.near_recheck)
-            params["window"] = window
-            exclude = cjk_filter + (" AND m.tool_calls IS NULL" if calls_by_like else "")
-            # A word query's terms written inside CJK runs: one token with the run in the
-            # word index, found through the trigram index instead (search.latin_in_cjk).
-            in_runs = latin_in_cjk.parse(plan.match) if plan.kind == "word" else None
-            if in_runs is not None:
-                runs = dialect.latin_in_cjk(self.conn, in_runs, words, params, self.object_sql)
-                run_terms = in_runs.terms if runs is not None else ()
-            try:
-                if words is not None:
-                    rows = self._word_page(by_source, filters + exclude,
-                                           params, order.get(sort or "", pg_search.RANK_ORDER),
-                                           runs=runs, ranked=sort not in ("newest", "oldest"),
-                                           near=bool(words.near))
-                else:
-                    ranked = self._index_hits(index, filters, params, sort, order, exclude=exclude,
-                                              context=plan.kind == "word", runs=runs)
-            except (OperationalError, sqlite3.OperationalError) as exc:
-                if not is_query_syntax_error(exc):
-                    raise
-                # Defence in depth: the sanitizer should make this unreachable, and
-                # the tests fail if it is reached; say so rather than stay silent.
-                log.warning("search: FTS5 refused sanitized query %r: %s", plan.match, getattr(exc, "orig", exc))
+            found = self._index_route(search)
+            if found is None:
                 return []
-            if words is not None:
-                pass  # the page is cut already
-            elif plan.kind == "word":
-                rows = ranked[params["offset"]:window]
-            else:
-                rows = self._with_tool_rows(ranked, plan, filters + cjk_filter, params, window, sort, calls_by_like)
-        if len(rows) < params["limit"] and dialect.fts5 is not None:
+            rows, words, run_terms = found
+        if len(rows) < params["limit"] and lags:
             # Only FTS5 tables have a rebuild window; PostgreSQL's indexes never skip a row.
             # The same read says whether the index went stale since this engine last looked.
-            values = marks.gap if marks is not None else dict(self.conn.execute(_GAP_SQL.on(self.conn)).fetchall())
+            values = marks.gap if marks is not None else dict(self.conn.execute(GAP_SQL.on(self.conn)).fetchall())
             if _is_stale(values.get(FTS_STALE_KEY)):
                 _FRESH.get(self.conn.engine, set()).discard(self.schema)
-                return _project(self._stale_scan(plan.match, filters + visible, params), wanted)
-            rows += self._rebuild_gap(plan.match, filters + visible, params, rows, values)
-        return _project(self._finish(rows, plan.terms, words, run_terms), wanted)
+                return self._stale_scan(plan.match, search.filters + search.visible, params, context=search.context)
+            rows += self._rebuild_gap(plan.match, search.filters + search.visible, params, rows, values)
+        return self._finish(rows, plan.terms, words, run_terms, context=search.context)
+
+    def _cjk_filter(self, search: _Search) -> str:
+        """Conditions every CJK route applies to the rows it returns (the sessions the
+        trigram index keeps), with the visibility rule; for a word query only the latter."""
+        cjk = "" if search.plan.kind == "word" else self._cjk_sessions(search.params, search.marks)
+        return cjk + search.visible
+
+    def _substring_page(self, search: _Search) -> str:
+        """Short CJK (and every CJK query on a dialect without a trigram index): one page
+        with context. SQLite's LIKE folds ASCII letters only; so does the 2-char route on
+        PostgreSQL."""
+        sql, flat = self._substring_select(search.groups, search.filters + self._cjk_filter(search), search.params,
+                                           search.window, flat=True, ascii_case=search.plan.kind == "substring",
+                                           marks=search.marks)
+        return self.dialect.search.substring_page(sql, flat, time_order(search.sort), context=search.context)
+
+    def _index_route(
+        self, search: _Search,
+    ) -> tuple[list[dict[str, Any]], pg_search.WordQuery | None, Sequence[latin_in_cjk.Term]] | None:
+        """Word and trigram queries through the full-text index: the page rows, what
+        cuts their snippets in Python (PostgreSQL's word hits) and the terms found
+        inside CJK runs. None when FTS5 refused the (sanitized) query."""
+        plan, params, sort = search.plan, search.params, search.sort
+        route = self._index_setup(search)
+        words, exclude, runs = route.words, route.exclude, route.runs
+        try:
+            if words is not None:
+                order = time_order(sort, self.dialect.search.rank_order)
+                rows = self._word_page(search.by_source, search.filters + exclude, params, order,
+                                       runs=runs, ranked=sort not in ("newest", "oldest"), near=bool(words.near),
+                                       context=search.context)
+                return rows, words, route.run_terms
+            ranked = self._index_hits(route.index, search.filters, params, sort, exclude=exclude,
+                                      context=plan.kind == "word", runs=runs, wanted=search.context)
+        except (OperationalError, sqlite3.OperationalError) as exc:
+            if not is_query_syntax_error(exc):
+                raise
+            # Defence in depth: the sanitizer should make this unreachable, and
+            # the tests fail if it is reached; say so rather than stay silent.
+            log.warning("search: FTS5 refused sanitized query %r: %s", plan.match, getattr(exc, "orig", exc))
+            return None
+        if plan.kind == "word":
+            return ranked[params["offset"]:search.window], None, route.run_terms
+        rows = self._with_tool_rows(ranked, plan, search.filters + route.cjk_filter, params, search.window, sort,
+                                    route.calls_by_like, context=search.context)
+        return rows, None, route.run_terms
+
+    def _index_setup(self, search: _Search) -> _IndexRoute:
+        """What a word or trigram query asks of the dialect before its page (binding
+        ``:q``, ``:window`` and the lookup's values into ``search.params``)."""
+        plan, params = search.plan, search.params
+        dialect = self.dialect
+        cjk_filter = self._cjk_filter(search)
+        # From v30 the trigram index holds no tool_calls: a row with tool calls is
+        # matched by substring over all its columns instead (see _with_tool_rows).
+        calls_by_like = plan.kind == "trigram" and "tool_calls" not in self.object_sql(TRIGRAM_INDEX)
+        # Where the index does not cut snippets, ``words`` is what cuts them here.
+        params["q"], words = dialect.word_match(self.conn, plan.match)
+        if words is not None and words.near:
+            params["qn"] = words.near  # NEAR's exact tsquery (search.postgresql.near_recheck)
+        params["window"] = search.window
+        # A word query's terms written inside CJK runs: one token with the run in the
+        # word index, found through the trigram index instead (search.latin_in_cjk).
+        in_runs = latin_in_cjk.parse(plan.match) if plan.kind == "word" else None
+        runs = None if in_runs is None else dialect.latin_in_cjk(self.conn, in_runs, words, params, self.object_sql)
+        return _IndexRoute(
+            index=WORD_INDEX if plan.kind == "word" else TRIGRAM_INDEX, cjk_filter=cjk_filter,
+            calls_by_like=calls_by_like, words=words,
+            exclude=cjk_filter + (" AND m.tool_calls IS NULL" if calls_by_like else ""), runs=runs,
+            run_terms=in_runs.terms if in_runs is not None and runs is not None else (),
+        )
+
+    def _first_statement(self, search: _Search) -> str:
+        """The first page statement of ``search``'s route (see :meth:`search_sql`)."""
+        if search.by_substring:
+            return self._substring_page(search)
+        sort, routes = search.sort, self.dialect.search
+        route = self._index_setup(search)
+        where = search.filters + route.exclude
+        order = time_order(sort, routes.rank_order)
+        if route.words is not None:
+            near = bool(route.words.near)
+            if route.runs is None:
+                return routes.word_page(search.by_source, where, order, near=near, context=search.context)
+            return routes.word_page_with_runs(route.runs, search.by_source, where, order,
+                                              ranked=sort not in ("newest", "oldest"), exact=False,
+                                              context=search.context)
+        if search.filters or sort is not None:
+            return routes.ranked(route.index, search.filters, route.exclude, order,
+                                 routes.run_rows(route.runs, search.filters, route.exclude),
+                                 by_time=sort in ("newest", "oldest"), context=search.context)
+        return routes.top(route.index)
 
     def _stale_seen(self) -> bool:
         """Whether ``state_meta`` says the FTS5 index is stale; a fresh answer is kept per
@@ -300,56 +402,45 @@ class SearchRepository(Repository):
         fresh = _FRESH.setdefault(self.conn.engine, set())
         if self.schema in fresh:
             return False
-        if self.has_table("state_meta") and _is_stale(self.conn.execute(_STALE_SQL.on(self.conn)).scalar()):
+        if self.has_table("state_meta") and _is_stale(self.conn.execute(STALE_SQL.on(self.conn)).scalar()):
             return True
         fresh.add(self.schema)
         return False
 
-    def _stale_scan(self, match: str, filters: str, params: dict[str, Any]) -> list[SearchHit]:
+    def _stale_scan(self, match: str, filters: str, params: dict[str, Any], *, context: bool) -> list[SearchHit]:
         """Hermes v26's search while the index is stale: LIKE over content, tool name and
         tool calls with the query's OR groups and NOT, newest first, a 120-character
         snippet from 40 characters before the first term."""
         groups = boolean_groups(match)
         sql, _flat = self._substring_select(groups, filters, params, MAX_ROWS, flat=True)
-        ordering = "m.timestamp DESC, m.id DESC"
-        rows = self._all(self._with_context(f"{sql} ORDER BY {ordering} LIMIT :limit OFFSET :offset", ordering),
-                         params)
+        rows = self._all(self.dialect.search.substring_page(sql, True, NEWEST, context=context), params)
         first = next((t for positives, _neg in groups for t in positives), "")
         for row in rows:
             row["snippet"] = _stale_snippet(row["content"], first)
-        return self._finish(rows, [first] if first else [])
-
-    def _with_context(self, page: str, ordering: str | None = None) -> str:
-        """``page`` with each row's neighbours (:func:`_with_context`) when the caller wants
-        context; else ``page`` in its order."""
-        if getattr(self, "_context_wanted", True):
-            return _with_context(page, ordering)
-        return f"SELECT * FROM ({page}) h ORDER BY {ordering.replace('m.', 'h.')}" if ordering else page
+        return self._finish(rows, [first] if first else [], context=context)
 
     def _marks(self, groups: Groups, *, delegated: bool, gap: bool) -> Marks | None:
         """What a substring route reads before it can choose its plan, in one statement.
 
         The newest id and the bigram index's high-water mark (the plan's cost and the
         indexed range), the counts of the query's pairs not cached for the mark last
-        seen (:func:`bigram.missing_pairs`), the FTS5 backfill markers (for
+        seen (:func:`cjk_bigram.missing_pairs`), the FTS5 backfill markers (for
         :meth:`_rebuild_gap`) and, with ``delegated``, the sessions that may be
         sub-agent transcripts (decided in Python: PostgreSQL 15 has no safe JSON test).
         None when there is nothing to read.
         """
-        grams = [sorted({g for t in positives for g in bigram.term_bigrams(t)}) for positives, _neg in groups]
-        indexed = bool(groups) and all(grams) and self.has_table(bigram.TABLE)
+        grams = [sorted({g for t in positives for g in cjk_pairs.term_bigrams(t)}) for positives, _neg in groups]
+        indexed = bool(groups) and all(grams) and self.has_table(cjk_pairs.TABLE)
         if not (indexed or delegated or gap):
             return None
-        missing = bigram.missing_pairs(self.conn, grams) if indexed else []
-        key = (indexed, len(missing), delegated, gap)
-        found = self.conn.execute(self._sql(_marks_sql(*key)), {
-            "bg_k": bigram.HIGH_WATER_KEY, "hw": GAP_HIGH_WATER, "pr": GAP_PROGRESS, "st": FTS_STALE_KEY,
-            **{f"pc{i}": g for i, g in enumerate(missing)},
+        missing = cjk_bigram.missing_pairs(self.conn, grams) if indexed else []
+        found = self.conn.execute(self._sql(marks_sql(indexed, len(missing), delegated, gap)), {
+            **MARKS_PARAMS, **{f"pc{i}": g for i, g in enumerate(missing)},
         }).fetchall()
         marks = Marks(grams if indexed else None)
         for kind, name, number, value in found:
             if kind == 0:
-                marks.total, marks.high_water = int(number or 0), bigram.parse_high_water(value)
+                marks.total, marks.high_water = int(number or 0), cjk_pairs.parse_high_water(value)
             elif kind == 1:
                 marks.counts[name] = int(number)
             elif kind == 2:
@@ -366,12 +457,12 @@ class SearchRepository(Repository):
         candidates = marks.delegated if marks is not None and self.dialect.cjk_by_substring else None
         return self.dialect.cjk_sessions(self.conn, params, self.object_sql, candidates)
 
-    def _word_page(self, join_sessions: bool, where: str, params: dict[str, Any], ordering: str,
+    def _word_page(self, join_sessions: bool, where: str, params: dict[str, Any], order: Order,
                    runs: latin_in_cjk.RunsSQL | None = None, ranked: bool = True,
-                   near: bool = False) -> list[dict[str, Any]]:
-        """PostgreSQL's word route in one statement: the ranked page (the index cuts no
-        snippets, so nothing is gained by ranking first), its sessions, the texts a
-        snippet is cut from, and each hit's context.
+                   near: bool = False, *, context: bool = True) -> list[dict[str, Any]]:
+        """The word route of a dialect whose index cuts no snippets, in one statement:
+        the ranked page, its sessions, the texts a snippet is cut from, and each hit's
+        context (:meth:`~hermes_store.dialects.search_pg.PgSearchRoutes.word_page`).
 
         With ``runs`` (terms inside CJK runs) the same statement adds the lookup's rows;
         by rank (``ranked``) only when the word hits do not fill the page. Rows in
@@ -379,24 +470,13 @@ class SearchRepository(Repository):
         returned with the page; only when one of them turns out not to be one (its JSON
         read here, as for the CJK routes) is the page read once more, knowing which are.
         """
-        def page(inner: str) -> str:
-            return (
-                f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank='h.rank')} FROM ({inner}) h "
-                "JOIN {messages} m ON m.id = h.id JOIN {sessions} s ON s.id = m.session_id"
-            )
-
+        routes = self.dialect.search
         if runs is None:
-            return self._all(self._with_context(page(pg_search.page_sql(join_sessions, where, ordering, near)), ordering),
-                             params)
-        guard = pg_search.rank_guard(join_sessions, where) if ranked else ""
-        inner = page(pg_search.runs_page_sql(join_sessions, where, ordering))
+            return self._all(routes.word_page(join_sessions, where, order, near=near, context=context), params)
         exact = False
         while True:
-            sql = (
-                f"{pg_search.runs_cte(runs, where, guard, exact=exact)}SELECT x.*, pr.rx_probe AS rx_probe"
-                f" FROM ({pg_search.RUNS_PROBE}) pr LEFT JOIN ({self._with_context(inner, ordering)}) x ON TRUE"
-                f" ORDER BY {ordering.replace('m.', 'x.')}"
-            )
+            sql = routes.word_page_with_runs(runs, join_sessions, where, order, ranked=ranked, exact=exact,
+                                             context=context)
             found = self._all(sql, params)  # at least the probe's row, even for an empty page
             probe = [(sid, config) for sid, config in found[0]["rx_probe"] or []] if found else []
             for row in found:
@@ -404,7 +484,7 @@ class SearchRepository(Repository):
             rows = [r for r in found if r["id"] is not None]
             if exact or not probe:
                 return rows
-            delegated = pg_search.delegated_sessions(self.conn, probe)
+            delegated = self.dialect.delegated_sessions(self.conn, probe)
             if len(delegated) == len(probe):
                 return rows  # every session held back is one: the page stands
             params["rx_dlg"] = delegated
@@ -419,7 +499,7 @@ class SearchRepository(Repository):
         until the backfill reaches them). A short page is topped up from them by
         substring, every positive term required and no excluded one present (NOT x, -x),
         newest first, without repeating a hit.
-        ``values``: the markers (read by :meth:`_marks`, or with ``_GAP_SQL``).
+        ``values``: the markers (read by :meth:`_marks`, or with ``GAP_SQL``).
         """
         try:
             high = int(values.get(GAP_HIGH_WATER) or 0)
@@ -433,19 +513,14 @@ class SearchRepository(Repository):
         # Hermes ANDs the query's terms here; an excluded term (NOT x, -x) stays excluded.
         terms = list(dict.fromkeys(t for positives, _neg in groups for t in positives))
         negatives = [unit for _pos, units in groups for unit in units]
-        like = self._like_clause([(terms, negatives)], gap, self.dialect.caseless_like)
-        rows = self._all(
-            f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank='0.0')} FROM {{messages}} m "
-            f"JOIN {{sessions}} s ON s.id = m.session_id WHERE m.id > :gap_lo AND m.id <= :gap_hi AND ({like}){filters} "
-            f"ORDER BY m.timestamp DESC, m.id DESC LIMIT :gap_n",
-            gap,
-        )
+        routes = self.dialect.search
+        rows = self._all(routes.rebuild_gap(routes.like([(terms, negatives)], gap), filters), gap)
         seen = {r["id"] for r in found}
         return [r for r in rows if r["id"] not in seen]
 
     def _index_hits(
-        self, index: str, filters: str, params: dict[str, Any], sort: str | None, order: dict[str, str],
-        exclude: str = "", context: bool = True, runs: latin_in_cjk.RunsSQL | None = None,
+        self, index: str, filters: str, params: dict[str, Any], sort: str | None,
+        exclude: str = "", context: bool = True, runs: latin_in_cjk.RunsSQL | None = None, *, wanted: bool = True,
     ) -> list[dict[str, Any]]:
         """The first ``offset + limit`` hits of an FTS5 index, in the requested order.
 
@@ -455,63 +530,41 @@ class SearchRepository(Repository):
         caller answers another way; the ranked page is then widened until it holds
         ``window`` kept rows or the index has no more hits. With ``context`` the first
         ranked page comes with each row's context (the trigram route, which often
-        widens and merges, asks for it once its page is known).
+        widens and merges, asks for it once its page is known); ``wanted``: the caller
+        wants context at all (``fields``).
 
         ``runs`` (word queries: terms inside CJK runs) adds the rows of that lookup, in
         the same statement: by time among the hits; by rank after them, so only when
         the hits do not fill the window (the ranked page read first says so).
         """
-        run_rows = "" if runs is None else (
-            f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank=latin_in_cjk.RUN_RANK_SQL)} FROM {runs.source} "
-            f"WHERE {runs.where}{filters}{exclude}{runs.sessions}"
-        )
-        newest = "m.timestamp DESC, m.id DESC"
+        routes = self.dialect.search
+        run_rows = routes.run_rows(runs, filters, exclude)
         if filters or sort is not None:
-            ordering = order.get(sort or "", "h.rank, m.timestamp DESC, m.id DESC")
-            hits = (
-                f"SELECT {PAGE_COLUMNS.format(snippet='h.snippet', rank='h.rank')} "
-                f"FROM ({self.dialect.match_sql(index)}) h JOIN {{messages}} m ON m.id = h.id "
-                f"JOIN {{sessions}} s ON s.id = m.session_id WHERE 1=1{filters}{exclude}"
-            )
-            if not run_rows:
-                return self._all(self._with_context(f"{hits} ORDER BY {ordering} LIMIT :window", ordering), params)
-            by_time = sort in ("newest", "oldest")
-            # By rank the lookup's rows follow every hit: wanted only when the hits fall short.
-            guard = "" if by_time else f" AND (SELECT count(*) FROM ({hits} LIMIT :window)) < :window"
-            # Each side cut to the window first: FTS5 then cuts snippets for the page only.
-            sql = (
-                f"SELECT * FROM (SELECT * FROM ({hits} ORDER BY {ordering} LIMIT :window) UNION ALL SELECT * FROM"
-                f" ({run_rows}{guard} ORDER BY {ordering if by_time else newest} LIMIT :window)) u"
-                f" ORDER BY {ordering.replace('h.', 'u.').replace('m.', 'u.')} LIMIT :window"
-            )
-            return self._all(self._with_context(sql, ordering.replace("h.rank", "m.rank")), params)
+            order = time_order(sort, routes.rank_order)
+            return self._all(routes.ranked(index, filters, exclude, order, run_rows,
+                                           by_time=sort in ("newest", "oldest"), context=wanted), params)
         window = params["window"]
         fetch = window
         while True:
-            top = self.conn.execute(self._sql(self.dialect.top_sql(index)), {**params, "window": fetch}).fetchall()
+            top = self.conn.execute(self._sql(routes.top(index)), {**params, "window": fetch}).fetchall()
             if not top:
                 if not run_rows:
                     return []
-                page = f"SELECT * FROM ({run_rows}) u ORDER BY {newest.replace('m.', 'u.')} LIMIT :window"
-                return self._all(self._with_context(page, newest) if context else page, params)
+                return self._all(routes.runs_only(run_rows, context=context and wanted, keep_order=context), params)
             ranks = {mid: rank for mid, rank, _snippet in top}
             snippets = {mid: snippet for mid, _rank, snippet in top}
             rows: list[dict[str, Any]] = []
             for start in range(0, len(top), 500):
                 chunk = top[start:start + 500]
                 ids: dict[str, Any] = {f"h{i}": mid for i, (mid, _r, _s) in enumerate(chunk)}
-                sql = (
-                    f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank='0.0')} FROM {{messages}} m "
-                    f"JOIN {{sessions}} s ON s.id = m.session_id WHERE m.id IN ({', '.join(':' + k for k in ids)}){exclude}"
-                )
-                if run_rows and len(top) < fetch and start + 500 >= len(top):
-                    # Every hit is read and the window is not full: the lookup's rows
-                    # (newest first) come with the last of them.
-                    sql += f" UNION ALL SELECT * FROM ({run_rows} ORDER BY {newest} LIMIT :window)"
-                    ids = {**params, **ids}
+                # Every hit is read and the window is not full: the lookup's rows
+                # (newest first) come with the last of them.
+                last = bool(run_rows) and len(top) < fetch and start + 500 >= len(top)
                 # Context with the first page only: a widened one holds rows no page shows
                 # (the few shown get theirs in _finish).
-                rows += self._all(self._with_context(sql) if context and fetch == window else sql, ids)
+                sql = routes.chunk(ids, exclude, run_rows if last else "",
+                                   context=context and wanted and fetch == window)
+                rows += self._all(sql, {**params, **ids} if last else ids)
             if len(rows) >= window or len(top) < fetch or fetch >= MAX_ROWS:
                 break
             fetch = min(fetch * 4, MAX_ROWS)
@@ -523,7 +576,7 @@ class SearchRepository(Repository):
 
     def _with_tool_rows(
         self, ranked: list[dict[str, Any]], plan: Any, filters: str, params: dict[str, Any], window: int,
-        sort: str | None, calls_by_like: bool = False,
+        sort: str | None, calls_by_like: bool = False, *, context: bool = True,
     ) -> list[dict[str, Any]]:
         """Trigram hits plus the rows the trigram index cannot answer for.
 
@@ -537,59 +590,18 @@ class SearchRepository(Repository):
         """
         if sort is None and len(ranked) >= window:
             return ranked[params["offset"]:window]
-        rows_kind = " AND (m.role = 'tool' OR m.tool_calls IS NOT NULL)" if calls_by_like else " AND m.role = 'tool'"
+        routes = self.dialect.search
         groups = trigram_groups(plan.match)
-        tool_sql, flat = self._substring_select(groups, rows_kind + filters, params, window, flat=True,
-                                                marks=self._marks(groups, delegated=False, gap=False))
-        direction = "ASC" if sort == "oldest" else "DESC"
-        ordering = f"m.timestamp {direction}, m.id {direction}"
-        tool_sql = f"{tool_sql} ORDER BY {ordering}" if flat else f"SELECT * FROM ({tool_sql}) m ORDER BY {ordering}"
-        tools = self._all(self._with_context(tool_sql + " LIMIT :window", ordering), params)
+        tool_sql, flat = self._substring_select(groups, routes.tool_rows_kind(calls_by_like) + filters, params, window,
+                                                flat=True, marks=self._marks(groups, delegated=False, gap=False))
+        order = OLDEST if sort == "oldest" else NEWEST
+        tools = self._all(routes.substring_page(tool_sql, flat, order, context=context, limit=":window",
+                                                offset=False), params)
         if sort is None:
             merged = ranked + tools
         else:
             merged = sorted(ranked + tools, key=lambda r: (r["timestamp"], r["id"]), reverse=sort != "oldest")
         return merged[params["offset"]:window]
-
-    @staticmethod
-    def _like_clause(groups: Groups, params: dict[str, Any], like: str = "LIKE", ascii_case: bool = False) -> str:
-        """Terms matched as literal substrings of content, tool name or tool calls.
-
-        ``like`` is ILIKE on PostgreSQL, whose LIKE is case-sensitive (SQLite's folds ASCII).
-        ILIKE folds every letter the locale knows; ``ascii_case`` narrows it to SQLite's
-        LIKE, which folds ASCII letters only (ILIKE stays first, for the pg_trgm index).
-        A term without a cased letter (CJK, digits) needs no folding: plain LIKE, which
-        spares pg_trgm's recheck the case folding and keeps the newest-first walk.
-        """
-        names: dict[str, str] = {}
-
-        def has(term: str) -> str:
-            if term not in names:
-                names[term] = f"lk{len(names)}"
-                params[names[term]] = f"%{escape_like(term)}%"
-                if ascii_case:
-                    params[names[term] + "a"] = params[names[term]].translate(_ASCII_LOWER)
-            n = names[term]
-            if not _cased(term):
-                return (f"(m.content LIKE :{n} ESCAPE '\\' OR m.tool_name LIKE :{n} ESCAPE '\\' "
-                        f"OR m.tool_calls LIKE :{n} ESCAPE '\\')")
-            if ascii_case:
-                each = " OR ".join(
-                    f"({col} {like} :{n} ESCAPE '\\' AND lower({col} COLLATE \"C\") LIKE :{n}a ESCAPE '\\')"
-                    for col in ("m.content", "m.tool_name", "m.tool_calls")
-                )
-                return f"({each})"
-            return (f"(m.content {like} :{n} ESCAPE '\\' OR m.tool_name {like} :{n} ESCAPE '\\' "
-                    f"OR m.tool_calls {like} :{n} ESCAPE '\\')")
-
-        parts = []
-        for positives, negatives in groups:
-            # A NULL column makes LIKE NULL: count it as "not there" before negating.
-            conds = [has(t) for t in positives]
-            conds += [f"NOT COALESCE({' AND '.join(has(t) for t in unit)}, FALSE)" for unit in negatives]
-            if conds:
-                parts.append(f"({' AND '.join(conds)})")
-        return " OR ".join(parts) or "1=0"
 
     def _substring_select(
         self, groups: Groups, filters: str, params: dict[str, Any], window: int, *, flat: bool,
@@ -600,59 +612,44 @@ class SearchRepository(Repository):
         Returns (sql, is_flat). A flat query is a single scan that SQLite can walk in
         timestamp order and stop early (good for common terms); the indexed form reads
         candidate blocks plus the rows the index does not cover yet (good for rare ones).
-        ``marks`` (:meth:`_marks`) says whether the index applies, and its state.
+        ``marks`` (:meth:`_marks`) says whether the index applies, and its state. The
+        statements are the dialect's (``Dialect.search``); the choice, which reads the
+        pairs' block counts, is made here.
         """
-        dialect = self.dialect
-        like = self._like_clause(groups, params, dialect.caseless_like,
-                                 ascii_case=ascii_case and dialect.caseless_like_folds_non_ascii)
-        # NOT INDEXED keeps SQLite on the rowid range (see below); PostgreSQL plans it itself.
-        not_indexed = dialect.rowid_walk_hint
-        columns = PAGE_COLUMNS.format(snippet="NULL", rank="0.0")
-        scan = (
-            f"SELECT {columns} FROM {{messages}} m JOIN {{sessions}} s ON s.id = m.session_id WHERE ({like}){filters}"
-        )
+        routes = self.dialect.search
+        like = routes.like(groups, params, ascii_case=ascii_case)
+        scan = routes.substring_scan(like, filters)
         # A row of a group holds every positive term, so any of their pairs narrow it;
         # NOT-ed units narrow nothing. A group without pairs means a full scan.
         if marks is None or marks.grams is None:
             return scan, flat
         grams = marks.grams
         total, params["bg_hw"] = marks.total, marks.high_water
-        params["bg_block"] = bigram.BLOCK
-        cand = bigram.candidate_blocks_sql(grams, params)
+        params["bg_block"] = cjk_pairs.BLOCK
+        cand = cjk_pairs.candidate_blocks_sql(grams, params)
         if flat:
             # Choose: candidates E rows vs. a newest-first walk of about window*N/E rows.
             # The rows above the high-water mark are scanned either way: count them in.
-            blocks = bigram.estimate_blocks(self.conn, grams, mark=params["bg_hw"], counts=marks.counts)
-            estimate = blocks * bigram.BLOCK + max(total - params["bg_hw"], 0)
+            blocks = cjk_bigram.estimate_blocks(self.conn, grams, mark=params["bg_hw"], counts=marks.counts)
+            estimate = blocks * cjk_pairs.BLOCK + max(total - params["bg_hw"], 0)
             if estimate * estimate > max(window, 1) * total:
                 # The walk keeps the blocks as a prefilter: a row the index covers is
                 # tested with LIKE only when its block can hold the term.
-                prefilter = f" AND (m.id > :bg_hw OR m.id / :bg_block IN ({cand}))"
-                return scan + prefilter, True
-        indexed = (
-            f"SELECT {columns} FROM ({cand}) c JOIN {{messages}} AS m{not_indexed} "
-            "ON m.id BETWEEN c.block * :bg_block AND c.block * :bg_block + :bg_block - 1 AND m.id <= :bg_hw "
-            f"JOIN {{sessions}} s ON s.id = m.session_id WHERE ({like}){filters}"
-        )
-        # NOT INDEXED keeps SQLite on the rowid range: left to itself it may walk the
-        # timestamp index for the outer ORDER BY and scan every message.
-        tail = (
-            f"SELECT {columns} FROM {{messages}} AS m{not_indexed} JOIN {{sessions}} s ON s.id = m.session_id "
-            f"WHERE m.id > :bg_hw AND ({like}){filters}"
-        )
-        return f"{indexed} UNION ALL {tail}", False
+                return scan + routes.block_prefilter(cand), True
+        return routes.substring_blocks(like, filters, cand), False
 
     def _finish(
         self, rows: list[dict[str, Any]], terms: Sequence[str], words: pg_search.WordQuery | None = None,
-        run_terms: Sequence[latin_in_cjk.Term] = (),
+        run_terms: Sequence[latin_in_cjk.Term] = (), *, context: bool = True,
     ) -> list[SearchHit]:
         """Snippets the index did not give (substring hits; PostgreSQL word hits, marked
         by their folded ``words``; rows found with ``run_terms`` inside CJK runs) and
-        each hit's context (read with the page, or here for the rows that came without it)."""
+        each hit's context (read with the page, or here for the rows that came without
+        it, when ``context`` is wanted)."""
         if not rows:
             return []
         missing = [r["id"] for r in rows if CONTEXT_KEY not in r]
-        context = self._context(missing) if missing and getattr(self, "_context_wanted", True) else {}
+        found_context = self._context(missing) if missing and context else {}
         hits: list[SearchHit] = []
         for r in rows:
             rank = r.pop("rank", None)
@@ -672,14 +669,14 @@ class SearchRepository(Repository):
                     ctx.append({"role": next_role, "content": _cut(next_content)})
                 r["context"] = ctx
             else:
-                r["context"] = context.get(r["id"], [])
+                r["context"] = found_context.get(r["id"], [])
             hits.append(r)  # type: ignore[arg-type]
         return hits
 
     def _context(self, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
         """Previous message, the hit, next message (same session, by timestamp then id),
         for hits that came without it (merged from two statements), in one statement."""
-        rows = self.conn.execute(_CONTEXT_SQL.on(self.conn), {"ids": ids}).fetchall()
+        rows = self.conn.execute(CONTEXT_SQL.on(self.conn), {"ids": ids}).fetchall()
         out: dict[int, list[dict[str, Any]]] = {}
         for hid, _pos, role, content in rows:
             out.setdefault(hid, []).append({"role": role, "content": _cut(content)})
@@ -701,84 +698,9 @@ class Marks:
         self.gap: dict[str, Any] = {}
 
 
-def _cased(term: str) -> bool:
-    """Whether case folding can change what ``term`` matches (it has a cased letter)."""
-    return any(ch.lower() != ch or ch.upper() != ch for ch in term)
-
-
-#: Hermes v23's search visibility (conditions on ``m``): live rows and compaction archives.
-VISIBLE = " AND (m.active = 1 OR m.compacted = 1)"
-#: state_meta markers of an interrupted FTS backfill (Hermes v23 ``optimize_fts_storage``).
-GAP_HIGH_WATER, GAP_PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
-_GAP_SQL = SchemaSQL("SELECT key, value FROM {state_meta} WHERE key IN (:hw, :pr, :st)", hw=GAP_HIGH_WATER,
-                     pr=GAP_PROGRESS, st=FTS_STALE_KEY)
-_STALE_SQL = SchemaSQL("SELECT value FROM {state_meta} WHERE key = :st", st=FTS_STALE_KEY)
 #: Per engine, then per tenant schema: the search index was seen not stale (Hermes v26
 #: fail-open). Only that answer is kept; a stale one is asked again on every search.
 _FRESH: weakref.WeakKeyDictionary[Any, set[str | None]] = weakref.WeakKeyDictionary()
-_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-
-#: A page row: the hit's columns plus the texts a snippet is cut from and the context shows.
-PAGE_COLUMNS = HIT_COLUMNS + ", m.content AS content, m.tool_calls AS tool_calls"
-#: The column that says a page row came with its context (:func:`_with_context`).
-CONTEXT_KEY = "p_id"
-#: The neighbours of a hit ``h0`` (same session, by timestamp then id). Each condition
-#: repeats ``timestamp <=`` / ``>=`` on its own so both planners walk the
-#: (session_id, timestamp) index from the hit: the OR alone made PostgreSQL walk the
-#: timestamp index from the newest row of every session.
-_PREVIOUS = (
-    "SELECT q.id FROM {{messages}} q WHERE q.session_id = {h}.session_id AND q.timestamp <= {h}.timestamp"
-    " AND (q.timestamp < {h}.timestamp OR q.id < {h}.id) ORDER BY q.timestamp DESC, q.id DESC LIMIT 1"
-)
-_NEXT = (
-    "SELECT q.id FROM {{messages}} q WHERE q.session_id = {h}.session_id AND q.timestamp >= {h}.timestamp"
-    " AND (q.timestamp > {h}.timestamp OR q.id > {h}.id) ORDER BY q.timestamp, q.id LIMIT 1"
-)
-
-
-def _with_context(page: str, ordering: str | None = None) -> str:
-    """``page`` (a SELECT of PAGE_COLUMNS, in order) with each row's previous and next
-    message joined, as the floor does it: one statement for page and context. Each
-    neighbour is looked up once per row of the (already cut) page, by key.
-    ``ordering`` (on ``m``) keeps the page's order."""
-    outer = f" ORDER BY {ordering.replace('m.', 'h.')}" if ordering else ""
-    return (
-        "SELECT h.*, p.id AS p_id, p.role AS p_role, p.content AS p_content, n.id AS n_id, n.role AS n_role,"
-        f" n.content AS n_content FROM ({page}) h LEFT JOIN {{messages}} p ON p.id = ({_PREVIOUS.format(h='h')})"
-        f" LEFT JOIN {{messages}} n ON n.id = ({_NEXT.format(h='h')}){outer}"
-    )
-
-
-#: Portable statement (named, expanding binds) for context of hits read without it.
-_CONTEXT_SQL = SchemaSQL(
-    "WITH hit AS (SELECT id, session_id, timestamp FROM {messages} WHERE id IN :ids) "
-    "SELECT hit.id, x.pos, x.role, x.content FROM hit "
-    "JOIN (SELECT hit.id AS hid, -1 AS pos, p.role, p.content FROM hit JOIN {messages} p ON p.id = ("
-    + _PREVIOUS.format(h="hit").replace("{{", "{").replace("}}", "}") + ")"
-    " UNION ALL SELECT hit.id, 0, m.role, m.content FROM hit JOIN {messages} m ON m.id = hit.id"
-    " UNION ALL SELECT hit.id, 1, n.role, n.content FROM hit JOIN {messages} n ON n.id = ("
-    + _NEXT.format(h="hit").replace("{{", "{").replace("}}", "}") + ")"
-    ") x ON x.hid = hit.id ORDER BY hit.id, x.pos",
-    bindparam("ids", expanding=True),
-)
-
-
-@lru_cache(maxsize=64)
-def _marks_sql(indexed: bool, pairs: int, delegated: bool, gap: bool) -> str:
-    """The statement of :meth:`SearchRepository._marks`, per shape: rows of
-    (kind, name, number, text); kind 0 the newest id and high-water mark, 1 a pair's
-    block count, 2 a possibly delegated session, 3 a backfill marker."""
-    parts = []
-    if indexed:
-        parts.append("SELECT 0 AS kind, NULL AS name, (SELECT max(id) FROM {messages}) AS number,"
-                     " (SELECT value FROM {state_meta} WHERE key = :bg_k) AS value")
-    if pairs:
-        parts.append(bigram.pair_counts_sql(pairs))
-    if delegated:
-        parts.append(f"SELECT 2, id, NULL, model_config FROM {{sessions}} WHERE {pg_search.DELEGATED_CANDIDATE}")
-    if gap:
-        parts.append("SELECT 3, key, NULL, value FROM {state_meta} WHERE key IN (:hw, :pr, :st)")
-    return " UNION ALL ".join(parts)
 
 
 #: The ten keys of a hit, in Hermes' order (what ``fields`` may name).

@@ -1,13 +1,11 @@
 """The one place that knows the SQLite FTS5 dialect.
 
-Repositories ask this backend for MATCH queries, snippets and index maintenance
-instead of scattering FTS5 syntax around. FTS tables are not in our metadata; they
+Statement text only (pure, no database): the dialects run the MATCH queries and the
+index commands (:mod:`hermes_store.dialects.fts5`). FTS tables are not in our metadata; they
 are reached through these lightweight ``table()`` constructs and raw SQL.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from sqlalchemy import column, table
 
@@ -64,7 +62,8 @@ class Fts5Backend:
         """Hits of ``:q`` in ``index`` with a best-column snippet and a bm25 rank."""
         return (
             f"SELECT {index}.rowid AS id, "
-            f"snippet({index}, -1, '{SNIPPET_OPEN}', '{SNIPPET_CLOSE}', '{SNIPPET_ELLIPSIS}', {SNIPPET_TOKENS}) AS snippet, "
+            f"snippet({index}, -1, '{SNIPPET_OPEN}', '{SNIPPET_CLOSE}', '{SNIPPET_ELLIPSIS}', {SNIPPET_TOKENS})"
+            " AS snippet, "
             f"bm25({index}) AS rank "
             f"FROM {index} WHERE {index} MATCH :q"
         )
@@ -80,27 +79,6 @@ class Fts5Backend:
             f"SELECT rowid, rank, snippet({index}, -1, '{SNIPPET_OPEN}', '{SNIPPET_CLOSE}', '{SNIPPET_ELLIPSIS}', "
             f"{SNIPPET_TOKENS}) FROM {index} WHERE {index} MATCH :q ORDER BY rank LIMIT :window"
         )
-
-    def command(self, conn: Any, index: str, cmd: str) -> None:
-        """Run an FTS5 special command ('rebuild', 'optimize', 'merge', 'integrity-check')."""
-        if cmd == "integrity-check":
-            # rank=1 also compares the index with its external content.
-            conn.exec_driver_sql(f"INSERT INTO {index}({index}, rank) VALUES('integrity-check', 1)")
-        elif cmd == "merge":
-            # Bounded upkeep: at most about MERGE_PAGES pages of segment merging, and
-            # only where automerge left a level with enough segments (positive N).
-            conn.exec_driver_sql(f"INSERT INTO {index}({index}, rank) VALUES('merge', {MERGE_PAGES})")
-        else:
-            conn.exec_driver_sql(f"INSERT INTO {index}({index}) VALUES('{cmd}')")
-
-    def existing_indexes(self, conn: Any) -> list[str]:
-        names = {
-            r[0]
-            for r in conn.exec_driver_sql(
-                "SELECT name FROM sqlite_master WHERE type='table' AND sql LIKE 'CREATE VIRTUAL TABLE%'"
-            )
-        }
-        return [i for i in FTS_INDEXES if i in names]
 
 
 fts5 = Fts5Backend()

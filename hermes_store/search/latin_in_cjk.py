@@ -44,7 +44,7 @@ from typing import Any
 from collections.abc import Callable, Sequence
 
 from .fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN
-from .query import CJK_CLASS, match_items, near_parts, split_on
+from .query import CJK_CLASS, TRIGRAM_CHARS, match_items, near_parts, split_on
 
 __all__ = [
     "MIN_CHARS",
@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 #: Characters a term needs: what a trigram index can look up.
-MIN_CHARS = 3
+MIN_CHARS = TRIGRAM_CHARS
 #: The rank of a row found inside a CJK run: after every ranked word hit (bm25 and
 #: ``-ts_rank_cd`` are at most 0), exact in a double.
 RUN_RANK = float(2**60)

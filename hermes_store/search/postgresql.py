@@ -5,7 +5,7 @@ tool name and tool calls as FTS5's ``unicode61`` tokenizer cuts and folds them
 (``user@example.com`` is ``user``, ``example``, ``com``; ``Café`` is ``cafe``), made by
 the database function ``hermes_store_search_words``, with their positions; no phrase
 spans two columns. A query's terms are folded by the same function
-(:func:`fold_terms`), so both sides agree whatever the server's locale; the tsquery
+(:func:`fold_ascii`, the rest by the dialect), so both sides agree whatever the server's locale; the tsquery
 text built here from those words is cast, not parsed again. Nothing is stemmed.
 
 FTS5 precedence is kept: space-joined terms bind tightest, then NOT, AND, OR. A term is
@@ -28,7 +28,6 @@ from itertools import islice
 from typing import Any
 from collections.abc import Mapping, Sequence
 
-from ..tenancy import SchemaSQL
 from .latin_in_cjk import RUN_RANK_SQL, RunsSQL, term_body
 from .fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN, SNIPPET_TOKENS, WORD_INDEX
 from .query import NEAR_MAX, item_terms, match_items, near_parts, split_on
@@ -36,8 +35,8 @@ from .query import NEAR_MAX, item_terms, match_items, near_parts, split_on
 __all__ = [
     "NO_MATCH",
     "WordQuery",
-    "delegated_sessions",
-    "fold_terms",
+    "delegated_of",
+    "fold_ascii",
     "match_sql",
     "page_sql",
     "snippet",
@@ -52,14 +51,14 @@ NO_MATCH = "'x' & !'x'"
 MAX_WORD_BYTES = 2046
 #: Words of ASCII text: there every character but a letter or digit separates words.
 _ASCII_WORD = re.compile(r"[a-z0-9]+")
-#: Our word function lives in the tenant's schema: named there, never looked up.
-_FOLD_SQL = SchemaSQL(
-    "SELECT t.term, {hermes_store_search_words}(t.term) FROM unnest(CAST(:terms AS text[])) AS t(term)"
-)
+#: Folds the terms bound as ``:terms`` with our word function, which lives in the
+#: tenant's schema: named there, never looked up. A template (``{...}`` names).
+FOLD_SQL = "SELECT t.term, {hermes_store_search_words}(t.term) FROM unnest(CAST(:terms AS text[])) AS t(term)"
 #: Sessions that may be sub-agent transcripts: the marker as a substring (the JSON
 #: itself is read in Python, :func:`delegated_sessions`).
 DELEGATED_CANDIDATE = "model_config LIKE '%\\_delegate\\_from%' ESCAPE '\\'"
-_DELEGATED_SQL = SchemaSQL(f"SELECT id, model_config FROM {{sessions}} WHERE {DELEGATED_CANDIDATE}")
+#: The candidates themselves, ``(id, model_config)`` (a template).
+DELEGATED_SQL = f"SELECT id, model_config FROM {{sessions}} WHERE {DELEGATED_CANDIDATE}"
 
 
 
@@ -70,13 +69,11 @@ def term_texts(match: str) -> list[str]:
     return list(out)
 
 
-def fold_terms(conn: Any, terms: Sequence[str]) -> dict[str, list[str]]:
-    """Each term's words, as the word index holds them.
-
-    ASCII terms are cut here (a letter or digit run, lower case: exactly what the
-    database function gives for ASCII); the others ask ``hermes_store_search_words``
-    itself, in one round trip, so the query folds as the index did.
-    """
+def fold_ascii(terms: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """Each ASCII term's words, as the word index holds them (a letter or digit run,
+    lower case: exactly what the database function gives for ASCII), and the other
+    terms, which only ``hermes_store_search_words`` itself folds as the index did
+    (:data:`FOLD_SQL`, one round trip: the dialect's)."""
     words: dict[str, list[str]] = {}
     ask = []
     for term in terms:
@@ -84,10 +81,7 @@ def fold_terms(conn: Any, terms: Sequence[str]) -> dict[str, list[str]]:
             words[term] = _ASCII_WORD.findall(term.lower())
         else:
             ask.append(term)
-    if ask:
-        for term, folded in conn.execute(_FOLD_SQL.on(conn), {"terms": ask}):
-            words[term] = folded.split() if folded else []
-    return words
+    return words, ask
 
 
 def _lexeme(word: str) -> str:
@@ -141,7 +135,7 @@ def tsquery_text(match: str, words: Mapping[str, Sequence[str]]) -> str:
 
     ``match`` is a sanitized MATCH string (:func:`~hermes_store.search.query.
     sanitize_fts5_query`); ``words`` maps each of its term texts to its folded words
-    (:func:`fold_terms`). Returns :data:`NO_MATCH` when nothing can match.
+    (:func:`fold_ascii` and the dialect). Returns :data:`NO_MATCH` when nothing can match.
     """
     groups = []
     for group in split_on(match_items(match), "OR"):
@@ -172,7 +166,7 @@ class WordQuery:
     words: frozenset[str]
     #: Words that end a prefix term (``deplo*``): a hit's word starting with one counts.
     prefixes: frozenset[str]
-    #: Each term text's folded words (:func:`fold_terms`), for tsqueries of parts of the query.
+    #: Each term text's folded words, for tsqueries of parts of the query.
     folded: Mapping[str, Sequence[str]] = field(default_factory=dict, compare=False)
     #: With NEAR in the query, its exact tsquery (bound as ``:qn``): ``tsquery`` is then
     #: :func:`relax_near`'s, which the index answers, and a hit is checked again with
@@ -200,9 +194,8 @@ def relax_near(match: str) -> str:
     return " OR ".join(out)
 
 
-def word_query(conn: Any, match: str) -> WordQuery:
-    """Fold ``match``'s terms (:func:`fold_terms`) and build its tsquery."""
-    words = fold_terms(conn, term_texts(match))
+def word_query(match: str, words: Mapping[str, Sequence[str]]) -> WordQuery:
+    """``match``'s tsquery, from each of its term texts' folded ``words`` (:func:`term_texts`)."""
     plain: set[str] = set()
     prefixes: set[str] = set()
     items = match_items(match)
@@ -284,7 +277,9 @@ def page_sql(join_sessions: bool, where: str, ordering: str, near: bool = False)
 
 #: The sessions a lookup row of :func:`runs_cte` is in that may be sub-agent transcripts
 #: (distinct ``[id, model_config]`` pairs), read with the page.
-RUNS_PROBE = "SELECT ARRAY(SELECT ARRAY[d.sid, d.cfg] FROM (SELECT DISTINCT sid, cfg FROM rx WHERE maybe) d) AS rx_probe"
+RUNS_PROBE = (
+    "SELECT ARRAY(SELECT ARRAY[d.sid, d.cfg] FROM (SELECT DISTINCT sid, cfg FROM rx WHERE maybe) d) AS rx_probe"
+)
 #: Added to the lookup's session conditions once the sub-agent sessions among those are
 #: known (bound as ``:rx_dlg``).
 RUNS_DELEGATED = " AND s.id <> ALL(CAST(:rx_dlg AS text[]))"
@@ -505,17 +500,16 @@ def snippet(texts: Sequence[Any], query: WordQuery) -> str:
 # ------------------------------------------------------------------ sessions left out of CJK routes
 
 
-def delegated_sessions(conn: Any, candidates: Sequence[tuple[str, Any]] | None = None) -> list[str]:
+def delegated_of(candidates: Sequence[tuple[str, Any]]) -> list[str]:
     """Sessions whose ``model_config`` names a ``_delegate_from`` (sub-agent transcripts).
 
     SQLite decides this with ``json_extract`` over valid JSON only; PostgreSQL 15 has
     no safe JSON cast for text that may be malformed, so the few candidate rows (the
-    marker as a substring) are parsed here with the same rule. Read once per search,
-    with the search's first statement when it passes them as ``candidates``
-    (``(id, model_config)`` rows of :data:`DELEGATED_CANDIDATE` sessions).
+    marker as a substring: ``(id, model_config)`` rows of :data:`DELEGATED_CANDIDATE`
+    sessions) are parsed here with the same rule.
     """
     out = []
-    for sid, config in candidates if candidates is not None else conn.execute(_DELEGATED_SQL.on(conn)):
+    for sid, config in candidates:
         try:
             value = json.loads(config)
         except (TypeError, ValueError):

@@ -60,11 +60,13 @@ from functools import lru_cache
 from typing import Literal
 
 from ..codec import clean_text
+from ..keys import MAX_FTS5_QUERY_CHARS
 
 __all__ = [
     "NEAR_DEFAULT",
     "NEAR_MAX",
     "QUERY_CHARS",
+    "TRIGRAM_CHARS",
     "SearchPlan",
     "contains_cjk",
     "escape_like",
@@ -94,9 +96,12 @@ _OPERATORS = frozenset({"AND", "OR", "NOT"})  # FTS5 operators are case-sensitiv
 NEAR_DEFAULT = 10
 NEAR_MAX = 50
 #: Characters of a query that are read (Hermes' MAX_FTS5_QUERY_CHARS; the repository cuts there).
-QUERY_CHARS = 2048
+QUERY_CHARS = MAX_FTS5_QUERY_CHARS
 _STARS_RE = re.compile(r"\*+")
-_MIN_TRIGRAM_CJK = 3
+#: Characters in a trigram: a shorter term gives FTS5's trigram tokenizer (and a
+#: pg_trgm index) nothing to look up.
+TRIGRAM_CHARS = 3
+_MIN_TRIGRAM_CJK = TRIGRAM_CHARS
 
 
 def contains_cjk(text: str) -> bool:

@@ -1,0 +1,93 @@
+"""Search statements of PostgreSQL: ``PostgreSQLDialect.search``, and the reads its
+word route needs (terms folded by the index's own function, sub-agent sessions).
+
+The word route is one statement (:meth:`PgSearchRoutes.word_page`): the index cuts no
+snippets, so nothing is gained by ranking first; page, sessions, snippet texts and
+context come together. CJK queries go by substring (the shared routes of
+:mod:`.search_base`, with ILIKE over the pg_trgm index). The tsquery and snippets are
+:mod:`hermes_store.search.postgresql` (pure).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from collections.abc import Sequence
+
+from ..search import latin_in_cjk
+from ..search import postgresql as pg_search
+from ..tenancy import SchemaSQL
+from .search_base import PAGE_COLUMNS, Order, SearchRoutes, with_context
+
+#: The word route's order (lower rank is better): ``rank`` is the page's output column.
+RANK = Order(((None, "rank", ""), ("row", "timestamp", "DESC"), ("row", "id", "DESC")))
+_FOLD = SchemaSQL(pg_search.FOLD_SQL)
+_DELEGATED = SchemaSQL(pg_search.DELEGATED_SQL)
+
+
+def fold_terms(conn: Any, terms: Sequence[str]) -> dict[str, list[str]]:
+    """Each term's words, as the word index holds them: ASCII ones cut in Python, the
+    others by ``hermes_store_search_words`` itself, in one round trip (at most)."""
+    words, ask = pg_search.fold_ascii(terms)
+    if ask:
+        for term, folded in conn.execute(_FOLD.on(conn), {"terms": ask}):
+            words[term] = folded.split() if folded else []
+    return words
+
+
+def word_query(conn: Any, match: str) -> pg_search.WordQuery:
+    """Fold ``match``'s terms (:func:`fold_terms`) and build its tsquery."""
+    return pg_search.word_query(match, fold_terms(conn, pg_search.term_texts(match)))
+
+
+def delegated_sessions(conn: Any, candidates: Sequence[tuple[str, Any]] | None = None) -> list[str]:
+    """Sessions that are sub-agent transcripts (:func:`hermes_store.search.postgresql.
+    delegated_of`), from ``candidates`` when the search's first statement read them,
+    else read here."""
+    rows = candidates if candidates is not None else conn.execute(_DELEGATED.on(conn)).fetchall()
+    return pg_search.delegated_of(rows)
+
+
+class PgSearchRoutes(SearchRoutes):
+    """The word route over ``messages.search_vector``; substring routes with ILIKE."""
+
+    caseless_like = "ILIKE"
+    folds_non_ascii = True
+    rowid_walk_hint = ""
+    rank_order = RANK
+
+    def match(self, index: str) -> str:
+        return pg_search.match_sql(index)
+
+    def top(self, index: str) -> str:
+        return pg_search.top_sql(index)
+
+    @staticmethod
+    def _page(inner: str) -> str:
+        return (
+            f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank='h.rank')} FROM ({inner}) h "
+            "JOIN {messages} m ON m.id = h.id JOIN {sessions} s ON s.id = m.session_id"
+        )
+
+    def word_page(self, join_sessions: bool, where: str, order: Order, *, near: bool, context: bool) -> str:
+        """One page of word hits (``:limit`` from ``:offset``) with its sessions and
+        texts, and context when wanted: the filters (``where``) are applied before the
+        page is cut. ``near``: the query holds NEAR (its exact test on the rows found)."""
+        inner = pg_search.page_sql(join_sessions, where, order.on("m"), near)
+        return with_context(self._page(inner), order, context=context)
+
+    def word_page_with_runs(self, runs: latin_in_cjk.RunsSQL, join_sessions: bool, where: str, order: Order, *,
+                            ranked: bool, exact: bool, context: bool) -> str:
+        """:meth:`word_page` with the rows of the lookup inside CJK runs in the same
+        statement (by rank, only when the word hits do not fill the page: ``ranked``),
+        and first a probe row: the sessions of lookup rows held back because they may
+        be sub-agent transcripts (``exact``: those known, bound as ``:rx_dlg``)."""
+        guard = pg_search.rank_guard(join_sessions, where) if ranked else ""
+        inner = self._page(pg_search.runs_page_sql(join_sessions, where, order.on("m")))
+        return (
+            f"{pg_search.runs_cte(runs, where, guard, exact=exact)}SELECT x.*, pr.rx_probe AS rx_probe"
+            f" FROM ({pg_search.RUNS_PROBE}) pr LEFT JOIN ({with_context(inner, order, context=context)}) x ON TRUE"
+            f" ORDER BY {order.on('x')}"
+        )
+
+
+ROUTES = PgSearchRoutes()
