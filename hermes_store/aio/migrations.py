@@ -17,21 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from typing import Any, TypeVar
 from collections.abc import Callable
 
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .. import dialects, migrations
-from ..migrations import VERSION_TABLE
+from ..keys import VERSION_TABLE
 from ..targets import refuse_session, refuse_sync
 from .engine import async_url, create_async_engine, run_sync
 
 Target = AsyncEngine | AsyncConnection | URL | str | os.PathLike[str]
+T = TypeVar("T")
 
 
-async def _apply(target: Target, api: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+async def _apply(target: Target, api: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     refuse_session(target, f"aio.{api}")
     refuse_sync(target, api)
     if isinstance(target, AsyncConnection):
