@@ -442,7 +442,7 @@ def message_preview(content: Any) -> str:
         text = content
     elif isinstance(content, (list, dict)):
         parts = content if isinstance(content, list) else [content]
-        texts = [p if isinstance(p, str) else p.get("text") for p in parts
+        texts = [p if isinstance(p, str) else p["text"] for p in parts
                  if isinstance(p, str) or (isinstance(p, dict) and p.get("type") == "text"
                                            and isinstance(p.get("text"), str))]
         text = " ".join(texts) if texts else "[multimodal content]"

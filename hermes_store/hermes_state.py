@@ -30,7 +30,7 @@ def _register_companions() -> None:
         sys.modules[bare] = importlib.import_module(f"hermes_store.state_modules.{ours}")
 
 
-_facade.install = install  # type: ignore[attr-defined]
+_facade.install = install
 sys.modules[__name__] = _facade
 # Imported by its bare name (Hermes' child processes put this folder on sys.path):
 # the companions are served the same way, whichever is imported next.

@@ -96,7 +96,7 @@ def schema_of_connection(conn: Connection) -> str | None:
     return conn.get_execution_options().get(SCHEMA_OPTION)
 
 
-class _Names(dict):  # type: ignore[type-arg]
+class _Names(dict[str, str]):
     """``{table}`` placeholders → the table named in one schema (quoted)."""
 
     def __init__(self, schema: str | None) -> None:

@@ -473,7 +473,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     if sqlite_history_only(op.get_bind()):
         return
-    for sql in DROP_FTS + ["DROP VIEW messages_fts_src"]:
+    for sql in [*DROP_FTS, "DROP VIEW messages_fts_src"]:
         op.execute(sql)
     for sql in WORD_FTS_V29 + WORD_TRIGGERS_V29 + TRIGRAM_V29:
         op.execute(sql)

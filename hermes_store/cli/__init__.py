@@ -70,7 +70,9 @@ COMMANDS: dict[str, Lazy] = {
     "copy": Lazy("transfer", "copy_cmd", "Copy a whole history between SQLite files and PostgreSQL databases."),
     "prune": Lazy("maintain", "prune", "Delete old ended sessions and their messages."),
     "fts": Lazy("maintain", "fts", "Full-text search index upkeep: rebuild, check, optimize."),
-    "doctor": Lazy("doctor", "doctor", "Check a store's health without changing it (versions, integrity, sizes, upkeep)."),
+    "doctor": Lazy(
+        "doctor", "doctor", "Check a store's health without changing it (versions, integrity, sizes, upkeep)."
+    ),
 }
 
 #: Names this package re-exports from the module that holds them, imported on first use.

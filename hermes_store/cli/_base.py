@@ -170,7 +170,8 @@ def group_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _remember(field: str) -> Callable[[click.Context, click.Parameter, Any], None]:
     def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
-        if value is None or value is False or ctx.get_parameter_source(param.name or "") is not ParameterSource.COMMANDLINE:
+        given = ctx.get_parameter_source(param.name or "") is ParameterSource.COMMANDLINE
+        if value is None or value is False or not given:
             return
         setattr(ctx.ensure_object(Options), field, value)  # after the command name: it wins
 

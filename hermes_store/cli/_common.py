@@ -18,7 +18,7 @@ from contextlib import ExitStack, closing, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 from collections.abc import Callable, Iterable, Iterator
 
 import click
@@ -39,13 +39,12 @@ from rich.text import Text
 from sqlalchemy import Connection, inspect
 
 from .. import adopt as adopt_mod, errors, migrations, paths
-from ..keys import COMPRESSION_END_REASON
+from ..keys import COMPRESSION_END_REASON, DAY
 from ..copying.endpoints import readonly_engine, store_file_named
 from ..dialects import backend_name, find_for, for_connection, for_dialect
 from ..engine import create_engine, default_db_path, schema_in_url, schema_of, to_url, with_schema
 from ..facade import SessionDB
 from ..paths import check_target, create_private_database, make_parents
-from ..repositories.maintenance import DAY
 from ..repositories.sessions import SessionRepository
 from ._base import (
     DEBUG_ENV,
@@ -72,6 +71,9 @@ from ._base import (
     say,
     shown,
 )
+
+if TYPE_CHECKING:  # schema_tables hands it a plain sqlite3 connection, which only it reads
+    from ..dialects.sqlite import SQLiteDialect
 
 __all__ = [
     "DEBUG_ENV", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PIPE_CLOSED", "EXIT_USAGE", "NONEMPTY", "PROG",
@@ -171,6 +173,13 @@ class State:
         return str(self.path) if self.url is None else to_url(self.url).render_as_string(hide_password=True)
 
     @property
+    def file(self) -> Path:
+        """The SQLite file, for code that has seen ``url`` is None (then ``path`` is set)."""
+        if self.path is None:
+            raise CliError(f"{self.where} is a server database, not a file")
+        return self.path
+
+    @property
     def flag(self) -> str:
         """How this database is named on a command line, for hints (no password in them)."""
         if self.url is None:
@@ -260,7 +269,7 @@ class _Task:
 
 
 def fmt_duration(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
+    seconds = max(0, round(seconds))
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else (f"{minutes}:{secs:02d}" if minutes else f"{secs}s")
@@ -351,7 +360,8 @@ class ProgressLog:
         return True
 
     def _due(self, task: _Task, now: float) -> bool:
-        return not task.finished and now - (task.last_line if task.last_line is not None else task.started) >= self.every
+        last = task.last_line if task.last_line is not None else task.started
+        return not task.finished and now - last >= self.every
 
     def _tick(self) -> None:
         while not self._stop.wait(0.25 if self.every < 2 else 1.0):
@@ -553,7 +563,8 @@ def table_fits(console: Console, headers: list[str], rows: list[list[Any]], *, f
                footers: list[str] | None = None) -> bool:
     """Whether every column but ``flex`` gets its full width, ``flex`` keeping at least 8."""
     widths = _content_widths(headers, rows, footers)
-    return sum(w for i, w in enumerate(widths) if i != flex) + 2 * (len(headers) - 1) + min(widths[flex], 8) <= console.width
+    others = sum(w for i, w in enumerate(widths) if i != flex) + 2 * (len(headers) - 1)
+    return others + min(widths[flex], 8) <= console.width
 
 
 def fitted_table(
@@ -576,8 +587,8 @@ def fitted_table(
     widths = _content_widths(headers, rows, footers)
     others = sum(w for i, w in enumerate(widths) if i != flex) + 2 * (len(headers) - 1)
     widths[flex] = max(min(widths[flex], console.width - others), 8)
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, show_footer=footers is not None,
-                  title=title, title_justify="left", title_style="bold")
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True,
+                  show_footer=footers is not None, title=title, title_justify="left", title_style="bold")
     for i, head in enumerate(headers):
         table.add_column(head, footers[i] if footers else "", width=widths[i], no_wrap=True, overflow="ellipsis",
                          justify="right" if i in right else "left")
@@ -634,7 +645,11 @@ def parse_target(url: str, *, schema: str | None = None) -> tuple[Path | None, s
         raise click.BadParameter("--schema needs a PostgreSQL URL (a SQLite file has no schemas)",
                                  param_hint="'--schema'")
     try:
-        bound = with_schema(parsed, schema) if kind.has_schemas else schema_in_url(parsed)
+        if kind.has_schemas:
+            bound = with_schema(parsed, schema)
+        else:
+            schema_in_url(parsed)  # refuses a ?schema= on a file URL
+            bound = parsed
     except errors.InvalidInputError as exc:
         raise click.BadParameter(str(exc), param_hint="'--schema'" if schema is not None else "'--url'") from exc
     if not kind.is_file:
@@ -872,7 +887,7 @@ def schema_tables(path: Path) -> tuple[list[tuple[str, int]], list[str]]:
     not open (or migrate) the file as a store would.
     """
     with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
-        return for_dialect("sqlite").table_counts(conn)
+        return cast("SQLiteDialect", for_dialect("sqlite")).table_counts(conn)
 
 
 def server_tables(url: str) -> tuple[list[tuple[str, int]], list[str]]:
@@ -1001,7 +1016,7 @@ def _state() -> State:
     opts = ctx.find_object(Options) or ctx.ensure_object(Options)
     if opts.state is None:
         opts.state = state_from(opts)
-    return opts.state  # type: ignore[no-any-return]
+    return opts.state
 
 
 def state_from(opts: Options) -> State:

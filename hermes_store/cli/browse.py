@@ -42,6 +42,10 @@ from ._common import (
     table_fits,
 )
 
+#: A billing route as shown (``show``'s Billing line, ``stats --by route``'s names).
+ROUTE_FIELDS = ("billing_provider", "billing_mode", "billing_base_url")
+ROLE_STYLES = {"user": "bold green", "assistant": "bold blue", "tool": "bold magenta"}
+
 # ---------------------------------------------------------------------------- sessions
 
 
@@ -80,7 +84,8 @@ def compression_tips(db: Any, ids: list[str]) -> dict[str, str]:
 
 @click.command("sessions")
 @click.option("--source", "sources", type=TEXT, multiple=True, metavar="SRC", help="Only these sources (repeatable).")
-@click.option("--exclude-source", "exclude", type=TEXT, multiple=True, metavar="SRC", help="Leave out these sources (repeatable).")
+@click.option("--exclude-source", "exclude", type=TEXT, multiple=True, metavar="SRC",
+              help="Leave out these sources (repeatable).")
 @click.option("--limit", type=LIMIT, default=20, show_default=True, help="At most this many (1 to 1,000,000).")
 @click.option("--offset", type=OFFSET, default=0, show_default=True, help="Skip this many first.")
 @click.option("--all", "include_children", is_flag=True, help="Include child sessions (delegates, compression steps).")
@@ -115,7 +120,7 @@ def sessions_cmd(sources: tuple[str, ...], exclude: tuple[str, ...], limit: int,
     if not docs:
         out.print("No sessions." if offset == 0 else "No sessions at this offset.")
         return
-    rows = []
+    table: list[list[Any]] = []
     for d in docs:
         label = Text()
         if d["title"]:
@@ -129,8 +134,8 @@ def sessions_cmd(sources: tuple[str, ...], exclude: tuple[str, ...], limit: int,
             sid.append(" ↺", style="cyan")
         if d["archived"]:
             sid.append(" ⌂", style="yellow")
-        rows.append([sid, (d["source"] or "")[:10], fmt_num(d["message_count"]), fmt_ago(d["last_active"]), label])
-    out.print(fitted_table(out, ["Session", "Source", "Msgs", "Active", "Title / preview"], rows, flex=4, right=[2]))
+        table.append([sid, (d["source"] or "")[:10], fmt_num(d["message_count"]), fmt_ago(d["last_active"]), label])
+    out.print(fitted_table(out, ["Session", "Source", "Msgs", "Active", "Title / preview"], table, flex=4, right=[2]))
     more = f"; --offset {offset + limit} for more" if len(docs) == limit else ""
     legend = " ↺ = newest step of a compression chain." if any(d["lineage_root_id"] for d in docs) else ""
     legend += " ⌂ = archived." if any(d["archived"] for d in docs) else ""
@@ -173,7 +178,7 @@ def show(session_id: str, full: bool, no_messages: bool) -> None:
         ("Cost", f"{fmt_cost(row.get('estimated_cost_usd'))} estimated"
                  + (f", {fmt_cost(row.get('actual_cost_usd'))} actual" if row.get("actual_cost_usd") else "")
                  + f" · {fmt_num(row.get('api_call_count'))} API calls"),
-        ("Billing", " · ".join(str(row[k]) for k in ("billing_provider", "billing_mode", "billing_base_url") if row.get(k))),
+        ("Billing", " · ".join(str(row[k]) for k in ROUTE_FIELDS if row.get(k))),
     ]
     if len(lineage) > 1:
         fields.append(("Lineage", f"{len(lineage)} sessions, root {lineage[0]} (see '{PROG} lineage {sid}')"))
@@ -186,7 +191,7 @@ def show(session_id: str, full: bool, no_messages: bool) -> None:
         out.print()
         head = Text(f"#{m.get('id')} ", style="dim")
         role = m.get("role") or "?"
-        head.append(role, style={"user": "bold green", "assistant": "bold blue", "tool": "bold magenta"}.get(role, "bold"))
+        head.append(role, style=ROLE_STYLES.get(role, "bold"))
         if m.get("tool_name"):
             head.append(f" {m['tool_name']}", style="magenta")
         head.append(f" · {fmt_time(m.get('timestamp'))}", style="dim")
@@ -220,13 +225,15 @@ def lineage(session_id: str) -> None:
         below = db.get_session_descendants(sid)
         below = [d for d in below if d not in set(chain)]
         info = sessions_by_id(db, [*chain, *below])
-        parents = sessions_by_id(db, {info[d]["parent_session_id"] for d in below if info.get(d, {}).get("parent_session_id")} - set(info))
+        named = {info[d]["parent_session_id"] for d in below if info.get(d, {}).get("parent_session_id")}
+        parents = sessions_by_id(db, named - set(info))
     everything = {**parents, **info}
 
     def item(i: str) -> dict[str, Any]:
         r = info.get(i, {"id": i})
-        return {"id": i, "title": r.get("title"), "source": r.get("source"), "parent_session_id": r.get("parent_session_id"),
-                "started_at": r.get("started_at"), "ended_at": r.get("ended_at"), "end_reason": r.get("end_reason"),
+        return {"id": i, "title": r.get("title"), "source": r.get("source"),
+                "parent_session_id": r.get("parent_session_id"), "started_at": r.get("started_at"),
+                "ended_at": r.get("ended_at"), "end_reason": r.get("end_reason"),
                 "message_count": r.get("message_count") or 0}
 
     chain_docs = [item(i) for i in chain]
@@ -240,17 +247,17 @@ def lineage(session_id: str) -> None:
         return
     out = stdout_console()
     rows = []
-    for n, d in enumerate(chain_docs):
-        marker = "▶" if d["id"] == sid else str(n + 1)
-        ended = d["end_reason"] or ("ended" if d["ended_at"] else "open")
-        rows.append([marker, Text(d["id"], style="bold" if d["id"] == sid else ""), fmt_time(d["started_at"]),
-                     ended[:16], fmt_num(d["message_count"]), d["title"] or ""])
+    for n, link in enumerate(chain_docs):
+        marker = "▶" if link["id"] == sid else str(n + 1)
+        ended = link["end_reason"] or ("ended" if link["ended_at"] else "open")
+        rows.append([marker, Text(link["id"], style="bold" if link["id"] == sid else ""), fmt_time(link["started_at"]),
+                     ended[:16], fmt_num(link["message_count"]), link["title"] or ""])
     out.print(fitted_table(out, ["", "Session", "Started", "Ended as", "Msgs", "Title"], rows, flex=5, right=[4],
                            title="Chain, root → tip"))
     if desc_docs:
         out.print()
-        rows = [[d["id"], d["relation"], fmt_time(d["started_at"]), fmt_num(d["message_count"]), d["parent_session_id"] or "—"]
-                for d in desc_docs]
+        rows = [[d["id"], d["relation"], fmt_time(d["started_at"]), fmt_num(d["message_count"]),
+                 d["parent_session_id"] or "—"] for d in desc_docs]
         out.print(fitted_table(out, ["Session", "Relation", "Started", "Msgs", "Parent"], rows, flex=4, right=[3],
                                title="Descendants"))
     else:
@@ -263,8 +270,10 @@ def lineage(session_id: str) -> None:
 @click.command()
 @click.argument("query", type=NONEMPTY)
 @click.option("--source", "sources", type=TEXT, multiple=True, metavar="SRC", help="Only these sources (repeatable).")
-@click.option("--exclude-source", "exclude", type=TEXT, multiple=True, metavar="SRC", help="Leave out these sources (repeatable).")
-@click.option("--role", "roles", type=TEXT, multiple=True, metavar="ROLE", help="Only these roles: user, assistant, tool... (repeatable).")
+@click.option("--exclude-source", "exclude", type=TEXT, multiple=True, metavar="SRC",
+              help="Leave out these sources (repeatable).")
+@click.option("--role", "roles", type=TEXT, multiple=True, metavar="ROLE",
+              help="Only these roles: user, assistant, tool... (repeatable).")
 @click.option("--sort", type=click.Choice(SORT_CHOICES), default="rank", show_default=True)
 @click.option("--limit", type=LIMIT, default=20, show_default=True, help="At most this many (1 to 1,000,000).")
 @click.option("--offset", type=OFFSET, default=0, show_default=True, help="Skip this many first.")
@@ -334,7 +343,7 @@ def stats(by: str, source: str | None) -> None:
                "reasoning_tokens", "estimated_cost_usd", "actual_cost_usd")
     docs = []
     for r in rows:
-        d: dict[str, Any] = dict(zip(USAGE_KEYS[by], r.key))
+        d: dict[str, Any] = dict(zip(USAGE_KEYS[by], r.key, strict=True))
         d.update({m: getattr(r, m) for m in metrics})
         docs.append(d)
     totals: dict[str, Any] = {"sessions": int(counts["sessions"]), "messages": int(counts["messages"])}
@@ -359,7 +368,7 @@ def stats(by: str, source: str | None) -> None:
             elif by == "task":
                 name = d["task"] or "main loop"
             else:
-                name = " · ".join(x for x in (d["billing_provider"], d["billing_mode"], d["billing_base_url"]) if x) or "(no route)"
+                name = " · ".join(x for x in (d[k] for k in ROUTE_FIELDS) if x) or "(no route)"
             rows.append([name, *(fmt(d[m]) for m in counted), fmt_cost(d["estimated_cost_usd"])])
         return rows, ["Total", *(fmt(totals[m]) for m in counted), fmt_cost(totals["estimated_cost_usd"])]
 
@@ -371,8 +380,9 @@ def stats(by: str, source: str | None) -> None:
     else:
         out.print(fitted_table(out, headers, rows, flex=0, right=range(1, 7), footers=footers))
     extra = f"; actual cost {fmt_cost(totals['actual_cost_usd'])}" if totals["actual_cost_usd"] else ""
+    where = f" from {source}" if source else ""
     out.print(Text(f"{fmt_num(totals['sessions'])} session(s), {fmt_num(totals['messages'])} message(s) in total"
-                   f"{' from ' + source if source else ''}{extra}. Sess: sessions with usage on that row.", style="dim"))
+                   f"{where}{extra}. Sess: sessions with usage on that row.", style="dim"))
 
 
 COMMANDS = (sessions_cmd, show, lineage, search, stats)

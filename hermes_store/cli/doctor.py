@@ -37,9 +37,9 @@ from sqlalchemy.pool import StaticPool
 from .. import __version__, journal, migrations, paths
 from ..copying.endpoints import SIDECARS, readonly_engine
 from ..engine import create_engine
-from ..operations.prune import LAST_AUTO_PRUNE_KEY
+from ..keys import LAST_AUTO_PRUNE_KEY, TOOL_HIGH_WATER_KEY
 from ..repositories import MaintenanceRepository
-from ..repositories.fts_upkeep import CJK_REBUILD_HIGH_WATER, REBUILD_HIGH_WATER, TOOL_HIGH_WATER_KEY
+from ..repositories.fts_upkeep import CJK_REBUILD_HIGH_WATER, REBUILD_HIGH_WATER
 from ..repositories.health import HealthRepository
 from ..search import bigram, bigram_upkeep
 from ..state_files import collect_state_db_stats
@@ -97,7 +97,8 @@ def doctor(quick: bool) -> None:
 def versions(driver: str) -> dict[str, Any]:
     """Ours and our dependencies'; the stdlib's sqlite3 goes with Python's version."""
     module = sys.modules.get(driver) or importlib.import_module(driver)
-    version = getattr(module, "__version__", None) or (f"Python {platform.python_version()}" if driver == "sqlite3" else None)
+    stdlib = f"Python {platform.python_version()}" if driver == "sqlite3" else None
+    version = getattr(module, "__version__", None) or stdlib
     return {"hermes_store": __version__, "sqlalchemy": sqlalchemy.__version__, "alembic": alembic.__version__,
             "driver": {"name": driver, "version": version}}
 
@@ -142,7 +143,7 @@ def pending_upkeep(conn: Connection, stats: dict[str, Any] | None) -> dict[str, 
     def get(key: str) -> str | None:
         return repo.get_meta(key) if meta else None
 
-    windows = {}
+    windows: dict[str, str | None] = {}
     for key in (REBUILD_HIGH_WATER, CJK_REBUILD_HIGH_WATER, TOOL_HIGH_WATER_KEY):
         value = get(key)
         if value is not None:
@@ -327,7 +328,8 @@ def print_report(report: dict[str, Any]) -> None:
     else:
         rows.append(["PostgreSQL server", v["server"]])
     rev = report["revision"]
-    rows.append(["revision", f"{rev['current'] or 'none'}" + (" (head)" if rev["at_head"] else f" (head is {rev['head']})")])
+    at_head = " (head)" if rev["at_head"] else f" (head is {rev['head']})"
+    rows.append(["revision", f"{rev['current'] or 'none'}{at_head}"])
     if report["backend"] == "sqlite":
         rows.append(["journal mode", report["journal_mode"] or "unknown"])
         for f in report["files"]:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.text import Text
 
+from ..keys import DAY
 from ..repositories import MaintenanceRepository
-from ..repositories.maintenance import DAY, transcript_files_many
+from ..repositories.transcripts import transcript_files_many
 from ._common import (
     DAYS,
     PROG,
@@ -84,8 +86,8 @@ def prune(days: int, source: str | None, sessions_dir: Path | None, dry_run: boo
             rows, orphans, files, messages = [], [], [], 0
             deleted = db.prune_sessions(days, source, sessions_dir)
     starts = [r["started_at"] for r in rows if r["started_at"] is not None]
-    doc = {"dry_run": dry_run, "older_than_days": days, "cutoff": cutoff, "source": source,
-           ("would_delete" if dry_run else "deleted"): deleted}
+    doc: dict[str, Any] = {"dry_run": dry_run, "older_than_days": days, "cutoff": cutoff, "source": source,
+                           ("would_delete" if dry_run else "deleted"): deleted}
     if dry_run:
         doc.update(would_delete_messages=int(messages), oldest_started_at=min(starts, default=None),
                    newest_started_at=max(starts, default=None), sessions=[dict(r) for r in rows],
@@ -153,7 +155,8 @@ def fts_rebuild() -> None:
     if st.json:
         st.emit(doc)
     else:
-        stdout_console().print(Text(f"Rebuilt {', '.join(done) or 'no index'} over {messages:,} message(s) in {doc['seconds']}s"))
+        rebuilt = ", ".join(done) or "no index"
+        stdout_console().print(Text(f"Rebuilt {rebuilt} over {messages:,} message(s) in {doc['seconds']}s"))
 
 
 @fts.command("check")
@@ -172,7 +175,8 @@ def fts_check() -> None:
         if not result:
             out.print(Text("No search index to check in this database"))  # never a silent success
         for name, problem in result.items():
-            out.print(Text(f"{name}: ") + (Text("ok", style="green") if problem is None else Text(problem, style="red")))
+            verdict = Text("ok", style="green") if problem is None else Text(problem, style="red")
+            out.print(Text(f"{name}: ") + verdict)
     if damaged:
         raise CliError(f"damaged search index: {', '.join(damaged)}; run '{PROG} fts rebuild'")
 

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from .. import adopt as adopt_mod, migrations
 from ..facade import SessionDB
-from ..repositories.maintenance import DAY
+from ..keys import DAY
 from ._common import (
     PROG,
     TEXT,
@@ -37,7 +37,8 @@ from ._common import (
 
 
 @click.command()
-@click.option("--revision", type=TEXT, default="head", show_default=True, metavar="REV", help="Target revision (0001 … head).")
+@click.option("--revision", type=TEXT, default="head", show_default=True, metavar="REV",
+              help="Target revision (0001 … head).")
 @global_options
 def upgrade(revision: str) -> None:
     """Create or migrate the database to a revision.
@@ -46,7 +47,8 @@ def upgrade(revision: str) -> None:
     """
     st = _state()
     if revision != "head" and revision not in known_revisions():
-        raise click.BadParameter(f"unknown revision {revision!r} (known: 0001 … {migrations.head()}, head)", param_hint="'--revision'")
+        raise click.BadParameter(f"unknown revision {revision!r} (known: 0001 … {migrations.head()}, head)",
+                                 param_hint="'--revision'")
     adopted: adopt_mod.AdoptionReport | None = None
     if st.url is not None:
         # A server: no file to create or adopt; "created" means our tables were not there.
@@ -55,7 +57,7 @@ def upgrade(revision: str) -> None:
         created = previous is None
         tables, indexes = server_tables(st.url)
     else:
-        path = st.path
+        path = st.file
         check_path_kind(path)
         existed = path.exists()
         if existed:
@@ -118,11 +120,12 @@ def current() -> None:
     head = migrations.head()
     doc: dict[str, Any] = {"db": st.where, "revision": None, "head": head, "up_to_date": False,
                            "needs_adoption": False, "hermes_schema_version": None, "managed_by": None}
-    if st.url is None:
-        require_file(st.path)
-        adopt_mod.check_file(st.path, recovery_ok=True)
-    if st.url is None and adopt_mod.needs_adoption(st.path):
-        det = adopt_mod.detect(st.path, deep=False)
+    path = st.file if st.url is None else None
+    if path is not None:
+        require_file(path)
+        adopt_mod.check_file(path, recovery_ok=True)
+    if path is not None and adopt_mod.needs_adoption(path):
+        det = adopt_mod.detect(path, deep=False)
         doc.update(needs_adoption=True, hermes_schema_version=det.schema_version)
     else:
         rev, host_table = store_revision(st)  # read only: a file's bytes stay as they are
@@ -160,18 +163,19 @@ def adopt(check_only: bool, no_backup: bool) -> None:
     if st.url is not None:
         raise CliError("adopt works on a Hermes state.db file (--db PATH); to move a file to a server, "
                        f"'{PROG} copy --from PATH --to URL'")
-    require_file(st.path)
-    if st.path.stat().st_size == 0 and not check_only:
+    path = st.file
+    require_file(path)
+    if path.stat().st_size == 0 and not check_only:
         # A 0-byte file is a new, empty database: nothing of Hermes' to keep.
-        report = adopt_mod.adopt(st.path, backup=not no_backup)
+        report = adopt_mod.adopt(path, backup=not no_backup)
         if st.json:
-            st.emit({"db": str(st.path), "adopted": False, "already_adopted": False,
+            st.emit({"db": str(path), "adopted": False, "already_adopted": False,
                      "revision": report.revision, "message": report.message})
         else:
             stdout_console().print(Text(report.message))
         return
-    det = adopt_mod.detect(st.path, deep=False)
-    detected = {
+    det = adopt_mod.detect(path, deep=False)
+    detected: dict[str, Any] = {
         "schema_version": det.schema_version,
         "shape": det.shape,
         "stamp": det.revision if not det.already_adopted else None,
@@ -179,16 +183,18 @@ def adopt(check_only: bool, no_backup: bool) -> None:
         "notes": list(det.notes),
         "problems": list(det.problems),
     }
-    doc: dict[str, Any] = {"db": str(st.path), "detected": detected, "adopted": False, "already_adopted": det.already_adopted,
-                           "revision": det.revision if det.already_adopted else None, "backup": None, "backup_wal": None,
-                           "row_counts": {}, "message": None}
+    doc: dict[str, Any] = {"db": str(path), "detected": detected, "adopted": False,
+                           "already_adopted": det.already_adopted,
+                           "revision": det.revision if det.already_adopted else None, "backup": None,
+                           "backup_wal": None, "row_counts": {}, "message": None}
     out = stdout_console()
     if not st.json:
         if det.already_adopted:
-            out.print(Text(f"{st.path} is already a hermes_store database (revision {det.revision}); nothing to adopt"))
+            out.print(Text(f"{path} is already a hermes_store database (revision {det.revision}); nothing to adopt"))
             return
         out.print(Text(f"Detected: Hermes schema_version {det.schema_version}, shape {det.shape}"))
-        for label, items in (("Repair", detected["repairs"]), ("Note", detected["notes"]), ("Problem", detected["problems"])):
+        for label, key in (("Repair", "repairs"), ("Note", "notes"), ("Problem", "problems")):
+            items = detected[key]
             for item in items:
                 out.print(Text(f"  {label}: {item}"))
     if det.already_adopted or check_only:
@@ -196,12 +202,12 @@ def adopt(check_only: bool, no_backup: bool) -> None:
             doc["message"] = "already adopted" if det.already_adopted else "check only; nothing changed"
             st.emit(doc)
         elif det.problems:
-            raise CliError(f"{st.path} cannot be adopted as it is ({len(det.problems)} problem(s) above)")
+            raise CliError(f"{path} cannot be adopted as it is ({len(det.problems)} problem(s) above)")
         else:
             out.print(Text("Adoptable; nothing changed (--check)."))
         return
     with st.progress("percent") as bar:
-        report = adopt_mod.adopt(st.path, backup=not no_backup, progress=adopt_progress(bar))
+        report = adopt_mod.adopt(path, backup=not no_backup, progress=adopt_progress(bar))
     doc.update(
         adopted=report.adopted, revision=report.revision, message=report.message,
         backup=str(report.backup_path) if report.backup_path else None,
@@ -215,7 +221,8 @@ def adopt(check_only: bool, no_backup: bool) -> None:
         return
     out.print(Text(f"Stamped {report.stamped or det.revision}, upgraded to {report.revision}"))
     if report.backup_path:
-        out.print(Text(f"Backup: {report.backup_path}" + (f" (+ {report.backup_wal_path})" if report.backup_wal_path else "")))
+        wal = f" (+ {report.backup_wal_path})" if report.backup_wal_path else ""
+        out.print(Text(f"Backup: {report.backup_path}{wal}"))
     else:
         out.print(Text("No backup kept (--no-backup)"))
     if report.row_counts:
@@ -256,7 +263,8 @@ def write_demo(db: SessionDB) -> list[str]:
         return sid
 
     def call(cid: str, name: str, args: dict[str, Any]) -> list[dict[str, Any]]:
-        return [{"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}]
+        arguments = json.dumps(args, ensure_ascii=False)
+        return [{"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}}]
 
     def msgs(sid: str, start: float, items: list[dict[str, Any]]) -> None:
         # One by one: ids must follow conversation order (append_messages groups rows
@@ -274,18 +282,23 @@ def write_demo(db: SessionDB) -> list[str]:
                    system_prompt="You are Hermes, a helpful agent with a terminal.")
     db.set_session_title(root, "Debugging a CrashLoopBackOff")
     msgs(root, t1, [
-        {"role": "user", "content": "My api pod keeps restarting with CrashLoopBackOff in the staging Kubernetes cluster. Can you find out why?"},
+        {"role": "user",
+         "content": "My api pod keeps restarting with CrashLoopBackOff in the staging Kubernetes cluster."
+                    " Can you find out why?"},
         {"role": "assistant", "content": "Let me look at the pod's logs first.", "finish_reason": "tool_calls",
-         "tool_calls": call("call_k1", "terminal", {"command": "kubectl logs deploy/api -n staging --previous --tail 20"})},
+         "tool_calls": call("call_k1", "terminal",
+                            {"command": "kubectl logs deploy/api -n staging --previous --tail 20"})},
         {"role": "tool", "tool_call_id": "call_k1", "tool_name": "terminal",
-         "content": "Error: connect ECONNREFUSED 10.0.3.17:5432\n    at TCPConnectWrap.afterConnect\npanic: database not reachable"},
+         "content": "Error: connect ECONNREFUSED 10.0.3.17:5432\n    at TCPConnectWrap.afterConnect\n"
+                    "panic: database not reachable"},
         {"role": "assistant", "finish_reason": "stop",
          "content": "The container exits because it cannot reach Postgres at 10.0.3.17:5432. "
                     "The DATABASE_URL secret still points at the old database service."},
         {"role": "user", "content": "Fix the secret and restart the deployment."},
         {"role": "assistant", "finish_reason": "tool_calls", "content": "",
          "tool_calls": call("call_k2", "terminal", {"command": "kubectl rollout restart deploy/api -n staging"})},
-        {"role": "tool", "tool_call_id": "call_k2", "tool_name": "terminal", "content": "deployment.apps/api restarted"},
+        {"role": "tool", "tool_call_id": "call_k2", "tool_name": "terminal",
+         "content": "deployment.apps/api restarted"},
     ])
     db.update_token_counts(root, input_tokens=48_210, output_tokens=3_904, cache_read_tokens=31_000,
                            model="anthropic/claude-sonnet-4", estimated_cost_usd=0.2032, api_call_count=4,
@@ -304,12 +317,14 @@ def write_demo(db: SessionDB) -> list[str]:
     tip = session(t2, "a41c9f", "cli", "anthropic/claude-sonnet-4", parent_session_id=root)
     db.set_session_title(tip, db.get_next_title_in_lineage("Debugging a CrashLoopBackOff"))
     msgs(tip, t2, [
-        {"role": "user", "content": "[Context summary] The api pod crashed because DATABASE_URL pointed at the old Postgres service; the secret was fixed and the deployment restarted."},
+        {"role": "user", "content": "[Context summary] The api pod crashed because DATABASE_URL pointed at the old"
+                                    " Postgres service; the secret was fixed and the deployment restarted."},
         {"role": "user", "content": "Is the pod healthy now?"},
         {"role": "assistant", "finish_reason": "tool_calls", "content": "",
          "tool_calls": call("call_k3", "terminal", {"command": "kubectl get pods -n staging -l app=api"})},
         {"role": "tool", "tool_call_id": "call_k3", "tool_name": "terminal",
-         "content": "NAME                   READY   STATUS    RESTARTS   AGE\napi-7d9f8c6b5d-x2kq9   1/1     Running   0          2m"},
+         "content": "NAME                   READY   STATUS    RESTARTS   AGE\n"
+                    "api-7d9f8c6b5d-x2kq9   1/1     Running   0          2m"},
         {"role": "assistant", "finish_reason": "stop", "content": "Yes: the new api pod is Running with 0 restarts."},
     ])
     db.update_token_counts(tip, input_tokens=9_870, output_tokens=512, model="anthropic/claude-sonnet-4",
@@ -322,11 +337,14 @@ def write_demo(db: SessionDB) -> list[str]:
     child = session(t3, "b7d210", "cli", "openai/gpt-4.1-mini", parent_session_id=tip,
                     model_config={"_delegate_from": tip})
     msgs(child, t3, [
-        {"role": "user", "content": "Check whether any other deployment in staging uses the old database host 10.0.3.17."},
+        {"role": "user",
+         "content": "Check whether any other deployment in staging uses the old database host 10.0.3.17."},
         {"role": "assistant", "finish_reason": "tool_calls", "content": "",
          "tool_calls": call("call_g1", "search_files", {"pattern": "10.0.3.17", "path": "k8s/staging"})},
-        {"role": "tool", "tool_call_id": "call_g1", "tool_name": "search_files", "content": "k8s/staging/worker.yaml:41: host: 10.0.3.17"},
-        {"role": "assistant", "finish_reason": "stop", "content": "The worker deployment still uses 10.0.3.17 (k8s/staging/worker.yaml line 41)."},
+        {"role": "tool", "tool_call_id": "call_g1", "tool_name": "search_files",
+         "content": "k8s/staging/worker.yaml:41: host: 10.0.3.17"},
+        {"role": "assistant", "finish_reason": "stop",
+         "content": "The worker deployment still uses 10.0.3.17 (k8s/staging/worker.yaml line 41)."},
     ])
     db.update_token_counts(child, input_tokens=6_020, output_tokens=388, model="openai/gpt-4.1-mini",
                            estimated_cost_usd=0.0030, api_call_count=2, billing_provider="openai",
@@ -338,7 +356,8 @@ def write_demo(db: SessionDB) -> list[str]:
     cjk = session(t4, "c3e5f1", "telegram", "openai/gpt-4.1")
     db.set_session_title(cjk, "分布式系统文章总结")
     msgs(cjk, t4, [
-        {"role": "user", "content": "帮我总结一下这篇关于分布式系统一致性的文章，重点是 Raft 协议：下周的数据库迁移要用到。"},
+        {"role": "user",
+         "content": "帮我总结一下这篇关于分布式系统一致性的文章，重点是 Raft 协议：下周的数据库迁移要用到。"},
         {"role": "assistant", "finish_reason": "tool_calls", "content": "",
          "tool_calls": call("call_w1", "web_search", {"query": "Raft 共识算法 领导者选举 日志复制"})},
         {"role": "tool", "tool_call_id": "call_w1", "tool_name": "web_search",
@@ -359,7 +378,8 @@ def write_demo(db: SessionDB) -> list[str]:
     msgs(quick, t5, [
         {"role": "user", "content": "How do I deploy chat-send to production, in one sentence?"},
         {"role": "assistant", "finish_reason": "stop",
-         "content": "Tag the release (git tag chat-send-v2.4.1 && git push --tags); CI builds the image and deploys chat-send once the tag's checks pass."},
+         "content": "Tag the release (git tag chat-send-v2.4.1 && git push --tags); CI builds the image and deploys"
+                    " chat-send once the tag's checks pass."},
     ])
     db.update_token_counts(quick, input_tokens=820, output_tokens=61, model="anthropic/claude-sonnet-4",
                            estimated_cost_usd=0.0034, api_call_count=1)
@@ -396,14 +416,16 @@ def demo() -> None:
         existing = db.session_count(include_archived=True)  # archived sessions are data too
         already = existing and db.get_meta(DEMO_MARKER) is not None
         if existing and not already:
-            raise CliError(f"{st.where} already holds {existing} session(s); demo only writes into a new or empty database")
+            raise CliError(
+                f"{st.where} already holds {existing} session(s); demo only writes into a new or empty database"
+            )
         if not already:
             db.set_meta(DEMO_MARKER, "1")
             ids = write_demo(db)
         else:  # running the README's first command twice is fine
             ids = [r["id"] for r in db.search_sessions(limit=1000)]
-        doc = {"db": st.where, "sessions": db.session_count(include_archived=True), "messages": db.message_count(), "session_ids": ids,
-               "created": not already}
+        doc = {"db": st.where, "sessions": db.session_count(include_archived=True), "messages": db.message_count(),
+               "session_ids": ids, "created": not already}
     if st.json:
         st.emit(doc)
         return

@@ -96,7 +96,8 @@ def export(out_path: Path | None, source: str | None) -> None:
     if st.json:
         st.emit(doc)
     else:
-        stdout_console().print(Text(f"Exported {fmt_num(sessions)} session(s), {fmt_num(messages)} message(s) to {printable(target)}"))
+        stdout_console().print(Text(f"Exported {fmt_num(sessions)} session(s), {fmt_num(messages)} message(s)"
+                                    f" to {printable(target)}"))
 
 
 def read_jsonl(fh: Any, counter: dict[str, int], on_record: Callable[[], None]) -> Iterator[dict[str, Any]]:
@@ -167,8 +168,9 @@ def import_cmd(file: Path) -> None:
     if st.json:
         st.emit(doc)
     else:
-        stdout_console().print(Text(f"Imported {fmt_num(imported)} session(s), skipped {fmt_num(skipped)} already present "
-                                    f"({fmt_num(counter['messages'])} message(s) read from {printable(file)})"))
+        stdout_console().print(Text(f"Imported {fmt_num(imported)} session(s), skipped {fmt_num(skipped)}"
+                                    f" already present ({fmt_num(counter['messages'])} message(s) read from"
+                                    f" {printable(file)})"))
 
 
 # ---------------------------------------------------------------------------- copy
@@ -271,10 +273,11 @@ def print_copy_report(report: CopyReport) -> None:
                      + ", ".join(f"{old!r} → {new!r}" for _sid, old, new in report.renamed_titles[:5])
                      + (" …" if len(report.renamed_titles) > 5 else ""))
     if report.dropped_links:
-        notes.append(f"{fmt_num(len(report.dropped_links))} parent link(s) to sessions that exist nowhere were dropped: "
-                     + _listed([child for child, _parent in report.dropped_links]))
+        notes.append(f"{fmt_num(len(report.dropped_links))} parent link(s) to sessions that exist nowhere"
+                     " were dropped: " + _listed([child for child, _parent in report.dropped_links]))
     if report.dropped_prompts:
-        notes.append(f"{fmt_num(len(report.dropped_prompts))} system prompt reference(s) without their prompt were dropped")
+        notes.append(f"{fmt_num(len(report.dropped_prompts))} system prompt reference(s) without their prompt"
+                     " were dropped")
     if report.skipped_tables:
         notes.append("not copied: " + ", ".join(f"{t} ({why})" for t, why in sorted(report.skipped_tables.items())))
     if report.skipped_columns:

@@ -14,7 +14,7 @@ from sqlalchemy import Connection, exists, func, insert, inspect, select, update
 from sqlalchemy import table as sa_table
 
 from ..dialects import Dialect
-from ..dialects.sqlite import FTS_SHADOWS
+from ..dialects.fts5 import FTS_SHADOWS
 from ..repositories.base import ID_CHUNK, TableKey, per_dialect, table_key, table_of
 from ..repositories.maintenance import MaintenanceRepository
 from ..repositories.messages import MessageRepository
@@ -64,7 +64,8 @@ class Copier(Verifier):
         for name in self._source_tables():
             if name in COPIED_TABLES or name in SILENT:
                 continue
-            rows = int(self.src.execute(select(func.count()).select_from(TABLES.get(name, sa_table(name)))).scalar() or 0)
+            counted = select(func.count()).select_from(TABLES.get(name, sa_table(name)))
+            rows = int(self.src.execute(counted).scalar() or 0)
             if rows:
                 why = NOT_COPIED.get(name, "not a hermes_store table")
                 report.skipped_tables[name] = f"{rows:,} row(s): {why}"
@@ -129,7 +130,7 @@ class Copier(Verifier):
         total = self._count(self.src, name)
         done = 0
         for page in self._pages(name, cols, self.batch):
-            rows = [dict(zip(cols, r)) for r in page]
+            rows = [dict(zip(cols, r, strict=True)) for r in page]
             done += len(rows)
             if name == "state_meta":
                 self.report.skipped_meta_keys += [r["key"] for r in rows if not meta_key_copied(r["key"])]
@@ -164,12 +165,12 @@ class Copier(Verifier):
         total = self._count(self.src, "sessions", S.c.id.is_not(None))
         done = 0
         for page in self._pages("sessions", scols, ID_CHUNK):
-            rows = [dict(zip(scols, r)) for r in page]
+            rows = [dict(zip(scols, r, strict=True)) for r in page]
             present = self._present(self.dst, S.c.id, (r["id"] for r in rows))
             todo = [r for r in rows if r["id"] not in present]
             self.report.sessions_present += len(rows) - len(todo)
             if todo:
-                self._copy_page(todo, lambda n: self.commit("sessions", done + n, total))
+                self._copy_page(todo, self._commit_after("sessions", done, total))
             done += len(rows)
             self.commit("sessions", done, total)
         if self.links:
@@ -189,6 +190,11 @@ class Copier(Verifier):
         self.dst_dialect.sync_identity(self.dst, "messages", at_least=self.src_high)
         self.identity_behind = False
         self.commit("sessions", done, total)
+
+    def _commit_after(self, stage: str, before: int, total: int | None) -> Callable[[int], None]:
+        """``commit`` for a page whose sessions follow the ``before`` already done: the
+        callback's ``n`` counts within the page (``before`` bound now, not read later)."""
+        return lambda n: self.commit(stage, before + n, total)
 
     def commit(self, stage: str, done: int, total: int | None) -> None:
         """Write what is buffered, then end the destination transaction (marker included)."""
@@ -214,7 +220,7 @@ class Copier(Verifier):
             at = self.ucols.index("session_id")
             query = select(*(U.c[c] for c in self.ucols)).where(U.c.session_id.in_(ids))
             for row in self.src.execute(query):
-                page.usage[row[at]].append(dict(zip(self.ucols, row)))
+                page.usage[row[at]].append(dict(zip(self.ucols, row, strict=True)))
         sid_at = self.mcols.index("session_id")
         query = (select(*(M.c[c] for c in self.mcols)).where(M.c.session_id.in_(ids))
                  .order_by(M.c.session_id, M.c.id))
@@ -263,7 +269,7 @@ class Copier(Verifier):
             big.finish()
             return
         self._add_session(page, page.rows[sid])
-        self.buffer.messages.append((sid, [dict(zip(self.mcols, r)) for r in rows]))
+        self.buffer.messages.append((sid, [dict(zip(self.mcols, r, strict=True)) for r in rows]))
         self.buffer.usage += page.usage.pop(sid, [])
         self.pending += len(rows) + 1
         page.done.add(sid)
@@ -474,7 +480,7 @@ class _BigSession:
 
     def _write(self) -> None:
         if self.rows:
-            self.copier._write_messages([dict(zip(self.copier.mcols, r)) for r in self.rows], self.keep)
+            self.copier._write_messages([dict(zip(self.copier.mcols, r, strict=True)) for r in self.rows], self.keep)
             self.count += len(self.rows)
             self.copier.pending += len(self.rows)
             self.rows = []

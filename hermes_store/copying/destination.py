@@ -171,7 +171,8 @@ def decide(state: DestState, source: str, merge: bool, report: CopyReport) -> di
         if marker.get("merge") and not merge:
             raise DestinationNotEmptyError(
                 f"{report.destination} holds an unfinished or finished copy of {source} that was started with "
-                "--merge (the destination held other data before it); pass --merge again to carry on. Nothing was written"
+                "--merge (the destination held other data before it); pass --merge again to carry on. "
+                "Nothing was written"
             )
         report.already_complete = marker.get("state") == "done"
         report.resumed = not report.already_complete

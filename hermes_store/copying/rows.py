@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Iterable, Iterator, Sequence
 
-from sqlalchemy import Connection, func, literal, select, tuple_
+from sqlalchemy import Connection, func, literal, or_, select, tuple_
 
 from ..dialects import for_connection
 from ..repositories.base import ID_CHUNK
@@ -63,8 +63,8 @@ class CopyRows:
                 if len(key) == 1:
                     query = query.where(table.c[key[0]] > last[0])
                 else:
-                    query = query.where(tuple_(*(table.c[k] for k in key))
-                                        > tuple_(*(literal(v, table.c[k].type) for k, v in zip(key, last))))
+                    after = tuple_(*(literal(v, table.c[k].type) for k, v in zip(key, last, strict=True)))
+                    query = query.where(tuple_(*(table.c[k] for k in key)) > after)
             rows = [tuple(r) for r in self.src.execute(query)]
             if not rows:
                 return
@@ -80,12 +80,7 @@ class CopyRows:
         return int(conn.execute(query).scalar() or 0)
 
     def _null_keys(self, name: str) -> Any:
-        table = TABLES[name]
-        keys = [c for c in table.primary_key.columns]
-        cond = keys[0].is_(None)
-        for k in keys[1:]:
-            cond = cond | k.is_(None)
-        return cond
+        return or_(*(k.is_(None) for k in TABLES[name].primary_key.columns))
 
     def _lookup(self, conn: Connection, name: str, cols: Sequence[str],
                 keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, Any]]:
@@ -98,6 +93,6 @@ class CopyRows:
             chunk = keys[start:start + ID_CHUNK]
             values = [k[0] for k in chunk] if len(key) == 1 else list(chunk)
             for r in conn.execute(select(*(table.c[c] for c in cols)).where(column.in_(values))):
-                row = dict(zip(cols, r))
+                row = dict(zip(cols, r, strict=True))
                 found[tuple(row[k] for k in key)] = row
         return found

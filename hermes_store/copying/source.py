@@ -92,7 +92,8 @@ def source_engine(src: Endpoint, work_dir: Path, progress: Progress, report: Cop
                 raise errors.NotMigratedError(f"{src.label} holds no hermes_store database; there is nothing to copy")
             if revision not in paths.our_revision_ids():
                 raise errors.SchemaTooNewError(
-                    f"{src.label} is at revision {revision!r}, which this hermes_store does not know; upgrade hermes_store"
+                    f"{src.label} is at revision {revision!r}, which this hermes_store does not know; "
+                    "upgrade hermes_store"
                 )
             report.source_revision = revision
             yield engine

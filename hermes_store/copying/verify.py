@@ -14,7 +14,7 @@ from sqlalchemy import Connection, select
 
 from ..repositories.base import ID_CHUNK
 from ..titles import split_title_number
-from .plan import AFTER_SESSIONS, BEFORE_SESSIONS, COPIED_TABLES, TABLES, meta_key_copied
+from .plan import AFTER_SESSIONS, BEFORE_SESSIONS, COPIED_TABLES, TABLES, Progress, meta_key_copied
 from .rows import M, P, S, U, CopyRows
 
 def _canonical(values: Iterable[Any]) -> bytes:
@@ -47,9 +47,11 @@ class _SessionSum:
         return int.from_bytes(_row_digest([self.content, self.ids, self.title]), "big")
 
 
-
 class Verifier(CopyRows):
     """Compares the source snapshot with the destination after the copy (see the module docstring)."""
+
+    #: Where "verify" reports how far it got; set by the run (:class:`~.copier.Copier`).
+    progress: Progress
 
     def verify(self) -> None:
         report = self.report
@@ -69,13 +71,13 @@ class Verifier(CopyRows):
             total = self._count(self.src, "sessions", S.c.id.is_not(None))
             checked = 0
             for page in self._pages("sessions", scols, ID_CHUNK):
-                s_rows = {r[scols.index("id")]: dict(zip(scols, r)) for r in page}
+                s_rows = {r[scols.index("id")]: dict(zip(scols, r, strict=True)) for r in page}
                 ids = list(s_rows)
                 d_rows = {}
                 for start in range(0, len(ids), ID_CHUNK):
                     chunk = ids[start:start + ID_CHUNK]
                     for r in self.dst.execute(select(*(S.c[c] for c in scols)).where(S.c.id.in_(chunk))):
-                        d_rows[r[scols.index("id")]] = dict(zip(scols, r))
+                        d_rows[r[scols.index("id")]] = dict(zip(scols, r, strict=True))
                 self._expected(s_rows)
                 s_sums = self._digests(self.src, s_rows)
                 d_sums = self._digests(self.dst, d_rows)
@@ -131,7 +133,8 @@ class Verifier(CopyRows):
         keys = list(rows)
         mcols = self.columns("messages") or []
         if mcols:
-            sid_at, plain = mcols.index("session_id"), [i for i, c in enumerate(mcols) if c not in ("id", "display_order")]
+            sid_at = mcols.index("session_id")
+            plain = [i for i, c in enumerate(mcols) if c not in ("id", "display_order")]
             idents = [mcols.index(c) for c in ("id", "display_order") if c in mcols]
             for start in range(0, len(keys), ID_CHUNK):
                 chunk = keys[start:start + ID_CHUNK]
@@ -154,7 +157,8 @@ class Verifier(CopyRows):
             for sid, digests in ledger.items():
                 for d in sorted(digests):
                     content[sid].update(d)
-        return {sid: _SessionSum(content[sid].hexdigest(), ids[sid].hexdigest(), rows[sid].get("title")) for sid in rows}
+        return {sid: _SessionSum(content[sid].hexdigest(), ids[sid].hexdigest(), rows[sid].get("title"))
+                for sid in rows}
 
     def _compare(self, a: _SessionSum, b: _SessionSum) -> str:
         same_title = a.title == b.title or (
@@ -173,7 +177,7 @@ class Verifier(CopyRows):
         key = [c.name for c in TABLES[name].primary_key.columns]
         missing = differing = 0
         for page in self._pages(name, cols, ID_CHUNK):
-            rows = [dict(zip(cols, r)) for r in page]
+            rows = [dict(zip(cols, r, strict=True)) for r in page]
             if name == "state_meta":
                 rows = [r for r in rows if meta_key_copied(r["key"])]
             found = self._lookup(self.dst, name, cols, [tuple(r[k] for k in key) for r in rows])

@@ -7,6 +7,7 @@ Timestamps are Unix epoch floats, as Hermes writes them.
 
 from __future__ import annotations
 
+from typing import Any
 
 from sqlalchemy import BIGINT, BLOB, INTEGER, REAL, TEXT, ForeignKey, Identity, Index, func, text
 from sqlalchemy.dialects.postgresql import BYTEA, DOUBLE_PRECISION
@@ -18,14 +19,15 @@ from .base import Base
 # types that hold the same values (revision hs0002 creates them).
 #: Epoch seconds and costs: SQLite's REAL is 8 bytes, PostgreSQL's ``real`` only 4
 #: (a 2025 timestamp would lose everything below ~2 minutes), so ``double precision``.
-DOUBLE = REAL().with_variant(DOUBLE_PRECISION(), "postgresql")
+DOUBLE: REAL[float] = REAL().with_variant(DOUBLE_PRECISION(), "postgresql")
 #: Token and call counters and message ids: SQLite integers are 8 bytes, PostgreSQL's
 #: ``integer`` only 4, so ``bigint``.
 BIG = INTEGER().with_variant(BIGINT(), "postgresql")
 #: Raw bytes (``display_identity``): PostgreSQL has no BLOB.
 BYTES = BLOB().with_variant(BYTEA(), "postgresql")
 
-def where(sql: str) -> dict:
+
+def where(sql: str) -> dict[str, Any]:
     """``sqlite_where`` and ``postgresql_where`` for a partial index (same predicate)."""
     return {"sqlite_where": text(sql), "postgresql_where": text(sql)}
 
