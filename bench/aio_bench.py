@@ -68,8 +68,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
+import operator
 import os
 import re
 import statistics
@@ -243,7 +245,7 @@ class AioSqliteFloor:
 
     async def search_fts(self, match: str, limit: int = 20, index: str = "messages_fts") -> list[dict[str, Any]]:
         rows = await self.conn.execute_fetchall(baseline._fts_sql(index), (match, limit))
-        hits = [dict(zip(baseline._FTS_KEYS, r)) for r in rows]
+        hits = [dict(zip(baseline._FTS_KEYS, r, strict=True)) for r in rows]
         await self._context(hits)
         return hits
 
@@ -261,7 +263,7 @@ class AioSqliteFloor:
         tips = {r[0]: r[1] for r in await c.execute_fetchall(baseline._TIPS, (json.dumps(roots),))}
         cur = await c.execute(baseline._ROWS, (json.dumps(list(tips.values())),))
         keys = [d[0] for d in cur.description]
-        rows = [dict(zip(keys, r)) for r in await cur.fetchall()]
+        rows = [dict(zip(keys, r, strict=True)) for r in await cur.fetchall()]
         await cur.close()
         return listing_page(roots, tips, rows)
 
@@ -409,7 +411,8 @@ class _Group:
         self.names = (*self.libs, "facade", self.floor, self.other)
         # Ratios against this group's floor; rows, checks and notes go to the run's report.
         self.rep = type(rep)(base=self.floor, judged=False)
-        self.rep.rows, self.rep.checks, self.rep.failures, self.rep.notes = rep.rows, rep.checks, rep.failures, rep.notes
+        self.rep.rows, self.rep.checks = rep.rows, rep.checks
+        self.rep.failures, self.rep.notes = rep.failures, rep.notes
         self.rep.name_width = 10
         self.main = rep
         self.closers: list[Callable[[], Awaitable[Any]]] = []
@@ -467,7 +470,7 @@ class _Group:
         out: dict[str, meter.Meter] = {}
         for name in self.libs:
             face = h[name]._db  # the LoopSessionDB (a SessionDB) under AsyncSessionDB
-            held = (lambda face=face: meter.held_connections(face))
+            held = functools.partial(meter.held_connections, face)
             out[name] = AsyncpgMeter(face.engine, held) if name == "aio" and self.bk.pg else \
                 AioEngineMeter(face.engine, held=held)
         out["facade"] = meter.EngineMeter(h["facade"].engine, held=lambda: meter.held_connections(h["facade"]))
@@ -552,10 +555,10 @@ class _Group:
                 if plan.kind == "substring":
                     terms = list(plan.terms)
                     hits = sync_floor.count_substring(terms)
-                    floor_call: Callable[[Any], Any] = lambda b, terms=terms: b.search_substring(terms)
+                    floor_call: Callable[[Any], Any] = operator.methodcaller("search_substring", terms)
                 else:
                     hits = sync_floor.count_matches(q)
-                    floor_call = lambda b, q=q: b.search_fts(q)
+                    floor_call = operator.methodcaller("search_fts", q)
                 impls: dict[str, AsyncFn] = {}
                 for name in self.libs:
                     impls[name] = lambda name=name, q=q: h[name].search_messages(q)
@@ -676,7 +679,7 @@ class _Group:
                     t["cpu"] += res["cpu"]
                     t["n"] += sum(len(p) for p in plans)
                     t["errors"] += res["errors"]
-                    for sid, plan in zip(sids, plans):
+                    for sid, plan in zip(sids, plans, strict=True):
                         stored, counted = _session_rows(self.bk, admin[name], sid)
                         t["lost"] += max(0, len(plan) - stored)
                         if counted != len(plan) or stored != len(plan):
@@ -719,13 +722,13 @@ class _Group:
             lags: list[float] = []
             done = asyncio.Event()
 
-            async def tick() -> None:
+            async def tick(done: asyncio.Event = done, lags: list[float] = lags) -> None:
                 while not done.is_set():
                     due = time.perf_counter() + LAG_PERIOD_S
                     await asyncio.sleep(LAG_PERIOD_S)
                     lags.append(max(0.0, time.perf_counter() - due) * 1000)
 
-            async def one(sid: str, i: int) -> Any:
+            async def one(sid: str, i: int, adb: Any = adb) -> Any:
                 await adb.create_session(sid, "cli")
                 await adb.append_message(sid, "user", f"task {i} asks about kubernetes rollouts 数据库")
                 await adb.append_message(sid, "assistant", f"answer {i}")

@@ -329,7 +329,7 @@ class Baseline:
     def search_fts(self, match: str, limit: int = 20, index: str = "messages_fts") -> list[dict[str, Any]]:
         """``match`` is valid FTS5 syntax (the caller's job, as in Hermes)."""
         rows = self.conn.execute(_fts_sql(index), (match, limit)).fetchall()
-        hits = [dict(zip(_FTS_KEYS, r)) for r in rows]
+        hits = [dict(zip(_FTS_KEYS, r, strict=True)) for r in rows]
         self._context(hits)
         return hits
 
@@ -384,7 +384,7 @@ class Baseline:
         tips = dict(c.execute(_TIPS, (json.dumps(roots),)).fetchall())
         cur = c.execute(_ROWS, (json.dumps(list(tips.values())),))
         keys = [d[0] for d in cur.description]
-        return listing_page(roots, tips, (dict(zip(keys, r)) for r in cur.fetchall()))
+        return listing_page(roots, tips, (dict(zip(keys, r, strict=True)) for r in cur.fetchall()))
 
     # ------------------------------------------------------------------ replay / export
 
@@ -406,24 +406,24 @@ class Baseline:
         mkeys: list[str] | None = None
         ukeys: list[str] | None = None
         for srow in sessions:
-            row = dict(zip(skeys, srow))
+            row = dict(zip(skeys, srow, strict=True))
             msgs.execute("SELECT * FROM messages WHERE session_id = ? ORDER BY id", (row["id"],))
             if mkeys is None:
                 mkeys = [d[0] for d in msgs.description]
             out = []
             for mrow in msgs:
-                m = dict(zip(mkeys, mrow))
+                m = dict(zip(mkeys, mrow, strict=True))
                 m["content"] = _decode_content(m["content"])
                 if m["tool_calls"] is not None:
                     m["tool_calls"] = _decode_json(m["tool_calls"])
                 out.append(m)
             row["messages"] = out
             if ledger:  # the per-model usage ledger travels with its session
-                msgs.execute("SELECT * FROM session_model_usage WHERE session_id = ? ORDER BY model, task, billing_provider",
-                             (row["id"],))
+                msgs.execute("SELECT * FROM session_model_usage WHERE session_id = ?"
+                             " ORDER BY model, task, billing_provider", (row["id"],))
                 if ukeys is None:
                     ukeys = [d[0] for d in msgs.description]
-                row["model_usage"] = [dict(zip(ukeys, u)) for u in msgs]
+                row["model_usage"] = [dict(zip(ukeys, u, strict=True)) for u in msgs]
             yield row
 
     def export_jsonl(self, fh: TextIO) -> tuple[int, int]:

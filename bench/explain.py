@@ -132,6 +132,7 @@ def run(env: Any, meta: dict[str, Any], size: str, sqlite_path: str | Path, info
         total = sum(p.get("execution_ms") or 0.0 for p in plans)
         print(f"    explain {route:<26} {len(plans)} statement(s), server execution {total:8.2f} ms")
 
+    cjk_pct = f", {meta['cjk_sessions_pct']} % CJK sessions" if "cjk_sessions_pct" in meta else ""
     lines = [
         "# PostgreSQL plans of the library's statements",
         "",
@@ -141,7 +142,7 @@ def run(env: Any, meta: dict[str, Any], size: str, sqlite_path: str | Path, info
         f"{info.get('sqlalchemy', '?')}, psycopg {info.get('psycopg', '?')}.",
         "",
         f"Corpus: {size} messages ({meta['messages']:,} messages, {meta['sessions']:,} sessions, seed "
-        f"{meta.get('seed', '?')}{', ' + str(meta['cjk_sessions_pct']) + ' % CJK sessions' if 'cjk_sessions_pct' in meta else ''}), "
+        f"{meta.get('seed', '?')}{cjk_pct}), "
         f"{k:,} of {n:,} rows ({100 * k / max(n, 1):.1f} %) with CJK text in content or tool calls.",
         "",
         "Each route: one facade call after a warm-up call; its statements recorded with "

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     import hermes_store
 
     try:
-        load = "%.2f / %.2f / %.2f" % os.getloadavg()
+        load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         load = "unknown"
     print(f"field scenario: {args.processes} writers + 1 maintenance process, {args.seconds:g} s, "
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             row = (run, s["acknowledged"], s["lost"], s["not found by search"], s["duplicates"], s["raw errors"],
                    s["typed errors"], s["of which DatabaseLockedError"], s["deleted files held"], integrity, fts,
                    f"{wall:.1f}")
-            print("  ".join(f"{str(v):>10}" for v in row), flush=True)
+            print("  ".join(f"{v!s:>10}" for v in row), flush=True)
             for key in ("acknowledged", "lost", "not found by search", "duplicates", "raw errors", "typed errors",
                         "of which DatabaseLockedError", "deleted files held"):
                 totals[key] += s[key]

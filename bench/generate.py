@@ -295,7 +295,7 @@ def lang_mix(cjk_sessions: float | None = None) -> tuple[tuple[str, float], ...]
     cjk = [(lang, w) for lang, w in _LANGS if lang != "en"]
     total = sum(w for _l, w in cjk)
     share = min(max(float(cjk_sessions), 0.0), 100.0)
-    return (("en", 100.0 - share),) + tuple((lang, share * w / total) for lang, w in cjk)
+    return (("en", 100.0 - share), *((lang, share * w / total) for lang, w in cjk))
 
 
 _END_REASONS = (("user_exit", 50), ("new_session", 20), ("timeout", 10), ("cli_close", 20))
@@ -369,7 +369,7 @@ class Generator:
 
     def _sid(self, ts: float) -> str:
         while True:
-            sid = time.strftime("%Y%m%d_%H%M%S", time.gmtime(ts)) + "_" + "%06x" % self.rng.getrandbits(24)
+            sid = time.strftime("%Y%m%d_%H%M%S", time.gmtime(ts)) + f"_{self.rng.getrandbits(24):06x}"
             if sid not in self.ids:
                 self.ids.add(sid)
                 return sid
@@ -429,9 +429,9 @@ class Generator:
             return json.dumps({"content": "\n".join(f"{i + 1:>4}|{ln}" for i, ln in enumerate(lines)),
                                "total_lines": len(lines)}, ensure_ascii=False)
         if name == "web_search":
-            return json.dumps({"results": [{"title": self.corpus.text("en", 40), "url": f"https://example.com/{i}",
-                                            "description": body[i * 200:(i + 1) * 200]} for i in range(max(1, n // 200))]},
-                              ensure_ascii=False)
+            results = [{"title": self.corpus.text("en", 40), "url": f"https://example.com/{i}",
+                        "description": body[i * 200:(i + 1) * 200]} for i in range(max(1, n // 200))]
+            return json.dumps({"results": results}, ensure_ascii=False)
         return json.dumps({"success": True, "result": body}, ensure_ascii=False)
 
     # ---------------------------------------------------------------- one session
@@ -505,7 +505,8 @@ class Generator:
                     names.append((call["id"], name))
                 text = None if rng.random() < 0.3 else self.corpus.text(lang, _lognormal_len(rng, 120, 0.7, 50, 500))
                 tc = json.dumps(calls, ensure_ascii=False)
-                msgs.append((sid, "assistant", text, None, tc, None, ts, len(text or "") // 4 + 20, "tool_calls", reasoning))
+                tokens = len(text or "") // 4 + 20
+                msgs.append((sid, "assistant", text, None, tc, None, ts, tokens, "tool_calls", reasoning))
                 tool_calls_total += k
                 pending_tools = names
                 out_tok += len(tc) // 4
@@ -522,7 +523,8 @@ class Generator:
         cost = round((in_tok * p_in + out_tok * p_out) / 1e6, 6) if api_calls else None
         row = {
             "id": sid, "source": source, "user_id": user_id, "model": model,
-            "model_config": json.dumps({"max_iterations": 90, "reasoning_effort": rng.choice(("low", "medium", "high"))}),
+            "model_config": json.dumps({"max_iterations": 90,
+                                        "reasoning_effort": rng.choice(("low", "medium", "high"))}),
             "system_prompt": _SYSTEM_PROMPT if rng.random() < 0.5 else None,
             "parent_session_id": parent, "started_at": started, "ended_at": ended, "end_reason": end_reason,
             "message_count": len(msgs), "tool_call_count": tool_calls_total,
@@ -623,7 +625,8 @@ class Generator:
                 self.sess_buf)
         if self.usage_buf:
             cur.executemany(
-                f"INSERT INTO session_model_usage ({', '.join(USAGE_COLS)}) VALUES ({', '.join('?' * len(USAGE_COLS))})",
+                f"INSERT INTO session_model_usage ({', '.join(USAGE_COLS)})"
+                f" VALUES ({', '.join('?' * len(USAGE_COLS))})",
                 self.usage_buf)
         if self.msg_buf:
             cur.executemany(
@@ -687,7 +690,8 @@ def sample_messages(n: int, seed: int = 99, sessions: int = 1) -> list[list[dict
         g.msg_buf = []
         g._session(n, source="cli", model_row=_MODELS[0], lang=_weighted(g.rng, _LANGS)[0], system=False)
         out.append([
-            {k: v for k, v in zip(MESSAGE_COLS, row) if k not in ("session_id", "timestamp") and v is not None}
+            {k: v for k, v in zip(MESSAGE_COLS, row, strict=True)
+             if k not in ("session_id", "timestamp") and v is not None}
             for row in g.msg_buf
         ])
     return out

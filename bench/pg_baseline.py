@@ -337,7 +337,7 @@ class PgBaseline:
         tips = dict(c.execute(_TIPS, (roots,), prepare=False).fetchall())
         cur = c.execute(_ROWS, (list(tips.values()),))
         keys = [d.name for d in cur.description]
-        return listing_page(roots, tips, (dict(zip(keys, r)) for r in cur.fetchall()))
+        return listing_page(roots, tips, (dict(zip(keys, r, strict=True)) for r in cur.fetchall()))
 
     # ------------------------------------------------------------------ replay / export
 
@@ -367,12 +367,12 @@ class PgBaseline:
             for srow in sessions:
                 if skeys is None:
                     skeys = [d.name for d in sessions.description]
-                row = dict(zip(skeys, srow))
+                row = dict(zip(skeys, srow, strict=True))
                 msgs.execute(f"SELECT {cols} FROM messages WHERE session_id = %s ORDER BY id", (row["id"],))
                 mkeys = [d.name for d in msgs.description]
                 out = []
                 for mrow in msgs:
-                    m = dict(zip(mkeys, mrow))
+                    m = dict(zip(mkeys, mrow, strict=True))
                     m["content"] = _decode_content(m["content"])
                     if m["tool_calls"] is not None:
                         m["tool_calls"] = _decode_json(m["tool_calls"])
@@ -381,7 +381,7 @@ class PgBaseline:
                 msgs.execute("SELECT * FROM session_model_usage WHERE session_id = %s"
                              " ORDER BY model, task, billing_provider", (row["id"],))
                 ukeys = [d.name for d in msgs.description]
-                row["model_usage"] = [dict(zip(ukeys, u)) for u in msgs]
+                row["model_usage"] = [dict(zip(ukeys, u, strict=True)) for u in msgs]
                 yield row
             sessions.close()
 
@@ -400,7 +400,7 @@ def _fts_hits(rows: list[Any], match: str) -> list[dict[str, Any]]:
     first query word found."""
     hits = PgBaseline._hits(rows)
     words = [w.lower() for w in _TOKEN.findall(match) if w not in ("AND", "OR", "NOT")]
-    for hit, row in zip(hits, rows):
+    for hit, row in zip(hits, rows, strict=True):
         hit["snippet"] = _word_snippet([decode_nul(row[9]), row[5], decode_nul(row[3])], words)
     return hits
 
@@ -408,7 +408,7 @@ def _fts_hits(rows: list[Any], match: str) -> list[dict[str, Any]]:
 def _substring_hits(rows: list[Any], terms: list[str]) -> list[dict[str, Any]]:
     """The rows of :func:`_substring_sql` as hits, the snippet cut around the first term found."""
     hits = PgBaseline._hits(rows)
-    for hit, row in zip(hits, rows):
+    for hit, row in zip(hits, rows, strict=True):
         hit["snippet"] = _snippet([_decode_content(row[9]), row[5]], terms)
     return hits
 

@@ -162,7 +162,7 @@ def _copy_table(src: sqlite3.Connection, pg: Any, table: str) -> int:
         with cur.copy(f"COPY {table} ({', '.join(cols)}) FROM STDIN (FORMAT BINARY)") as cp:
             cp.set_types([types[c][0] for c in cols])
             for row in src.execute(f"SELECT {', '.join(cols)} FROM {table}{order}"):
-                cp.write_row([f(v) for f, v in zip(convert, row)])
+                cp.write_row([f(v) for f, v in zip(convert, row, strict=True)])
                 n += 1
     return n
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import gc
 import io
 import json
@@ -720,12 +721,12 @@ def bench_search(rep: Report, env: Env, size: str, quick: bool, profile: bool) -
                 rep.notes.append(f"query {q!r} routed to {plan.kind}, expected {kind}")
             if kind == "substring" or (kind == "trigram" and bk.pg):
                 terms = list(plan.terms) if kind == "substring" else [q]
-                base_fn = lambda terms=terms: env.base.search_substring(terms)
+                base_fn = functools.partial(env.base.search_substring, terms)
                 hits = env.base.count_substring(terms)
             else:
                 index = "messages_fts" if kind == "word" else "messages_fts_trigram"
                 match = q if kind == "word" else f'"{q}"'
-                base_fn = lambda match=match, index=index: env.base.search_fts(match, index=index)
+                base_fn = functools.partial(env.base.search_fts, match, index=index)
                 hits = env.base.count_matches(match, index)
 
             def repo_fn(q: str = q) -> Any:
@@ -762,12 +763,12 @@ def bench_search(rep: Report, env: Env, size: str, quick: bool, profile: bool) -
         rep.add(f"{group}, all queries", size, agg, probes={n: meter.merge(agg_probes[n]) for n in impl_names})
     word = Stats.of(group_samples["word search"]["facade"])
     rep.target("word search", "p50 < 20 ms on 200,000 messages", round(word["p50_ms"], 2), word["p50_ms"] < 20,
-               f"facade p50 {word['p50_ms']:.2f} ms, p95 {word['p95_ms']:.2f} ms over {len(WORD_QUERIES)} queries [{size}]", size=size,
-               judged_at=("200k",))
+               f"facade p50 {word['p50_ms']:.2f} ms, p95 {word['p95_ms']:.2f} ms over {len(WORD_QUERIES)} queries"
+               f" [{size}]", size=size, judged_at=("200k",))
     cjk = Stats.of(group_samples["CJK 2-char search (substring scan)"]["facade"])
     rep.target("CJK 2-char search", "p50 < 100 ms on 200,000 messages", round(cjk["p50_ms"], 2), cjk["p50_ms"] < 100,
-               f"facade p50 {cjk['p50_ms']:.2f} ms, p95 {cjk['p95_ms']:.2f} ms over {len(CJK2_QUERIES)} queries [{size}]", size=size,
-               judged_at=("200k",))
+               f"facade p50 {cjk['p50_ms']:.2f} ms, p95 {cjk['p95_ms']:.2f} ms over {len(CJK2_QUERIES)} queries"
+               f" [{size}]", size=size, judged_at=("200k",))
 
 
 def bench_lineage(rep: Report, env: Env, meta: dict[str, Any], size: str, quick: bool, profile: bool) -> None:
@@ -803,7 +804,8 @@ def bench_lineage(rep: Report, env: Env, meta: dict[str, Any], size: str, quick:
                   bench(impls2, reps=reps, warmup=2, meters=env.meters, probes=probes2), probes=probes2)
     worst = max(st["facade"]["p50_ms"], st2["facade"]["p50_ms"])
     rep.target("1,000-deep lineage", "one query < 20 ms", round(worst, 2), worst < 20,
-               f"tip->root p50 {st['facade']['p50_ms']:.2f} ms, root->tip p50 {st2['facade']['p50_ms']:.2f} ms [{size}]", size=size)
+               f"tip->root p50 {st['facade']['p50_ms']:.2f} ms, root->tip p50 {st2['facade']['p50_ms']:.2f} ms"
+               f" [{size}]", size=size)
 
 
 def bench_listing(rep: Report, env: Env, meta: dict[str, Any], size: str, quick: bool, profile: bool) -> None:
@@ -811,7 +813,8 @@ def bench_listing(rep: Report, env: Env, meta: dict[str, Any], size: str, quick:
     listed = meta.get("listed_sessions", 0)
     full_n = min(10_000, listed)
     results = {}
-    for label, limit, reps in (("page of 20", 20, 10 if quick else 40), (f"all {full_n:,}", full_n, 3 if quick else 10)):
+    cases = (("page of 20", 20, 10 if quick else 40), (f"all {full_n:,}", full_n, 3 if quick else 10))
+    for label, limit, reps in cases:
         def repo_fn(limit: int = limit) -> Any:
             with env.uow() as u:
                 return u.listing.list_rich(limit=limit)
@@ -887,7 +890,8 @@ def bench_writers(rep: Report, bk: Backend, src: str, size: str, quick: bool) ->
                 ratio = (f"x{res[bk.floor]['per_s'] / x['per_s']:.2f}" if impl == "facade" and x["per_s"]
                          else "")
                 print(f"    {k:>7}  {impl:<8} {x['per_s']:>9,.0f} {x['p50_ms']:>8.2f} {x['p99_ms']:>8.2f} "
-                      f"{x['max_ms']:>8.1f} {x['client_cpu_ms']:>7.2f} {x['stmts_per_append']:>5.1f}  {x['lost_rows']:>9}  "
+                      f"{x['max_ms']:>8.1f} {x['client_cpu_ms']:>7.2f} {x['stmts_per_append']:>5.1f}"
+                      f"  {x['lost_rows']:>9}  "
                       f"{'exact' if x['counters_exact'] else 'WRONG':<9}  {ratio}")
                 rep.rows.append({"op": f"concurrent writers x{k}", "size": size, "backend": bk.name,
                                  **{key: v for key, v in x.items() if key != "counter_mismatches"},
@@ -1016,10 +1020,10 @@ def bench_export(rep: Report, bk: Backend, path: str, meta: dict[str, Any], size
     flat = growth_end <= growth_cp * 1.5 + 16 and traced_end <= traced_cp * 1.5 + 8
     rep.target(f"export {total:,} messages", "flat memory (streamed)", round(growth_end, 1),
                flat,
-               f"RSS growth {growth_cp:.1f} MiB at {f['checkpoint'].get('messages', 0):,} msgs vs {growth_end:.1f} MiB at "
-               f"{f['messages']:,}; Python heap peak {traced_cp:.1f} vs {traced_end:.1f} MiB; "
-               f"{f['messages'] / f['seconds']:,.0f} msg/s ({fl} {b['messages'] / b['seconds']:,.0f}/s) [{size}]", size=size,
-               judged_at=("1M",))
+               f"RSS growth {growth_cp:.1f} MiB at {f['checkpoint'].get('messages', 0):,} msgs vs {growth_end:.1f} MiB"
+               f" at {f['messages']:,}; Python heap peak {traced_cp:.1f} vs {traced_end:.1f} MiB; "
+               f"{f['messages'] / f['seconds']:,.0f} msg/s ({fl} {b['messages'] / b['seconds']:,.0f}/s) [{size}]",
+               size=size, judged_at=("1M",))
 
 
 # --------------------------------------------------------------------------- main
@@ -1184,7 +1188,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average (1 min) at end: {info['loadavg_1m_end']:.2f} on {info['cores']} cores"
               + ("  -- other work was running: expect noisy figures" if info["loadavg_1m_end"] > 1.5 else ""))
     print(f"\ntotal time {elapsed:.1f} s")
-    default_name = "results" + ("-quick" if args.quick else "") + ("-postgresql" if pg else "") + ("-prepared" if args.prepared else "") + ("-async" if "async" in groups else "") + ".json"
+    suffixes = [("-quick", args.quick), ("-postgresql", pg), ("-prepared", args.prepared),
+                ("-async", "async" in groups)]
+    default_name = "results" + "".join(s for s, on in suffixes if on) + ".json"
     out = Path(args.json) if args.json else OUT / default_name
     if not groups:
         print("no timed groups ran: no results file written")

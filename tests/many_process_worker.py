@@ -273,8 +273,8 @@ class Worker:
                 db = self.open_store("side: SessionDB()")
                 if db is not None:
                     self.attempt("side: session_count", db.session_count)
-                    self.attempt("side: search_messages", lambda: db.search_messages(self.rng.choice(FILLER), limit=5))
-                    self.attempt("side: list_sessions_rich", lambda: db.list_sessions_rich(limit=10))
+                    self.attempt("side: search_messages", lambda db=db: db.search_messages(self.rng.choice(FILLER), limit=5))
+                    self.attempt("side: list_sessions_rich", lambda db=db: db.list_sessions_rich(limit=10))
                     self.close_store(db, "side: SessionDB.close")
             else:
                 ok, engine = self.attempt("side: create_engine", lambda: create_engine(self.target))
@@ -282,12 +282,12 @@ class Worker:
                     continue
                 try:
                     if kind == "engine":
-                        def read() -> Any:
+                        def read(engine: Any = engine) -> Any:
                             with engine.connect() as conn:
                                 return conn.execute(text("SELECT count(*) FROM messages")).scalar()
                         self.attempt("side: engine read", read)
                     elif kind == "uow_read":
-                        def uow_read() -> Any:
+                        def uow_read(engine: Any = engine) -> Any:
                             with UnitOfWork(engine, write=False) as uow:
                                 return uow.sessions.get(f"w{self.index}s1")
                         self.attempt("side: UnitOfWork read", uow_read)
@@ -368,7 +368,7 @@ class Worker:
             word = self.word()
             role = "user" if j % 2 == 0 else "assistant"
             ok, mid = self.attempt("writer: append_message",
-                                   lambda: db.append_message(sid, role, self.content(word)))
+                                   lambda role=role, word=word: db.append_message(sid, role, self.content(word)))
             if ok:
                 self.rec.ack(mid, word, sid)
             if j % 2:
@@ -405,7 +405,7 @@ class Worker:
             elif what == 1 and self.sqlite and engine is not None:
                 mode = self.rng.choice(("PASSIVE", "FULL", "RESTART", "TRUNCATE"))
 
-                def checkpoint() -> Any:
+                def checkpoint(mode: str = mode) -> Any:
                     with engine.connect() as conn:
                         return conn.exec_driver_sql(f"PRAGMA wal_checkpoint({mode})").fetchall()
                 self.attempt(f"maint: wal_checkpoint({mode})", checkpoint)
@@ -413,7 +413,7 @@ class Worker:
                 self.attempt("maint: vacuum", store.vacuum)
             elif what == 3:
                 ok, out = self.attempt("maint: maybe_auto_prune_and_vacuum",
-                                       lambda: store.maybe_auto_prune_and_vacuum(
+                                       lambda store=store: store.maybe_auto_prune_and_vacuum(
                                            retention_days=30, min_interval_hours=0, min_vacuum_interval_days=0))
                 if ok and out.get("error"):
                     name, _, msg = str(out["error"]).partition(": ")
@@ -422,8 +422,9 @@ class Worker:
                     self.rec.count("maint: pruned sessions")
             elif what == 4:
                 for q in self.rng.sample(FILLER, 3):
-                    self.attempt("maint: search_messages", lambda: store.search_messages(q, limit=20))
-                self.attempt("maint: search_messages (CJK)", lambda: store.search_messages(self.rng.choice(CJK)))
+                    self.attempt("maint: search_messages", lambda q=q, store=store: store.search_messages(q, limit=20))
+                self.attempt("maint: search_messages (CJK)",
+                             lambda store=store: store.search_messages(self.rng.choice(CJK)))
             else:  # closing a store: its checkpoint, and a fresh open next round
                 self.close_store(store, "maint: close")
                 store = None

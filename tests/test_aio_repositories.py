@@ -483,7 +483,7 @@ def test_async_repositories_refuse_sync_executors(tmp_path: Path) -> None:
             aio.MessageRepository(engine)
         with engine.connect() as conn, pytest.raises(errors.InvalidInputError, match="not a sync Connection"):
             aio.SessionRepository(conn)
-        with pytest.raises(errors.InvalidInputError, match="aio.AsyncUnitOfWork takes an async engine"):
+        with pytest.raises(errors.InvalidInputError, match=r"aio\.AsyncUnitOfWork takes an async engine"):
             aio.AsyncUnitOfWork(engine)  # type: ignore[arg-type]
     finally:
         engine.dispose()

@@ -403,9 +403,9 @@ def test_the_lazy_table_matches_the_commands() -> None:
 
 
 def _loaded_after(*argv: str) -> list[str]:
-    code = ("import json, sys\nfrom hermes_store.cli import main\nrc = main(%r)\n"
+    code = (f"import json, sys\nfrom hermes_store.cli import main\nrc = main({list(argv)!r})\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('hermes_store.cli'))))\n"
-            "sys.exit(rc)") % (list(argv),)
+            "sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])

@@ -343,10 +343,12 @@ def test_merge_keeps_what_is_there_and_handles_clashes_as_import(backend: str, p
     with SessionDB(dst) as db:
         assert db.export_session("kid") == kid_before
         assert [r for r in rows(db, "messages") if r["session_id"] == "mine"] == mine_before
+        def strip(ms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [{k: v for k, v in m.items() if k not in ("id", "display_order")} for m in ms]
+
         for sid in ("root", "exact", "long", "a-child", "z-parent"):
             ours = [m for m in want["messages"] if m["session_id"] == sid]
             got = [m for m in stored(db, "messages") if m["session_id"] == sid]
-            strip = lambda ms: [{k: v for k, v in m.items() if k not in ("id", "display_order")} for m in ms]
             assert strip(got) == strip(sorted(ours, key=lambda m: m["id"])), sid
         assert db.get_session("root")["title"] == "root title #2"
         assert db.get_session_lineage("a-child") == ["z-parent", "a-child"]
@@ -786,7 +788,7 @@ def test_bad_paths_and_urls_are_typed_errors_that_create_nothing(tmp_path: Path)
         with pytest.raises(kind):
             copy_history(src, dst)
         assert listing(tmp_path) == before, (src, dst)
-    for src, dst, kind in cases[:3]:
+    for src, dst, _kind in cases[:3]:
         line = one_line_error(run("copy", "--from", src, "--to", dst), 1)
         assert "Traceback" not in line
     with pytest.raises(errors.InvalidInputError):

@@ -78,7 +78,7 @@ class WriteLock:
         return self
 
     def write_meta(self, key: str, value: str) -> None:
-        sql = "INSERT INTO state_meta (key, value) VALUES ('%s', '%s')" % (key, value)
+        sql = f"INSERT INTO state_meta (key, value) VALUES ('{key}', '{value}')"
         (self.conn.execute if self.backend == "sqlite" else self.conn.exec_driver_sql)(sql)
 
     def release(self, commit: bool = True) -> None:

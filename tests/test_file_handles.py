@@ -80,28 +80,27 @@ ALLOWED: dict[tuple[str, str, str], str] = {
 def _calls() -> Iterator[tuple[str, str, str, int]]:
     for path in sorted(PACKAGE.rglob("*.py")):
         module = path.relative_to(PACKAGE).as_posix()
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        stack: list[str] = []
+        yield from _visit(ast.parse(path.read_text(encoding="utf-8")), module, [])
 
-        def visit(node: ast.AST) -> Iterator[tuple[str, str, str, int]]:
-            named = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            if named:
-                stack.append(node.name)  # type: ignore[union-attr]
-            if isinstance(node, ast.Call):
-                func = node.func
-                if isinstance(func, ast.Name) and func.id in _OPENERS:
-                    yield module, stack[-1] if stack else "<module>", func.id, node.lineno
-                elif isinstance(func, ast.Attribute) and func.attr in _OPENERS:
-                    owner = func.value.id if isinstance(func.value, ast.Name) else ""
-                    if owner != "self":  # self.open(): AsyncSessionDB's own method, not a file
-                        name = f"{owner}.{func.attr}" if owner in ("os", "io", "shutil", "mmap") else func.attr
-                        yield module, stack[-1] if stack else "<module>", name, node.lineno
-            for child in ast.iter_child_nodes(node):
-                yield from visit(child)
-            if named:
-                stack.pop()
 
-        yield from visit(tree)
+def _visit(node: ast.AST, module: str, stack: list[str]) -> Iterator[tuple[str, str, str, int]]:
+    """The opener calls under ``node``, each with the function it sits in (``stack``)."""
+    named = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    if named:
+        stack.append(node.name)  # type: ignore[union-attr]
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in _OPENERS:
+            yield module, stack[-1] if stack else "<module>", func.id, node.lineno
+        elif isinstance(func, ast.Attribute) and func.attr in _OPENERS:
+            owner = func.value.id if isinstance(func.value, ast.Name) else ""
+            if owner != "self":  # self.open(): AsyncSessionDB's own method, not a file
+                name = f"{owner}.{func.attr}" if owner in ("os", "io", "shutil", "mmap") else func.attr
+                yield module, stack[-1] if stack else "<module>", name, node.lineno
+    for child in ast.iter_child_nodes(node):
+        yield from _visit(child, module, stack)
+    if named:
+        stack.pop()
 
 
 def test_every_file_open_in_the_package_is_accounted_for() -> None:

@@ -7,7 +7,14 @@ import json
 import pytest
 
 from hermes_store import NotFoundError, SessionDB, UnitOfWork
-from hermes_store.codec import JSON_PREFIX
+from hermes_store.codec import (
+    JSON_PREFIX,
+    coerce_timestamp,
+    message_preview,
+    parse_tool_calls,
+    repair_message_sequence,
+    tool_call_increment,
+)
 
 pytestmark = pytest.mark.both_backends
 
@@ -211,14 +218,6 @@ def test_large_bulk_append_goes_through_staging_with_defaults_and_order(db: Sess
 
 # ---------------------------------------------------------------- v23 helpers (pure)
 
-from hermes_store.codec import (
-    coerce_timestamp,
-    message_preview,
-    parse_tool_calls,
-    repair_message_sequence,
-    tool_call_increment,
-)
-
 
 def test_repair_merges_same_role_turns_and_keeps_the_input() -> None:
     msgs = [
@@ -279,7 +278,7 @@ def test_coerce_timestamp_and_preview() -> None:
     import datetime as dt
 
     assert coerce_timestamp(5) == 5.0 and coerce_timestamp("7.5") == 7.5
-    assert coerce_timestamp(dt.datetime(1970, 1, 2, tzinfo=dt.timezone.utc)) == 86400.0
+    assert coerce_timestamp(dt.datetime(1970, 1, 2, tzinfo=dt.UTC)) == 86400.0
     assert [coerce_timestamp(v) for v in (None, True, "x", float("nan"), float("-inf"), object())] == [None] * 6
     assert message_preview({"type": "text", "text": " a \n b "}) == "a b"
     assert message_preview({"type": "image_url"}) == "[multimodal content]"

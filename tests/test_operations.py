@@ -251,7 +251,7 @@ def test_a_lock_held_past_the_budget_is_a_typed_error(head_db: Path, clock: Fake
     holder.execute("BEGIN IMMEDIATE")
     try:
         runner = UnitOfWorkSteps(eng, sleep=clock.sleep, monotonic=clock.monotonic)
-        with pytest.raises(errors.DatabaseLockedError, match="stayed locked for 0.5s"):
+        with pytest.raises(errors.DatabaseLockedError, match=r"stayed locked for 0\.5s"):
             runner.write(lambda c: MaintenanceRepository(c).set_meta("k", "v"), budget=0.5)
         assert clock.sleeps and sum(clock.sleeps) == pytest.approx(0.5)  # never slept past the budget
     finally:
@@ -299,7 +299,7 @@ def test_a_failed_batch_leaves_the_batches_before_it_committed(steps: UnitOfWork
     bad = {"source": "cli", "started_at": 3.0}  # no id: refused inside the second batch
     counting = Counting(steps)
     with pytest.raises(errors.InvalidInputError, match="no 'id'"):
-        import_records(counting, good + [bad, record("c", 4.0, 1)], batch=2)
+        import_records(counting, [*good, bad, record("c", 4.0, 1)], batch=2)
     assert counting.writes == 2
     assert sql(head_db, "SELECT id FROM sessions ORDER BY id") == [("a",), ("b",)]
 

@@ -305,7 +305,7 @@ def test_list_sessions_rich_projects_compression_tip(pg: SessionDB) -> None:
     assert [r["id"] for r in pg.list_sessions_rich(project_compression_tips=False)] == ["root", "other"]
     assert {r["id"] for r in pg.list_sessions_rich(include_children=True)} == {"root", "c1", "c2", "side", "other"}
     assert [r["id"] for r in pg.list_sessions_rich(source="tui")] == ["other"]
-    assert [r["id"] for r in pg.list_sessions_rich(order_by_last_active=True)][0] in {"c2", "other"}
+    assert next(r["id"] for r in pg.list_sessions_rich(order_by_last_active=True)) in {"c2", "other"}
     assert [r["id"] for r in pg.search_sessions(limit=2)] and pg.session_count() == 5
 
 
@@ -328,7 +328,7 @@ def test_export_import_round_trip_and_identity(pg: SessionDB) -> None:
     assert (imported, skipped) == (2, 0)
     assert pg.import_records(exported) == (0, 2)
     again = pg.export_all()
-    for before, after in zip(exported, again):
+    for before, after in zip(exported, again, strict=True):
         assert before["messages"] == after["messages"]
         assert before["system_prompt"] == after["system_prompt"]
         assert before["parent_session_id"] == after["parent_session_id"]

@@ -38,7 +38,7 @@ def _fill(engine: Engine, values: list[str | None]) -> list[tuple]:
         conn.execute(text("DELETE FROM t"))
         if rows:
             conn.execute(text("INSERT INTO t VALUES (:i, :a, :b, :c, :n)"),
-                         [dict(zip("iabcn", r)) for r in rows])
+                         [dict(zip("iabcn", r, strict=True)) for r in rows])
     return rows
 
 

@@ -149,7 +149,7 @@ def _server_connection_state(pooled: str) -> dict[str, Any]:
             "  WHERE l.locktype = 'advisory' AND d.datname = current_database()), pg_backend_pid()"
         ).fetchone()
     assert row is not None
-    return dict(zip(("search_path", "lock_timeout", "prepared", "advisory", "pid"), row))
+    return dict(zip(("search_path", "lock_timeout", "prepared", "advisory", "pid"), row, strict=True))
 
 
 def test_a_server_connection_keeps_nothing_of_ours(one_connection: tuple[str, str]) -> None:
@@ -231,7 +231,7 @@ def test_a_pooler_query_timeout_is_a_typed_wait_error(pg_url: str, private_poole
 def test_a_unit_of_work_in_a_tenant_leaves_a_hosts_connection_as_it_was(pooled_database: tuple[str, str]) -> None:
     """A host's engine (not bound to a tenant) running our unit of work in ``team_a``:
     its connection's search_path is never changed, during or after."""
-    direct, pooled = pooled_database
+    _direct, pooled = pooled_database
     with SessionDB(pooled, schema="team_a") as db:
         db.create_session("h1", "cli")
     host = sa_create_engine(pooled, connect_args={"prepare_threshold": None})

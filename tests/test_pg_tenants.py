@@ -710,7 +710,7 @@ def two_tenants_two_writers(url: str, plain: Engine, per: int = 120) -> None:
         for tenant, me in workers
     ]
     reports = {}
-    for (tenant, me), proc in zip(workers, running):
+    for (tenant, me), proc in zip(workers, running, strict=True):
         out, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err
         reports[tenant, me] = json.loads(out.strip().splitlines()[-1])

@@ -264,7 +264,7 @@ def test_every_bash_block_is_run_or_covered() -> None:
     assert len(labels) == len(BASH_BLOCKS), labels
     for label in labels:
         assert sum(label.startswith(key) for key in BASH_BLOCKS) == 1, f"README bash block {label!r} is run by no test"
-    for key, where in BASH_BLOCKS.items():
+    for where in BASH_BLOCKS.values():
         name = where.split(" ", 1)[0]
         file, _, test = name.rpartition("::")
         if test.startswith("test_"):

@@ -116,7 +116,7 @@ def test_a_listing_page_is_one_statement(db: SessionDB, corpus: dict[str, str], 
     sent, rows = repo_statements(db, lambda u: u.listing.list_rich(**kwargs))
     if expected is not None:
         assert _listed(rows) == expected
-    assert rows and all("preview" in r and "last_active" in r for r in rows) or expected == []
+    assert (rows and all("preview" in r and "last_active" in r for r in rows)) or expected == []
     if not kwargs.get("compact_rows"):
         assert all(r["system_prompt"] == PROMPT for r in rows)  # the stored prompt, resolved in the statement
     assert sent == 1

@@ -108,7 +108,7 @@ def test_a_bulk_append_of_mixed_rows_is_one_batch(store: SessionDB, backend: str
     rows = store.get_messages("s", include_inactive=True)[before:]
     assert len(rows) == 2 * n
     want = _conversation(n)
-    for got, given in zip(rows, want + want):
+    for got, given in zip(rows, want + want, strict=True):
         assert (got["role"], got["content"], got["tool_name"]) == (given["role"], given["content"], given.get("tool_name"))
         assert (got["active"], got["observed"], got["compacted"]) == (given.get("active", 1), 0, 0)
     assert [r["id"] for r in rows] == sorted(r["id"] for r in rows)

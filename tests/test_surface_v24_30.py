@@ -119,7 +119,7 @@ def test_activity_stamp_on_reference_sessions_moves_one_to_the_top(db: SessionDB
     assert by_messages == sorted(newest, key=newest.get, reverse=True)
     oldest = by_messages[-1]
     db.record_session_activity(oldest, "x" * 500, "agent.compression_timeout", at=max(newest.values()) + 60)
-    assert [r["id"] for r in db.search_sessions()][0] == oldest
+    assert next(r["id"] for r in db.search_sessions()) == oldest
     row = db.get_session(oldest)
     assert row["last_activity_description"] == "x" * 120  # Hermes bounds it to 120 characters
     assert row["last_activity_provenance"] == "agent.compression_timeout"
@@ -219,7 +219,9 @@ def test_prompts_round_trip_through_export_and_import(db: SessionDB, tmp_path: P
         assert raw_rows(other.db_path, "SELECT hash, prompt FROM system_prompts") == [(sha(PROMPT_A), PROMPT_A)]
         assert raw_rows(other.db_path, "SELECT DISTINCT system_prompt FROM sessions") == [(None,)]
         again = other.export_all()
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "messages"} for r in rows]
+    def strip(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k != "messages"} for r in rows]
+
     assert strip(again) == strip(exported)
 
 

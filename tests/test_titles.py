@@ -101,7 +101,7 @@ def test_non_string_title_is_rejected_clearly() -> None:
 title_text = st.text(
     st.one_of(
         st.characters(),
-        st.sampled_from(INVISIBLE + ["\t", "\n", "\r", " ", "\u00a0", "\u3000"]),
+        st.sampled_from([*INVISIBLE, "\t", "\n", "\r", " ", "\xa0", "\u3000"]),
         st.characters(categories=["Cs"]),
     ),
     max_size=140,

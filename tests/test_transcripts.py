@@ -79,7 +79,7 @@ def _make_sessions(db: SessionDB, ids: list[str], *, ended_old: bool = True) -> 
 def test_delete_session_with_hostile_ids_keeps_outside_files(db: SessionDB, layout: dict, caplog) -> None:
     folder = layout["folder"]
     ids = _hostile_ids(layout)
-    _make_sessions(db, ids + ["good"], ended_old=False)
+    _make_sessions(db, [*ids, "good"], ended_old=False)
     before = _snapshot(layout["victims"])
     legit = _legit(folder, "good")
     caplog.set_level(logging.WARNING, logger="hermes_store.repositories.maintenance")
@@ -98,7 +98,7 @@ def test_delete_session_with_hostile_ids_keeps_outside_files(db: SessionDB, layo
 def test_prune_with_hostile_ids_keeps_outside_files(db: SessionDB, layout: dict) -> None:
     folder = layout["folder"]
     ids = _hostile_ids(layout)
-    _make_sessions(db, ids + ["old-good"])
+    _make_sessions(db, [*ids, "old-good"])
     db.create_session("fresh", "cli")
     before = _snapshot(layout["victims"])
     legit = _legit(folder, "old-good")
@@ -125,7 +125,7 @@ def test_auto_prune_and_ghost_prune_with_hostile_ids(db: SessionDB, layout: dict
     assert _snapshot(layout["victims"]) == before
     assert not any(p.exists() for p in ghost_files)
 
-    _make_sessions(db, ids + ["auto"])
+    _make_sessions(db, [*ids, "auto"])
     auto_files = _legit(folder, "auto")
     result = db.maybe_auto_prune_and_vacuum(retention_days=90, sessions_dir=folder)
     assert "error" not in result and result["pruned"] == len(ids) + 1
@@ -136,7 +136,7 @@ def test_auto_prune_and_ghost_prune_with_hostile_ids(db: SessionDB, layout: dict
 def test_jsonl_import_then_prune_keeps_outside_files(db: SessionDB, layout: dict, tmp_path: Path) -> None:
     """The reported attack: import a JSONL export holding ``../victim``, then prune."""
     folder = layout["folder"]
-    ids = _hostile_ids(layout) + ["imported-good"]
+    ids = [*_hostile_ids(layout), "imported-good"]
     export = tmp_path / "export.jsonl"
     with export.open("w") as fh:
         for sid in ids:
@@ -209,7 +209,7 @@ def test_request_dumps_of_an_id_with_underscores(db: SessionDB, tmp_path: Path) 
     folder.mkdir()
     sid = "20240101_120000_abc"
     names = [f"request_dump_{sid}_20240101_120001.json", f"{sid}.jsonl"]
-    for n in names + ["request_dump_20240101_1.json", "20240101_120000.json"]:
+    for n in [*names, "request_dump_20240101_1.json", "20240101_120000.json"]:
         (folder / n).write_text("x")
     db.create_session(sid, "cli")
     assert sorted(p.name for p in transcript_files(folder, sid)) == sorted(names)

@@ -73,7 +73,7 @@ def rows(conn: sqlite3.Connection, table: str, skip: tuple[str, ...] = ()) -> di
     """Every row of ``table`` by rowid, as {column: value} (adoption may reorder columns)."""
     cols = [r[1] for r in conn.execute(f'PRAGMA table_info("{table}")') if r[1] not in skip]
     sql = f'SELECT rowid, {", ".join(chr(34) + c + chr(34) for c in cols)} FROM "{table}" ORDER BY rowid'
-    return {r[0]: dict(zip(cols, r[1:])) for r in conn.execute(sql)}
+    return {r[0]: dict(zip(cols, r[1:], strict=True)) for r in conn.execute(sql)}
 
 
 def sessions_as_read(conn: sqlite3.Connection) -> dict[Any, dict[str, Any]]:
@@ -400,7 +400,7 @@ def test_unknown_column_a_revision_would_drop_is_refused(tmp_path: Path) -> None
     conn.commit()
     conn.close()
     before = state(p)
-    with pytest.raises(errors.AdoptionError, match="session_model_usage.note"):
+    with pytest.raises(errors.AdoptionError, match=r"session_model_usage\.note"):
         adopt_mod.adopt(p)
     assert state(p) == before
 

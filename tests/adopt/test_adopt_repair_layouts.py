@@ -381,7 +381,7 @@ def test_a_v21_ledger_with_task_values_in_its_key_is_refused(tmp_path: Path) -> 
     at: refused, the file unchanged (Hermes with FTS5 would bump it to a version that has them)."""
     p = build(21, tmp_path, _v21_held_back(True, "vision"))
     before = state(p)
-    with pytest.raises(errors.AdoptionError, match="session_model_usage.task"):
+    with pytest.raises(errors.AdoptionError, match=r"session_model_usage\.task"):
         adopt_mod.adopt(p)
     assert state(p) == before
 

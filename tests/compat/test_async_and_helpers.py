@@ -51,7 +51,7 @@ def test_async_wrapper_passes_values_through_and_raises_what_the_store_raises(he
     with pytest.raises(ValueError, match="already in use"):
         asyncio.run(main())
     with pytest.raises(AttributeError):
-        wrapped.no_such_method
+        _ = wrapped.no_such_method
 
 
 def test_async_wrapper_gathers_concurrent_appends_without_losing_any(hermes_state, db) -> None:

@@ -342,7 +342,7 @@ def test_hermes_export_import_round_trip(db) -> None:
     assert [e["id"] for e in again] == [e["id"] for e in exported]
     same = ("id", "source", "title", "model", "model_config", "started_at", "ended_at", "end_reason",
             "parent_session_id", "input_tokens", "output_tokens", "billing_provider")
-    for a, b in zip(exported, again):
+    for a, b in zip(exported, again, strict=True):
         assert {k: a[k] for k in same} == {k: b[k] for k in same}, a["id"]
         assert b["message_count"] == len(a["messages"])  # recomputed from the live rows
         strip = ("id", "session_id", "display_order")  # derived from the new ids

@@ -12,6 +12,7 @@ no window, legacy layout or trash ever exists.
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import threading
 import time as real_time
@@ -695,7 +696,7 @@ def test_trash_alone_is_torn_down(db, clock: FakeTime) -> None:
     db.optimize_fts_storage(progress_cb=events.append, vacuum=False)
     teardown = [e for e in events if e["phase"] == "teardown"]
     assert teardown[-1] == {"phase": "teardown", "percent": 100, "indexed": 1900, "total": 1900}
-    assert max(e["indexed"] - p["indexed"] for p, e in zip(teardown, teardown[1:])) <= 500  # chunked
+    assert max(e["indexed"] - p["indexed"] for p, e in itertools.pairwise(teardown)) <= 500  # chunked
     assert trash_tables(db) == []
     assert db.fts_optimize_available() is False
 
@@ -789,7 +790,7 @@ def test_the_write_path_optimizes_every_n_writes(db) -> None:
         raise sqlite3.OperationalError("busy elsewhere")
 
     db.optimize_fts = broken
-    for i in range(3):
+    for _ in range(3):
         db.set_meta("k", "after")  # a failing optimize never fails the write
     assert db.wait_for_upkeep(30)
     assert db.get_meta("k") == "after"
@@ -827,7 +828,7 @@ def test_a_write_into_a_corrupt_index_is_rebuilt_and_retried(db) -> None:
     _break_word_index(db)
     new = db.append_message("s1", "user", "written after the damage w4242x")  # rebuilt, then retried
     assert matches(db, "messages_fts", "w4242x") == [new]
-    assert docsize(db, "messages_fts") == ids + [new] and consistent(db)
+    assert docsize(db, "messages_fts") == [*ids, new] and consistent(db)
     _break_word_index(db)
     with pytest.raises(sqlite3.DatabaseError, match="malformed"):  # only once per instance
         db.append_message("s1", "user", "second damage")

@@ -192,7 +192,7 @@ def test_reasoning_fields_are_json_encoded_when_truthy(db: Any) -> None:
 
 @pytest.mark.parametrize(
     "given",
-    [1_650_000_000.25, 1_650_000_000, dt.datetime(2022, 4, 15, 5, 20, tzinfo=dt.timezone.utc), "1650000000.25"],
+    [1_650_000_000.25, 1_650_000_000, dt.datetime(2022, 4, 15, 5, 20, tzinfo=dt.UTC), "1650000000.25"],
 )
 def test_explicit_timestamp(db: Any, given: Any) -> None:
     db.create_session("s", "cli")
@@ -260,7 +260,8 @@ def test_get_messages_is_live_only_by_default(db: Any) -> None:
 def test_get_messages_limit_and_offset(db: Any) -> None:
     db.create_session("s", "cli")
     ids = [db.append_message("s", "user", f"m{i}") for i in range(6)]
-    got = lambda **kw: [m["id"] for m in db.get_messages("s", **kw)]
+    def got(**kw):
+        return [m["id"] for m in db.get_messages("s", **kw)]
     assert got(limit=2) == ids[:2]
     assert got(limit=2, offset=3) == ids[3:5]
     assert got(offset=4) == ids[4:]  # offset alone pages too

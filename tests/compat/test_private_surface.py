@@ -106,7 +106,7 @@ def test_conn_on_a_server_is_absent_for_getattr_probes(hermes_state, pg_database
     try:
         assert getattr(store, "_conn", None) is None  # Hermes' session_search_tool probe
         with pytest.raises(errors.UnsupportedDatabaseError):
-            store._conn
+            _ = store._conn
         store.create_session("s1", "cli")
         assert store._execute_write(lambda conn: ("kept", 1)) == ("kept", 1)
     finally:

@@ -167,7 +167,7 @@ def test_racing_creates_of_one_id_both_succeed(hermes_state, db) -> None:
             barrier = threading.Barrier(2)
             errors: list[BaseException] = []
 
-            def create(store, model: str) -> None:
+            def create(store, model: str, sid=sid, barrier=barrier, errors=errors) -> None:
                 barrier.wait()
                 try:
                     assert store.create_session(sid, "cli", model=model) == sid
@@ -238,7 +238,7 @@ def test_two_racing_promotions_change_the_row_once(hermes_state, db) -> None:
             barrier = threading.Barrier(2)
             results: list[bool] = []
 
-            def promote(store) -> None:
+            def promote(store, sid=sid, barrier=barrier, results=results) -> None:
                 barrier.wait()
                 results.append(store.promote_to_session_reset(sid))
 

@@ -40,11 +40,11 @@ def _expected(params: str) -> list[tuple[str, str, object]]:
     defaults = [inspect.Parameter.empty] * (len(positional) - len(args.defaults)) + [
         ast.literal_eval(d) for d in args.defaults
     ]
-    for a, d in zip(positional, defaults):
+    for a, d in zip(positional, defaults, strict=True):
         out.append((a.arg, "POSITIONAL_OR_KEYWORD", d))
     if args.vararg:
         out.append((args.vararg.arg, "VAR_POSITIONAL", inspect.Parameter.empty))
-    for a, d in zip(args.kwonlyargs, args.kw_defaults):
+    for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True):
         out.append((a.arg, "KEYWORD_ONLY", inspect.Parameter.empty if d is None else ast.literal_eval(d)))
     if args.kwarg:
         out.append((args.kwarg.arg, "VAR_KEYWORD", inspect.Parameter.empty))

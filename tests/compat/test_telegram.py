@@ -314,7 +314,7 @@ def test_concurrent_deletes_of_a_chats_last_two_topics_turn_the_mode_off(topics,
             barrier = threading.Barrier(2)
             results: list[Any] = []
 
-            def drop(store, thread_id: int) -> None:
+            def drop(store, thread_id: int, chat=chat, barrier=barrier, results=results) -> None:
                 barrier.wait()
                 try:
                     results.append(store.delete_telegram_topic_binding(chat_id=chat, thread_id=thread_id))

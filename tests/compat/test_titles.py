@@ -6,6 +6,7 @@ from a compression ancestor, and set_auto_title_if_empty.
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -19,7 +20,7 @@ def chain(db, *ids: str, reasons: tuple[str, ...] | None = None) -> None:
     """Sessions ids[0] → ids[1] → …, each parent ended with 'compression' (or ``reasons``)."""
     reasons = reasons or ("compression",) * (len(ids) - 1)
     db.create_session(ids[0], "cli")
-    for parent, child, reason in zip(ids, ids[1:], reasons):
+    for (parent, child), reason in zip(itertools.pairwise(ids), reasons, strict=True):
         db.end_session(parent, reason)
         db.create_session(child, "cli", parent_session_id=parent)
 
@@ -193,7 +194,7 @@ def test_racing_writers_for_one_title_exactly_one_wins(hermes_state, db) -> None
             barrier = threading.Barrier(2)
             outcome: dict[str, object] = {}
 
-            def claim(store, sid: str) -> None:
+            def claim(store, sid: str, title=title, barrier=barrier, outcome=outcome) -> None:
                 barrier.wait()
                 try:
                     outcome[sid] = store.set_session_title(sid, title)
@@ -279,7 +280,7 @@ def test_racing_auto_titles_write_once(hermes_state, db) -> None:
             barrier = threading.Barrier(2)
             outcome: dict[str, bool] = {}
 
-            def generate(store, title: str) -> None:
+            def generate(store, title: str, sid=sid, barrier=barrier, outcome=outcome) -> None:
                 barrier.wait()
                 outcome[title] = store.set_auto_title_if_empty(sid, title)
 

@@ -94,7 +94,9 @@ def test_touch_bounds_the_description(db) -> None:
     assert triple(db, "s")[1] == "z" * 119
 
 
-class Provenance(str, enum.Enum):
+# Hermes' own shape, (str, Enum), kept on purpose: str() of a member is
+# "Provenance.COMPRESSION_TIMEOUT", not the value as with StrEnum; the store must read the value.
+class Provenance(str, enum.Enum):  # noqa: UP042
     COMPRESSION_TIMEOUT = "agent.compression_timeout"
 
 

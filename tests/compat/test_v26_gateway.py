@@ -47,7 +47,7 @@ def peer(db, sid: str) -> tuple:
 
 def compression_chain(db, users: tuple) -> None:
     """a ─compression→ b ─compression→ c (live); users per row."""
-    for sid, parent, user in zip("abc", (None, "a", "b"), users):
+    for sid, parent, user in zip("abc", (None, "a", "b"), users, strict=True):
         db.create_session(sid, "telegram", user_id=user, **({"parent_session_id": parent} if parent else {}))
         if sid != "c":
             db.end_session(sid, "compression")

@@ -29,7 +29,7 @@ def _rows(conn: sqlite3.Connection, table: str) -> list[tuple]:
     """Every row as (column, value) pairs by column name: the column order may change."""
     cols = sorted(r[1] for r in conn.execute(f'PRAGMA table_info("{table}")'))
     found = conn.execute(f'SELECT {", ".join(cols)} FROM "{table}"').fetchall()
-    return sorted((tuple(zip(cols, row)) for row in found), key=repr)
+    return sorted((tuple(zip(cols, row, strict=True)) for row in found), key=repr)
 
 
 def _pk(conn: sqlite3.Connection, table: str) -> list[str]:

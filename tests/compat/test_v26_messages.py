@@ -271,7 +271,8 @@ def test_active_watermark_of_an_empty_or_unknown_session_is_zero(db: Any) -> Non
 
 def test_get_messages_latest_pages_back_from_the_newest(db: Any) -> None:
     ids = _turns(db, 6)
-    got = lambda **kw: [m["id"] for m in db.get_messages("s", **kw)]
+    def got(**kw):
+        return [m["id"] for m in db.get_messages("s", **kw)]
     assert got(latest=True, limit=2) == ids[4:]
     assert got(latest=True, limit=2, offset=2) == ids[2:4]
     assert got(latest=True) == ids
@@ -342,7 +343,8 @@ def _branch(db: Any) -> None:
 def test_a_branch_replays_only_its_own_rows(db: Any) -> None:
     _branch(db)
     own = [("user", "branched question")]
-    pairs = lambda conv: [(m["role"], m["content"]) for m in conv]
+    def pairs(conv):
+        return [(m["role"], m["content"]) for m in conv]
     assert pairs(db.get_messages_as_conversation("b", include_ancestors=True)) == own
     model, display = db.get_resume_conversations("b")
     assert pairs(model) == own and pairs(display) == own

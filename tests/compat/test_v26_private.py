@@ -238,7 +238,7 @@ def test_read_permits_cap_live_connections(hermes_state, store, monkeypatch) -> 
     store._close_read_conn(held.pop())
     extra = store._checkout_read_conn()
     assert extra is not None
-    for c in held + [extra]:
+    for c in [*held, extra]:
         store._close_read_conn(c)
 
 
@@ -424,7 +424,7 @@ def test_repair_refuses_without_a_backup(hermes_state, tmp_path: Path, monkeypat
 _FTS = sqlite3.connect(":memory:", check_same_thread=False)
 _FTS.execute("CREATE VIRTUAL TABLE f USING fts5(content)")
 _FTS.execute("INSERT INTO f VALUES ('hello world chat-send P2.2 数据库 user@example.com')")
-_SYNTAX = list('+{}():"^@/#&|~[]<>,;!?$=\'%*-. ') + ["AND", "OR", "NOT", "NEAR", " ", "数据", "é"]
+_SYNTAX = [*'+{}():"^@/#&|~[]<>,;!?$=\'%*-. ', "AND", "OR", "NOT", "NEAR", " ", "数据", "é"]
 
 
 def _parsable(query: str) -> None:

@@ -436,7 +436,7 @@ def test_racing_automatic_titles_never_demote(hermes_state, db) -> None:
             db.create_session(sid, "cli")
             barrier = threading.Barrier(2)
 
-            def write(store, source: str) -> None:
+            def write(store, source: str, sid=sid, n=n, barrier=barrier) -> None:
                 barrier.wait()
                 store.set_auto_title(sid, f"{source} {n}", source=source)
 

@@ -233,7 +233,7 @@ def test_v22_keeps_ledger_and_task_joins_the_key(seeded_v11: Path, raw: Raw) -> 
     migrations.downgrade(seeded_v11, "0021")
     conn = raw()
     merged = {r[0]: r for r in rows(conn, "session_model_usage", LEDGER_COLS)}
-    full = dict(zip([c.strip() for c in LEDGER_COLS.split(",")], merged["u_full"]))
+    full = dict(zip([c.strip() for c in LEDGER_COLS.split(",")], merged["u_full"], strict=True))
     assert (full["api_call_count"], full["input_tokens"], full["output_tokens"]) == (5, 120, 52)
     assert full["estimated_cost_usd"] == pytest.approx(0.13)
     assert (full["first_seen"], full["last_seen"]) == (900.0, 1500.0)

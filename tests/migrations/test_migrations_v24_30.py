@@ -376,7 +376,7 @@ def test_pending_rebuild_window_is_settled_by_the_trigram_rebuild(fts_v27, raw: 
 
 
 def test_v30_display_order_for_new_rows_pending_for_old(fts_v27, raw: Raw) -> None:
-    path, ids = fts_v27
+    path, _ids = fts_v27
     migrations.upgrade(path, "0030")
     conn = raw()
     assert conn.execute("SELECT count(*) FROM messages WHERE display_order IS NOT NULL").fetchone()[0] == 0
