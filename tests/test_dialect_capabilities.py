@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, make_url
 
 from hermes_store import errors
 from hermes_store.dialects import Dialect, all_dialects, fts5, postgresql, sqlite
@@ -42,6 +42,12 @@ def test_capabilities_are_asked_by_name() -> None:
     assert lite.search_index_can_lag and not pg.search_index_can_lag
     assert lite.fts5_storage is lite.fts5 and isinstance(pg.fts5_storage, fts5.NoFts5Storage)
     assert (lite.driver_param_mark, pg.driver_param_mark) == ("?", "%s")
+    assert lite.holders_on_this_machine and lite.one_writer_at_a_time
+    assert not pg.holders_on_this_machine and not pg.one_writer_at_a_time
+    assert lite.database_path(make_url("sqlite:////tmp/state.db")) == "/tmp/state.db"
+    assert lite.database_path(make_url("sqlite://")) is None
+    assert lite.database_path(make_url("sqlite:///:memory:")) is None
+    assert pg.database_path(make_url("postgresql+psycopg://u@h/db")) is None
     assert pg.integrity_check(None, quick=True, max_lines=5) == []  # a server has no such check
     assert pg.export_reader(None) is None  # the repositories' own reads
 

@@ -59,11 +59,21 @@ class Dialect(Protocol):
     #: checks for a gap and upkeep has bookkeeping to heal. False where the server keeps
     #: its indexes complete on every write.
     search_index_can_lag: bool
+    #: Whether the processes that share the database run on this machine, so a lease
+    #: holder's pid can be probed here (a file); False where they connect from anywhere.
+    holders_on_this_machine: bool
+    #: Whether the database lets one writer in at a time (SQLite's write lock), so
+    #: writes of one process are best queued per database rather than left to contend.
+    one_writer_at_a_time: bool
     #: The placeholder the driver's own cursors take (``?`` for sqlite3, ``%s`` for
     #: psycopg): for a statement run on a DB-API cursor a host hands us.
     driver_param_mark: str
 
     # -------------------------------------------------------------- engines and errors
+
+    def database_path(self, url: URL) -> str | None:
+        """The file on this machine ``url`` names (paths, modes, flock, adoption), None
+        for a server, an in-memory database or a URL without a database."""
 
     def engine_kwargs(self, url: URL, kwargs: dict[str, Any], *, prepared_statements: bool) -> dict[str, Any]:
         """``create_engine`` keyword arguments for ``url``: the caller's, plus our defaults."""

@@ -172,8 +172,10 @@ def tenant_table_names(conn: Connection, schema: str) -> set[str]:
 #: as a person writes them; anything else as the server describes it.
 _HOST_DEPENDENTS = text(
     "WITH named AS (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-    "  WHERE n.nspname = COALESCE(CAST(:schema AS text), current_schema()) AND c.relname = ANY(CAST(:names AS text[]))),"
-    " ours AS (SELECT oid FROM named UNION SELECT i.indexrelid FROM pg_index i WHERE i.indrelid IN (SELECT oid FROM named)),"
+    "  WHERE n.nspname = COALESCE(CAST(:schema AS text), current_schema())"
+    " AND c.relname = ANY(CAST(:names AS text[]))),"
+    " ours AS (SELECT oid FROM named UNION SELECT i.indexrelid FROM pg_index i"
+    " WHERE i.indrelid IN (SELECT oid FROM named)),"
     " deps AS (SELECT d.classid, d.objid, d.objsubid, CASE d.classid"
     "   WHEN CAST('pg_constraint' AS regclass) THEN (SELECT conrelid FROM pg_constraint WHERE oid = d.objid)"
     "   WHEN CAST('pg_rewrite' AS regclass) THEN (SELECT ev_class FROM pg_rewrite WHERE oid = d.objid)"

@@ -206,6 +206,11 @@ class PostgreSQLDialect:
     fts5_storage: Fts5Storage = NO_FTS5_STORAGE
     search_index_can_lag = False
     driver_param_mark = "%s"
+    holders_on_this_machine = False
+    one_writer_at_a_time = False
+
+    def database_path(self, url: Any) -> str | None:
+        return None  # a server: no file of ours on this machine
     # Search routes: ILIKE folds every letter (narrowed to ASCII where SQLite's LIKE
     # must be matched); CJK queries go by substring over the pg_trgm index; the planner
     # keeps a block read on the id range by itself.

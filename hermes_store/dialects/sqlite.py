@@ -322,6 +322,12 @@ class SQLiteDialect:
     #: Triggers and chunked backfills fill the FTS5 tables: a window or a stale flag can leave rows out.
     search_index_can_lag = True
     driver_param_mark = "?"
+    holders_on_this_machine = True
+    one_writer_at_a_time = True
+
+    def database_path(self, url: URL) -> str | None:
+        database = url.database
+        return database if database and database != ":memory:" else None
     # Search routes: LIKE folds ASCII letters only; CJK queries use the trigram FTS5
     # index; NOT INDEXED keeps a block read on the rowid range.
     caseless_like = "LIKE"
