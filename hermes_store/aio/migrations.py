@@ -40,8 +40,9 @@ async def _apply(target: Target, api: str, fn: Callable[..., T], *args: Any, **k
     if isinstance(target, AsyncEngine):
         return await run_sync(fn, target.sync_engine, *args, **kwargs)
     url = async_url(target)
-    if dialects.for_url(url).is_file:
-        # The sync API's own file checks and adoption, off the loop (pysqlite, a thread).
+    if dialects.for_url(url).holders_on_this_machine:
+        # A database of this machine's (a file): the sync API's own file checks and
+        # adoption, off the loop (pysqlite, a thread).
         sync_target = url.set(drivername="sqlite")
         return await asyncio.to_thread(fn, sync_target, *args, **kwargs)
     engine = create_async_engine(url, foreign_keys=False)

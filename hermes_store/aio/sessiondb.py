@@ -168,10 +168,12 @@ def _sync_face(target: Any, schema: str | None) -> tuple[Path | URL | None, str]
         target = target.url
     url = async_url(with_schema(target, schema) if schema is not None else target)
     driver = url.drivername
-    if for_url(url).is_file:
-        if not url.database or url.database == ":memory:":
-            raise errors.InvalidInputError(f"AsyncSessionDB needs a database file, not {url.render_as_string()}")
-        return Path(url.database).expanduser(), driver
+    dialect = for_url(url)
+    path = dialect.database_path(url)
+    if path is not None:
+        return Path(path).expanduser(), driver
+    if dialect.holders_on_this_machine:  # a database of this machine's without a file: in memory
+        raise errors.InvalidInputError(f"AsyncSessionDB needs a database file, not {url.render_as_string()}")
     return dialects.with_driver(url, asyncio=False), driver
 
 
