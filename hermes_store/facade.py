@@ -39,7 +39,9 @@ from .paths import create_private_database  # noqa: F401 - kept importable from 
 from .repositories import MaintenanceRepository
 from .repositories.base import clock_options
 from .repositories.transcripts import remove_committed_files
+from .operations.search_index import BACKGROUND_CATCH_UP_ROWS as _BACKGROUND_CATCH_UP_ROWS, CATCH_UP_ROWS
 from .operations.steps import with_lock_budget
+from .sessiondb.activity import ACTIVITY_BUDGET_S
 from .targets import refuse_async
 from .upkeep import Upkeep
 from .repair import (  # noqa: F401 - Hermes' module-level names, served by the swap
@@ -120,7 +122,7 @@ from .sessiondb.leases import *  # noqa: F403 - Hermes' module-level names
 from .sessiondb.messages import *  # noqa: F403 - Hermes' module-level names
 from .sessiondb.orphans import *  # noqa: F403 - Hermes' module-level names
 from .sessiondb.async_wrapper import AsyncSessionDB  # noqa: F401 - Hermes' gateway wrapper
-from .sessiondb._host import TRANSCRIPT_BUDGET_S, WRITE_BUDGET_S  # noqa: F401 - tuning knobs, named here since v1
+from .sessiondb._host import TRANSCRIPT_BUDGET_S, WRITE_BUDGET_S
 #: Jitter windows: short sleeps for the first EARLY_PHASE_S seconds, then longer ones.
 from .keys import EARLY_JITTER_S, EARLY_PHASE_S, LATE_JITTER_S
 
@@ -134,10 +136,10 @@ BUSY_TIMEOUT_MS = 100
 #: Idle connections kept per kind (reads, writes) between calls.
 MAX_IDLE_CONNECTIONS = 4
 #: Rows the short-CJK index catches up on at open and at each checkpoint interval.
-BIGRAM_CATCH_UP_ROWS = 20_000
+BIGRAM_CATCH_UP_ROWS = CATCH_UP_ROWS
 #: Rows one background catch-up transaction indexes: it holds the index's upkeep lock,
 #: so it stays short, and the next one starts right after it.
-BACKGROUND_CATCH_UP_ROWS = 2_000
+BACKGROUND_CATCH_UP_ROWS = _BACKGROUND_CATCH_UP_ROWS
 
 #: Hermes' default file, computed at import as Hermes does. Code may patch it;
 #: while unpatched, ``SessionDB()`` reads ``$HERMES_HOME`` at call time instead.
@@ -150,9 +152,9 @@ URL_ENV = "HERMES_STORE_URL"
 _wal_fallback_warned_paths = _wal_warned
 #: Hermes v26's write patience (seconds): ordinary, transcript and activity writes, and
 #: how long a write waits out a compression in progress.
-_WRITE_PATIENCE_S = 20.0
-_TRANSCRIPT_WRITE_PATIENCE_S = 60.0
-_ACTIVITY_WRITE_PATIENCE_S = 0.5
+_WRITE_PATIENCE_S = WRITE_BUDGET_S
+_TRANSCRIPT_WRITE_PATIENCE_S = TRANSCRIPT_BUDGET_S
+_ACTIVITY_WRITE_PATIENCE_S = ACTIVITY_BUDGET_S
 _COMPRESSION_BUSY_WAIT_S = 5.0
 #: Hermes v26's read pool and repair limits.
 _READ_POOL_MAX = 8

@@ -35,7 +35,7 @@ from ..models import Base
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, insert_or_skip, per_dialect
 from .housekeeping import HousekeepingRepository, activity_recency
 from .lineage import BRANCH_MARKER, DELEGATE_MARKER, marker_value
-from .sessions import RESET_END_REASONS, SessionRepository
+from .sessions import RESET_END_REASONS, RESETTABLE_END_REASONS, SessionRepository
 
 ROUTING = Base.metadata.tables["gateway_routing"]
 
@@ -51,7 +51,7 @@ def _save_entry(dialect: Dialect) -> Any:
 
 #: Ends a gateway may still resume from (Hermes v23): closed by the agent, or reaped
 #: as a websocket orphan. Anything else (compression, reset, user end) is final.
-RECOVERABLE_END_REASONS = ("agent_close", "ws_orphan_reap")
+RECOVERABLE_END_REASONS = RESETTABLE_END_REASONS  # the same ends: not final
 
 
 #: The handoff state machine (Hermes v11): requested, claimed by one worker, then done.

@@ -26,8 +26,8 @@ from ..keys import COMPRESSION_END_REASON, DAY
 from ..codec import clean_text
 from ..models import Base
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Clock, Repository, insert_or_skip, missing_sessions
-from .lineage import LineageRepository, compression_lineage_ids, parent_chain
-from .messages import MessageRepository
+from .lineage import DELEGATE_MARKER, LineageRepository, compression_lineage_ids, parent_chain
+from .messages import ASSISTANT_JSON, MessageRepository
 from .sessions import SessionRepository
 from .transcripts import queue_transcript_files
 
@@ -50,7 +50,6 @@ FILTER_NAMES = frozenset(
 CANDIDATE_COLUMNS = ("id", "source", "title", "model", "started_at", "ended_at", "message_count", "archived",
                      "last_active")
 #: Marker of a delegate (sub-agent) child in ``model_config``.
-DELEGATE_MARKER = "_delegate_from"
 
 
 def check_filter_names(filters: Mapping[str, Any]) -> None:
@@ -545,7 +544,7 @@ IMPORT_SESSION_FIELDS = (
 )
 #: JSON-ish message keys that an export may carry as JSON text: decoded before the
 #: insert so the stored value is the same JSON, not a JSON string of it.
-_DECODED_MESSAGE_KEYS = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
+_DECODED_MESSAGE_KEYS = ASSISTANT_JSON
 
 
 def _session_row(entry: Mapping[str, Any], known: frozenset[str], clock: Clock) -> dict[str, Any]:

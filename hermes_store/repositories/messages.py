@@ -344,7 +344,7 @@ ROW_ID_KEY = "_row_id"
 #: What ``get_messages(include_compacted=True)`` takes as the same message (an archived
 #: row and its clone after a watermark compaction): the live, newest copy is kept.
 _SAME_MESSAGE = (M.role, M.content, M.timestamp, M.tool_call_id, M.tool_calls, M.tool_name)
-_ASSISTANT_JSON = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
+ASSISTANT_JSON = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
 
 
 def decode_row(row: dict[str, Any]) -> MessageRecord:
@@ -406,7 +406,7 @@ def conversation_turn(row: Mapping[str, Any], *, row_id: bool = False) -> dict[s
             msg["reasoning"] = row["reasoning"]
         if row["reasoning_content"] is not None:
             msg["reasoning_content"] = row["reasoning_content"]
-        for key in _ASSISTANT_JSON:
+        for key in ASSISTANT_JSON:
             if row[key]:
                 msg[key] = decode_json_or(row[key], None)
     return msg
