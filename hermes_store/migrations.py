@@ -56,11 +56,10 @@ def _file_path(target: Target) -> Path | None:
         return None
     url = to_url(target)
     found = dialects.find_for(url)
-    if found is None or not found.is_file or not url.database or url.database == ":memory:":
+    database = found.database_path(url) if found is not None else None
+    if database is None or database.startswith("file:"):  # none, or a SQLite URI filename: the driver's
         return None
-    if url.database.startswith("file:"):  # a SQLite URI filename; leave it to the driver
-        return None
-    return Path(url.database)
+    return Path(database)
 
 
 def _supported(target: URL | Engine | Connection) -> None:
@@ -245,7 +244,7 @@ def upgrade(
 
 def _is_server(target: Target) -> bool:
     found = dialects.find_for(target if isinstance(target, (Engine, Connection)) else to_url(target))
-    return found is not None and not found.is_file
+    return found is not None and not found.holders_on_this_machine  # its clients connect from anywhere
 
 
 def _already_at(target: Target, revision: str, version_table: str, schema: str | None) -> str | None:

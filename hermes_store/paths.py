@@ -271,8 +271,8 @@ def connect(engine: Engine) -> Connection:
     try:
         return engine.connect()
     except DBAPIError as exc:
-        if for_connection(engine).is_file:
-            raise  # a file: the path checks before us and the error hooks type it
+        if for_connection(engine).holders_on_this_machine:
+            raise  # a database of this machine's: the path checks before us and the error hooks type it
         reason = " ".join(str(exc.orig if exc.orig is not None else exc).split())
         where = engine.url.render_as_string(hide_password=True)
         raise errors.DatabaseUnavailableError(f"cannot connect to {where}: {reason}") from exc
@@ -284,7 +284,7 @@ def connect(engine: Engine) -> Connection:
 def _is_file_url(url: URL) -> bool:
     """Whether ``url`` names a database file (not a server, not an in-memory database)."""
     found = find_for(url)
-    return found is not None and found.is_file and bool(url.database) and url.database != ":memory:"
+    return found is not None and found.database_path(url) is not None
 
 
 def as_path(target: str | os.PathLike[str]) -> Path:

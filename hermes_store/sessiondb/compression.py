@@ -204,7 +204,7 @@ class CompressionMixin(Host):
         if not session_id:
             return False
         ttl = check_ttl(ttl_seconds)
-        probe = holder_process_gone if self._dialect.is_file else None
+        probe = holder_process_gone if self._dialect.holders_on_this_machine else None
         try:
             return self._write(lambda c: CompressionRepository(c).try_acquire_lock(session_id, holder, ttl, probe))
         except DB_ERRORS as exc:

@@ -103,7 +103,7 @@ def _locked_class(exc: BaseException) -> bool:
 class TurnLeasesMixin(Host):
     def _dead_holder_probe(self) -> Callable[[str], bool] | None:
         """The dead-process probe where holders run on this machine (a SQLite file), else None."""
-        return holder_process_gone if self._dialect.is_file else None
+        return holder_process_gone if self._dialect.holders_on_this_machine else None
 
     def try_acquire_session_turn_lease(
         self, session_id: str, holder: str, *, ttl_seconds: float = 300.0, patience_s: Optional[float] = None
