@@ -13,6 +13,7 @@ from collections import deque
 from typing import Any, Dict, Optional
 
 from ..errors import UnknownFieldError
+from ..operations.imports import IMPORT_SESSION_INTEGERS
 from ..repositories import MaintenanceRepository
 from ..repositories.usage import ApiCallUsage, UsageRepository
 from ._host import Host
@@ -25,9 +26,9 @@ TOKEN_WRITER_THREAD = "session-db-token-writer"
 TOKEN_WRITER_IDLE_S = 30.0
 #: How long close() and the exit hook wait for queued deltas (seconds).
 TOKEN_DRAIN_S = 5.0
-#: Counters a merge adds up, and the costs it adds (None + None stays None).
-_SUMMED = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens",
-           "api_call_count")
+#: Counters a merge adds up (the session's integer counters, listed once with the import's
+#: checks), and the costs it adds (None + None stays None).
+_SUMMED = IMPORT_SESSION_INTEGERS
 _COSTS = ("estimated_cost_usd", "actual_cost_usd")
 #: Everything else update_token_counts takes: two deltas merge only when these agree.
 _ROUTE = ("model", "cost_status", "cost_source", "pricing_version", "billing_provider", "billing_base_url",
