@@ -538,8 +538,9 @@ REVIEWED_COINCIDENCES: dict[str, tuple[tuple[str, ...], str]] = {
                "repositories.telegram.SCHEMA_VERSION"),
               "first versions of unrelated formats (copy marker, Hermes' FTS storage, telegram table), a direction"),
     "int:3": (("adopt.COPY_ATTEMPTS", "copying.plan.WORK_SPACE_FACTOR", "repair._MAX_MALFORMED_BACKUPS",
-               "repair._MAX_PERSISTENT_REPAIR_ATTEMPTS", "repositories.fts_upkeep.HEAD_FTS_LAYOUT"),
-              "attempts, a space factor, backups kept, Hermes' repair tries and an FTS layout number"),
+               "repair._MAX_PERSISTENT_REPAIR_ATTEMPTS", "repositories.fts_upkeep.HEAD_FTS_LAYOUT",
+               "search.query.TRIGRAM_CHARS"),
+              "attempts, a space factor, backups kept, Hermes' repair tries, an FTS layout number, a trigram"),
     "int:4": (("facade.MAX_IDLE_CONNECTIONS", "journal._EIO_READS", "state_modules.search._MERGES_PER_TABLE"),
               "idle connections kept, Hermes' disk-I/O re-reads, FTS merges per table"),
     "int:5": (("dialects.pg_engine.PREPARE_THRESHOLD_ON", "dialects.sqlite._SQLITE_BUSY"),
@@ -548,6 +549,8 @@ REVIEWED_COINCIDENCES: dict[str, tuple[tuple[str, ...], str]] = {
               "async calls in flight to a server, SQLite's SQLITE_READONLY code, Hermes' read pool size"),
     "int:10": (("repositories.listing._FULL_AT", "search.fts.SNIPPET_TOKENS", "search.query.NEAR_DEFAULT"),
                "a listing threshold, tokens in a snippet, FTS5's default NEAR distance"),
+    "int:40": (("repositories.search.SNIPPET_RADIUS", "search.postgresql._REACH_BEFORE"),
+               "characters shown around a hit; characters cut into words before a hit on PostgreSQL"),
     "int:20": (("cli.maintain.DRY_RUN_SHOWN", "repositories.health.MAX_INTEGRITY_LINES"),
                "rows a dry run shows; integrity-check lines kept"),
     "int:50": (("copying.plan.LISTED", "facade.CHECKPOINT_EVERY", "repositories.listing._SCAN_ROWS",
@@ -571,8 +574,9 @@ REVIEWED_COINCIDENCES: dict[str, tuple[tuple[str, ...], str]] = {
                  "rows per copy batch, the engine's busy timeout, ids per FTS boundary sweep"),
     "int:2048": (("keys.MAX_FTS5_QUERY_CHARS", "repositories.base._MAX_RENDERED"),
                  "the longest FTS5 query Hermes takes; statements kept in the rendered-SQL cache"),
-    "int:20000": (("copying.plan.INDEX_CHUNK", "errors.MAX_SAFE_EXPORT_MESSAGES", "errors.MAX_SAFE_RESUME_MESSAGES"),
-                  "rows per copy index chunk; Hermes' export and resume caps (one module, two meanings)"),
+    "int:20000": (("copying.plan.INDEX_CHUNK", "errors.MAX_SAFE_EXPORT_MESSAGES", "errors.MAX_SAFE_RESUME_MESSAGES",
+                   "operations.search_index.CATCH_UP_ROWS"),
+                  "rows per copy index chunk; Hermes' export and resume caps; rows one index catch-up call takes"),
 }
 #: Alembic revisions are frozen history: they copy the values of their day on purpose.
 _CONSTANT_SCAN_SKIPS = ("hermes_store._alembic",)
