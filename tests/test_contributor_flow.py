@@ -80,7 +80,8 @@ def _add_model_field(tree: Path) -> None:
     src = tables.read_text()
     start = src.index("class Message(Base)")
     at = src.index("    id: Mapped[int]", start)
-    tables.write_text(src[:at] + "    reviewer_note: Mapped[Optional[str]] = mapped_column(TEXT)\n" + src[at:])
+    # The models' own spelling of a nullable column (tables.py imports no Optional).
+    tables.write_text(src[:at] + "    reviewer_note: Mapped[str | None] = mapped_column(TEXT)\n" + src[at:])
 
 
 def _snap(path: Path) -> dict:
