@@ -26,7 +26,6 @@ from ..dialects import Dialect, for_connection
 from ..models import Base
 from ..targets import refuse_async
 from ..tenancy import render, schema_of_connection
-from ..patch_points import facade_value
 
 Executor = OrmSession | Connection
 
@@ -158,17 +157,9 @@ def clock_options(clock: Clock) -> dict[str, Clock]:
     return {CLOCK_OPTION: clock}
 
 
-def now(conn: Connection | None = None) -> float:
-    """Unix epoch seconds as a float, by ``conn``'s clock (:func:`clock_of`).
-
-    Without ``conn`` (transitional, for the repository modules that do not pass their
-    connection yet: display, telegram, maintenance): the clock of Hermes' module
-    (``hermes_state.time``) when it is loaded, as before. Remove once every caller
-    passes its connection or calls :meth:`Repository.now`.
-    """
-    if conn is not None:
-        return clock_of(conn)()
-    return facade_value("time", time).time()
+def now(conn: Connection) -> float:
+    """Unix epoch seconds as a float, by ``conn``'s clock (:func:`clock_of`)."""
+    return clock_of(conn)()
 
 
 def schema_text(conn: Connection, template: str) -> TextClause:

@@ -18,7 +18,7 @@ from sqlalchemy import func, select, update
 from .. import errors
 from ..codec import check_key, clean_text, decode_content, message_preview
 from ..skills import describe_skill_invocation, is_context_summary, is_skill_invocation, skill_preview_source
-from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, now
+from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository
 from .lineage import BRANCH_MARKER, LineageRepository, _marker
 
 #: Where reactions live in ``display_metadata`` (Hermes' ``REACTIONS_METADATA_KEY``).
@@ -228,7 +228,7 @@ class DisplayRepository(Repository):
         previous = [r for r in reactions if r.get("author") == author]
         kept = [r for r in reactions if r.get("author") != author]
         if emoji is not None and not any(r.get("emoji") == emoji for r in previous):
-            kept.append({"emoji": clean_text(emoji), "author": author, "at": now()})
+            kept.append({"emoji": clean_text(emoji), "author": author, "at": self.now()})
         if kept != reactions:
             self._store_reactions(row, metadata, kept)
         return kept

@@ -24,7 +24,7 @@ from ..dialects import cjk_bigram
 from ..search import bigram
 from ..tenancy import SchemaSQL
 from . import fts_upkeep
-from .base import MESSAGES, SESSIONS, Repository, insert_or_skip, now
+from .base import MESSAGES, SESSIONS, Repository, insert_or_skip
 from .housekeeping import HousekeepingRepository, cwd_prefix_condition
 from .messages import MessageRepository, decode_row, encode_message
 from .records import UsageRow
@@ -100,7 +100,7 @@ class MaintenanceRepository(Repository):
         stmt = (update(SESSIONS).where(SESSIONS.c.source == "cli", cwd_prefix_condition(SESSIONS.c.cwd, root))
                 .values(source="kanban"))
         changed = self.conn.execute(stmt).rowcount
-        set_meta(self.conn, key, repr(now()))
+        set_meta(self.conn, key, repr(self.now()))
         return int(changed or 0)
 
     def stale_tool_call_markers(self) -> list[tuple[int, Any]]:
@@ -225,7 +225,7 @@ class MaintenanceRepository(Repository):
             if not isinstance(item.get("display_identity"), (bytes, bytearray, memoryview)):
                 item.pop("display_identity", None)
             item["session_id"] = sid
-            rows.append(encode_message(item, msg_cols, index=index, keep_id=True))
+            rows.append(encode_message(item, msg_cols, index=index, keep_id=True, clock=self.now))
         self._free_ids_or_renumber(rows)
         known = self.columns_of("sessions")
         cols = {k: v for k, v in record.items() if k in known}
@@ -343,7 +343,7 @@ class MaintenanceRepository(Repository):
         """TUI sessions that never got a message or title, ended, older than a day."""
         ids = [
             r[0]
-            for r in self.conn.execute(_GHOSTS.on(self.conn), {"cut": now() - DAY})
+            for r in self.conn.execute(_GHOSTS.on(self.conn), {"cut": self.now() - DAY})
         ]
         self._delete_ids(ids)
         if sessions_dir is not None:
@@ -352,7 +352,8 @@ class MaintenanceRepository(Repository):
 
     def finalize_orphaned_compression_sessions(self) -> int:
         """End stale compression continuations that never made an API call."""
-        return self.conn.execute(_ORPHANED_COMPRESSION.on(self.conn), {"t": now(), "cut": now() - 7 * DAY}).rowcount
+        stamp = self.now()
+        return self.conn.execute(_ORPHANED_COMPRESSION.on(self.conn), {"t": stamp, "cut": stamp - 7 * DAY}).rowcount
 
     # ------------------------------------------------------------------ FTS
 

@@ -52,7 +52,7 @@ from ..codec import (
 )
 from ..review_turns import _strip_background_review_harness
 from ..models import Base
-from .base import ID_CHUNK, MESSAGES, SESSIONS, Clock, Repository, UnknownFieldError, missing_sessions, now
+from .base import ID_CHUNK, MESSAGES, SESSIONS, Clock, Repository, UnknownFieldError, missing_sessions
 from .lineage import BRANCH_MARKER, LineageRepository, _marker
 from .records import MessageRecord, MessageWindow, RewindResult
 from .turn_leases import guard_transcript_write, raise_if_closed_by_compression
@@ -102,9 +102,9 @@ def _text(value: Any, key: str) -> Any:
     return value
 
 
-def _timestamp(value: Any, clock: Clock | None = None) -> float:
+def _timestamp(value: Any, clock: Clock) -> float:
     if value is None:
-        return now() if clock is None else clock()
+        return clock()
     try:
         ts = float(value.timestamp() if callable(getattr(value, "timestamp", None)) else value)
     except (TypeError, ValueError, OverflowError, OSError) as exc:
@@ -177,7 +177,7 @@ def _encode(
 
 def encode_message(
     item: Any, known: Collection[str], *, index: int | None = None, keep_id: bool = False,
-    clock: Clock | None = None,
+    clock: Clock,
 ) -> dict[str, Any]:
     """A message dict (``session_id``, ``role``, columns...) → its row, via :func:`encode_row`.
 
@@ -284,8 +284,8 @@ def display_fields(display_kind: Any, display_metadata: Any) -> dict[str, Any]:
 
 
 def replacement_rows(
-    session_id: str, messages: Any, start: float | None = None, known: Collection[str] | None = None,
-    wall: Clock | None = None,
+    session_id: str, messages: Any, start: float | None = None, known: Collection[str] | None = None, *,
+    wall: Clock,
 ) -> tuple[list[dict[str, Any]], int]:
     """Rows of a whole new transcript (``replace_messages``, ``archive_and_compact``,
     and imports), with the total ``tool_call_count`` they add.
@@ -299,7 +299,7 @@ def replacement_rows(
     """
     if messages is None or isinstance(messages, (str, bytes, Mapping)):
         raise errors.InvalidInputError(f"messages must be a list of dicts, not {type(messages).__name__}")
-    clock = (now if wall is None else wall)() if start is None else float(start)
+    clock = wall() if start is None else float(start)
     rows: list[dict[str, Any]] = []
     calls = 0
     for index, m in enumerate(messages):

@@ -44,7 +44,7 @@ from sqlalchemy import (
 from ..dialects import Dialect
 from ..tenancy import qualified
 from ..models.tables import DOUBLE
-from .base import Repository, now, per_dialect, session_exists
+from .base import Repository, per_dialect, session_exists
 from .state_meta import stamp_meta
 
 #: The ``state_meta`` key Hermes stamps when the topic tables exist, and our version.
@@ -156,7 +156,7 @@ class TelegramTopicRepository(Repository):
         return bool(value)
 
     def _upsert_mode(self, chat_id: str, enabled: bool) -> None:
-        values = {"chat_id": chat_id, "enabled": 1 if enabled else 0, "updated_at": now()}
+        values = {"chat_id": chat_id, "enabled": 1 if enabled else 0, "updated_at": self.now()}
         self.conn.execute(_set_mode(self.conn), values)
 
     def set_topic_mode(self, chat_id: str, enabled: bool) -> int:
@@ -181,7 +181,7 @@ class TelegramTopicRepository(Repository):
             return 0
         self._upsert_mode(chat_id, True)  # mode row first: the lock order of every topic write
         have = self._columns(TOPIC_BINDINGS)
-        stamp = now()
+        stamp = self.now()
         values: dict[str, Any] = {"chat_id": chat_id, "thread_id": thread_id, "session_id": session_id,
                                   "title": title, "created_at": stamp, "updated_at": stamp, **(owner or {})}
         names = [n for n in values if n in have or n not in _OPTIONAL_BINDING_COLUMNS]
@@ -224,7 +224,7 @@ class TelegramTopicRepository(Repository):
             return 0
         values: dict[str, Any] = {}
         if "updated_at" in have:
-            values["updated_at"] = now()
+            values["updated_at"] = self.now()
         if title is not None and "title" in have:
             values["title"] = title
         if not values:  # a foreign table with neither column: report whether the topic is bound
@@ -249,6 +249,6 @@ class TelegramTopicRepository(Repository):
             ).first()
             if left is None:
                 self.conn.execute(
-                    update(TOPIC_MODE).where(TOPIC_MODE.c.chat_id == chat_id).values(enabled=0, updated_at=now())
+                    update(TOPIC_MODE).where(TOPIC_MODE.c.chat_id == chat_id).values(enabled=0, updated_at=self.now())
                 )
         return deleted
