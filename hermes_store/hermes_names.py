@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import migrations
-from .paths import VERSION_TABLE
-from .keys import FTS_CJK_STALE_KEY, MAX_FTS5_QUERY_CHARS
+from .keys import FTS_CJK_STALE_KEY, MAX_FTS5_QUERY_CHARS, VERSION_TABLE
 from .repositories.lineage import delegate_tree_sql
 from .review_turns import _is_background_review_harness_message, _strip_background_review_harness  # noqa: F401
 
@@ -229,7 +228,7 @@ _head_objects: list[tuple[str, str, str, str]] = []
 def _objects(path: Path) -> list[tuple[str, str, str, str]]:
     conn = sqlite3.connect(str(path))
     try:
-        return [tuple(r) for r in conn.execute(  # type: ignore[misc]
+        return [tuple(r) for r in conn.execute(
             "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid"
         )]
     finally:

@@ -39,7 +39,7 @@ from rich.text import Text
 from sqlalchemy import Connection, inspect
 
 from .. import adopt as adopt_mod, errors, migrations, paths
-from ..keys import COMPRESSION_END_REASON, DAY
+from ..keys import COMPRESSION_END_REASON, DAY, VERSION_TABLE
 from ..copying.endpoints import readonly_engine, store_file_named
 from ..dialects import backend_name, find_for, for_connection, for_dialect
 from ..engine import create_engine, default_db_path, schema_in_url, schema_of, to_url, with_schema
@@ -706,7 +706,7 @@ def revision_on(conn: Connection) -> tuple[str | None, str | None]:
     if revision is None:
         return None, None
     schema = schema_of(conn)
-    if inspect(conn).has_table(paths.VERSION_TABLE, schema=schema):
+    if inspect(conn).has_table(VERSION_TABLE, schema=schema):
         return revision, None
     found = paths.host_revision(conn, schema=schema)
     return revision, (found[0] if found is not None and found[1] == revision else None)

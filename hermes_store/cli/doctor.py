@@ -36,12 +36,12 @@ from sqlalchemy.pool import StaticPool
 
 from .. import __version__, journal, migrations, paths
 from ..copying.endpoints import SIDECARS, readonly_engine
+from ..dialects import cjk_bigram
 from ..engine import create_engine
 from ..keys import LAST_AUTO_PRUNE_KEY, TOOL_HIGH_WATER_KEY
 from ..repositories import MaintenanceRepository
 from ..repositories.fts_upkeep import CJK_REBUILD_HIGH_WATER, REBUILD_HIGH_WATER
 from ..repositories.health import HealthRepository
-from ..search import bigram, bigram_upkeep
 from ..state_files import collect_state_db_stats
 from ._common import (
     CliError,
@@ -157,7 +157,7 @@ def pending_upkeep(conn: Connection, stats: dict[str, Any] | None) -> dict[str, 
         last_prune_at = last_prune
     doc: dict[str, Any] = {
         "fts_rebuild_windows": windows,
-        "cjk_bigram_rows_behind": bigram_upkeep.pending(conn) if bigram.installed(conn) else None,
+        "cjk_bigram_rows_behind": cjk_bigram.pending(conn) if cjk_bigram.installed(conn) else None,
         "last_auto_prune": last_prune_at,
     }
     if stats is not None:

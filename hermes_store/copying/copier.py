@@ -13,14 +13,13 @@ from collections.abc import Callable
 from sqlalchemy import Connection, exists, func, insert, inspect, select, update
 from sqlalchemy import table as sa_table
 
-from ..dialects import Dialect
+from ..dialects import Dialect, cjk_bigram
 from ..dialects.fts5 import FTS_SHADOWS
 from ..repositories.base import ID_CHUNK, TableKey, per_dialect, table_key, table_of
 from ..repositories.maintenance import MaintenanceRepository
 from ..repositories.messages import MessageRepository
 from ..repositories.sessions import SessionRepository
 from ..repositories.state_meta import set_meta
-from ..search import bigram, bigram_upkeep
 from ..tenancy import schema_of_connection
 from ..titles import split_title_number
 from .plan import (AFTER_SESSIONS, BEFORE_SESSIONS, COPIED_TABLES, INDEX_CHUNK, MARKER_KEY, NEWER, NOT_COPIED,
@@ -381,7 +380,7 @@ class Copier(Verifier):
     def index(self) -> None:
         """Short-CJK index caught up in bounded transactions; full-text indexes checked."""
         repo = MaintenanceRepository(self.dst)
-        total = bigram_upkeep.pending(self.dst) if bigram.installed(self.dst) else 0
+        total = cjk_bigram.pending(self.dst) if cjk_bigram.installed(self.dst) else 0
         self.dst.commit()
         done = 0
         while total:

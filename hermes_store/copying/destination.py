@@ -20,6 +20,7 @@ from .. import adopt, errors, migrations, paths
 from ..dialects import for_connection
 from ..dialects.pg_tenants import try_transaction_lock
 from ..engine import create_engine
+from ..keys import VERSION_TABLE
 from ..locks import holding, try_flock
 from ..tenancy import schema_of_connection
 from .endpoints import Endpoint, readonly_engine, server_key
@@ -106,7 +107,7 @@ def _read_marker(value: Any) -> dict[str, Any] | None:
 def _dest_state(conn: Connection, label: str) -> DestState:
     schema = schema_of_connection(conn)  # a tenant's tables are looked up in its schema, by name
     names = set(inspect(conn).get_table_names(schema=schema))
-    ours = paths.VERSION_TABLE in names or paths.host_revision(conn, schema=schema) is not None
+    ours = VERSION_TABLE in names or paths.host_revision(conn, schema=schema) is not None
     if not ours:
         if "schema_version" in names:
             raise errors.AdoptionError(

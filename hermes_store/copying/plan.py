@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable
 
-from .. import errors, paths
+from .. import errors
 from ..adopt.work import FTS_BOOKKEEPING_KEYS
+from ..keys import BIGRAM_HIGH_WATER_KEY, BIGRAM_SETTLE_KEY, VERSION_TABLE
 from ..models import Base
-from ..search import bigram, bigram_upkeep
+from ..search import cjk_pairs as bigram
 
 #: Messages per destination transaction (and rows per page of the smaller tables).
 DEFAULT_BATCH = 1000
@@ -42,7 +43,7 @@ COPIED_TABLES = (*BEFORE_SESSIONS, *SESSION_TABLES, *AFTER_SESSIONS)
 #: Tables left out on purpose, with the reason a report gives.
 NOT_COPIED = {
     "schema_version": "written by the destination's own migrations",
-    paths.VERSION_TABLE: "written by the destination's own migrations",
+    VERSION_TABLE: "written by the destination's own migrations",
     "compression_locks": "short leases held by processes running against the source",
     "session_turn_leases": "short leases held by processes running against the source",
     "gateway_heartbeats": "liveness of the gateways serving the source",
@@ -50,9 +51,9 @@ NOT_COPIED = {
     bigram.DIRTY_TABLE: "a search index, rebuilt from the copied messages",
 }
 #: Not copied and not worth a line in a report: rewritten or rebuilt on the destination.
-SILENT = frozenset({"schema_version", paths.VERSION_TABLE, bigram.TABLE, bigram.DIRTY_TABLE})
+SILENT = frozenset({"schema_version", VERSION_TABLE, bigram.TABLE, bigram.DIRTY_TABLE})
 #: ``state_meta`` keys describing the source file itself (see the module docstring).
-PER_FILE_META_KEYS = frozenset({*FTS_BOOKKEEPING_KEYS, bigram.HIGH_WATER_KEY, bigram_upkeep.SETTLE_KEY,
+PER_FILE_META_KEYS = frozenset({*FTS_BOOKKEEPING_KEYS, BIGRAM_HIGH_WATER_KEY, BIGRAM_SETTLE_KEY,
                                 "last_auto_prune"})
 #: On a merge a generation counter only moves up (Hermes never lets one go back): per
 #: table, what a clash on the key updates, as ``(set_, where)`` of ``on_conflict_do_update``

@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 
 from .. import adopt, errors, migrations, paths
 from ..engine import create_engine
+from ..keys import VERSION_TABLE
 from .endpoints import Endpoint, readonly_engine
 from .plan import WORK_PREFIX, WORK_SPACE_FACTOR, CopyReport, Progress
 
@@ -110,7 +111,7 @@ def source_engine(src: Endpoint, work_dir: Path, progress: Progress, report: Cop
             yield engine
         return
     if found.already_adopted and found.revision is None:
-        raise errors.NotAHermesDatabaseError(f"{real} has an empty {paths.VERSION_TABLE} table; left unchanged")
+        raise errors.NotAHermesDatabaseError(f"{real} has an empty {VERSION_TABLE} table; left unchanged")
     if found.already_adopted and found.revision not in paths.our_revision_ids() | set(migrations.LEGACY_IDS):
         raise errors.SchemaTooNewError(
             f"{real} is at revision {found.revision!r}, which this hermes_store does not know; upgrade hermes_store"

@@ -1,14 +1,13 @@
-"""Old import path of the short-CJK index, kept only for modules that still use it.
+"""Old import path of the short-CJK index's pure half (:mod:`hermes_store.search.cjk_pairs`).
 
-The pure half is :mod:`hermes_store.search.cjk_pairs`, the database half
-:mod:`hermes_store.dialects.cjk_bigram`. This module re-exports both and goes once
-``cli/doctor.py``, ``copying/copier.py`` and ``copying/plan.py`` import from those: it is
-the one edge left from ``search`` up to ``dialects``.
+Kept only while ``repositories/maintenance.py`` reads ``bigram.TABLE`` from here; it goes
+once that module imports :mod:`.cjk_pairs`. The database half is
+:mod:`hermes_store.dialects.cjk_bigram`, which this package does not import (search sits
+below the dialects).
 """
 
 from __future__ import annotations
 
-from ..dialects.cjk_bigram import estimate_blocks, high_water, installed, missing_pairs
 from .cjk_pairs import (
     BLOCK,
     DIRTY_TABLE,
@@ -22,6 +21,6 @@ from .cjk_pairs import (
 )
 
 __all__ = [
-    "BLOCK", "DIRTY_TABLE", "HIGH_WATER_KEY", "TABLE", "bigrams", "candidate_blocks_sql", "estimate_blocks",
-    "high_water", "installed", "missing_pairs", "pair_counts_sql", "parse_high_water", "term_bigrams",
+    "BLOCK", "DIRTY_TABLE", "HIGH_WATER_KEY", "TABLE", "bigrams", "candidate_blocks_sql", "pair_counts_sql",
+    "parse_high_water", "term_bigrams",
 ]
