@@ -64,14 +64,16 @@ from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served b
     _delete_delegate_children,
     _enforce_macos_synchronous_full,
     _ephemeral_child_sql,
-    _is_background_review_harness_message,
     _scrub_surrogates,
-    _strip_background_review_harness,
     ddl_strings,
     fts5_cjk_so_path,
     is_malformed_db_error,
     load_fts5_cjk_extension,
     workspace_key,
+)
+from .review_turns import (  # noqa: F401 - Hermes' module-level names, served by the swap
+    _is_background_review_harness_message,
+    _strip_background_review_harness,
 )
 from .state_modules.common import *  # noqa: F403 - Hermes' module-level names, served by the swap
 from .state_modules.portability import SessionPortabilityMixin
@@ -122,7 +124,8 @@ from .sessiondb.leases import *  # noqa: F403 - Hermes' module-level names
 from .sessiondb.messages import *  # noqa: F403 - Hermes' module-level names
 from .sessiondb.orphans import *  # noqa: F403 - Hermes' module-level names
 from .sessiondb.async_wrapper import AsyncSessionDB  # noqa: F401 - Hermes' gateway wrapper
-from .sessiondb._host import TRANSCRIPT_BUDGET_S, WRITE_BUDGET_S
+# Exported by name (``as``): aio.sessiondb reads the write budget off this module at call time.
+from .sessiondb._host import TRANSCRIPT_BUDGET_S, WRITE_BUDGET_S as WRITE_BUDGET_S
 #: Jitter windows: short sleeps for the first EARLY_PHASE_S seconds, then longer ones.
 from .keys import EARLY_JITTER_S, EARLY_PHASE_S, LATE_JITTER_S
 
@@ -515,7 +518,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         return str(self.db_path) if self.db_path is not None else self.url.render_as_string(hide_password=True)
 
     @property
-    def engine(self):  # type: ignore[no-untyped-def]
+    def engine(self) -> Engine:
         return self._engine
 
     def _dispose_quietly(self) -> None:
@@ -574,12 +577,14 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         engine = self._open_engine()
         with self._lock:
             stack = self._idle[write]
-            conn = stack.pop() if stack else None
-        kept = not (conn is None or conn.closed or conn.invalidated)
-        if not kept:
+            idle = stack.pop() if stack else None
+        kept = not (idle is None or idle.closed or idle.invalidated)
+        if idle is None or not kept:
             # The pool pre-pings what it hands out; a kept connection skips that check.
             conn = engine.connect()
             conn.execution_options(**self._dialect.call_options(write))
+        else:
+            conn = idle
         try:
             yield conn, kept
         except BaseException:

@@ -96,20 +96,20 @@ def _classes() -> dict[str, type]:
     import psycopg
     from psycopg.types.string import StrDumperUnknown
 
-    class NulDumper(StrDumperUnknown):  # type: ignore[misc,valid-type]
+    class NulDumper(StrDumperUnknown):
         def dump(self, obj: str) -> Any:
             return super().dump(pg_encode_nul(obj))
 
-    class NulCursor(_Decoding, psycopg.Cursor):  # type: ignore[misc]
+    class NulCursor(_Decoding, psycopg.Cursor):
         pass
 
-    class NulServerCursor(_Decoding, psycopg.ServerCursor):  # type: ignore[misc]
+    class NulServerCursor(_Decoding, psycopg.ServerCursor):
         pass
 
-    class AsyncNulCursor(_AsyncDecoding, psycopg.AsyncCursor):  # type: ignore[misc]
+    class AsyncNulCursor(_AsyncDecoding, psycopg.AsyncCursor):
         pass
 
-    class AsyncNulServerCursor(_AsyncDecoding, psycopg.AsyncServerCursor):  # type: ignore[misc]
+    class AsyncNulServerCursor(_AsyncDecoding, psycopg.AsyncServerCursor):
         pass
 
     return {"dumper": NulDumper, "sync": NulCursor, "sync_server": NulServerCursor,

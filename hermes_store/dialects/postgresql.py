@@ -137,12 +137,12 @@ def _append_stmt(names: tuple[str, ...], budgeted: bool = False) -> Any:
     transaction) before it locks the session row: a materialized CTE the bump's WHERE
     tests, which the plan runs as a one-time filter ahead of the row scan.
     """
-    bump = _BUMP_OPEN
+    bump_open = _BUMP_OPEN
     if budgeted:
         setting = func.set_config(literal_column("'lock_timeout'"), cast(bindparam("lt"), Text), literal_column("true"))
         budget = select(setting.label("v")).cte("budget")
-        bump = _BUMP_OPEN.where(exists(select(budget.prefix_with("MATERIALIZED").c.v)))
-    bump = bump.returning(_SESSIONS.c.id).cte("bump")
+        bump_open = _BUMP_OPEN.where(exists(select(budget.prefix_with("MATERIALIZED").c.v)))
+    bump = bump_open.returning(_SESSIONS.c.id).cte("bump")
     values = [cast(bindparam(f"v_{n}"), _MESSAGES.c[n].type) for n in names]
     return (
         insert(_MESSAGES)
@@ -164,7 +164,9 @@ def _own_transaction(conn: Connection) -> bool:
     """Whether the next statement on ``conn`` is a transaction of its own (driver
     autocommit, nothing open at the server)."""
     driver = conn.connection.driver_connection
-    return bool(getattr(driver, "autocommit", False)) and driver.info.transaction_status == _IDLE
+    if driver is None or not getattr(driver, "autocommit", False):
+        return False
+    return bool(driver.info.transaction_status == _IDLE)
 
 
 def _refused_append(conn: Connection, session_id: Any) -> errors.HermesStoreError:
@@ -513,7 +515,7 @@ class PostgreSQLDialect:
         with engine.connect() as conn, conn.begin() as tx:
             schema = schema_of_connection(conn) or conn.exec_driver_sql("SELECT current_schema()").scalar()
             ours = sorted(tenant_table_names(conn, schema) & set(Base.metadata.tables)) if schema else []
-            if ours:
+            if schema and ours:
                 conn.exec_driver_sql(f"SET LOCAL lock_timeout = {max(1, ms)}")
                 listed = ", ".join(f"{quote_ident(schema)}.{quote_ident(t)}" for t in ours)
                 conn.exec_driver_sql(f"LOCK TABLE {listed} IN SHARE UPDATE EXCLUSIVE MODE")
@@ -538,7 +540,7 @@ class PostgreSQLDialect:
                      tables: Sequence[str]) -> list[tuple[str, str, str, int]] | None:
         """Our tables (with their TOAST and indexes) and each of their indexes."""
         rows = conn.execute(_SERVER_SIZES, {"schema": schema, "names": sorted(tables)}).fetchall()
-        return [tuple(r) for r in rows]  # type: ignore[misc]
+        return [tuple(r) for r in rows]
 
     def export_reader(self, conn: Connection) -> Callable[[str, str, str], list[dict[str, Any]]] | None:
         return None  # the repositories' reads: a round trip costs more than their setup

@@ -645,7 +645,7 @@ class SQLiteDialect:
         """Every b-tree of the file by the bytes of its pages (``dbstat``, compiled into
         most builds; None without it)."""
         try:
-            return [tuple(r) for r in conn.exec_driver_sql(_FILE_SIZES).fetchall()]  # type: ignore[misc]
+            return [tuple(r) for r in conn.exec_driver_sql(_FILE_SIZES).fetchall()]
         except OperationalError as exc:
             if "dbstat" in str(exc):
                 return None
@@ -655,6 +655,8 @@ class SQLiteDialect:
         """Straight from sqlite3's (or SQLAlchemy's aiosqlite adapter's) connection: per
         session, SQLAlchemy's result setup would cost more than the query itself."""
         raw = conn.connection.dbapi_connection
+        if raw is None:  # a connection already given back to the pool: the repositories' reads
+            return None
 
         def read(table: str, session_id: str, order_by: str) -> list[dict[str, Any]]:
             cursor = raw.execute(f"SELECT * FROM {table} WHERE session_id = ? ORDER BY {order_by}", (session_id,))
@@ -679,7 +681,8 @@ class SQLiteDialect:
 
         def interrupt() -> bool:
             with suppress(sqlite3.Error, AttributeError):  # already closed: nothing runs
-                raw.interrupt()
+                if raw is not None:
+                    raw.interrupt()
             return True
 
         return interrupt
@@ -707,8 +710,8 @@ class SQLiteDialect:
     def _autoincrement(conn: Connection, table: str) -> bool:
         """Whether ``table`` keeps a counter in sqlite_sequence (declared AUTOINCREMENT)."""
         sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :t"),
-                           {"t": table}).scalar()
-        return bool(sql) and "AUTOINCREMENT" in sql.upper()
+                           {"t": table}).scalar() or ""
+        return "AUTOINCREMENT" in sql.upper()
 
     # -------------------------------------------------------------- introspection
 
@@ -730,7 +733,7 @@ class SQLiteDialect:
         for name, _sql in rows:
             if name in shadows or name in virtual:
                 continue
-            count = run(f'SELECT count(*) FROM "{name}"').fetchone()[0]
+            count = run(f'SELECT count(*) FROM "{name}"').fetchall()[0][0]  # count(*): always one row
             plain.append((name, int(count)))
         return plain, virtual
 

@@ -127,7 +127,7 @@ def _all_of(items: list[str], words: Mapping[str, Sequence[str]]) -> str | None:
     if any(t is None for t in terms):
         return None
     kept = [t for t in terms if t]
-    return " & ".join(kept) if kept else None  # type: ignore[arg-type]
+    return " & ".join(kept) if kept else None
 
 
 def tsquery_text(match: str, words: Mapping[str, Sequence[str]]) -> str:
