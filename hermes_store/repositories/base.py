@@ -325,6 +325,7 @@ def driver_insert(conn: Connection, table_name: str, names: Sequence[str], *, sc
     found = per_dialect_.get(key)
     if found is None:
         model = Base.metadata.tables.get(table_name)
+        target: TableClause
         if schema is None and model is not None and all(n in model.c for n in names):
             target = model
         else:

@@ -55,7 +55,7 @@ def _take_lease(dialect: Dialect) -> Any:
 class CompressionRepository(Repository):
     # ------------------------------------------------------------- failure cooldown
 
-    def record_cooldown(self, session_id: str, cooldown_until: float, error: str | None) -> int:
+    def record_cooldown(self, session_id: str, cooldown_until: float | None, error: str | None) -> int:
         return self.conn.execute(
             update(SESSIONS).where(SESSIONS.c.id == session_id).values(
                 compression_failure_cooldown_until=cooldown_until, compression_failure_error=error,
@@ -80,7 +80,7 @@ class CompressionRepository(Repository):
         return {"cooldown_until": until, "remaining_seconds": until - current, "error": row[1]}
 
     def clear_cooldown(self, session_id: str) -> int:
-        return self.record_cooldown(session_id, None, None)  # type: ignore[arg-type]
+        return self.record_cooldown(session_id, None, None)
 
     # ------------------------------------------------------------- fallback streak
 

@@ -28,14 +28,15 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.sql import Select
 
 from ..dialects import Dialect
-from ..keys import COMPRESSION_END_REASON
+from ..keys import COMPRESSION_END_REASON, RESET_END_REASONS
 from ..models import Base
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, insert_or_skip, per_dialect
 from .housekeeping import HousekeepingRepository, activity_recency
 from .lineage import BRANCH_MARKER, DELEGATE_MARKER, marker_value
-from .sessions import RESET_END_REASONS, RESETTABLE_END_REASONS, SessionRepository
+from .sessions import RESETTABLE_END_REASONS, SessionRepository
 
 ROUTING = Base.metadata.tables["gateway_routing"]
 
@@ -186,13 +187,13 @@ class GatewayRepository(Repository):
     def pending_handoffs(self) -> list[dict[str, Any]]:
         """Session rows waiting for a handoff, oldest start first."""
         s = SESSIONS.alias("s")
-        stmt = (select(literal_column("s.*")).select_from(s).where(s.c.handoff_state == HANDOFF_PENDING)
+        stmt: Select[Any] = (select(literal_column("s.*")).select_from(s).where(s.c.handoff_state == HANDOFF_PENDING)
                 .order_by(s.c.started_at, s.c.id))
         return self._rows(stmt)
 
     # ------------------------------------------------------------------ lookups
 
-    def _rows(self, stmt: Any) -> list[dict[str, Any]]:
+    def _rows(self, stmt: Select[*tuple[Any, ...]]) -> list[dict[str, Any]]:
         """Session rows with the full system prompt, as get_session returns them."""
         rows = [dict(r) for r in self.conn.execute(stmt).mappings()]
         self._peer(SessionRepository).resolve_prompts(rows)
@@ -212,7 +213,7 @@ class GatewayRepository(Repository):
                         .where(newer.c.session_key == s.c.session_key).scalar_subquery())
         newest_message = select(func.max(MESSAGES.c.timestamp)).where(MESSAGES.c.session_id == s.c.id).scalar_subquery()
         last_active = func.coalesce(newest_message, s.c.started_at).label("last_active")
-        stmt = (
+        stmt: Select[Any, Any] = (
             select(literal_column("s.*"), last_active)
             .select_from(s)
             .where(s.c.session_key.is_not(None), s.c.started_at == newest_start)
@@ -277,7 +278,7 @@ class GatewayRepository(Repository):
                   not_reset_since(reset.c.session_key == session_key)]
         if user_id:
             by_key.append(or_(s.c.user_id.is_(None), s.c.user_id == "", s.c.user_id == user_id))
-        stmt = (select(literal_column("s.*")).select_from(s).where(and_(*by_key))
+        stmt: Select[Any] = (select(literal_column("s.*")).select_from(s).where(and_(*by_key))
                 .order_by(case((has_messages, 0), else_=1), func.coalesce(stamp, s.c.started_at).desc(),
                           s.c.started_at.desc(), s.c.id.desc()).limit(1))
         rows = self._rows(stmt)

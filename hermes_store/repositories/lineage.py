@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any
+from typing import Any, TypeAlias
 from collections.abc import Iterable, Sequence
 
 from sqlalchemy import (
@@ -56,7 +56,8 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.sql import ColumnElement, Select
-from sqlalchemy.sql.selectable import CTE
+from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.selectable import CTE, CompoundSelect
 
 from ..dialects.base import CLOSED_BY_COMPRESSION
 from ..keys import RESET_END_REASONS, RESET_MARKER  # Hermes' _RESET_END_REASONS (v26)
@@ -91,6 +92,9 @@ _UP = 1
 #: reuses its cache key, so SQLAlchemy's compiled cache hits without re-walking it.
 SID = bindparam("sid", type_=String)
 IDS = bindparam("ids", type_=String, expanding=True)
+#: A walk's node rows (``kind``, then :func:`_node_columns`): their number depends on
+#: ``messages``, so the row shape is spelled as "any columns".
+Nodes: TypeAlias = Select[*tuple[Any, ...]]
 
 
 # --------------------------------------------------------------------- plain parent links
@@ -124,7 +128,7 @@ def parent_chain(seed_id: Any = SID, *, name: str = "up", through_compression: b
     return up.union_all(step)
 
 
-def compression_lineage_ids(session_id: Any) -> Select:
+def compression_lineage_ids(session_id: Any) -> Select[Any]:
     """The ids of a session's compression lineage, as a SELECT (archiving and lineage-wide
     flags update this row set).
 
@@ -201,14 +205,14 @@ def delegate_tree_sql(parent_marks: str, delegate_of: Any) -> str:
 
 
 @functools.cache
-def _ancestors_stmt() -> Select:
+def _ancestors_stmt() -> Select[Any, Any]:
     up = parent_chain()
     depth = func.min(up.c.depth).label("d")
     return select(up.c.id, depth).group_by(up.c.id).order_by(depth.desc())
 
 
 @functools.cache
-def _descendants_stmt() -> Select:
+def _descendants_stmt() -> Select[Any]:
     seed = select(_S.c.id, _ZERO.label("depth")).where(_S.c.id == SID)
     down = seed.cte("down", recursive=True)
     step = (
@@ -229,7 +233,7 @@ def _descendants_stmt() -> Select:
 # --------------------------------------------------------------------- compression subgraphs
 
 
-def _forward(seed: Select, name: str = "fwd", *, skip_tool: bool = True) -> CTE:
+def _forward(seed: Select[Any, Any], name: str = "fwd", *, skip_tool: bool = True) -> CTE:
     """``fwd(id, end_reason)``: the seed rows, then every child of a member that ended
     'compression' (tool children left out unless ``skip_tool`` is False).
 
@@ -246,7 +250,7 @@ def _forward(seed: Select, name: str = "fwd", *, skip_tool: bool = True) -> CTE:
     return fwd.union(step)
 
 
-def _seed(ids: Select | Any = SID) -> Select:
+def _seed(ids: Select[Any] | BindParameter[Any] = SID) -> Select[Any, Any]:
     """The seed of a forward walk: ``:sid`` (default), the expanding ``IDS`` or a select of ids."""
     where = _S.c.id.in_(ids) if isinstance(ids, Select) or ids is IDS else _S.c.id == ids
     return select(_S.c.id, _S.c.end_reason).where(where)
@@ -314,19 +318,19 @@ def _node_columns(kind: int, t: Any = _S, *, messages: bool = False) -> list[Any
     return columns
 
 
-def _nodes(ids_select: Select, kind: int = 0, *, messages: bool = False) -> Select:
+def _nodes(ids_select: Select[Any] | CompoundSelect[Any], kind: int = 0, *, messages: bool = False) -> Nodes:
     return select(*_node_columns(kind, messages=messages)).where(_S.c.id.in_(ids_select))
 
 
 @functools.cache
-def _tip_stmt() -> Select:
+def _tip_stmt() -> Nodes:
     """The forward subgraph of ``:sid``."""
     fwd = _forward(_seed())
     return _nodes(select(fwd.c.id))
 
 
 @functools.cache
-def _resume_stmt() -> Select:
+def _resume_stmt() -> Nodes:
     """The forward subgraph of ``:sid``, plus what lies up to 32 levels below its members
     that did not end 'compression' (where the tip can be)."""
     fwd = _forward(_seed())
@@ -344,21 +348,21 @@ def _resume_stmt() -> Select:
 
 
 @functools.cache
-def _lineage_stmt() -> Select:
+def _lineage_stmt() -> Nodes:
     climb = _climb(skip_tool=False)
     fwd = _forward(_seed(select(climb.c.id)), skip_tool=False)
     return _nodes(select(fwd.c.id))
 
 
 @functools.cache
-def _tips_stmt() -> Select:
+def _tips_stmt() -> Nodes:
     climb = _climb(skip_tool=True)
     fwd = _forward(_seed(select(climb.c.id)))
     return _nodes(select(fwd.c.id))
 
 
 @functools.cache
-def _chain_stmt() -> Select:
+def _chain_stmt() -> CompoundSelect[*tuple[Any, ...]]:
     up = parent_chain()
     fwd = _forward(_seed())
     text_null, real_null, int_null = cast(null(), String), cast(null(), Float), cast(null(), Integer)
@@ -581,7 +585,8 @@ class Graph:
                 break
             row = parent
             seen.add(row[_ID])
-        return row[_ID]
+        root: str = row[_ID]
+        return root
 
 
 # --------------------------------------------------------------------- repository

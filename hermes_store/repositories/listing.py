@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import re
+import typing
 from typing import Any, NamedTuple
 from collections.abc import Iterable, Sequence
 
@@ -56,8 +57,8 @@ from sqlalchemy import (
     select,
     union_all,
 )
-from sqlalchemy.sql import ColumnElement, Select
-from sqlalchemy.sql.selectable import Alias
+from sqlalchemy.sql import ColumnElement, Executable, Select
+from sqlalchemy.sql.selectable import Alias, CompoundSelect
 
 from .. import errors
 from ..codec import clean_text, decode_content
@@ -256,7 +257,7 @@ def _lacks(t: Any, key: str) -> ColumnElement[bool]:
                t.c.id.in_(_EXCEPTIONS[key]))
 
 
-def _marker_scope() -> Select:
+def _marker_scope() -> Select[Any, Any]:
     """``(id, model_config)`` of the rows whose marker substring can change a listing.
 
     The substring tests come first, so the parent is looked up only for the rows that
@@ -391,7 +392,7 @@ def _reset_child(s: Any, p: Any, shape: Shape) -> list[ColumnElement[bool]]:
     return [marked, legacy]
 
 
-def _page(shape: Shape) -> Select:
+def _page(shape: Shape) -> Select[Any, Any, Any, Any]:
     """``(id, end_reason, k1, k2)`` of the page's rows; the order is (k1, k2, id), newest first."""
     s, p = _LISTED, _PARENT
     conds = _filters(s, p, shape)
@@ -438,7 +439,7 @@ def _ranked(s: Any, base: Any, conds: list[ColumnElement[bool]], shape: Shape) -
 
 
 @functools.cache
-def _listing_stmt(shape: Shape) -> Select:
+def _listing_stmt(shape: Shape) -> Select[*tuple[Any, ...]]:
     """One statement for a whole listing page (see the module docstring).
 
     Rows ``(kind, <the 9 node columns of lineage.Graph>, <full columns>)``: the page's
@@ -483,7 +484,7 @@ def _listing_stmt(shape: Shape) -> Select:
 
 
 @functools.cache
-def _count_stmt(shape: Shape) -> Select:
+def _count_stmt(shape: Shape) -> Select[Any, Any, Any, Any] | CompoundSelect[Any, Any, Any, Any]:
     """``(COUNTED, count, NULL, NULL)`` (``by_source``: ``(COUNTED, count, source, NULL)``
     per source) and, when children are excluded,
     ``(MARKED, NULL, id, model_config)`` per marker row to check: one statement."""
@@ -506,7 +507,7 @@ def _count_stmt(shape: Shape) -> Select:
 
 
 @functools.cache
-def _rows_stmt(cols: tuple[str, ...], activity: bool, prompts: bool, where: str) -> Select:
+def _rows_stmt(cols: tuple[str, ...], activity: bool, prompts: bool, where: str) -> Select[*tuple[Any, ...]]:
     """Full listing rows: of ``:ids`` (``where='ids'``) or of one cron job (``'cron'``)."""
     t = _ROW
     stmt = select(*_full_columns(t, cols, activity, prompts)).select_from(_with_prompts(t, t, prompts))
@@ -606,7 +607,8 @@ class ListingRepository(Repository):
             fields["archived"] = "none"
         return fields, params
 
-    def _run(self, stmt: Any, params: dict[str, Any], markers: bool, kind: int, mid: int, config: int) -> list[Any]:
+    def _run(self, stmt: Executable, params: dict[str, Any], markers: bool, kind: int, mid: int,
+             config: int) -> Sequence[Any]:
         """Run a statement that carries its marker rows; again, naming the exceptions, when
         any of those rows turns out not to carry its marker."""
         params.update(_exception_params())
@@ -722,13 +724,15 @@ class ListingRepository(Repository):
         if missing:  # a tip the statement did not expect (a corrupt cycle)
             tip_rows.update(self._rows_by_id(missing, compact))
         for row in page:
-            tip = tip_rows.get(tips.get(row["id"], ""))  # type: ignore[arg-type]
-            if tip is None:
+            tip_row = tip_rows.get(tips.get(row["id"], ""))
+            if tip_row is None:
                 continue
             root = row["id"]
+            # TIP_COLUMNS are SessionRecord keys named at run time: copied as a plain mapping.
+            shown, shown_tip = typing.cast(dict[str, Any], row), typing.cast(dict[str, Any], tip_row)
             for key in TIP_COLUMNS:
-                if key in tip:
-                    row[key] = tip[key]  # type: ignore[literal-required]
+                if key in shown_tip:
+                    shown[key] = shown_tip[key]
             row["_lineage_root_id"] = root
 
     # ------------------------------------------------------------------ counts and lookups

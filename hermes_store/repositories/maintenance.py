@@ -11,7 +11,7 @@ import json
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy import Engine, bindparam, select, update
 
@@ -63,6 +63,14 @@ _ORPHANED_COMPRESSION = SchemaSQL(
 KANBAN_RETAG_PREFIX = "kanban_worker_retag:"
 #: ``state_meta`` key prefix of a server's marker-purge backup (a file store backs up to a file).
 MARKER_BACKUP_PREFIX = "pre-clean-markers-backup-"
+
+
+def _usage_row(key: tuple[str, ...], values: Sequence[Any]) -> UsageRow:
+    """A report line from its key and the 9 sums after it (sessions, 6 token counts, 2
+    costs); NULL sums read as 0."""
+    sessions, calls, inputs, outputs, cache_read, cache_write, reasoning = (int(x or 0) for x in values[:7])
+    return UsageRow(key, sessions, calls, inputs, outputs, cache_read, cache_write, reasoning,
+                    float(values[7] or 0), float(values[8] or 0))
 
 
 def vacuum_into(engine: Engine, path: str) -> None:
@@ -265,7 +273,8 @@ class MaintenanceRepository(Repository):
         read back in (reads order by id), so it is all or nothing per session.
         """
         ids = [r.get("id") for r in rows]
-        keep = bool(ids) and all(i is not None for i in ids) and all(a < b for a, b in pairwise(ids))
+        given = [i for i in ids if i is not None]
+        keep = bool(ids) and len(given) == len(ids) and all(a < b for a, b in pairwise(given))
         for start in range(0, len(ids), 500):
             if not keep:
                 break
@@ -440,8 +449,7 @@ class MaintenanceRepository(Repository):
             {"src": source},
         ).fetchall()
         n = len(keys)
-        return [UsageRow(tuple(r[:n]), *(int(x or 0) for x in r[n:n + 7]), float(r[n + 7] or 0), float(r[n + 8] or 0))
-                for r in rows]
+        return [_usage_row(tuple(r[:n]), r[n:]) for r in rows]
 
     def _usage_from_sessions(self, source: str | None) -> list[UsageRow]:
         """Hermes' documented stats query: sessions, tokens and cost per model."""
@@ -455,7 +463,7 @@ class MaintenanceRepository(Repository):
             ),
             {"src": source},
         ).fetchall()
-        return [UsageRow((r[0],), *(int(x or 0) for x in r[1:8]), float(r[8] or 0), float(r[9] or 0)) for r in rows]
+        return [_usage_row((r[0],), r[1:]) for r in rows]
 
     def stats_by_model(self, source: str | None = None) -> list[UsageRow]:
         """Sessions, tokens and cost per model, from the session totals (Hermes' stats)."""

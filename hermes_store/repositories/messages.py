@@ -26,6 +26,7 @@ from typing import Any
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from sqlalchemy import bindparam, case, delete, func, literal, or_, select, update
+from sqlalchemy.sql import FromClause
 
 from .. import errors
 from ..errors import MessageNotFoundError, UnknownSessionError
@@ -52,7 +53,7 @@ from ..codec import (
 )
 from ..review_turns import _strip_background_review_harness
 from ..models import Base
-from .base import ID_CHUNK, MESSAGES, SESSIONS, Clock, Repository, UnknownFieldError, missing_sessions
+from .base import ID_CHUNK, MESSAGES, SESSIONS, Clock, Repository, UnknownFieldError, missing_sessions, wall_clock
 from .lineage import BRANCH_MARKER, LineageRepository, _marker
 from .records import MessageRecord, MessageWindow, RewindResult
 from .turn_leases import guard_transcript_write, raise_if_closed_by_compression
@@ -142,9 +143,10 @@ def encode_row(
 
 def _encode(
     session_id: Any, role: Any, content: Any, timestamp: Any,
-    fields: dict[str, Any], known: Collection[str] | None, index: int | None, clock: Clock | None = None,
+    fields: dict[str, Any], known: Collection[str] | None, index: int | None, clock: Clock = wall_clock,
 ) -> dict[str, Any]:
-    """:func:`encode_row` without repacking keyword arguments (the hot paths call this)."""
+    """:func:`encode_row` without repacking keyword arguments (the hot paths call this).
+    A None ``timestamp`` is stamped by ``clock`` (callers with a repository pass its own)."""
     try:
         check_key(session_id, "session id")
         check_key(role, "role")
@@ -676,6 +678,7 @@ class MessageRepository(Repository):
         where = [M.session_id == session_id]
         if after_id is not None:
             where.append(M.id > after)
+        source: FromClause
         if include_inactive:
             source = MESSAGES
         elif include_compacted:

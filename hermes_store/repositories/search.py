@@ -33,8 +33,8 @@ import re
 import sqlite3
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
-from collections.abc import Collection, Iterable, Sequence
+from typing import Any, cast
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql.elements import TextClause
@@ -317,7 +317,8 @@ class SearchRepository(Repository):
         sql, flat = self._substring_select(search.groups, search.filters + self._cjk_filter(search), search.params,
                                            search.window, flat=True, ascii_case=search.plan.kind == "substring",
                                            marks=search.marks)
-        return self.dialect.search.substring_page(sql, flat, time_order(search.sort), context=search.context)
+        page: str = self.dialect.search.substring_page(sql, flat, time_order(search.sort), context=search.context)
+        return page
 
     def _index_route(
         self, search: _Search,
@@ -383,18 +384,23 @@ class SearchRepository(Repository):
         route = self._index_setup(search)
         where = search.filters + route.exclude
         order = time_order(sort, routes.rank_order)
+        # ``Dialect.search`` is typed Any (the index routes live on each dialect's builders).
+        first: str
         if route.words is not None:
             near = bool(route.words.near)
             if route.runs is None:
-                return routes.word_page(search.by_source, where, order, near=near, context=search.context)
-            return routes.word_page_with_runs(route.runs, search.by_source, where, order,
-                                              ranked=sort not in ("newest", "oldest"), exact=False,
-                                              context=search.context)
-        if search.filters or sort is not None:
-            return routes.ranked(route.index, search.filters, route.exclude, order,
-                                 routes.run_rows(route.runs, search.filters, route.exclude),
-                                 by_time=sort in ("newest", "oldest"), context=search.context)
-        return routes.top(route.index)
+                first = routes.word_page(search.by_source, where, order, near=near, context=search.context)
+            else:
+                first = routes.word_page_with_runs(route.runs, search.by_source, where, order,
+                                                   ranked=sort not in ("newest", "oldest"), exact=False,
+                                                   context=search.context)
+        elif search.filters or sort is not None:
+            first = routes.ranked(route.index, search.filters, route.exclude, order,
+                                  routes.run_rows(route.runs, search.filters, route.exclude),
+                                  by_time=sort in ("newest", "oldest"), context=search.context)
+        else:
+            first = routes.top(route.index)
+        return first
 
     def _stale_seen(self) -> bool:
         """Whether ``state_meta`` says the FTS5 index is stale; a fresh answer is kept per
@@ -731,7 +737,10 @@ def hit_fields(fields: Collection[str] | None) -> tuple[str, ...] | None:
 def _project(hits: list[SearchHit], wanted: tuple[str, ...] | None) -> list[SearchHit]:
     if wanted is None:
         return hits
-    return [{k: h[k] for k in wanted if k in h} for h in hits]  # type: ignore[misc]
+    # A projection keeps the fields asked for, in ``wanted``'s order: typed as the record
+    # it is cut from (the caller named the keys it will read), not as every key present.
+    rows: list[Mapping[str, object]] = list(hits)
+    return [cast(SearchHit, {k: h[k] for k in wanted if k in h}) for h in rows]
 
 
 def _is_stale(value: Any) -> bool:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, cast
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from sqlalchemy import String, and_, bindparam, case, func, literal, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from .. import errors
-from ..keys import COMPRESSION_END_REASON
+from ..keys import COMPRESSION_END_REASON, RESET_END_REASONS, RESET_MARKER
 from ..codec import check_key, clean_text, text_from_bytes
 from ..dialects import Dialect
 from ..models import Base
@@ -28,7 +28,7 @@ from .base import (
     table_key,
     table_of,
 )
-from .lineage import RESET_END_REASONS, RESET_MARKER, compression_ancestors, compression_lineage_ids
+from .lineage import compression_ancestors, compression_lineage_ids
 from .records import SessionRecord
 
 _PROMPTS = SchemaSQL("SELECT hash, prompt FROM {system_prompts} WHERE hash IN :hashes",
@@ -251,10 +251,11 @@ class SessionRepository(Repository):
             if text is not None:
                 row["system_prompt"] = text
 
-    def _resolved(self, row: dict[str, Any] | None) -> Any:
+    def _resolved(self, row: dict[str, Any] | None) -> SessionRecord | None:
+        """A ``SELECT *`` row of sessions, prompt resolved: a :class:`SessionRecord`."""
         if row is not None:
             self.resolve_prompts([row])
-        return row
+        return cast("SessionRecord | None", row)
 
     def ensure(self, session_id: str, source: str = "unknown", model: str | None = None, **fields: Any) -> str:
         return self.create(session_id, source, model=model, **fields)
@@ -663,7 +664,8 @@ class SessionRepository(Repository):
             raise errors.TitleConflictError(f"Title '{clean}' is already in use") from exc
 
     def get_title_source(self, session_id: str) -> str | None:
-        return self._scalar("SELECT title_source FROM {sessions} WHERE id = :id", {"id": session_id})
+        source: str | None = self._scalar("SELECT title_source FROM {sessions} WHERE id = :id", {"id": session_id})
+        return source
 
     def set_title_source(self, session_id: str, source: str) -> bool:
         """Re-label who set the title of a titled row; False for an untitled or unknown one."""
@@ -680,7 +682,8 @@ class SessionRepository(Repository):
         return found is not None
 
     def get_title(self, session_id: str) -> str | None:
-        return self._scalar("SELECT title FROM {sessions} WHERE id = :id", {"id": session_id})
+        title: str | None = self._scalar("SELECT title FROM {sessions} WHERE id = :id", {"id": session_id})
+        return title
 
     def get_by_title(self, title: str) -> SessionRecord | None:
         return self._resolved(self._one("SELECT * FROM {sessions} WHERE title = :t", {"t": title}))

@@ -38,7 +38,7 @@ _SID = bindparam("sid", type_=String)
 
 
 @functools.cache
-def _lease_key_stmt() -> Select:
+def _lease_key_stmt() -> Select[Any]:
     """The farthest ancestor reached through parents that ended 'compression' (the
     session itself when its parent did not, or when it is unknown)."""
     up = parent_chain(_SID, name="lease_up", through_compression=True)
@@ -46,7 +46,7 @@ def _lease_key_stmt() -> Select:
 
 
 @functools.cache
-def _lease_row_stmt() -> Select:
+def _lease_row_stmt() -> Select[Any, Any]:
     return (
         select(LEASES.c.holder, LEASES.c.expires_at)
         .where(LEASES.c.conversation_id == bindparam("key", type_=String))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from collections.abc import Mapping
 
 from sqlalchemy import and_, case, func, literal, or_, select, update
 
@@ -163,7 +164,7 @@ class UsageRepository(Repository):
         self.conn.execute(update(SESSIONS).where(s.id == session_id).values(values))
         if absolute or not (any(counts.values()) or estimated_cost_usd):
             return
-        stored = self.conn.execute(
+        stored: Mapping[Any, Any] = self.conn.execute(
             select(s.model, s.billing_provider, s.billing_base_url, s.billing_mode).where(s.id == session_id)
         ).mappings().first() or {}
         key_model = model if model is not None else (stored.get("model") or "unknown")
