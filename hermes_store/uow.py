@@ -27,7 +27,7 @@ from .repositories.transcripts import remove_committed_files
 from .repositories import UNIT_OF_WORK, Repositories
 
 
-def _in_schema(engine: Engine, schema: str | None) -> Engine:
+def _in_schema(engine: Engine, schema: str) -> Engine:
     """``engine`` working in tenant ``schema``: the same pool, Core statements naming the
     schema (``schema_translate_map``). One per engine and schema, kept on the engine, so
     what repositories cache per engine (table columns) is never shared between tenants."""
@@ -56,9 +56,9 @@ class UnitOfWork(Repositories):
         self.schema = tenant_of(engine, schema)
         # An engine bound to the tenant names it in every statement already; any other
         # engine is given the tenant's execution options (never a connection setting).
-        self._per_transaction = self.schema is not None and schema_of(engine) is None
+        tenant = self.schema if schema_of(engine) is None else None
         self.engine = engine
-        self._source = _in_schema(engine, self.schema) if self._per_transaction else engine
+        self._source = engine if tenant is None else _in_schema(engine, tenant)
         self.write = write
         self.clock = clock
         self.conn: Connection | None = None

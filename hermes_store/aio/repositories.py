@@ -32,6 +32,8 @@ class AsyncRepository:
     """Base of the async repositories (see the module docstring)."""
 
     sync_class: ClassVar[type]
+    #: Set by :meth:`bound_to` (a face on a unit of work's connection), read only then.
+    _interrupt: Callable[[], bool]
 
     def __init__(self, executor: AsyncSession | AsyncConnection) -> None:
         refuse_sync(executor, type(self).__name__)

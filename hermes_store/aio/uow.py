@@ -61,8 +61,11 @@ class AsyncUnitOfWork:
         self._uow = UnitOfWork(engine.sync_engine, write=write, schema=schema, clock=clock)
         self.engine = engine
         self.schema = self._uow.schema
-        database = engine.url.database
-        serial = write and for_connection(engine.sync_engine).is_file and database not in (None, "", ":memory:")
+        # A writer waits its turn in this loop where the database takes one writer at a
+        # time and is a file of this machine (the queue is per file).
+        dialect = for_connection(engine.sync_engine)
+        database = dialect.database_path(engine.url)
+        serial = write and dialect.one_writer_at_a_time and database is not None
         self._queue_key = database if serial else None
         self._queue: TaskQueue | None = None
         self._owner: asyncio.Task[object] | None = None

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from .. import errors, migrations
 from ..dialects import for_connection
 from ..dialects.fts5 import FtsObject, fts_objects_of
-from ..repositories.base import driver_errors
+from ..dialects.sqlite import driver_errors
 from ..repositories.fts_upkeep import FtsUpkeepRepository
 from . import steps as steps_module
 from .steps import Steps
@@ -138,6 +138,11 @@ def vacuum(steps: Steps, *, optimize: Callable[[], int] | None = None) -> int:
     return optimized
 
 
+def _teardown_chunk(rows: int) -> Callable[[Connection], tuple[int, bool]]:
+    """One teardown step of ``rows`` rows, bound now (the loop's chunk size may change)."""
+    return lambda conn: FtsUpkeepRepository(conn).teardown_chunk(rows)
+
+
 def _pause(steps: Steps, started: float, pacing: Pacing) -> None:
     """Sleep between chunks: ``max(min pause, duty factor × the chunk's own time)``."""
     spent = max(steps.monotonic() - started, 0.0)
@@ -155,8 +160,7 @@ def teardown_trash(steps: Steps, report: Callable[[str, int, int, int], None],
         started = steps.monotonic()
         chunk = pacing.chunk_rows
         try:
-            deleted, more = steps.write(lambda c, rows=chunk: FtsUpkeepRepository(c).teardown_chunk(rows),
-                                        budget=pacing.step_budget)
+            deleted, more = steps.write(_teardown_chunk(chunk), budget=pacing.step_budget)
         except errors.DatabaseLockedError:
             _pause(steps, started, pacing)
             continue

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from sqlalchemy import Connection, Engine
 
 from .. import errors
-from ..keys import LAST_AUTO_ARCHIVE_KEY, LAST_AUTO_PRUNE_KEY, LAST_VACUUM_KEY
+from ..keys import DAY, LAST_AUTO_ARCHIVE_KEY, LAST_AUTO_PRUNE_KEY, LAST_VACUUM_KEY
 from ..dialects import for_connection
 from ..engine import translate_driver_error
 from ..repositories import MaintenanceRepository
-from ..repositories.base import driver_errors
-from ..repositories.housekeeping import DAY, HousekeepingRepository
+from ..dialects.sqlite import driver_errors
+from ..repositories.housekeeping import HousekeepingRepository
 from ..repositories.maintenance import MARKER_BACKUP_PREFIX, vacuum_into
 from .steps import Steps
 
@@ -177,9 +177,11 @@ def purge_stale_tool_call_markers(steps: Steps, *, dry_run: bool = False, backup
     key = None
     if backup:
         engine = steps.engine
-        database = engine.url.database
-        if for_connection(engine).is_file and database and database != ":memory:":
-            path = f"{database}.pre-clean-markers-backup-{stamp}"
+        # A database that is a file here is backed up beside it; a server's (or an
+        # in-memory one's) markers are kept in state_meta.
+        database = for_connection(engine).database_path(engine.url)
+        if database is not None:
+            path = f"{database}.{MARKER_BACKUP_PREFIX}{stamp}"
             steps.outside(lambda e: vacuum_into(e, path))
             result["backup_path"] = path
         else:

@@ -122,8 +122,8 @@ class UnitOfWorkSteps:
         self.engine = engine
         self.schema = probe.schema
         # Outside a transaction (VACUUM) the tenant is the engine's connections' own.
-        bound = self.schema is None or schema_of(engine) is not None
-        self._outside = engine if bound else _in_schema(engine, self.schema)
+        tenant = self.schema if schema_of(engine) is None else None
+        self._outside = engine if tenant is None else _in_schema(engine, tenant)
         self.sleep: Callable[[float], None] = sleep if sleep is not None else time.sleep
         self.monotonic: Callable[[], float] = monotonic if monotonic is not None else time.monotonic
         self.now: Callable[[], float] = now if now is not None else time.time
