@@ -36,16 +36,20 @@ import re
 import warnings
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from alembic import command
+from alembic.runtime.environment import IncludeNameFn, NameFilterParentNames, NameFilterType
 from sqlalchemy import Column, Connection, event
 from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.exc import ResourceClosedError
 
 from . import errors, migrations, paths
-from .dialects import for_connection, postgresql
+from .dialects import for_connection
 from .dialects.fts5 import FTS_SHADOWS, HERMES_FTS_TABLES
-from .keys import VERSION_TABLE
+# PostgreSQL's search machinery (hs0002's raw SQL, in no model), which autogenerate must
+# neither drop nor add; named in keys.py so this module loads no PostgreSQL dialect.
+from .keys import PG_SEARCH_COLUMNS, PG_SEARCH_INDEXES, VERSION_TABLE
 from .models import metadata
 
 SHADOW_SUFFIXES = FTS_SHADOWS  # the dialect's list, named here for hosts' env.py files
@@ -60,14 +64,6 @@ FTS_NAMES = frozenset(
 
 _CREATE_TMP = re.compile(r"^\s*CREATE TABLE\s+[\"`]?_alembic_tmp_(\w+)", re.I)
 _RENAME_TMP = re.compile(r"^\s*ALTER TABLE\s+[\"`]?_alembic_tmp_(\w+)[\"`]?\s+RENAME TO", re.I)
-
-
-#: PostgreSQL search machinery made by raw SQL in ``hs0002`` and not in the models
-#: (like FTS5 tables on SQLite): the stored generated ``tsvector`` column of messages,
-#: its GIN index and the ``pg_trgm`` GIN index. Autogenerate must neither drop nor add
-#: them. Named by the PostgreSQL dialect, which searches with them.
-PG_SEARCH_COLUMNS = postgresql.SEARCH_COLUMNS
-PG_SEARCH_INDEXES = postgresql.SEARCH_INDEXES
 
 
 def sqlite_history_only(bind: Any) -> bool:
@@ -136,12 +132,10 @@ def caught_failure_contained(conn: Connection) -> AbstractContextManager[Any]:
     return for_connection(conn).isolate_failure(conn)
 
 
-def make_include_name(
-    ignored: set[str], version_table: str
-) -> Callable[[str | None, str, dict[str, Any]], bool]:
+def make_include_name(ignored: set[str], version_table: str) -> IncludeNameFn:
     """``include_name`` hook: reflect only plain tables that are not FTS machinery."""
 
-    def include_name(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
+    def include_name(name: str | None, type_: NameFilterType, parent_names: NameFilterParentNames) -> bool:
         if type_ == "table":
             return name not in ignored and name != version_table and name not in OPT_IN_TABLES
         return not _is_pg_search(name, type_, parent_names)
@@ -149,7 +143,7 @@ def make_include_name(
     return include_name
 
 
-def _is_pg_search(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
+def _is_pg_search(name: str | None, type_: str, parent_names: Mapping[Any, str | None]) -> bool:
     """One of hs0002's PostgreSQL search objects (never in the models)."""
     if type_ == "column":
         return (parent_names.get("table_name"), name) in PG_SEARCH_COLUMNS
@@ -517,6 +511,8 @@ def _raw_query(c: Connection) -> Callable[..., list[Any]]:
     dbapi_conn = c.connection.dbapi_connection
 
     def q(sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        if dbapi_conn is None:  # SQLAlchemy's "closed or invalidated": no cursor to run on
+            raise ResourceClosedError("the connection is closed or invalidated")
         cur = dbapi_conn.cursor()
         try:
             cur.execute(sql, params)

@@ -96,7 +96,10 @@ def make_config(
 
 def head() -> str:
     """The newest revision id shipped with this copy of hermes_store."""
-    return ScriptDirectory.from_config(make_config()).get_current_head()
+    current = ScriptDirectory.from_config(make_config()).get_current_head()
+    if current is None:  # Alembic's None: a script directory without revisions
+        raise RuntimeError("hermes_store ships no Alembic revisions (broken install)")
+    return current
 
 
 @lru_cache(maxsize=1)
@@ -292,7 +295,7 @@ def as_path(target: str | os.PathLike[str]) -> Path:
     s = os.fspath(target)
     if "://" in s:
         url = to_url(s)
-        if not _is_file_url(url):
+        if url.database is None or not _is_file_url(url):
             raise errors.AdoptionError(f"adoption needs a SQLite file, got {url.render_as_string()}")
         s = url.database
     return Path(s).expanduser()

@@ -314,7 +314,7 @@ def swap_in(p: Path, work: Path, sealed: sqlite3.Connection, *, backup: bool) ->
     """
     folder = p.parent
     bak = free_backup_path(p) if backup else None
-    plan = {
+    plan: dict[str, Any] = {
         "db": p.name,
         "work": work.name,
         "work_ino": os.stat(work).st_ino,

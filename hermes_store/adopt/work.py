@@ -86,7 +86,10 @@ def _fresh(revision: str, version_table: str) -> Fresh:
                         )
                     }
                     fks = {
-                        name: [(r[3], r[2], r[4], r[5], r[6]) for r in conn.execute(f"PRAGMA foreign_key_list({_q(name)})")]
+                        name: [
+                            (r[3], r[2], r[4], r[5], r[6])
+                            for r in conn.execute(f"PRAGMA foreign_key_list({_q(name)})")
+                        ]
                         for name, (type_, _t, _s) in objects.items()
                         if type_ == "table"
                     }
@@ -142,7 +145,9 @@ def _open_rw(p: Path) -> sqlite3.Connection:
 def _fts_tables(conn: sqlite3.Connection) -> list[tuple[str, str, str | None]]:
     """(name, sql, external content table or None for inline) of every FTS5 table."""
     out = []
-    for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE%'"):
+    for name, sql in conn.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE%'"
+    ):
         if not re.search(r"using\s+fts5", sql, re.I):
             continue
         m = re.search(r"\bcontent\s*=\s*(?:'([^']*)'|\"([^\"]*)\"|([^\s,)]+))", sql, re.I)
@@ -161,7 +166,8 @@ def _rebuild_fts(conn: sqlite3.Connection) -> list[str]:
     done = []
     tables = _table_names(conn)
     bounded = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND sql LIKE ?)", (f"%{TOOL_HIGH_WATER_KEY}%",)
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND sql LIKE ?)",
+        (f"%{TOOL_HIGH_WATER_KEY}%",),
     ).fetchone()[0]
     if bounded and "state_meta" in tables:
         # v28–early-v30 triggers index a tool row truncated only above the mark; the
@@ -437,7 +443,8 @@ def _canonical_ledger_fk(conn: sqlite3.Connection) -> None:
     indexes = [
         r[0]
         for r in conn.execute(
-            "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'session_model_usage' AND sql IS NOT NULL"
+            "SELECT sql FROM sqlite_master"
+            " WHERE type = 'index' AND tbl_name = 'session_model_usage' AND sql IS NOT NULL"
         )
     ]
     cols = ", ".join(_q(r[1]) for r in conn.execute('PRAGMA table_info("session_model_usage")'))
@@ -599,12 +606,14 @@ def _reset_fts(conn: sqlite3.Connection, fresh: Fresh) -> None:
         if name in names:
             conn.execute(f"DROP {type_.upper()} {_q(name)}")
     wanted = [(t, sql) for name, (t, _tbl, sql) in fresh.objects.items() if name in names]
-    for type_, sql in sorted(wanted, key=lambda r: -rank[r[0]]):
+    for _type, sql in sorted(wanted, key=lambda r: -rank[r[0]]):
         conn.execute(sql)
     _rebuild_fts(conn)
 
 
-def _add_foreign_keys(conn: sqlite3.Connection, table: str, wanted: list[tuple[str, str, str | None, str, str]]) -> None:
+def _add_foreign_keys(
+    conn: sqlite3.Connection, table: str, wanted: list[tuple[str, str, str | None, str, str]]
+) -> None:
     """Declare the foreign keys of ``wanted`` that ``table`` lacks, as table constraints.
 
     Hermes' reconciler adds v25's ``system_prompt_hash`` with ``ADD COLUMN`` and no
@@ -646,7 +655,9 @@ def _rebuild_as_declared(conn: sqlite3.Connection, table: str, fresh: Fresh, lea
             continue
         if name not in wanted:
             extra.append(" ".join(
-                [_q(name), type_ or ""] + (["NOT NULL"] if notnull else []) + ([f"DEFAULT {dflt}"] if dflt is not None else [])
+                [_q(name), type_ or ""]
+                + (["NOT NULL"] if notnull else [])
+                + ([f"DEFAULT {dflt}"] if dflt is not None else [])
             ))
             continue
         m = _SPEC.match(wanted[name])
@@ -664,7 +675,8 @@ def _same_values(conn: sqlite3.Connection, old: str, new: str, cols: list[str], 
 
     for a, b, filled in ((old, new, True), (new, old, False)):
         other = pick(not filled)
-        if conn.execute(f"SELECT EXISTS (SELECT {pick(filled)} FROM {_q(a)} EXCEPT SELECT {other} FROM {_q(b)})").fetchone()[0]:
+        differs = f"SELECT EXISTS (SELECT {pick(filled)} FROM {_q(a)} EXCEPT SELECT {other} FROM {_q(b)})"
+        if conn.execute(differs).fetchone()[0]:
             return False
     return True
 
@@ -702,7 +714,8 @@ def _rebuild_table(
     keep_rowid = "" if without_rowid or alias else "rowid, "
     mention = re.compile(rf"(^|{_NOT_NAME}){re.escape(table)}($|{_NOT_NAME})", re.I)
     indexes = [r[0] for r in conn.execute(
-        "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL ORDER BY rowid", (table,)
+        "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL ORDER BY rowid",
+        (table,),
     )]
     triggers = [
         (name, tbl, sql)

@@ -22,19 +22,23 @@ this store, so budgets, retries, upkeep hooks and Hermes' semantics stay the sto
 from __future__ import annotations
 
 import time as _time
-from typing import Optional, TYPE_CHECKING, Any, Callable, TypeVar
+from collections.abc import Mapping
+from typing import Optional, TYPE_CHECKING, Any, Callable, TypeVar, cast, overload
 
 from ..engine import schema_of
 from ..operations.steps import LONG_BUDGET_S, WRITE_BUDGET_S
 from ..patch_points import facade_value
 
 T = TypeVar("T")
+R = TypeVar("R", bound=Mapping[str, Any])
 
 #: Retry budget for ordinary writes and for transcript writes (seconds): the
 #: operations layer's, so a workflow's steps and the store's own writes agree.
 TRANSCRIPT_BUDGET_S = LONG_BUDGET_S
 
-__all__ = ["TRANSCRIPT_BUDGET_S", "WRITE_BUDGET_S", "Host", "HostSteps", "transcript_budget"]
+__all__ = [
+    "TRANSCRIPT_BUDGET_S", "WRITE_BUDGET_S", "Host", "HostSteps", "as_dict", "as_dicts", "transcript_budget",
+]
 
 
 def transcript_budget() -> float:
@@ -45,6 +49,25 @@ def transcript_budget() -> float:
                float(facade_value("_TRANSCRIPT_WRITE_PATIENCE_S", TRANSCRIPT_BUDGET_S)))
 
 
+@overload
+def as_dict(record: None) -> None: ...
+@overload
+def as_dict(record: Mapping[str, Any]) -> dict[str, Any]: ...
+@overload
+def as_dict(record: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
+def as_dict(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A repository record (a TypedDict) as Hermes' signature names it, ``Dict[str, Any]``.
+
+    A TypedDict is a plain dict at run time, but mypy keeps it apart from
+    ``dict[str, Any]`` (its keys are fixed); this says so in one place, with no copy."""
+    return cast("dict[str, Any] | None", record)
+
+
+def as_dicts(records: list[R]) -> list[dict[str, Any]]:
+    """A list of repository records as Hermes' ``List[Dict[str, Any]]`` (see :func:`as_dict`)."""
+    return cast("list[dict[str, Any]]", records)
+
+
 def _clock() -> Any:
     """The ``time`` module the facade names now (``hermes_state.time`` after the swap):
     code that patches it to skip waits skips the workflows' pauses too."""
@@ -52,6 +75,9 @@ def _clock() -> Any:
 
 
 if TYPE_CHECKING:
+    import sqlite3
+    import threading
+
     from sqlalchemy import Connection, Engine
 
     from ..dialects import Dialect
@@ -60,6 +86,15 @@ if TYPE_CHECKING:
         read_only: bool
         _engine: Engine
         _dialect: Dialect
+        _lock: threading.RLock
+        _open_args: tuple[Any, ...]
+
+        @property
+        def _conn(self) -> sqlite3.Connection: ...
+        def _open(self, db_path: Any, read_only: bool, url: Any, engine: Any, schema: Optional[str] = None) -> None: ...
+        def close(self) -> None: ...
+        def _insert_message_rows(self, conn: Connection, session_id: str, messages: list[dict[str, Any]]
+                                 ) -> tuple[int, int]: ...
 
         def _read(self, fn: Callable[[Connection], T]) -> T: ...
         def _write(self, fn: Callable[[Connection], T], *, budget: float | None = ..., _maintenance: bool = ...,

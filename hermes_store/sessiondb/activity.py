@@ -1,4 +1,5 @@
-"""Session activity stamps, lineage-wide flags (pinned, hidden, read), model config and git metadata (Hermes v24-v26)."""
+"""Session activity stamps, lineage-wide flags (pinned, hidden, read), model config and git
+metadata (Hermes v24-v26)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any, Dict, List, Optional, Union
 from ..codec import clean_text
 from ..errors import InvalidInputError
 from ..repositories import SessionRepository
-from ..repositories.sessions import ACTIVITY_DESCRIPTION_CHARS, RESET_END_REASONS, config_dict
+from ..keys import RESET_END_REASONS
+from ..repositories.sessions import ACTIVITY_DESCRIPTION_CHARS, config_dict
 from ..titles import TITLE_SOURCE_DERIVED, TITLE_SOURCE_LLM, TITLE_SOURCE_USER
 from ._host import Host
 from ..patch_points import facade_value

@@ -37,7 +37,7 @@ from ..operations import imports as import_ops
 from ..operations import prune as prune_ops
 from ..operations import search_index as search_ops
 from ..repositories import MaintenanceRepository
-from ..repositories.base import driver_errors
+from ..dialects.sqlite import driver_errors
 from ..repositories.fts_upkeep import FtsUpkeepRepository, set_meta_on_cursor
 from ._host import Host, HostSteps, transcript_budget
 
@@ -425,12 +425,12 @@ class FtsMixin(Host):
         """
         if not self._is_fts_corruption_error(exc):
             return False
-        with self._lock:  # type: ignore[attr-defined]
+        with self._lock:
             if self.__dict__.get("_fts_corruption_rebuilt"):
                 return False
             self.__dict__["_fts_corruption_rebuilt"] = True
         log.warning("%s: damaged search index (%s); rebuilding it and retrying the write once",
-                    self._label(), exc)  # type: ignore[attr-defined]
+                    self._label(), exc)
         try:
             rebuilt = self.rebuild_fts()
         except Exception as again:

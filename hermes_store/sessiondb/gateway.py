@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, overload
 
 from .. import errors
 from ..codec import check_key, clean_text
@@ -35,6 +35,12 @@ from ..repositories.telegram import TelegramTopicRepository
 from ._host import Host
 
 
+@overload
+def _key(value: None, what: str) -> None: ...
+@overload
+def _key(value: str | int, what: str) -> str: ...
+@overload
+def _key(value: Any, what: str) -> Optional[str]: ...
 def _key(value: Any, what: str) -> Optional[str]:
     """An id or key as stored text: str as given, an integer as ``str()``, None as None."""
     if value is None:
@@ -46,6 +52,12 @@ def _key(value: Any, what: str) -> Optional[str]:
     raise errors.InvalidInputError(f"{what} must be str or int, not {type(value).__name__} {value!r}")
 
 
+@overload
+def _text(value: None, what: str) -> None: ...
+@overload
+def _text(value: str, what: str) -> str: ...
+@overload
+def _text(value: Any, what: str) -> Optional[str]: ...
 def _text(value: Any, what: str) -> Optional[str]:
     """Free text (display name, origin JSON, entry JSON, topic title): lone surrogates
     become U+FFFD so the row is kept; non-text is refused."""
@@ -125,7 +137,7 @@ class GatewayMixin(Host):
         key = _key(session_key, "session_key")
         entry = _text(entry_json, "entry_json")
         where = _scope(scope)
-        self._write(lambda c: GatewayRepository(c).save_routing_entry(where, key, entry))  # type: ignore[arg-type]
+        self._write(lambda c: GatewayRepository(c).save_routing_entry(where, key, entry))
 
     def replace_gateway_routing_entries(self, entries: Dict[str, str], *, scope: str = "") -> None:
         """Make ``entries`` the whole of ``scope`` in one transaction (falsy keys or
@@ -136,7 +148,7 @@ class GatewayMixin(Host):
         pairs: dict[str, str] = {}
         for k, v in entries.items():
             if k and v:
-                pairs[_key(k, "session_key")] = _text(v, "entry_json")  # type: ignore[index,assignment]
+                pairs[_key(k, "session_key")] = _text(v, "entry_json")
         items = list(pairs.items())
         self._write(lambda c: GatewayRepository(c).replace_routing_entries(where, items))
 
@@ -163,7 +175,7 @@ class GatewayMixin(Host):
         if not session_id or not platform:
             return False
         sid, where = _key(session_id, "session id"), _text(platform, "platform")
-        return self._write(lambda c: GatewayRepository(c).request_handoff(sid, where))  # type: ignore[arg-type]
+        return self._write(lambda c: GatewayRepository(c).request_handoff(sid, where))
 
     def claim_handoff(self, session_id: str) -> bool:
         """Take a pending handoff (``running``); of concurrent claimers exactly one wins."""
@@ -185,7 +197,7 @@ class GatewayMixin(Host):
         if not session_id:
             return False
         sid = _key(session_id, "session id")
-        text = None if error is None else _text(str(error), "error")[:500]  # type: ignore[index]
+        text = None if error is None else _text(str(error), "error")[:500]
         return self._write(lambda c: GatewayRepository(c).move_handoff(
             sid, (HANDOFF_PENDING, HANDOFF_RUNNING), HANDOFF_FAILED, text))
 
@@ -195,7 +207,7 @@ class GatewayMixin(Host):
         if not session_id:
             return None
         sid = _key(session_id, "session id")
-        return self._read(lambda c: GatewayRepository(c).handoff_state(sid))  # type: ignore[arg-type]
+        return self._read(lambda c: GatewayRepository(c).handoff_state(sid))
 
     def list_pending_handoffs(self) -> List[Dict[str, Any]]:
         """Session rows with a pending handoff, oldest start first."""
@@ -333,8 +345,10 @@ class GatewayMixin(Host):
         chat = _required(chat_id, "chat_id")
         thread = _required(thread_id, "thread_id")
         sid = _required(session_id, "session id")
-        owner = {"user_id": _key(user_id, "user_id"), "session_key": _key(session_key, "session_key"),
-                 "managed_mode": _text(managed_mode, "managed_mode")}
+        owner: dict[str, str | None] = {
+            "user_id": _key(user_id, "user_id"), "session_key": _key(session_key, "session_key"),
+            "managed_mode": _text(managed_mode, "managed_mode"),
+        }
         if self._no_topic_tables_to_write():
             return
         self._write(lambda c: TelegramTopicRepository(c).bind(chat, thread, sid, owner=owner))

@@ -47,7 +47,9 @@ class HousekeepingMixin(Host):
         """Sessions still running that the same filters match (prune skips them)."""
         return self._read(lambda c: HousekeepingRepository(c).count_open_matches(older_than_days, source, filters))
 
-    def archive_sessions(self, older_than_days: Optional[float] = None, source: Optional[str] = None, **filters: Any) -> int:
+    def archive_sessions(
+        self, older_than_days: Optional[float] = None, source: Optional[str] = None, **filters: Any
+    ) -> int:
         """Archive the lineage of every matching session (unarchived ones by default).
 
         Returns the number of sessions matched, not rows updated.

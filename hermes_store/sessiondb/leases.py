@@ -29,7 +29,7 @@ from ._host import Host, HostSteps
 from ..patch_points import facade_value
 
 try:  # Hermes probes with psutil when it is installed, else os.kill(pid, 0)
-    import psutil  # type: ignore[import-untyped]
+    import psutil
 except ImportError:
     psutil = None
 

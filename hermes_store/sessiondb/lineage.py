@@ -1,8 +1,8 @@
 """Lineage: compression tips, resume targets, roots, compression lineages, ancestors, descendants.
 
 Hermes v23 rules with v26's changes (see repositories/lineage.py for the forward
-compression edge, the per-step order, forks and reset children). Every walk is cycle-safe; ours go up to MAX_DEPTH hops instead of
-Hermes' 100, so a very long chain is never cut mid-way.
+compression edge, the per-step order, forks and reset children). Every walk is cycle-safe;
+ours go up to MAX_DEPTH hops instead of Hermes' 100, so a very long chain is never cut mid-way.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ class LineageMixin(Host):
         except DB_ERRORS as exc:
             # Hermes returns the tip when the walk below it fails.
             log.warning("resume walk from %r failed, using its compression tip: %s", session_id, exc)
-            return self.get_compression_tip(session_id)
+            tip = self.get_compression_tip(session_id)  # a str for a truthy id
+            return tip if tip is not None else session_id
 
     def get_conversation_root(self, session_id: str) -> str:
         """First id of the root → session parent chain (every parent link); unknown,

@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Collection, Dict, List, Optional
+from typing import Any, Collection, Dict, List, Optional, cast
 
 from ..repositories import SearchRepository
 from ..repositories.listing import ListingRepository
 from ..search.query import contains_cjk, sanitize_fts5_query
-from ._host import Host
+from ._host import Host, as_dict, as_dicts
 
 #: Hermes' slow-search threshold (milliseconds) and where it is read from.
 SLOW_SEARCH_ENV = "HERMES_SEARCH_SLOW_MS"
@@ -59,13 +59,13 @@ class ListingMixin(Host):
         ``include_pinned`` appends the pinned sessions the page lacks (same filters).
         ``source`` else ``sources`` filter by source (``source`` may be a list too: ours).
         """
-        return self._read(  # type: ignore[return-value]
+        return as_dicts(self._read(
             lambda c: ListingRepository(c).list_rich(
                 source, sources, exclude_sources, cwd_prefix, limit, offset, include_children, min_message_count,
                 project_compression_tips, order_by_last_active, include_archived, archived_only,
                 id_query, search_query, compact_rows, bool(include_pinned), session_key, bool(include_hidden),
             )
-        )
+        ))
 
     def session_count(
         self,
@@ -102,9 +102,9 @@ class ListingMixin(Host):
 
     def list_cron_job_runs(self, job_id: str, limit: int = 20, offset: int = 0) -> List[Dict[str, Any]]:
         """The runs of one cron job (sessions ``cron_<job_id>_…``), newest first."""
-        return self._read(  # type: ignore[return-value]
+        return as_dicts(self._read(
             lambda c: ListingRepository(c).cron_job_runs(job_id, limit, offset)
-        )
+        ))
 
     def search_sessions_by_id(
         self,
@@ -116,31 +116,35 @@ class ListingMixin(Host):
         exclude_sources: Optional[List[str]] = None,
     ) -> List[Dict[str, Any]]:
         """Sessions (chains) whose ids contain ``query``: exact, then prefix, then substring matches."""
-        return self._read(  # type: ignore[return-value]
+        return as_dicts(self._read(
             lambda c: ListingRepository(c).search_by_id(query, limit, include_archived, source, sources,
                                                         exclude_sources)
-        )
+        ))
 
     def search_sessions(
         self, source: Optional[str] = None, limit: int = 20, offset: int = 0, workspace_key: Optional[str] = None
     ) -> List[Dict[str, Any]]:
         """Every session (children and archived included), most recent activity first;
         ``workspace_key`` keeps one repository's (its root, else its cwd at or below the key)."""
-        return self._read(  # type: ignore[return-value]
+        return as_dicts(self._read(
             lambda c: ListingRepository(c).search(source, limit, offset, workspace_key)
-        )
+        ))
 
     def get_session_rich_row(self, session_id: str, compact_rows: bool = False) -> Optional[Dict[str, Any]]:
         """One session row plus ``preview`` and ``last_active`` (what a listing shows); None if unknown."""
-        return self._read(lambda c: ListingRepository(c).rich_row(session_id, bool(compact_rows)))  # type: ignore[return-value]
+        return as_dict(self._read(lambda c: ListingRepository(c).rich_row(session_id, bool(compact_rows))))
 
     def _get_session_rich_row(self, session_id: str, compact_rows: bool = False) -> Optional[Dict[str, Any]]:
         return self.get_session_rich_row(session_id, compact_rows)
 
-    def _get_session_rich_rows_batch(self, session_ids: List[str], compact_rows: bool = False) -> Dict[str, Dict[str, Any]]:
+    def _get_session_rich_rows_batch(
+        self, session_ids: List[str], compact_rows: bool = False
+    ) -> Dict[str, Dict[str, Any]]:
         """Hermes v26's batch of :meth:`get_session_rich_row`: ``{id: row}`` for the known
         ids, read in one statement (a listing's tip rows)."""
-        return self._read(lambda c: ListingRepository(c).rich_rows(session_ids or (), bool(compact_rows)))  # type: ignore[return-value]
+        rows = self._read(lambda c: ListingRepository(c).rich_rows(session_ids or (), bool(compact_rows)))
+        # Records are dicts at run time; Hermes names them so (see _host.as_dict).
+        return cast("Dict[str, Dict[str, Any]]", rows)
 
     def list_skill_scaffolded_sessions(self, limit: int = 200) -> List[Dict[str, Any]]:
         """Titled sessions whose first user turn invoked a skill: ``{id, title, content}``."""
@@ -169,7 +173,7 @@ class ListingMixin(Host):
         taking ``HERMES_SEARCH_SLOW_MS`` (default 1000; 0: every call) or longer is logged."""
         stale = bool(getattr(self, "_fts_stale", False))
         started = time.perf_counter()
-        hits = self._read(  # type: ignore[return-value]
+        hits = self._read(
             lambda c: SearchRepository(c).search_messages(
                 query, source_filter, exclude_sources, role_filter, limit, offset, sort,
                 include_inactive=include_inactive, fields=fields, stale=stale,
@@ -179,7 +183,7 @@ class ListingMixin(Host):
         if elapsed_ms >= _slow_ms():
             log.warning("search_messages took %.1f ms (query=%r, results=%d)", elapsed_ms,
                         query[:200] if isinstance(query, str) else query, len(hits))
-        return hits
+        return as_dicts(hits)
 
 
 def _slow_ms() -> float:

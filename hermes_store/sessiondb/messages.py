@@ -8,14 +8,14 @@ Live rows are ``active = 1``. Readers return live rows unless asked otherwise;
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from sqlalchemy import Connection
 
 from ..codec import is_stale_tool_call_marker_message, strip_stale_tool_call_markers
 from ..repositories import MessageRepository
 from ..repositories.messages import display_fields
-from ._host import Host, transcript_budget
+from ._host import Host, as_dict, as_dicts, transcript_budget
 
 #: Hermes v25's transcript filter, under the names Hermes' code imports from hermes_state.
 _is_stale_tool_call_marker_message = is_stale_tool_call_marker_message
@@ -104,13 +104,7 @@ class MessagesMixin(Host):
         total = 0
         for start in range(0, len(items), size):
             chunk = items[start:start + size]
-            total += self._write(
-                lambda c: MessageRepository(c).append_batch(
-                    session_id, chunk, turn_lease=lease,
-                    insert=lambda sid, msgs: self._insert_message_rows(c, sid, msgs),
-                ),
-                budget=transcript_budget(),
-            )
+            total += self._write(_batch_write(self, session_id, chunk, lease), budget=transcript_budget())
         return total
 
     def _insert_message_rows(self, conn: Connection, session_id: str, messages: List[Dict[str, Any]]
@@ -171,12 +165,12 @@ class MessagesMixin(Host):
         latest: bool = False,
         after_id: Optional[int] = None,
     ) -> List[Dict[str, Any]]:
-        return self._read(
+        return as_dicts(self._read(
             lambda c: MessageRepository(c).get_messages(
                 session_id, bool(include_inactive), limit, offset,
                 include_compacted=bool(include_compacted), latest=bool(latest), after_id=after_id,
             )
-        )  # type: ignore[return-value]
+        ))
 
     def get_messages_as_conversation(
         self,
@@ -209,7 +203,7 @@ class MessagesMixin(Host):
         return self._read(lambda c: MessageRepository(c).has_platform_message_id(session_id, platform_message_id))
 
     def rewind_to_message(self, session_id: str, target_message_id: int) -> dict[str, Any]:
-        return self._write(lambda c: MessageRepository(c).rewind(session_id, target_message_id))  # type: ignore[return-value]
+        return as_dict(self._write(lambda c: MessageRepository(c).rewind(session_id, target_message_id)))
 
     def restore_rewound(self, session_id: str, since_message_id: int) -> int:
         return self._write(lambda c: MessageRepository(c).restore_rewound(session_id, since_message_id))
@@ -231,3 +225,14 @@ class MessagesMixin(Host):
             .anchored_view(session_id, around_message_id, window, bookend, roles)
             .as_dict(bookends=True)
         )
+
+
+def _batch_write(
+    store: MessagesMixin, session_id: str, rows: List[Dict[str, Any]], lease: Optional[tuple[str, float]]
+) -> Callable[[Connection], int]:
+    """One chunk's transaction of :meth:`MessagesMixin.append_messages_batch`, its rows bound
+    here (a lambda in the loop would see the loop's current chunk, not its own, if run late);
+    the rows go through ``store._insert_message_rows``, which code may wrap."""
+    return lambda c: MessageRepository(c).append_batch(
+        session_id, rows, turn_lease=lease, insert=lambda sid, msgs: store._insert_message_rows(c, sid, msgs),
+    )

@@ -27,9 +27,9 @@ from sqlalchemy import Connection
 
 from .. import errors
 from ..hermes_names import open_raw_connection
+from ..dialects.sqlite import driver_errors
 from ..journal import checkpoint_passive
 from ..operations.steps import jitter
-from ..repositories.base import driver_errors
 from ._host import Host
 from ..patch_points import facade_value
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 from ..errors import UnknownFieldError
 from ..repositories import SessionRepository
 from ..repositories.sessions import CREATE_FIELDS
-from ._host import Host, transcript_budget
+from ._host import Host, as_dict, transcript_budget
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +51,15 @@ class SessionsMixin(Host):
         return self._write(lambda c: SessionRepository(c).create(session_id, source, **fields),
                            budget=transcript_budget())
 
-    def ensure_session(self, session_id: str, source: str = "unknown", model: Optional[str] = None, **kwargs: Any) -> str:
+    def ensure_session(
+        self, session_id: str, source: str = "unknown", model: Optional[str] = None, **kwargs: Any
+    ) -> str:
         fields = _create_fields("ensure_session", kwargs)
         return self._write(lambda c: SessionRepository(c).ensure(session_id, source, model, **fields),
                            budget=transcript_budget())
 
     def get_session(self, session_id: str) -> dict[str, Any] | None:
-        return self._read(lambda c: SessionRepository(c).get(session_id))  # type: ignore[return-value]
+        return as_dict(self._read(lambda c: SessionRepository(c).get(session_id)))
 
     def end_session(self, session_id: str, end_reason: str | None) -> None:
         self._write(lambda c: SessionRepository(c).end(session_id, end_reason))

@@ -7,7 +7,7 @@ from typing import Any, Optional
 from ..errors import InvalidInputError
 from ..repositories import SessionRepository
 from ..titles import AUTO_TITLE_SOURCES, TITLE_SOURCE_LLM, TITLE_SOURCE_USER, TITLE_SOURCES, sanitize_title
-from ._host import Host
+from ._host import Host, as_dict
 
 
 class TitlesMixin(Host):
@@ -53,7 +53,7 @@ class TitlesMixin(Host):
         return self._read(lambda c: SessionRepository(c).get_title(session_id))
 
     def get_session_by_title(self, title: str) -> dict[str, Any] | None:
-        return self._read(lambda c: SessionRepository(c).get_by_title(title))  # type: ignore[return-value]
+        return as_dict(self._read(lambda c: SessionRepository(c).get_by_title(title)))
 
     def resolve_session_by_title(self, title: str) -> str | None:
         return self._read(lambda c: SessionRepository(c).resolve_by_title(title))

@@ -23,6 +23,7 @@ from ..hermes_config import hermes_home
 from ..hermes_names import ddl_strings, head_table_sql
 from ..models import metadata
 from ..repositories import FtsUpkeepRepository
+from ..sessiondb._host import Host
 
 log = logging.getLogger("hermes_state")
 
@@ -56,7 +57,9 @@ def schema_read_probe_statements() -> tuple:
 
 
 def _split_top_level(body: str) -> list[str]:
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in body:
         if ch == "(":
             depth += 1
@@ -88,7 +91,7 @@ def _parse_columns(sql: str) -> Dict[str, Dict[str, str]]:
     return tables
 
 
-class SessionSchemaMixin:
+class SessionSchemaMixin(Host):
     """Hermes' open-time schema healing, on a ``sqlite3`` cursor."""
 
     @staticmethod

@@ -11,6 +11,7 @@ from typing import Optional
 
 from ..hermes_names import MAX_FTS5_QUERY_CHARS
 from ..search.query import contains_cjk, plan_search, sanitize_fts5_query
+from ..sessiondb._host import Host
 
 #: Merge commands per FTS table after the one ``usermerge``.
 _MERGES_PER_TABLE = 4
@@ -49,7 +50,7 @@ def merge_fts_incrementally(conn: sqlite3.Connection, *, max_pages: int, max_com
     return run
 
 
-class SessionSearchMixin:
+class SessionSearchMixin(Host):
     """Hermes' search helpers: query sanitizing and the route a query takes."""
 
     #: Hermes' flags (assignable); the FTS mixin's own, where it has them, come first.
