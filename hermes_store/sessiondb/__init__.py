@@ -21,7 +21,7 @@ one repository call per method; the SQL is in ``hermes_store.repositories``.
 | leases | turn leases (v25) |
 | orphans | orphaned-gateway repair, never-active sessions, hygiene streaks (v25-v26) |
 | private | `_conn`, `_execute_write`: the internals Hermes' own code uses |
-| async_wrapper | `AsyncSessionDB` (not a mixin) |
+| async_wrapper | `ThreadedSessionDB` (not a mixin; the facade serves it as Hermes' `AsyncSessionDB`) |
 """
 
 from .activity import ActivityMixin

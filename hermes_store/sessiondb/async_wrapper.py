@@ -1,4 +1,9 @@
-"""``AsyncSessionDB``: Hermes' gateway wrapper running each SessionDB call in a worker thread."""
+"""``ThreadedSessionDB``: Hermes' gateway wrapper running each SessionDB call in a worker thread.
+
+Hermes names it ``AsyncSessionDB``, and the facade serves it under that name; the class
+is named apart from :class:`hermes_store.aio.AsyncSessionDB` (the native async store),
+one class per name, so a traceback or a type error says which of the two it is.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import functools
 from typing import Any
 
 
-class AsyncSessionDB:
+class ThreadedSessionDB:
     """Every callable of the wrapped store becomes a coroutine (``asyncio.to_thread``).
 
     Non-callables (``db_path``, ``read_only``...) pass through. The wrapped store
@@ -32,4 +37,10 @@ class AsyncSessionDB:
         return call
 
     def __repr__(self) -> str:
+        # Hermes' text: hosts know this object as hermes_state.AsyncSessionDB.
         return f"AsyncSessionDB({self._db!r})"
+
+
+#: Transitional: facade.py still imports this name; it is to import
+#: ``ThreadedSessionDB as AsyncSessionDB`` instead, and then this alias goes.
+AsyncSessionDB = ThreadedSessionDB
