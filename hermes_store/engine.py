@@ -182,7 +182,10 @@ def translate_driver_error(exc: BaseException, *, locks: bool = False) -> errors
     typed = translate_python_error(exc)
     if typed is not None:
         return typed
-    for dialect in dialects.all_dialects():
+    # Only the loaded modules: a driver's error comes from a database reached through one,
+    # and asking the others would import them (a SQLite store's first error would load
+    # the PostgreSQL modules).
+    for dialect in dialects.loaded_dialects():
         typed = dialect.translate_error(exc, locks=locks)
         if typed is not None:
             return typed
@@ -259,9 +262,13 @@ def create_engine(
     if dialect is None:  # not ours to set up (migrations and SessionDB refuse it with a clear error)
         kwargs.setdefault("pool_pre_ping", True)
         return _sa_create_engine(url, **kwargs)
-    if "+" not in url.drivername and not dialect.is_file:
-        # postgresql:// means psycopg 3, whatever SQLAlchemy's default (psycopg2 before 2.1).
-        url = dialects.with_driver(url, asyncio=False)
+    if "+" not in url.drivername:
+        # A bare URL means our sync driver (postgresql:// is psycopg 3), whatever
+        # SQLAlchemy's default for it (psycopg2 before 2.1); where SQLAlchemy already
+        # picks ours, the URL is left as given.
+        driven = dialects.with_driver(url, asyncio=False)
+        if driven.get_dialect() is not url.get_dialect():
+            url = driven
     engine = _sa_create_engine(url, **dialect.engine_kwargs(url, kwargs, prepared_statements=prepared_statements))
     dialect.configure_engine(engine, foreign_keys=foreign_keys, busy_timeout_ms=busy_timeout_ms)
     install_error_translation(engine)
