@@ -10,6 +10,11 @@ from __future__ import annotations
 # ------------------------------------------------------------------ tables of ours
 #: Our own Alembic version table (Hermes keeps ``schema_version``, a host its own).
 VERSION_TABLE = "hermes_store_version"
+#: PostgreSQL's search machinery, made by raw SQL in hs0002 and never in the models: the
+#: stored tsvector column of messages, its GIN index and the pg_trgm GIN index. The
+#: dialect reads them; Alembic's autogenerate leaves them out (alembic_support).
+PG_SEARCH_COLUMNS = frozenset({("messages", "search_vector")})
+PG_SEARCH_INDEXES = frozenset({"idx_messages_search_vector", "idx_messages_trgm"})
 
 # ------------------------------------------------------------------ state_meta keys
 #: Set while the word index is known to be stale (Hermes v26 fail-open).

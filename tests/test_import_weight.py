@@ -30,12 +30,9 @@ FORBIDDEN = re.compile(
 PENDING = {
     # migrations.py: ``from .dialects import pg_tenants`` for two PostgreSQL-only reads
     "hermes_store.dialects.pg_tenants",
-    # repositories/search.py: ``from ..search import postgresql as pg_search`` (the PG builders),
-    # and dialects/search_base.py (imported by the SQLite dialect) for what it shares with them
+    # repositories/search.py: ``from ..search import postgresql as pg_search`` for WordQuery and
+    # snippet, which live in search.word_hits (``from ..search import word_hits``)
     "hermes_store.search.postgresql",
-    # alembic_support.py: ``from .dialects import postgresql`` for SEARCH_COLUMNS / SEARCH_INDEXES,
-    # reached on every open through the revision scripts (paths.revision_order walks them)
-    "hermes_store.dialects.postgresql", "hermes_store.dialects.pg_engine", "hermes_store.dialects.pg_nul",
 }
 
 STORE = """

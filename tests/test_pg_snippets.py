@@ -15,7 +15,7 @@ from unittest import mock
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from hermes_store.search import postgresql as pg
+from hermes_store.search import word_hits as pg
 from hermes_store.search.fts import SNIPPET_CLOSE, SNIPPET_OPEN
 
 #: The word pattern spelled out (letters and digits, combining marks; not ``_``).

@@ -199,7 +199,7 @@ class Dialect(Protocol):
     def word_match(self, conn: Connection, match: str) -> tuple[Any, Any]:
         """For a sanitized FTS5 MATCH string: the ``:q`` value :meth:`match_sql` and
         :meth:`top_sql` take, and what a snippet cut in Python needs (a
-        :class:`hermes_store.search.postgresql.WordQuery`), or None when the index
+        :class:`hermes_store.search.word_hits.WordQuery`), or None when the index
         cuts the snippets itself."""
 
     def cjk_sessions(self, conn: Connection, params: dict[str, Any], object_sql: Callable[[str], str],

@@ -27,9 +27,11 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 
 from .. import errors
+from ..keys import PG_SEARCH_INDEXES
 from ..models import Base
 from ..search import latin_in_cjk as runs
 from ..search import postgresql as pg_search
+from ..search.delegated import DELEGATED_CANDIDATE
 from ..tenancy import qualified, quote_ident, schema_of_connection
 from . import pg_engine, pg_tenants, search_pg
 from .base import CLOSED_BY_COMPRESSION, LOCK_BUDGET_OPTION, MessageRuns, refused_append
@@ -62,10 +64,6 @@ SESSION_ENDED_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "57P05"})
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
 #: Columns the search step adds to ``messages`` (not in the models, never returned).
 HIDDEN_COLUMNS = frozenset({"search_vector"})
-#: Search machinery hs0002 makes by raw SQL, not in the models: the stored tsvector
-#: column of messages, its GIN index and the pg_trgm GIN index.
-SEARCH_COLUMNS = frozenset({("messages", "search_vector")})
-SEARCH_INDEXES = frozenset({"idx_messages_search_vector", "idx_messages_trgm"})
 #: The schema a catalog query asks about: the connection's tenant (bound as ``:schema``),
 #: else the default schema. Never ``current_schema()`` alone when a tenant is set: that
 #: answers for whatever search_path the (pooled) server connection was left with.
@@ -415,7 +413,7 @@ class PostgreSQLDialect:
                    f" AND {runs.condition(query, in_run, has_words)}"
                    " AND NOT (m.search_vector @@ CAST(:q AS tsquery))"),
             sessions=_TRIGRAM_SOURCES,
-            maybe_delegated=f"s.{pg_search.DELEGATED_CANDIDATE}",
+            maybe_delegated=f"s.{DELEGATED_CANDIDATE}",
         )
 
     @property
@@ -440,7 +438,7 @@ class PostgreSQLDialect:
         generated), so upkeep here is about their physical state, not their content.
         """
         rows = conn.execute(
-            _FTS_INDEXES, {"names": sorted(SEARCH_INDEXES), "schema": schema_of_connection(conn)}
+            _FTS_INDEXES, {"names": sorted(PG_SEARCH_INDEXES), "schema": schema_of_connection(conn)}
         )
         return [r[0] for r in rows]
 
@@ -550,7 +548,7 @@ class PostgreSQLDialect:
 
     def fts_trigram_available(self, conn: Connection) -> bool:
         """The pg_trgm index that serves substring and CJK search exists."""
-        trigram = sorted(i for i in SEARCH_INDEXES if "trgm" in i)
+        trigram = sorted(i for i in PG_SEARCH_INDEXES if "trgm" in i)
         return any(name in trigram for name in self.fts_indexes(conn))
 
     def defer_foreign_keys(self, conn: Connection) -> None:

@@ -26,7 +26,7 @@ from sqlalchemy.sql.elements import TextClause
 from ..keys import FTS_STALE_KEY
 from ..search import cjk_pairs
 from ..search.groups import Groups
-from ..search.postgresql import DELEGATED_CANDIDATE
+from ..search.delegated import DELEGATED_CANDIDATE
 from ..search.query import escape_like
 from ..tenancy import SchemaSQL, render
 

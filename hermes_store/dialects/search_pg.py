@@ -4,8 +4,9 @@ word route needs (terms folded by the index's own function, sub-agent sessions).
 The word route is one statement (:meth:`PgSearchRoutes.word_page`): the index cuts no
 snippets, so nothing is gained by ranking first; page, sessions, snippet texts and
 context come together. CJK queries go by substring (the shared routes of
-:mod:`.search_base`, with ILIKE over the pg_trgm index). The tsquery and snippets are
-:mod:`hermes_store.search.postgresql` (pure).
+:mod:`.search_base`, with ILIKE over the pg_trgm index). The tsquery is
+:mod:`hermes_store.search.postgresql`, the snippets :mod:`hermes_store.search.word_hits`
+(both pure).
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from collections.abc import Sequence
 
 from ..search import latin_in_cjk
 from ..search import postgresql as pg_search
+from ..search.delegated import DELEGATED_SQL, delegated_of
+from ..search.word_hits import WordQuery
 from ..tenancy import SchemaSQL
 from .search_base import PAGE_COLUMNS, Order, SearchRoutes, with_context
 
 #: The word route's order (lower rank is better): ``rank`` is the page's output column.
 RANK = Order(((None, "rank", ""), ("row", "timestamp", "DESC"), ("row", "id", "DESC")))
 _FOLD = SchemaSQL(pg_search.FOLD_SQL)
-_DELEGATED = SchemaSQL(pg_search.DELEGATED_SQL)
+_DELEGATED = SchemaSQL(DELEGATED_SQL)
 
 
 def fold_terms(conn: Any, terms: Sequence[str]) -> dict[str, list[str]]:
@@ -34,17 +37,17 @@ def fold_terms(conn: Any, terms: Sequence[str]) -> dict[str, list[str]]:
     return words
 
 
-def word_query(conn: Any, match: str) -> pg_search.WordQuery:
+def word_query(conn: Any, match: str) -> WordQuery:
     """Fold ``match``'s terms (:func:`fold_terms`) and build its tsquery."""
     return pg_search.word_query(match, fold_terms(conn, pg_search.term_texts(match)))
 
 
 def delegated_sessions(conn: Any, candidates: Sequence[tuple[str, Any]] | None = None) -> list[str]:
-    """Sessions that are sub-agent transcripts (:func:`hermes_store.search.postgresql.
+    """Sessions that are sub-agent transcripts (:func:`hermes_store.search.delegated.
     delegated_of`), from ``candidates`` when the search's first statement read them,
     else read here."""
     rows = candidates if candidates is not None else conn.execute(_DELEGATED.on(conn)).fetchall()
-    return pg_search.delegated_of(rows)
+    return delegated_of(rows)
 
 
 class PgSearchRoutes(SearchRoutes):

@@ -15,27 +15,23 @@ ignored, as FTS5 ignores it.
 CJK queries never come here: they are answered by substring (ILIKE, served by the
 ``pg_trgm`` index) and the bigram block index, as the repository arranges. A word
 query's terms written inside CJK runs are read with its page (:func:`runs_cte`). Snippets of
-word hits are cut here, in Python (:func:`snippet`), from the hit's own text.
+word hits are cut in Python, from the hit's own text, by :mod:`.word_hits`.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import unicodedata
-from dataclasses import dataclass, field
-from itertools import islice
-from typing import Any
 from collections.abc import Mapping, Sequence
 
 from .latin_in_cjk import RUN_RANK_SQL, RunsSQL, term_body
-from .fts import SNIPPET_CLOSE, SNIPPET_ELLIPSIS, SNIPPET_OPEN, SNIPPET_TOKENS, WORD_INDEX
+from .fts import WORD_INDEX
 from .query import NEAR_MAX, item_terms, match_items, near_parts, split_on
+# ``snippet`` is passed on only until repositories/search.py imports it from word_hits.
+from .word_hits import WordQuery, snippet
 
 __all__ = [
     "NO_MATCH",
     "WordQuery",
-    "delegated_of",
     "fold_ascii",
     "match_sql",
     "page_sql",
@@ -54,11 +50,6 @@ _ASCII_WORD = re.compile(r"[a-z0-9]+")
 #: Folds the terms bound as ``:terms`` with our word function, which lives in the
 #: tenant's schema: named there, never looked up. A template (``{...}`` names).
 FOLD_SQL = "SELECT t.term, {hermes_store_search_words}(t.term) FROM unnest(CAST(:terms AS text[])) AS t(term)"
-#: Sessions that may be sub-agent transcripts: the marker as a substring (the JSON
-#: itself is read in Python, :func:`delegated_sessions`).
-DELEGATED_CANDIDATE = "model_config LIKE '%\\_delegate\\_from%' ESCAPE '\\'"
-#: The candidates themselves, ``(id, model_config)`` (a template).
-DELEGATED_SQL = f"SELECT id, model_config FROM {{sessions}} WHERE {DELEGATED_CANDIDATE}"
 
 
 
@@ -155,23 +146,6 @@ def tsquery_text(match: str, words: Mapping[str, Sequence[str]]) -> str:
         if possible and conds:
             groups.append("(" + " & ".join(conds) + ")")
     return " | ".join(groups) if groups else NO_MATCH
-
-
-@dataclass(frozen=True, slots=True)
-class WordQuery:
-    """A word search ready to run: the tsquery text and the words a snippet marks."""
-
-    tsquery: str
-    #: Folded words of the query's positive terms (a hit holds some of them).
-    words: frozenset[str]
-    #: Words that end a prefix term (``deplo*``): a hit's word starting with one counts.
-    prefixes: frozenset[str]
-    #: Each term text's folded words, for tsqueries of parts of the query.
-    folded: Mapping[str, Sequence[str]] = field(default_factory=dict, compare=False)
-    #: With NEAR in the query, its exact tsquery (bound as ``:qn``): ``tsquery`` is then
-    #: :func:`relax_near`'s, which the index answers, and a hit is checked again with
-    #: this one and its columns kept apart (:func:`near_recheck`). '' without NEAR.
-    near: str = ""
 
 
 def relax_near(match: str) -> str:
@@ -327,194 +301,3 @@ def top_sql(index: str) -> str:
         f"SELECT id, -ts_rank_cd(search_vector, {_QUERY}) AS rank, CAST(NULL AS text) FROM {{messages}} "
         f"WHERE search_vector @@ {_QUERY} ORDER BY rank, timestamp DESC, id DESC LIMIT :window"
     )
-
-
-# ------------------------------------------------------------------ snippets
-
-#: A word of the text, as near to unicode61's as Python's character classes get: letters,
-#: digits and combining marks (folded away below). Run over the text with ``_`` (the one
-#: ``\w`` that is neither) replaced by a space, which keeps every position and is about
-#: three times faster than spelling the class out.
-_WORD = re.compile(r"[\w\u0300-\u036f]+")
-#: Characters outside ASCII, where folding may change a word.
-_NON_ASCII = re.compile(r"[^\x00-\x7f]")
-_FOLD = str.maketrans("µſςϐϑϕϖϰϱϵẛι", "μsσβθφπκρεsι")
-_MARKS = re.compile(r"[\u0300-\u036f]")
-_ONE_MARK = re.compile(r"([a-z])[\u0300-\u036f](?![\u0300-\u036f])")
-#: Characters cut into words before a hit and after it (more only when needed): enough
-#: for the two words before it and the eight after it that a snippet shows.
-_REACH_BEFORE = 40
-_REACH = 160
-
-
-def _words(text: str, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
-    """(start, end) of each word of ``text`` (``text`` with ``_`` already spaced out)."""
-    return [m.span() for m in _WORD.finditer(text, start, len(text) if end is None else end)]
-
-
-def _fold(word: str) -> str:
-    """A word folded about as ``hermes_store_search_words`` folds it (for marking only)."""
-    if word.isascii():
-        return word.lower()
-    low = word.lower().translate(_FOLD)
-    bare = _ONE_MARK.sub(r"\1", unicodedata.normalize("NFD", low))  # é -> e, ế stays
-    return _MARKS.sub("", unicodedata.normalize("NFC", bare))
-
-
-def _is_hit(word: str, query: WordQuery) -> bool:
-    folded = _fold(word)
-    return folded in query.words or any(folded.startswith(p) for p in query.prefixes)
-
-
-def _cut(value: str, spans: list[tuple[int, int]], first: int, *, before: bool, after: bool,
-         query: WordQuery) -> str:
-    """The snippet text: about ten of ``spans`` around word ``first``, hits marked.
-
-    ``spans`` may be a stretch of the words only: ``before``/``after`` say whether the
-    text has words beyond its ends (then it holds enough of them on that side).
-    """
-    lo = max(0, min(first - 2, len(spans) - SNIPPET_TOKENS))
-    hi = min(len(spans), lo + SNIPPET_TOKENS)
-    at_start, at_end = lo == 0 and not before, hi == len(spans) and not after
-    out = ["" if at_start else SNIPPET_ELLIPSIS, value[:spans[lo][0]] if at_start else ""]
-    for i in range(lo, hi):
-        start, end = spans[i]
-        word = value[start:end]
-        # Words before the first hit are not hits; the few after it are folded here.
-        hit = i == first or (i > first and _is_hit(word, query))
-        out.append(f"{SNIPPET_OPEN}{word}{SNIPPET_CLOSE}" if hit else word)
-        if i + 1 < hi:
-            out.append(value[end:spans[i + 1][0]])
-    out.append(value[spans[hi - 1][1]:] if at_end else SNIPPET_ELLIPSIS)
-    return "".join(out)
-
-
-def _marked_full(value: str, query: WordQuery) -> str | None:
-    """:func:`_marked` the plain way: every word of the column folded in turn."""
-    spans = _words(value.replace("_", " "))
-    first = next((i for i, (a, b) in enumerate(spans) if _is_hit(value[a:b], query)), None)
-    if first is None:
-        return None
-    return _cut(value, spans, first, before=False, after=False, query=query)
-
-
-def _first_hit(value: str, spaced: str, query: WordQuery) -> tuple[int, int] | None:
-    """(start, end) of the first word of ``value`` the query marks, without folding each word.
-
-    A word folds to an ASCII query word only if it is that word in some case (found by
-    substring search in ``value.lower()``) or holds a character outside ASCII (found by
-    a regex): those candidates, earliest first, are the only words folded. ``spaced``
-    is ``value`` with ``_`` spaced out.
-    """
-    low = value.lower()
-    if len(low) != len(value):  # a character whose lower case is longer: no shared positions
-        return _scan(value, spaced, query)
-    # The next candidate of each kind, searched again only once passed: each of these
-    # searches reads the text once in all.
-    ahead = {w: low.find(w) for w in (*query.words, *query.prefixes) if w and w.isascii()}
-    ascii_only = spaced.isascii()  # then no candidate of the second kind, and no regex scan for one
-    other = -1 if ascii_only else _next_non_ascii(spaced, 0)
-    while True:
-        candidates = [at for at in (*ahead.values(), other) if at >= 0]
-        if not candidates:
-            return None
-        at = min(candidates)
-        start, end = at, _WORD.match(spaced, at).end()  # type: ignore[union-attr]  # a word char is there
-        while start > 0 and _WORD.match(spaced, start - 1, start):
-            start -= 1
-        if _is_hit(value[start:end], query):
-            return start, end
-        for w, seen in ahead.items():
-            if 0 <= seen < end:
-                ahead[w] = low.find(w, end)
-        if 0 <= other < end:
-            other = _next_non_ascii(spaced, end)
-
-
-def _next_non_ascii(spaced: str, pos: int) -> int:
-    """Where the next word character outside ASCII is at or after ``pos`` (-1: none)."""
-    while True:
-        found = _NON_ASCII.search(spaced, pos)
-        if found is None:
-            return -1
-        if _WORD.match(spaced, found.start(), found.end()):
-            return found.start()
-        pos = found.end()  # punctuation, a symbol, an emoji: not part of any word
-
-
-def _scan(value: str, spaced: str, query: WordQuery) -> tuple[int, int] | None:
-    """The first marked word found by folding every word (text whose case changes length)."""
-    return next(((a, b) for a, b in _words(spaced) if _is_hit(value[a:b], query)), None)
-
-
-def _marked(value: str, query: WordQuery) -> str | None:
-    """FTS5-style snippet of one column: about ten words around the first match.
-
-    The first hit is found by :func:`_first_hit`, and only the few words a snippet
-    shows are cut around it: up to :data:`_REACH_BEFORE` characters before it and the
-    next :data:`SNIPPET_TOKENS` words from it (a wider stretch only when that holds too
-    few), so a long column costs little more than a short one; the result is
-    :func:`_marked_full`'s.
-    """
-    if any(not w or not _WORD.fullmatch(w) for w in (*query.words, *query.prefixes)):
-        return _marked_full(value, query)  # not words as the fold makes them: no shortcut
-    spaced = value.replace("_", " ")
-    hit = _first_hit(value, spaced, query)
-    if hit is None:
-        return None
-    back, reach = _REACH_BEFORE, _REACH
-    while True:
-        lo, hi = max(0, hit[0] - back), min(len(value), hit[1] + reach)
-        spans = _words(spaced, lo, hit[0])  # no word spans the hit's start
-        if lo > 0 and spans and _WORD.match(spaced, lo - 1, lo) and spans[0][0] == lo:
-            spans.pop(0)  # a word cut by the stretch's start
-        first = len(spans)
-        ahead = [m.span() for m in islice(_WORD.finditer(spaced, hit[0], hi), SNIPPET_TOKENS + 1)]
-        if len(ahead) > SNIPPET_TOKENS:
-            hi = ahead[-1][1]  # enough words: the stretch ends with the last one
-        elif hi < len(value) and _WORD.match(spaced, hi, hi + 1) and ahead[-1][1] == hi:
-            ahead.pop()  # a word cut by the stretch's end
-        spans += ahead
-        before, after = lo > 0, hi < len(value)
-        # The snippet's words, as _cut picks them: the stretch answers as the whole text
-        # would when they start after its first word (or at the text's start) and end
-        # before its last word (or at the text's end); else read a wider stretch.
-        start = max(0, min(first - 2, len(spans) - SNIPPET_TOKENS))
-        if (not before or start >= 1) and (not after or start + SNIPPET_TOKENS < len(spans)):
-            return _cut(value, spans, first, before=before, after=after, query=query)
-        back, reach = back * 4, reach * 4
-
-
-def snippet(texts: Sequence[Any], query: WordQuery) -> str:
-    """The snippet of a word hit from its (content, tool name, tool calls): the first
-    column holding a query word, its match marked as FTS5 marks it."""
-    for value in texts:
-        if isinstance(value, str) and value:
-            found = _marked(value, query)
-            if found is not None:
-                return found
-    first = texts[0] if texts and isinstance(texts[0], str) else ""
-    return first[:80]
-
-
-# ------------------------------------------------------------------ sessions left out of CJK routes
-
-
-def delegated_of(candidates: Sequence[tuple[str, Any]]) -> list[str]:
-    """Sessions whose ``model_config`` names a ``_delegate_from`` (sub-agent transcripts).
-
-    SQLite decides this with ``json_extract`` over valid JSON only; PostgreSQL 15 has
-    no safe JSON cast for text that may be malformed, so the few candidate rows (the
-    marker as a substring: ``(id, model_config)`` rows of :data:`DELEGATED_CANDIDATE`
-    sessions) are parsed here with the same rule.
-    """
-    out = []
-    for sid, config in candidates:
-        try:
-            value = json.loads(config)
-        except (TypeError, ValueError):
-            continue
-        if isinstance(value, dict) and value.get("_delegate_from") is not None:
-            out.append(sid)
-    return out
-
