@@ -252,13 +252,13 @@ def _database_target(db_path: Any, url: str | URL | None, engine: Engine | None)
         parsed = to_url(target)
         refuse_async(parsed, "SessionDB")
         dialect = find_for(parsed)
-        if dialect is not None and not dialect.is_file:
-            return parsed
         if dialect is None:
             raise errors.UnsupportedDatabaseError(
                 f"{backend_name(parsed)} databases are not supported by SessionDB; "
                 "use a SQLite file (a path or a sqlite:///… URL) or a postgresql+psycopg://… URL"
             )
+        if not dialect.holders_on_this_machine:  # a server: SessionDB connects by its URL
+            return parsed
         if schema_in_url(parsed) is not None:
             raise errors.InvalidInputError("?schema= names a PostgreSQL tenant schema; a SQLite file has none")
         if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):

@@ -652,7 +652,7 @@ def parse_target(url: str, *, schema: str | None = None) -> tuple[Path | None, s
             bound = parsed
     except errors.InvalidInputError as exc:
         raise click.BadParameter(str(exc), param_hint="'--schema'" if schema is not None else "'--url'") from exc
-    if not kind.is_file:
+    if not kind.holders_on_this_machine:  # a server: commands connect by its URL
         return None, url if schema is None else bound.render_as_string(hide_password=False)
     if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
         raise click.BadParameter("the URL must name a database file (sqlite:///path/to/state.db)", param_hint="'--url'")

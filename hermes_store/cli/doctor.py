@@ -35,10 +35,12 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
 from .. import __version__, journal, migrations, paths
-from ..copying.endpoints import SIDECARS, readonly_engine
+from ..copying.endpoints import readonly_engine
 from ..dialects import cjk_bigram
 from ..engine import create_engine
 from ..keys import LAST_AUTO_PRUNE_KEY, TOOL_HIGH_WATER_KEY
+from ..locks import PRIVATE
+from ..paths import SIDECARS
 from ..repositories import MaintenanceRepository
 from ..repositories.fts_upkeep import CJK_REBUILD_HIGH_WATER, REBUILD_HIGH_WATER
 from ..repositories.health import HealthRepository
@@ -63,8 +65,6 @@ WAL_RESET_FIXED_IN = "3.51.3"
 #: Hermes v26's rule for an affected SQLite (hermes_store.journal.apply_wal_with_fallback).
 WAL_RESET_RULE = ("no WAL for a new file or a file not in WAL; a file already in WAL stays in WAL "
                   "(a live WAL file is never downgraded)")
-#: Bytes of mode a private file may have: the owner's read and write.
-PRIVATE_MODE = 0o600
 #: Tables and indexes a person is shown (the largest); --json has every one.
 SIZES_SHOWN = 15
 
@@ -130,7 +130,7 @@ def file_modes(real: Path) -> list[dict[str, Any]]:
             continue
         mode = stat.S_IMODE(st.st_mode)
         found.append({"path": f"{real}{suffix}", "mode": f"{mode:04o}", "size_bytes": st.st_size,
-                      "private": mode & ~PRIVATE_MODE == 0})
+                      "private": mode & ~PRIVATE == 0})
     return found
 
 

@@ -15,8 +15,9 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
 
 from .. import errors, paths
-from ..dialects import backend_name, find_for
+from ..dialects import backend_name, find_for, with_driver
 from ..engine import create_engine
+from ..paths import SIDECARS
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,11 @@ def endpoint(value: Any, role: str) -> Endpoint:
             # The text itself is not repeated: it may hold a password.
             raise errors.InvalidInputError(f"the {role} is not a valid {scheme}:// database URL") from None
     kind = find_for(url)
-    if kind is not None and not kind.is_file:
+    if kind is not None and not kind.holders_on_this_machine:  # a server, reached by its URL
         if not url.database:
             raise errors.InvalidInputError(f"the {role} URL names no database (postgresql+psycopg://user@host/DBNAME)")
-        if url.drivername == "postgresql":
-            url = url.set(drivername="postgresql+psycopg")
+        if "+" not in url.drivername:  # no driver named: the dialect's sync one (psycopg 3)
+            url = with_driver(url, asyncio=False)
         return Endpoint(role, url=url)
     if kind is not None:
         database = url.database
@@ -96,10 +97,6 @@ def server_key(url: URL) -> tuple[str, int, str, str]:
         host = "localhost"
     schema = url.query.get("schema")
     return host, int(url.port or 5432), str(url.database), str(schema or "")
-
-
-#: The files SQLite keeps beside a database, which belong to it as much as the file does.
-SIDECARS = ("-wal", "-shm", "-journal")
 
 
 def _identity(path: str) -> tuple[int, int] | None:

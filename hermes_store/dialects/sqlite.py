@@ -21,14 +21,11 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from .. import errors, journal
+from .. import errors
+from ..sqlite_journal import WAL_FALLBACK_WARNED
 from .base import CLOSED_BY_COMPRESSION, OUR_TABLES, MessageRuns, refused_append, translate_python_error
-# The FTS5 names stay importable from here (the copier, Hermes-facing modules).
 from .fts5 import (
-    CJK_FTS,  # noqa: F401
     FTS_SHADOWS,
-    FTS_TRASH_PREFIX,  # noqa: F401
-    HERMES_FTS_TABLES,  # noqa: F401
     TRIGRAM_FTS,
     WORD_FTS,
     Fts5Storage,
@@ -46,7 +43,7 @@ log = logging.getLogger("hermes_store.facade")
 #: for our own connections ("disk i/o error" left out: it is usually real damage).
 _WAL_FALLBACK_CAUSES = ("locking protocol", "not authorized")
 #: Labels warned about a WAL fallback: one set for our connections and Hermes' function.
-_wal_warned = journal._wal_fallback_warned_paths
+_wal_warned = WAL_FALLBACK_WARNED
 _LOCKED = ("database is locked", "database is busy", "database table is locked")
 
 
