@@ -249,7 +249,7 @@ def test_cjk_queries_equal_brute_force_substring_scan(store: SessionDB, rows: di
     def run(terms: list[str], joiners: list[str]) -> None:
         query = terms[0]
         branches = [[terms[0], ""]]  # per OR branch: its FTS5 text, its exclusions (-term) as NOT units
-        for j, t in zip(joiners, terms[1:]):
+        for j, t in zip(joiners, terms[1:], strict=False):  # one joiner per term after the first; spare ones unused
             query += f" NEAR({t} {terms[0]})" if j == "near" else j + t
             if j == " OR ":
                 branches.append([t, ""])

@@ -401,7 +401,7 @@ def test_import_keeps_free_ids_and_renumbers_colliding_sessions_in_order(db: Ses
     dup = _record("c", 3.0, 3, first_id=500)
     dup["messages"][2]["id"] = 500
     rev = _record("d", 4.0, 3)
-    for m, i in zip(rev["messages"], (900, 800, 700)):
+    for m, i in zip(rev["messages"], (900, 800, 700), strict=True):
         m["id"] = i
     assert db.import_records([dup, rev]) == (2, 0)
     assert [m["content"] for m in db.get_messages("c")] == [f"c says {i}" for i in range(3)]

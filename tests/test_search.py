@@ -68,7 +68,7 @@ def build_corpus(db: SessionDB) -> SessionDB:
         ("tg1", "assistant", "Agent通信 works; 100%完成 soon. Deploy later.", {}),
         ("tg1", "user", "what about 数据", {}),
     ]
-    for i, (sid, role, content, extra) in enumerate(rows):
+    for sid, role, content, extra in rows:
         db.append_message(sid, role, content, **extra)
     db._execute_write(lambda c: c.execute("UPDATE messages SET timestamp = 5000 + id"))
     return db
@@ -473,7 +473,7 @@ def pg_corpus(pg_database: str):
         store.close()
 
 
-@pytest.mark.parametrize(("query", "filters"), ROUTES + [("café", {})])
+@pytest.mark.parametrize(("query", "filters"), [*ROUTES, ("café", {})])
 def test_locked_table_raises_instead_of_returning_nothing_on_postgresql(
     pg_corpus: SessionDB, query: str, filters: dict
 ) -> None:

@@ -62,7 +62,7 @@ ROWS = [
 
 
 def fill(db: SessionDB) -> SessionDB:
-    for sid, source, config in SESSIONS:
+    for sid, source, _config in SESSIONS:
         db.create_session(sid, source)
     ids = {}
     for key, sid, role, content, extra in ROWS:
@@ -100,7 +100,7 @@ A2A_IN_RUNS = ["both_sides", "starts_run", "before_stop", "tool_name", "badcfg",
 
 
 def test_a_term_inside_a_cjk_run_is_found(store: SessionDB) -> None:
-    assert found(store, "A2A") == sorted(A2A_IN_RUNS + ["plain"], key=store.ids.get)  # type: ignore[attr-defined]
+    assert found(store, "A2A") == sorted([*A2A_IN_RUNS, "plain"], key=store.ids.get)  # type: ignore[attr-defined]
     assert found(store, "a2a") == found(store, "A2A") == found(store, '"A2A"')
     assert found(store, "GPT4") == found(store, "2024") == ["digits"]
 
