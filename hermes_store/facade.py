@@ -123,7 +123,7 @@ from .sessiondb.display import *  # noqa: F403 - Hermes' module-level names
 from .sessiondb.leases import *  # noqa: F403 - Hermes' module-level names
 from .sessiondb.messages import *  # noqa: F403 - Hermes' module-level names
 from .sessiondb.orphans import *  # noqa: F403 - Hermes' module-level names
-from .sessiondb.async_wrapper import AsyncSessionDB  # noqa: F401 - Hermes' gateway wrapper
+from .sessiondb.async_wrapper import ThreadedSessionDB as AsyncSessionDB  # noqa: F401 - Hermes' gateway wrapper
 # Exported by name (``as``): aio.sessiondb reads the write budget off this module at call time.
 from .sessiondb._host import TRANSCRIPT_BUDGET_S, WRITE_BUDGET_S as WRITE_BUDGET_S
 #: Jitter windows: short sleeps for the first EARLY_PHASE_S seconds, then longer ones.

@@ -49,7 +49,7 @@ from .query import CJK_CLASS, TRIGRAM_CHARS, match_items, near_parts, split_on
 __all__ = [
     "MIN_CHARS",
     "RUN_RANK",
-    "Group",
+    "OrGroup",
     "Query",
     "RunsSQL",
     "Term",
@@ -86,7 +86,7 @@ class Term:
 
 
 @dataclass(frozen=True, slots=True)
-class Group:
+class OrGroup:
     """One OR-group of a word query, as this lookup reads it.
 
     ``positives``: each positive term as its MATCH item (for the word test) with its
@@ -101,7 +101,7 @@ class Group:
 class Query:
     """The groups looked up inside CJK runs, and their distinct qualifying terms."""
 
-    groups: tuple[Group, ...]
+    groups: tuple[OrGroup, ...]
     terms: tuple[Term, ...]
 
 
@@ -138,7 +138,7 @@ def parse(match: str) -> Query | None:
     items = match_items(match)
     if any(near_parts(item) is not None for item in items):
         return None  # NEAR measures words: a query holding one is the word index's alone
-    groups: list[Group] = []
+    groups: list[OrGroup] = []
     terms: dict[Term, None] = {}
     for group in split_on(items, "OR"):
         positives: list[tuple[str, Term | None]] = []
@@ -158,7 +158,7 @@ def parse(match: str) -> Query | None:
             negatives += [" ".join(unit) for unit in negated]
         found = [t for _item, t in positives if t is not None]
         if decidable and found:
-            groups.append(Group(tuple(positives), tuple(negatives)))
+            groups.append(OrGroup(tuple(positives), tuple(negatives)))
             terms.update(dict.fromkeys(found))
     return Query(tuple(groups), tuple(terms)) if groups else None
 
