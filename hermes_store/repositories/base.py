@@ -21,7 +21,6 @@ from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.sql.expression import TableClause
 
 from .. import errors
-from ..dialects.sqlite import driver_errors  # noqa: F401 - the raw-cursor paths' one error table
 from ..dialects import Dialect, for_connection
 from ..models import Base
 from ..targets import refuse_async
