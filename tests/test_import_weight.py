@@ -30,9 +30,6 @@ FORBIDDEN = re.compile(
 PENDING = {
     # migrations.py: ``from .dialects import pg_tenants`` for two PostgreSQL-only reads
     "hermes_store.dialects.pg_tenants",
-    # repositories/search.py: ``from ..search import postgresql as pg_search`` for WordQuery and
-    # snippet, which live in search.word_hits (``from ..search import word_hits``)
-    "hermes_store.search.postgresql",
 }
 
 STORE = """

@@ -549,7 +549,7 @@ REVIEWED_COINCIDENCES: dict[str, tuple[tuple[str, ...], str]] = {
               "async calls in flight to a server, SQLite's SQLITE_READONLY code, Hermes' read pool size"),
     "int:10": (("repositories.listing._FULL_AT", "search.fts.SNIPPET_TOKENS", "search.query.NEAR_DEFAULT"),
                "a listing threshold, tokens in a snippet, FTS5's default NEAR distance"),
-    "int:40": (("repositories.search.SNIPPET_RADIUS", "search.postgresql._REACH_BEFORE"),
+    "int:40": (("repositories.search.SNIPPET_RADIUS", "search.word_hits._REACH_BEFORE"),
                "characters shown around a hit; characters cut into words before a hit on PostgreSQL"),
     "int:20": (("cli.maintain.DRY_RUN_SHOWN", "repositories.health.MAX_INTEGRITY_LINES"),
                "rows a dry run shows; integrity-check lines kept"),

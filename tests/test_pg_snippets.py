@@ -1,4 +1,4 @@
-"""PostgreSQL word-hit snippets are cut in Python (hermes_store.search.postgresql).
+"""PostgreSQL word-hit snippets are cut in Python (hermes_store.search.word_hits).
 
 The fast path finds the first hit by substring search and cuts only the words near it;
 it must give exactly what the plain way gives (every word of the column folded in

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy import text
 
-from ..keys import BIGRAM_SETTLE_KEY
+from ..keys import BIGRAM_SETTLE_KEY, MAX_ROWS
 from ..search.cjk_pairs import (  # noqa: F401 - the pure half, importable from here with the rest
     BLOCK,
     DIRTY_TABLE,
@@ -70,7 +70,7 @@ _SET_META = SchemaSQL(
 #: Tail rows read per statement.
 CHUNK = 5000
 #: An id larger than any: no cap (every committed id is final).
-_NO_CAP = 2**62
+_NO_CAP = MAX_ROWS
 
 
 #: Per engine and tenant schema: the high-water mark the cached pair counts were read

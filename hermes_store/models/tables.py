@@ -467,7 +467,7 @@ __all__ = [
 class CjkBigram(Base):
     """hermes_store's short-CJK search index (revision hs0001): adjacent CJK pairs per block.
 
-    Maintained by :mod:`hermes_store.search.bigram`; see that module for the rules.
+    Maintained by :mod:`hermes_store.dialects.cjk_bigram`; see that module for the rules.
     """
 
     __tablename__ = "messages_cjk_bigram"

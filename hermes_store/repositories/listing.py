@@ -65,6 +65,7 @@ from ..codec import clean_text, decode_content
 from ..models import Base
 from ..search.query import escape_like
 from ..skills import (
+    PREVIEW_CHARS,
     SKILL_INVOCATION_PREFIX,
     SKILL_PREVIEW_HEAD,
     SKILL_PREVIEW_JOIN,
@@ -88,7 +89,6 @@ from .records import SessionRecord
 from ..keys import MAX_ROWS, RESET_END_REASONS, RESET_MARKER
 from .sessions import SessionRepository
 
-PREVIEW_CHARS = 60
 #: What a projected compression tip brings to its chain's row (Hermes v23), plus the
 #: v25 companions of two of them (where the prompt is stored, who set the title).
 TIP_COLUMNS = (

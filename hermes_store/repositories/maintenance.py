@@ -21,7 +21,7 @@ from ..codec import check_key, is_stale_tool_call_marker_message
 from ..dialects.sqlite import _outside_transaction  # VACUUM INTO: a SQLite file's statement
 from ..models import Base
 from ..dialects import cjk_bigram
-from ..search import bigram
+from ..search import cjk_pairs as bigram
 from ..tenancy import SchemaSQL
 from . import fts_upkeep
 from .base import MESSAGES, SESSIONS, Repository, insert_or_skip

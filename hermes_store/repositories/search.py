@@ -60,7 +60,7 @@ from ..dialects.search_base import (
 )
 from ..keys import FTS_STALE_KEY, MAX_FTS5_QUERY_CHARS, MAX_ROWS
 from ..search import cjk_pairs, latin_in_cjk
-from ..search import postgresql as pg_search
+from ..search import word_hits
 from ..search.fts import (
     SNIPPET_CLOSE,
     SNIPPET_ELLIPSIS,
@@ -155,7 +155,7 @@ class _IndexRoute:
     #: Rows with tool calls are matched by substring (the v30 trigram index lacks them).
     calls_by_like: bool
     #: What cuts word hits' snippets in Python (PostgreSQL), None where the index does.
-    words: pg_search.WordQuery | None
+    words: word_hits.WordQuery | None
     #: Conditions dropping the rows another route answers.
     exclude: str
     #: The lookup of word terms inside CJK runs, and its terms.
@@ -285,7 +285,7 @@ class SearchRepository(Repository):
         # v30: cron and sub-agents), so a query's answer does not depend on its length.
         if lags and (stale or self._stale_seen()):
             return self._stale_scan(plan.match, search.filters + search.visible, params, context=search.context)
-        words: pg_search.WordQuery | None = None
+        words: word_hits.WordQuery | None = None
         run_terms: Sequence[latin_in_cjk.Term] = ()
         if search.by_substring:
             rows = self._all(self._substring_page(search), params)
@@ -322,7 +322,7 @@ class SearchRepository(Repository):
 
     def _index_route(
         self, search: _Search,
-    ) -> tuple[list[dict[str, Any]], pg_search.WordQuery | None, Sequence[latin_in_cjk.Term]] | None:
+    ) -> tuple[list[dict[str, Any]], word_hits.WordQuery | None, Sequence[latin_in_cjk.Term]] | None:
         """Word and trigram queries through the full-text index: the page rows, what
         cuts their snippets in Python (PostgreSQL's word hits) and the terms found
         inside CJK runs. None when FTS5 refused the (sanitized) query."""
@@ -645,7 +645,7 @@ class SearchRepository(Repository):
         return routes.substring_blocks(like, filters, cand), False
 
     def _finish(
-        self, rows: list[dict[str, Any]], terms: Sequence[str], words: pg_search.WordQuery | None = None,
+        self, rows: list[dict[str, Any]], terms: Sequence[str], words: word_hits.WordQuery | None = None,
         run_terms: Sequence[latin_in_cjk.Term] = (), *, context: bool = True,
     ) -> list[SearchHit]:
         """Snippets the index did not give (substring hits; PostgreSQL word hits, marked
@@ -665,7 +665,7 @@ class SearchRepository(Repository):
                 if run_terms and rank == latin_in_cjk.RUN_RANK:
                     r["snippet"] = latin_in_cjk.snippet(found, run_terms, SNIPPET_RADIUS)
                 else:
-                    r["snippet"] = pg_search.snippet(found, words) if words else _substring_snippet(found, terms)
+                    r["snippet"] = word_hits.snippet(found, words) if words else _substring_snippet(found, terms)
             if CONTEXT_KEY in r:
                 prev_id, prev_role, prev_content = r.pop("p_id"), r.pop("p_role"), r.pop("p_content")
                 next_id, next_role, next_content = r.pop("n_id"), r.pop("n_role"), r.pop("n_content")

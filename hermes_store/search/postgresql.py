@@ -26,8 +26,7 @@ from collections.abc import Mapping, Sequence
 from .latin_in_cjk import RUN_RANK_SQL, RunsSQL, term_body
 from .fts import WORD_INDEX
 from .query import NEAR_MAX, item_terms, match_items, near_parts, split_on
-# ``snippet`` is passed on only until repositories/search.py imports it from word_hits.
-from .word_hits import WordQuery, snippet
+from .word_hits import WordQuery
 
 __all__ = [
     "NO_MATCH",
@@ -35,7 +34,6 @@ __all__ = [
     "fold_ascii",
     "match_sql",
     "page_sql",
-    "snippet",
     "top_sql",
     "tsquery_text",
     "word_query",
