@@ -31,6 +31,7 @@ import os
 from logging.config import fileConfig
 
 from alembic import context
+from sqlalchemy import Connection
 from sqlalchemy import inspect as sa_inspect
 
 from hermes_store.alembic_support import (
@@ -44,7 +45,7 @@ from hermes_store.alembic_support import (
 )
 from hermes_store.dialects import pg_tenants as pg
 from hermes_store.engine import create_engine, default_db_path, install_begin_hook, tenant_of, to_url
-from hermes_store.migrations import VERSION_TABLE
+from hermes_store.keys import VERSION_TABLE
 from hermes_store.models import metadata
 from hermes_store.paths import CREATE_SCHEMA_ATTRIBUTE, SCHEMA_ATTRIBUTE
 
@@ -106,7 +107,7 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
-def run_on(connection) -> None:  # type: ignore[no-untyped-def]
+def run_on(connection: Connection) -> None:
     schema = tenant_of(connection, wanted_schema())
     if connection.dialect.name != "postgresql":
         run_in_schema(connection, None)
@@ -118,7 +119,7 @@ def run_on(connection) -> None:  # type: ignore[no-untyped-def]
         run_postgresql(connection, schema, hosted=False)
 
 
-def run_postgresql(connection, schema: str | None, *, hosted: bool) -> None:  # type: ignore[no-untyped-def]
+def run_postgresql(connection: Connection, schema: str | None, *, hosted: bool) -> None:
     """Lock, schema, extension, search path and revisions, all in the current transaction.
 
     Processes opening one new store (a tenant, or the default schema) at once would all
@@ -146,7 +147,7 @@ def run_postgresql(connection, schema: str | None, *, hosted: bool) -> None:  # 
         pg.set_local_search_path(connection, previous)
 
 
-def run_in_schema(connection, schema: str | None) -> None:  # type: ignore[no-untyped-def]
+def run_in_schema(connection: Connection, schema: str | None) -> None:
     sqlite = connection.dialect.name == "sqlite"
     if sqlite:
         # SQLite DDL is transactional once a real BEGIN is sent; pysqlite never sends it

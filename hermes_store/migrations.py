@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from alembic import command
 from alembic.runtime.migration import MigrationContext
@@ -89,9 +90,10 @@ def _connection(target: Target) -> Iterator[Connection]:
         yield conn
 
 
-def _run(  # type: ignore[no-untyped-def]
-    target: Target, fn, *args, version_table: str = VERSION_TABLE, schema: str | None = None, create: bool = False
-):
+def _run(
+    target: Target, fn: Callable[..., Any], *args: Any, version_table: str = VERSION_TABLE,
+    schema: str | None = None, create: bool = False,
+) -> Any:
     with _connection(target) as conn:
         return paths.run_alembic(conn, fn, *args, version_table=version_table, schema=schema, create_schema=create)
 
