@@ -1,12 +1,14 @@
-"""Write ``hermes_store/aio/surface.py``: one awaited line per public ``SessionDB`` method.
+"""Write the typed async API: one awaited line per public method of the sync class.
 
-    python scripts/generate_aio_surface.py          # rewrite the module
-    python scripts/generate_aio_surface.py --check  # exit 1 when it is stale
+    python scripts/generate_aio_surface.py          # rewrite both modules
+    python scripts/generate_aio_surface.py --check  # exit 1 when either is stale
 
-Run it after adding, renaming or removing a public ``SessionDB`` method (or turning one
-into a generator); tests/test_aio_surface.py fails until then. Each
-line borrows the sync method's signature (see ``hermes_store.aio.awaiting``), so the
-file holds names only, never a copied signature.
+``hermes_store/aio/surface.py`` for ``SessionDB`` and ``hermes_store/aio/repositories/__init__.py``
+for every repository of the registry (``hermes_store.repositories.REPOSITORIES``). Run it
+after adding, renaming or removing a public method (or turning one into a generator), or a
+repository; tests/test_aio_surface.py fails until then. Each line borrows the sync method's
+signature (see ``hermes_store.aio.repositories.awaiting``), so the files hold names only,
+never a copied signature.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ from __future__ import annotations
 import argparse
 import inspect
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
+from hermes_store import repositories
 from hermes_store.facade import SessionDB
 
-TARGET = Path(__file__).resolve().parents[1] / "hermes_store" / "aio" / "surface.py"
+AIO = Path(__file__).resolve().parents[1] / "hermes_store" / "aio"
+TARGET = AIO / "surface.py"
+REPOSITORIES_TARGET = AIO / "repositories" / "__init__.py"
 
 HEADER = '''"""Every public ``SessionDB`` method as a coroutine method of :class:`SessionDBAwaited`
 (the base of :class:`hermes_store.aio.AsyncSessionDB`), typed as the sync method with
@@ -32,18 +38,18 @@ defines the sync method.
 from __future__ import annotations
 
 from ..facade import SessionDB
-from .awaiting import awaited, awaited_list, methods_of
+from .repositories.awaiting import awaited, awaited_list, methods_of
 
 SYNC = methods_of(SessionDB)
 
 
 class SessionDBAwaited:
-    """Coroutine methods over ``self._call(name, args, kwargs)`` (:class:`~.awaiting.Caller`)."""
+    """Coroutine methods over ``self._call(name, args, kwargs)`` (:class:`~.repositories.awaiting.Caller`)."""
 '''
 
 
 def wrapper_of(cls: type, name: str) -> str:
-    """Which helper of ``hermes_store.aio.awaiting`` makes ``cls.name``'s coroutine."""
+    """Which helper of ``hermes_store.aio.repositories.awaiting`` makes ``cls.name``'s coroutine."""
     raw = inspect.getattr_static(cls, name)
     if isinstance(raw, classmethod):
         raise SystemExit(f"{cls.__name__}.{name} is a classmethod: teach {__file__} how to await it")
@@ -53,23 +59,106 @@ def wrapper_of(cls: type, name: str) -> str:
     return "awaited_list" if inspect.isgeneratorfunction(function) else "awaited"
 
 
-def render(cls: type = SessionDB) -> str:
-    """The text of the module (see the module docstring) for ``cls`` (a SessionDB, or a
-    subclass in the generator's own test)."""
+def _methods(cls: type, source: str) -> list[str]:
+    """The awaited lines of ``cls``'s public methods (read off ``source``, its ``methods_of``),
+    grouped by the module that defines each, indented for a class body."""
     by_module: dict[str, list[str]] = {}
     for name, function in inspect.getmembers(cls, inspect.isfunction):
         if not name.startswith("_"):
             by_module.setdefault(function.__module__.removeprefix("hermes_store."), []).append(name)
-    lines = [HEADER]
+    lines = []
     for module in sorted(by_module):
         lines.append(f"    # {module}")
         for name in sorted(by_module[module]):
-            line = f"    {name} = {wrapper_of(cls, name)}(SYNC.{name})"
+            line = f"    {name} = {wrapper_of(cls, name)}({source}.{name})"
             if len(line) > 120:
                 raise SystemExit(f"{cls.__name__}.{name}: its line would pass 120 characters")
             lines.append(line)
         lines.append("")
+    return lines
+
+
+def render(cls: type = SessionDB) -> str:
+    """The text of ``aio/surface.py`` (see the module docstring) for ``cls`` (a SessionDB,
+    or a subclass in the generator's own test)."""
+    lines = [HEADER, *_methods(cls, "SYNC")]
     lines.append('\n__all__ = ["SessionDBAwaited"]')
+    return "\n".join(lines) + "\n"
+
+
+REPOSITORIES_HEADER = '''"""Async faces of the repositories: the same methods, arguments and results, awaited.
+
+``aio.SessionRepository`` for ``repositories.SessionRepository`` and so on, one class per
+repository of :data:`hermes_store.repositories.REPOSITORIES`, each method typed as the
+sync method with its result awaited (a host's ``mypy --strict`` checks awaited calls as
+sync ones) and run by :class:`~.base.AsyncRepository` (the sync repository's own code on
+the loop's greenlet). On a host's ``AsyncSession`` or ``AsyncConnection`` they never
+commit, like the sync ones: ``await aio.MessageRepository(session).append(...)`` joins
+the host's transaction.
+
+Generated by ``python scripts/generate_aio_surface.py``: do not edit by hand;
+tests/test_aio_surface.py fails when this file is stale.
+"""
+
+from __future__ import annotations
+
+from ... import repositories as sync
+from .awaiting import awaited, awaited_list, methods_of
+from .base import AsyncRepository
+'''
+
+REPOSITORIES_FOOTER = '''
+
+def async_of(sync_class: type) -> type[AsyncRepository]:
+    """The async face of a repository class of the registry."""
+    return ASYNC_REPOSITORIES[sync_class.__name__]
+'''
+
+
+def render_repositories(
+    registry: tuple[type, ...] = repositories.REPOSITORIES,
+    unit_of_work: Mapping[str, type] = repositories.UNIT_OF_WORK,
+) -> str:
+    """The text of ``aio/repositories/__init__.py`` for the repository classes ``registry``
+    and a unit of work's ``unit_of_work`` (the package's registry, or a grown one in the
+    generator's own test)."""
+    lines = [REPOSITORIES_HEADER]
+    for cls in registry:
+        name = cls.__name__
+        if getattr(repositories, name, None) is not cls:
+            raise SystemExit(f"{name} is not hermes_store.repositories.{name}: export it from there first")
+        lines += [
+            f"_{name} = methods_of(sync.{name})",
+            "",
+            "",
+            f"class {name}(AsyncRepository):",
+            f'    """Async :class:`hermes_store.repositories.{name}`: every method awaited."""',
+            "",
+            f"    sync_class = sync.{name}",
+            "",
+            *_methods(cls, f"_{name}"),
+            "",
+        ]
+    lines += [
+        "class AsyncRepositories:",
+        '    """What an :class:`~hermes_store.aio.AsyncUnitOfWork` offers (it inherits these',
+        "    annotations, so a type checker knows ``uow.sessions`` is a :class:`SessionRepository`):",
+        '    :class:`hermes_store.repositories.Repositories`, awaited, in its order."""',
+        "",
+        *(f"    {attribute}: {cls.__name__}" for attribute, cls in unit_of_work.items()),
+        "",
+        "",
+    ]
+    lines.append("#: The async face of each repository of :data:`hermes_store.repositories.REPOSITORIES`, by name.")
+    lines.append("ASYNC_REPOSITORIES: dict[str, type[AsyncRepository]] = {")
+    lines += [f'    "{cls.__name__}": {cls.__name__},' for cls in registry]
+    lines.append("}")
+    lines += [REPOSITORIES_FOOTER, ""]
+    own = ["ASYNC_REPOSITORIES", "AsyncRepositories", "AsyncRepository", "async_of"]
+    names = sorted([*own, *(cls.__name__ for cls in registry)])
+    lines.append("__all__ = [")
+    lines += [f'    "{name}",' for name in names]
+    lines.append("]")
     return "\n".join(lines) + "\n"
 
 
@@ -77,14 +166,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when the module is stale, write nothing")
     args = parser.parse_args()
-    text = render()
-    if args.check:
-        stale = not TARGET.exists() or TARGET.read_text(encoding="utf-8") != text
-        print(f"{TARGET}: {'stale' if stale else 'up to date'}")
-        return 1 if stale else 0
-    TARGET.write_text(text, encoding="utf-8")
-    print(f"wrote {TARGET}")
-    return 0
+    stale = False
+    for target, text in ((TARGET, render()), (REPOSITORIES_TARGET, render_repositories())):
+        if args.check:
+            old = target.exists() and target.read_text(encoding="utf-8") == text
+            stale = stale or not old
+            print(f"{target}: {'up to date' if old else 'stale'}")
+        else:
+            target.write_text(text, encoding="utf-8")
+            print(f"wrote {target}")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

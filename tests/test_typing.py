@@ -81,6 +81,26 @@ WRONG_ASYNC = {
 }
 
 
+#: The same for an async unit of work's repositories (``uow.<attribute>`` of the registry).
+WRONG_ASYNC_UOW = {
+    'await uow.sessions.misspelt("s")': '"SessionRepository" has no attribute "misspelt"',
+    'await uow.sessions.get_title("s", bogus_kw=1)': 'Unexpected keyword argument "bogus_kw"',
+    "await uow.search.search_messages(123)": 'Argument 1 has incompatible type "int"; expected "str"',
+    'title: int = await uow.sessions.get_title("s")': "Incompatible types in assignment",
+}
+
+
+def _async_uow_host(statements: list[str]) -> str:
+    body = "".join(f"        {line}\n" for line in statements)
+    return (
+        "from sqlalchemy.ext.asyncio import AsyncEngine\n\n"
+        "from hermes_store import aio\n\n\n"
+        "async def host(engine: AsyncEngine) -> None:\n"
+        "    async with aio.AsyncUnitOfWork(engine) as uow:\n"
+        f"{body}"
+    )
+
+
 def _async_host(statements: list[str]) -> str:
     body = "".join(f"        {line}\n" for line in statements)
     return (
@@ -138,4 +158,29 @@ def test_a_clean_async_host_checks_clean(tmp_path: Path) -> None:
              'await db.search_messages("hi")', 'count: int = await db.append_message("s", "user", "hi")',
              "await db.update_session('s', title='t')", "await db.sanitize_title('t')"]
     run = _mypy(tmp_path, _async_host(fixed))
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_mistakes_in_awaited_unit_of_work_calls_are_reported_like_sync_ones(tmp_path: Path) -> None:
+    """``uow.sessions`` of an AsyncUnitOfWork is typed as the async face of SessionRepository,
+    each method as the sync one awaited (not ``Any``, which would accept every line below)."""
+    run = _mypy(tmp_path, _async_uow_host(list(WRONG_ASYNC_UOW)))
+    assert run.returncode == 1, run.stdout + run.stderr
+    errors = [line for line in run.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == len(WRONG_ASYNC_UOW), run.stdout
+    for line_no, (statement, message) in enumerate(WRONG_ASYNC_UOW.items(), start=8):
+        assert any(f"host.py:{line_no}:" in e and message in e for e in errors), (statement, run.stdout)
+
+
+def test_a_clean_async_unit_of_work_host_checks_clean(tmp_path: Path) -> None:
+    """The unit-of-work mistakes' own host, corrected: the errors above are theirs."""
+    fixed = ['await uow.sessions.get_title("s")', 'await uow.messages.append("s", "user", "hi", tool_name="t")',
+             'hits: list[SearchHit] = await uow.search.search_messages("hi")',
+             'title: str | None = await uow.sessions.get_title("s")',
+             'record: SessionRecord | None = await uow.sessions.get("s")',
+             'await uow.sessions.get_title(session_id="s")']
+    source = _async_uow_host(fixed).replace(
+        "from hermes_store import aio\n",
+        "from hermes_store import aio\nfrom hermes_store.repositories import SearchHit, SessionRecord\n")
+    run = _mypy(tmp_path, source)
     assert run.returncode == 0, run.stdout + run.stderr

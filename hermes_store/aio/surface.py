@@ -10,13 +10,13 @@ defines the sync method.
 from __future__ import annotations
 
 from ..facade import SessionDB
-from .awaiting import awaited, awaited_list, methods_of
+from .repositories.awaiting import awaited, awaited_list, methods_of
 
 SYNC = methods_of(SessionDB)
 
 
 class SessionDBAwaited:
-    """Coroutine methods over ``self._call(name, args, kwargs)`` (:class:`~.awaiting.Caller`)."""
+    """Coroutine methods over ``self._call(name, args, kwargs)`` (:class:`~.repositories.awaiting.Caller`)."""
 
     # facade
     close = awaited(SYNC.close)

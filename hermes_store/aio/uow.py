@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 from collections.abc import Callable
 
 from sqlalchemy import Connection
@@ -33,22 +33,13 @@ T = TypeVar("T")
 _REPOSITORIES = tuple((name, arepos.async_of(sync)) for name, sync in UNIT_OF_WORK.items())
 
 
-class AsyncUnitOfWork:
+class AsyncUnitOfWork(arepos.AsyncRepositories):
     """Opens a connection and transaction; commits on success, rolls back on error.
 
-    Its repositories are the async faces of :data:`hermes_store.repositories.UNIT_OF_WORK`'s
-    (the annotations below name them for a type checker; a test keeps them in step)."""
-
-    sessions: Any
-    messages: Any
-    lineage: Any
-    search: Any
-    maintenance: Any
-    listing: Any
-    usage: Any
-    compression: Any
-    housekeeping: Any
-    gateway: Any
+    Its repositories are the async faces of :data:`hermes_store.repositories.UNIT_OF_WORK`'s,
+    bound from that registry on entry; :class:`~.repositories.AsyncRepositories` (generated
+    from the same registry) names them for a type checker, so ``await uow.sessions.get(...)``
+    is checked as the sync call."""
 
     def __init__(self, engine: AsyncEngine, *, write: bool = True, schema: str | None = None,
                  clock: Clock | None = None) -> None:
