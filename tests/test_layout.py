@@ -739,11 +739,17 @@ def repository_lists_in(source: str) -> list[str]:
     return found
 
 
+#: Modules written by scripts/generate_aio_surface.py from the registry: they spell the
+#: pairs out so a type checker sees them, and its --check (tests/test_aio_surface.py)
+#: fails when they drift, so they are no second hand-kept list.
+GENERATED = ("hermes_store.aio.repositories",)
+
+
 def test_the_repositories_are_listed_once() -> None:
     """UnitOfWork, AsyncUnitOfWork and the aio classes take their repositories from one registry."""
     found = [
         f"{_relative(module)}: {hit}"
-        for module, source in sorted(_sources().items())
+        for module, source in sorted(_sources().items()) if module not in GENERATED
         for hit in repository_lists_in(source)
     ]
     assert len(found) == 1, found

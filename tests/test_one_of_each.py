@@ -115,7 +115,7 @@ def test_jitter_switches_windows_after_the_early_phase_and_never_passes_the_budg
 def test_the_units_of_work_offer_the_registry() -> None:
     hints = typing.get_type_hints(UnitOfWork)
     assert {name: hints[name] for name in UNIT_OF_WORK} == dict(UNIT_OF_WORK)  # what a type checker sees
-    assert set(AsyncUnitOfWork.__annotations__) >= set(UNIT_OF_WORK)
+    assert set(typing.get_type_hints(AsyncUnitOfWork)) >= set(UNIT_OF_WORK)
     for sync in REPOSITORIES:
         face = getattr(arepos, sync.__name__)
         assert face.sync_class is sync and sync.__name__ in arepos.__all__
