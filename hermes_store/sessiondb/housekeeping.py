@@ -188,7 +188,7 @@ class HousekeepingMixin(Host):
         For a full-fidelity backup of a large store use :meth:`iter_export` (streamed,
         every row kept), which ``hermes-store export`` does.
         """
-        ids = [row["id"] for row in self.search_sessions(source=source, limit=100000)]  # type: ignore[attr-defined]
+        ids = [row["id"] for row in self.search_sessions(source=source, limit=100000)]
         return self._read(lambda c: HousekeepingRepository(c).export_sessions(ids, include_inactive))
 
     def export_session_lineage(self, session_id: str) -> Optional[dict[str, Any]]:
