@@ -5,7 +5,8 @@ native async store) make a traceback, a type error or a ``repr`` ambiguous, and 
 reader to the wrong module. A name may be bound twice in one module (a typing stand-in
 under ``if TYPE_CHECKING:`` / ``else:``); across modules it may not. An alias
 (``Name = Other``, ``import Other as Name``) is not a class definition and is allowed:
-that is how the facade serves a class under Hermes' name.
+that is how the facade serves a class under Hermes' name. An async twin that declares
+its same-named sync class (``sync_class``) is that class's awaited face, not a rival.
 """
 
 from __future__ import annotations
@@ -22,9 +23,21 @@ def class_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
     found: dict[str, set[str]] = defaultdict(set)
     for module, source in sources.items():
         for node in ast.walk(ast.parse(source, filename=module)):
-            if isinstance(node, ast.ClassDef):
+            if isinstance(node, ast.ClassDef) and not is_async_twin(node):
                 found[node.name].add(module)
     return found
+
+
+def is_async_twin(node: ast.ClassDef) -> bool:
+    """A class declaring ``sync_class = <module>.<its own name>``: the awaited face of that
+    very class (``aio.SessionRepository`` of ``repositories.SessionRepository``), generated
+    from it and checked against it (tests/test_aio_surface.py), not a second class that
+    merely shares a name."""
+    for stmt in node.body:
+        if isinstance(stmt, ast.Assign) and [getattr(t, "id", None) for t in stmt.targets] == ["sync_class"]:
+            value = stmt.value
+            return isinstance(value, ast.Attribute) and value.attr == node.name
+    return False
 
 
 def shared_names(sources: dict[str, str]) -> dict[str, list[str]]:
@@ -70,3 +83,13 @@ def test_the_scan_allows_a_stand_in_and_an_alias() -> None:
     }
     assert shared_names(planted) == {}
     assert class_definitions(planted)["Host"] == {"pkg/host.py"}
+
+
+def test_an_async_twin_names_its_own_sync_class() -> None:
+    """The twin exemption holds only for a class that declares the same-named sync class."""
+    planted = {
+        "pkg/repositories.py": "class SessionRepository:\n    pass\n",
+        "pkg/aio.py": "class SessionRepository(Base):\n    sync_class = sync.SessionRepository\n",
+        "pkg/other.py": "class SessionRepository(Base):\n    sync_class = sync.MessageRepository\n",
+    }
+    assert shared_names(planted) == {"SessionRepository": ["pkg/other.py", "pkg/repositories.py"]}

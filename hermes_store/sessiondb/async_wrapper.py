@@ -40,7 +40,3 @@ class ThreadedSessionDB:
         # Hermes' text: hosts know this object as hermes_state.AsyncSessionDB.
         return f"AsyncSessionDB({self._db!r})"
 
-
-#: Transitional: facade.py still imports this name; it is to import
-#: ``ThreadedSessionDB as AsyncSessionDB`` instead, and then this alias goes.
-AsyncSessionDB = ThreadedSessionDB
