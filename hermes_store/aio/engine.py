@@ -9,20 +9,145 @@ keys, typed errors and pooler-safe PostgreSQL defaults as a sync one.
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
+import sqlite3
 from typing import Any, TypeVar
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from sqlalchemy.dialects.sqlite.aiosqlite import (
+    AsyncAdapt_aiosqlite_connection,
+    AsyncAdapt_aiosqlite_cursor,
+    AsyncAdapt_aiosqlite_dbapi,
+)
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.asyncio import create_async_engine as _sa_create_async_engine
-from sqlalchemy.util import greenlet_spawn
+from sqlalchemy.util import EMPTY_DICT, await_only, greenlet_spawn
 
 from .. import dialects, errors
 from ..engine import DEFAULT_BUSY_TIMEOUT_MS, install_error_translation, to_url, with_schema
 from ..targets import refuse_sync
 
 T = TypeVar("T")
+
+# --------------------------------------------------------------------------- aiosqlite, one hop a statement
+#
+# aiosqlite runs every call on its connection's own thread: a queue put, a wake-up of
+# that thread, and a wake-up of the loop when it is done (a "hop"). SQLAlchemy's adapter
+# makes four of them per statement (open a cursor, execute, fetch the rows, close the
+# cursor), so an append of four statements cost sixteen hops, most of the async API's
+# extra time on SQLite. The cursor below does all four in one hop, on the driver's
+# thread, and keeps what the DB-API cursor would answer afterwards (rows, description,
+# rowcount, lastrowid) as plain values.
+
+
+def _statement_on_thread(conn: sqlite3.Connection, operation: str, parameters: Any, many: bool
+                         ) -> tuple[Any, list[Any] | None, int, int | None]:
+    """One statement, start to end, on aiosqlite's thread: (description, rows, rowcount, lastrowid)."""
+    cursor = conn.cursor()
+    try:
+        if many:
+            cursor.executemany(operation, parameters)
+        elif parameters is None:
+            cursor.execute(operation)
+        else:
+            cursor.execute(operation, parameters)
+        description = cursor.description
+        rows = cursor.fetchall() if description else None
+        return description, rows, cursor.rowcount, cursor.lastrowid
+    finally:
+        cursor.close()
+
+
+class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
+    """SQLAlchemy's aiosqlite cursor with each statement one hop to the driver's thread
+    (see above). Server-side cursors stay SQLAlchemy's own."""
+
+    __slots__ = ("_description", "_lastrowid", "_rowcount")
+
+    def __init__(self, adapt_connection: AsyncAdapt_aiosqlite_connection) -> None:
+        self._adapt_connection = adapt_connection
+        self._connection = adapt_connection._connection
+        self._cursor = None  # type: ignore[assignment]  # no driver cursor is kept between hops
+        self._soft_closed_memoized = EMPTY_DICT
+        self._rows = collections.deque()
+        self._description: Any = None
+        self._rowcount = -1
+        self._lastrowid: int | None = None
+
+    @property
+    def description(self) -> Any:
+        return self._description
+
+    @property
+    def rowcount(self) -> int:
+        return self._rowcount
+
+    @property
+    def lastrowid(self) -> int:
+        return self._lastrowid  # type: ignore[return-value]
+
+    @property
+    def arraysize(self) -> int:
+        return 1
+
+    @arraysize.setter
+    def arraysize(self, value: int) -> None:
+        pass  # every row is fetched in the statement's hop
+
+    async def _async_soft_close(self) -> None:
+        return None  # nothing held on the driver's thread
+
+    def close(self) -> None:
+        self._rows.clear()
+
+    def execute(self, operation: Any, parameters: Any = None) -> Any:
+        try:
+            return await_only(self._run(operation, parameters, False))
+        except Exception as error:
+            self._adapt_connection._handle_exception(error)
+
+    def executemany(self, operation: Any, seq_of_parameters: Sequence[Any]) -> Any:
+        try:
+            return await_only(self._run(operation, seq_of_parameters, True))
+        except Exception as error:
+            self._adapt_connection._handle_exception(error)
+
+    async def _run(self, operation: Any, parameters: Any, many: bool) -> None:
+        driver = self._connection
+        async with self._adapt_connection._execute_mutex:
+            description, rows, self._rowcount, self._lastrowid = await driver._execute(
+                _statement_on_thread, driver._conn, operation, parameters, many)
+        self._description = description
+        self._rows = collections.deque(rows) if rows else collections.deque()
+
+    def nextset(self) -> None:
+        return None  # sqlite3 has one result set per statement
+
+
+class OneHopConnection(AsyncAdapt_aiosqlite_connection):
+    """SQLAlchemy's aiosqlite connection adapter with :class:`OneHopCursor`."""
+
+    __slots__ = ()
+    _cursor_cls = OneHopCursor  # type: ignore[assignment]  # a subclass; mypy reads its __init__ as narrower
+
+
+class OneHopAiosqlite(AsyncAdapt_aiosqlite_dbapi):
+    """The DB-API module an aiosqlite engine of ours is given (``module=``): SQLAlchemy's,
+    with :class:`OneHopConnection` for connections."""
+
+    def connect(self, *arg: Any, **kw: Any) -> OneHopConnection:
+        adapted = super().connect(*arg, **kw)
+        adapted.__class__ = OneHopConnection
+        return adapted  # type: ignore[return-value]
+
+
+def _aiosqlite_module() -> OneHopAiosqlite:
+    import aiosqlite
+
+    return OneHopAiosqlite(aiosqlite, sqlite3)
+
 
 def async_url(target: str | os.PathLike[str] | URL) -> URL:
     """``target`` (a URL or a SQLite file path) with an asyncio driver: ``sqlite://``
@@ -54,7 +179,10 @@ def create_async_engine(
         raise errors.InvalidInputError("aio.create_async_engine takes a URL or a path; this is an engine already")
     url = async_url(with_schema(target, schema))
     dialect = dialects.for_url(url)
-    engine = _sa_create_async_engine(url, **dialect.engine_kwargs(url, kwargs, prepared_statements=prepared_statements))
+    options = dialect.engine_kwargs(url, kwargs, prepared_statements=prepared_statements)
+    if url.get_driver_name() == "aiosqlite":
+        options.setdefault("module", _aiosqlite_module())
+    engine = _sa_create_async_engine(url, **options)
     dialect.configure_engine(engine.sync_engine, foreign_keys=foreign_keys, busy_timeout_ms=busy_timeout_ms)
     install_error_translation(engine.sync_engine)
     return engine
