@@ -634,11 +634,8 @@ class SearchRepository(Repository):
         params["bg_block"] = cjk_pairs.BLOCK
         cand = cjk_pairs.candidate_blocks_sql(grams, params)
         if flat:
-            # Choose: candidates E rows vs. a newest-first walk of about window*N/E rows.
-            # The rows above the high-water mark are scanned either way: count them in.
             blocks = cjk_bigram.estimate_blocks(self.conn, grams, mark=params["bg_hw"], counts=marks.counts)
-            estimate = blocks * cjk_pairs.BLOCK + max(total - params["bg_hw"], 0)
-            if estimate * estimate > max(window, 1) * total:
+            if _walk_is_cheaper(blocks * cjk_pairs.BLOCK, params["bg_hw"], total, window):
                 # The walk keeps the blocks as a prefilter: a row the index covers is
                 # tested with LIKE only when its block can hold the term.
                 return scan + routes.block_prefilter(cand), True
@@ -741,6 +738,26 @@ def _project(hits: list[SearchHit], wanted: tuple[str, ...] | None) -> list[Sear
     # it is cut from (the caller named the keys it will read), not as every key present.
     rows: list[Mapping[str, object]] = list(hits)
     return [cast(SearchHit, {k: h[k] for k in wanted if k in h}) for h in rows]
+
+
+def _walk_is_cheaper(candidates: int, high_water: int, total: int, window: int) -> bool:
+    """Whether a newest-first walk of every row (stopping once ``window`` hits are found)
+    reads fewer rows than the candidate blocks plus the tail above the high-water mark.
+
+    ``candidates``: rows of the blocks that may hold the terms, up to ``high_water``; the
+    tail (``total - high_water`` rows, appended since the last catch-up) is read by its
+    primary-key range. The walk expects hits at the candidates' density over the whole
+    table: a term the index covers nowhere is not expected in the tail either, so the
+    tail alone is read, never every message (counting the tail as hits made a rare term
+    walk the whole table). With nothing indexed there is no density to go by: walk.
+    """
+    covered = max(high_water, 0)
+    tail = max(total - covered, 0)
+    if covered == 0:
+        return True
+    hits = candidates * total / covered
+    walked = max(window, 1) * total / hits if hits else float("inf")
+    return walked < candidates + tail
 
 
 def _is_stale(value: Any) -> bool:
