@@ -30,7 +30,7 @@ from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from . import errors, migrations, paths, retry
+from . import errors, migrations, paths, retry, write_queue
 from .dialects import backend_name, find_for, for_connection
 from .dialects.base import LOCK_BUDGET_OPTION
 from .dialects.sqlite import _wal_warned
@@ -663,6 +663,9 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             with self._borrow(write=True) as (conn, kept):
                 if one_statement and dialect.one_statement_writes:
                     return self._one_statement(conn, kept, fn, deadline)
+                # In line behind this process's other writers of the file, for at most
+                # what is left of the budget (write_queue; SQLite only).
+                conn.execution_options(**{write_queue.WAIT_OPTION: max(0.0, deadline - _monotonic())})
                 try:
                     with conn.begin():
                         try:
@@ -753,7 +756,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         next interval."""
         try:
             if due:
-                self._checkpoint()
+                self._schedule("WAL checkpoint", self._checkpoint)
                 self._schedule("short-CJK index catch-up", self._catch_up_search_index)
             self._after_write(writes)
         except Exception:

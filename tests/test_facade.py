@@ -516,6 +516,10 @@ def test_checkpoint_every_50_writes_and_on_close(db: SessionDB, backend: str, mo
     db.create_session("s", "cli")
     for i in range(99):
         db.append_message("s", "user", f"m{i}")
+        if i == 48:  # the 50th write: its checkpoint runs on the upkeep thread, off the caller's path
+            assert db.wait_for_upkeep(30)
+            assert calls == ["cp"]
+    assert db.wait_for_upkeep(30)
     assert calls == ["cp"] * 2
     db.close()
     assert calls == ["cp"] * 3

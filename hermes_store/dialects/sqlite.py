@@ -20,8 +20,9 @@ from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.util import await_only
 
-from .. import errors
+from .. import errors, write_queue
 from ..sqlite_journal import WAL_FALLBACK_WARNED
 from .base import CLOSED_BY_COMPRESSION, OUR_TABLES, MessageRuns, refused_append, translate_python_error
 from .fts5 import (
@@ -148,23 +149,49 @@ def driver_in_transaction(conn: Connection, default: bool = False) -> bool:
 def _emit_begin(conn: Connection) -> None:
     """``begin`` hook: start a real SQLite transaction unless the driver already has one.
 
-    Sent straight to the DB-API connection: this runs for every transaction, and a
-    round trip through SQLAlchemy's execution machinery would double its cost. That
-    also bypasses ``handle_error`` (SQLAlchemy runs this hook outside its own error
-    handling), so failures are translated here.
+    A write (``BEGIN IMMEDIATE``) on an engine of ours first takes its file's turn in
+    this process (:mod:`hermes_store.write_queue`), so writers of one process wait on
+    each other, in order, instead of on SQLite's busy handler; the turn ends with the
+    transaction. Sent straight to the DB-API connection: this runs for every
+    transaction, and a round trip through SQLAlchemy's execution machinery would double
+    its cost. That also bypasses ``handle_error`` (SQLAlchemy runs this hook outside
+    its own error handling), so failures are translated here.
     """
     if driver_in_transaction(conn):
         return
-    mode = conn.get_execution_options().get(BEGIN_MODE, "DEFERRED")
+    options = conn.get_execution_options()
+    mode = options.get(BEGIN_MODE, "DEFERRED")
+    raw = dbapi(conn)
+    binding = write_queue.binding_of(conn.dialect) if mode != "DEFERRED" else None
+    if binding is not None:
+        _take_turn(conn, binding, raw, options.get(write_queue.WAIT_OPTION))
     try:
-        dbapi(conn).execute(f"BEGIN {mode}")
+        raw.execute(f"BEGIN {mode}")
     except sqlite3.Error as exc:
-        # BEGIN IMMEDIATE behind another writer: DatabaseLockedError, which the retry
-        # loops accept as a lock and a host's UnitOfWork sees typed.
+        if binding is not None:
+            binding.queue.release(raw)
+        # BEGIN IMMEDIATE behind another process's writer: DatabaseLockedError, which the
+        # retry loops accept as a lock and a host's UnitOfWork sees typed.
         typed = DIALECT.translate_error(exc, locks=True)
         if typed is None:
             raise
         raise typed from exc
+    except BaseException:
+        if binding is not None:
+            binding.queue.release(raw)
+        raise
+
+
+def _take_turn(conn: Connection, binding: write_queue.Binding, raw: Any, wait: float | None) -> None:
+    """Wait for this file's write turn in this process (on an async engine, as a task of
+    its loop); past ``wait`` seconds (default: the engine's) DatabaseLockedError."""
+    seconds = binding.default_wait_s if wait is None else float(wait)
+    queue = binding.queue
+    took = (await_only(queue.take_async(raw, seconds)) if conn.dialect.is_async
+            else queue.take(raw, seconds))
+    if not took:
+        raise errors.DatabaseLockedError(
+            f"{queue.key}: other writers of this process held it for {seconds:.3g}s; giving up")
 
 
 def install_begin_hook(target: Engine | Connection) -> None:
@@ -393,6 +420,11 @@ class SQLiteDialect:
                 cur.close()
 
         install_begin_hook(engine)
+        path = self.database_path(engine.url)
+        if path is not None and not path.startswith("file:"):
+            # Writers of this file in this process take turns (see write_queue); the
+            # default wait for a turn is the busy timeout a writer would have waited.
+            write_queue.install(engine.dialect, path, default_wait_s=busy_timeout_ms / 1000)
 
     # -------------------------------------------------------------- locking and retries
 
@@ -401,9 +433,9 @@ class SQLiteDialect:
         # through on a lock upgrade.
         return {BEGIN_MODE: "IMMEDIATE" if write else "DEFERRED"}
 
-    # One writer at a time (BEGIN IMMEDIATE): upkeep after the write costs no other
-    # writer anything, and a worker thread would only take the lock from the caller.
-    upkeep_in_background = False
+    # Upkeep (checkpoint, index catch-up) runs on the store's upkeep thread, never on the
+    # caller's write: its write waits in the file's writer queue like any other writer.
+    upkeep_in_background = True
 
     def try_upkeep_lock(self, conn: Connection, purpose: str) -> bool:
         return True  # the write transaction's file lock already makes it the only one

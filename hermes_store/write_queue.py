@@ -1,0 +1,215 @@
+"""Writers of one SQLite file in one process take turns here, first come first served.
+
+SQLite lets one writer at a time into a file. Two writers of the same process that meet
+at its write lock learn of each other only through ``SQLITE_BUSY``: the loser sleeps in
+SQLite's busy handler (or in our retry jitter) and wakes on a timer, not when the lock
+is free, so eight threads spend most of their time asleep. Here they wait on each other
+instead: every write transaction of ours (``BEGIN IMMEDIATE`` from any ``SessionDB``,
+engine or unit of work on the file) first takes the file's turn, and the holder hands it
+straight to the next in line when its transaction ends. Only writers in *other*
+processes still meet SQLite's busy handling, and the retry budget above it.
+
+The queue is per file (its resolved path) and per process, shared by every engine of
+ours on that file. A turn belongs to the DB-API connection that began the transaction,
+and ends when that connection commits, rolls back or closes: :func:`install` wraps those
+three calls of an engine's dialect instance (the pool calls the same ones when it resets
+or discards a connection, so a turn never outlives its transaction). Waiters are threads
+(a ``threading.Event`` each) or event-loop tasks (a future, woken thread-safely), in one
+line. A waiter whose budget runs out leaves the line; its caller raises
+:class:`~hermes_store.errors.DatabaseLockedError`, which the retry loops accept as a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Connection execution option: seconds a write may wait for its turn (what is left of
+#: the caller's budget). Without it, the engine's own default (its busy timeout).
+WAIT_OPTION = "hermes_store_turn_wait_s"
+
+
+@dataclass(eq=False)
+class _Waiter:
+    """One writer in line. ``granted`` is set under the queue's mutex, so a waiter whose
+    wait just timed out can still tell that the turn reached it."""
+
+    owner: object
+    event: threading.Event | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    future: asyncio.Future[bool] | None = None
+    granted: bool = False
+
+    def grant(self) -> bool:
+        """Hand the turn over; False when this waiter can no longer take it (its loop closed)."""
+        if self.event is not None:
+            self.granted = True
+            self.event.set()
+            return True
+        assert self.loop is not None and self.future is not None
+        try:
+            self.loop.call_soon_threadsafe(_resolve, self.future)
+        except RuntimeError:  # the loop is closed: nobody is left to take the turn
+            return False
+        self.granted = True
+        return True
+
+
+def _resolve(future: asyncio.Future[bool]) -> None:
+    if not future.done():
+        future.set_result(True)
+
+
+@dataclass(eq=False)
+class WriterQueue:
+    """The turn to write one file, held by at most one connection, handed over in order."""
+
+    key: str
+    _mutex: threading.Lock = field(default_factory=threading.Lock)
+    _holder: object | None = None
+    _line: deque[_Waiter] = field(default_factory=deque)
+
+    def _enter(self, owner: object) -> bool:
+        """Take the turn at once if it is free and nobody waits (call under the mutex)."""
+        if self._holder is None and not self._line:
+            self._holder = owner
+            return True
+        return False
+
+    def take(self, owner: object, timeout: float) -> bool:
+        """Wait (this thread) for the turn, at most ``timeout`` seconds; False if it never came."""
+        with self._mutex:
+            if self._enter(owner):
+                return True
+            waiter = _Waiter(owner, event=threading.Event())
+            self._line.append(waiter)
+        waiter.event.wait(max(0.0, timeout))  # type: ignore[union-attr]
+        return self._settle(waiter)
+
+    async def take_async(self, owner: object, timeout: float) -> bool:
+        """:meth:`take` for a task on an event loop: the loop runs other tasks meanwhile."""
+        loop = asyncio.get_running_loop()
+        with self._mutex:
+            if self._enter(owner):
+                return True
+            waiter = _Waiter(owner, loop=loop, future=loop.create_future())
+            self._line.append(waiter)
+        assert waiter.future is not None
+        try:
+            async with asyncio.timeout(max(0.0, timeout)):
+                await waiter.future
+        except TimeoutError:
+            pass
+        except BaseException:  # cancelled: a turn handed over meanwhile goes to the next
+            if self._settle(waiter):
+                self.release(owner)
+            raise
+        return self._settle(waiter)
+
+    def _settle(self, waiter: _Waiter) -> bool:
+        """After a wait: whether the turn reached ``waiter``; if not, it leaves the line."""
+        with self._mutex:
+            if waiter.granted:
+                return True
+            self._line.remove(waiter)
+            return False
+
+    def release(self, owner: object) -> None:
+        """End ``owner``'s turn (nothing if it holds none) and hand it to the next in line."""
+        with self._mutex:
+            if self._holder is not owner:
+                return
+            while self._line:
+                waiter = self._line.popleft()
+                if waiter.grant():
+                    self._holder = waiter.owner
+                    return
+            self._holder = None
+
+    def holds(self, owner: object) -> bool:
+        return self._holder is owner
+
+    def waiting(self) -> int:
+        """Writers in line now (tests and diagnostics)."""
+        return len(self._line)
+
+
+#: One queue per file in this process (weak: a file nobody has an engine on has none).
+_QUEUES: weakref.WeakValueDictionary[str, WriterQueue] = weakref.WeakValueDictionary()
+_QUEUES_LOCK = threading.Lock()
+
+
+def for_file(path: str | os.PathLike[str]) -> WriterQueue:
+    """The process's queue for the file at ``path`` (symlinks resolved, so two spellings
+    of one file share it)."""
+    key = os.path.realpath(os.path.abspath(os.fspath(path)))
+    with _QUEUES_LOCK:
+        queue = _QUEUES.get(key)
+        if queue is None:
+            queue = _QUEUES[key] = WriterQueue(key)
+        return queue
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What an engine's dialect instance knows of its file's queue."""
+
+    queue: WriterQueue
+    #: Seconds a write without :data:`WAIT_OPTION` waits for its turn.
+    default_wait_s: float
+
+
+#: Dialect instance (one per engine, shared by its option engines) -> its binding.
+_BOUND: weakref.WeakKeyDictionary[Any, Binding] = weakref.WeakKeyDictionary()
+
+
+def _raw(connection: Any) -> Any:
+    """The DB-API connection a pool proxy stands for (the owner of a turn)."""
+    return getattr(connection, "dbapi_connection", connection)
+
+
+def install(dialect: Any, path: str | os.PathLike[str], *, default_wait_s: float) -> None:
+    """Bind ``dialect`` (an engine's SQLAlchemy dialect instance) to the queue of ``path``,
+    and end a connection's turn whenever the dialect commits, rolls back, closes or
+    terminates it. Harmless when called again for the same dialect."""
+    if dialect in _BOUND:
+        return
+    binding = Binding(for_file(path), default_wait_s)
+    _BOUND[dialect] = binding
+    queue = binding.queue
+    for name in ("do_commit", "do_rollback", "do_close", "do_terminate"):
+        original = getattr(dialect, name)
+
+        def ending(connection: Any, _original: Any = original) -> None:
+            try:
+                _original(connection)
+            finally:
+                queue.release(_raw(connection))
+
+        setattr(dialect, name, ending)
+
+
+def binding_of(dialect: Any) -> Binding | None:
+    """The queue binding of an engine's dialect, or None (a host's engine, memory database)."""
+    return _BOUND.get(dialect)
+
+
+def _forget_after_fork() -> None:
+    """A forked child inherits turns held by threads that do not exist in it: start clean."""
+    global _QUEUES_LOCK
+    _QUEUES_LOCK = threading.Lock()
+    for queue in list(_QUEUES.values()):
+        queue._mutex = threading.Lock()
+        queue._holder = None
+        queue._line.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+__all__ = ["WAIT_OPTION", "Binding", "WriterQueue", "binding_of", "for_file", "install"]
