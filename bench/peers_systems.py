@@ -60,6 +60,11 @@ class Ours:
         self.db.create_session(sid, "cli")
         self.db.append_messages_batch(sid, [dict(m) for m in msgs])
 
+    def settle(self) -> None:
+        """After the load: let the store's own upkeep of it (index catch-up off the
+        callers' path) finish, so reads are timed on a settled store."""
+        self.db.wait_for_upkeep(60)
+
     def create(self, sid: str) -> None:
         self.db.create_session(sid, "cli")
 
@@ -112,6 +117,9 @@ class OursAsync:
     async def load(self, sid: str, msgs: list[dict[str, Any]]) -> None:
         await self.db.create_session(sid, "cli")
         await self.db.append_messages_batch(sid, [dict(m) for m in msgs])
+
+    async def settle(self) -> None:
+        await self.db.wait_for_upkeep(60)
 
     async def create(self, sid: str) -> None:
         await self.db.create_session(sid, "cli")
