@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import json
+from operator import itemgetter
 from typing import Any, TypeAlias
 from collections.abc import Iterable, Sequence
 
@@ -420,6 +421,10 @@ def _num(value: Any) -> float:
 _ID, _PARENT, _TOOL, _STARTED, _ENDED, _COMPRESSED, _MARKERS, _ACTIVITY, _HAS, _RESET, _KEY, _RESET_ENDED = range(1, 13)
 
 
+#: Sort keys of the 'up' rows of :meth:`LineageRepository.chain`.
+_BY_ID, _BY_DISTANCE = itemgetter(1), itemgetter(4)
+
+
 def _marked(row: Any) -> bool:
     """Whether the row is a branch or a delegate (NULL ``markers``: surely neither)."""
     config = row[_MARKERS]
@@ -546,7 +551,9 @@ class Graph:
             return None
         if len(kids) == 1:  # a plain chain: no list, no ranking
             kid = kids[0]
-            return None if kid[_TOOL] or _marked(kid) else kid
+            if kid[_TOOL] or (kid[_MARKERS] is not None and _marked(kid)):
+                return None
+            return kid
         walkable = [k for k in kids if not k[_TOOL] and not _marked(k)]
         return max(walkable, key=_rank) if walkable else None
 
@@ -683,11 +690,18 @@ class LineageRepository(Repository):
     def chain(self, session_id: str) -> list[str]:
         """Root → ... → session (every parent link) → ... → compression tip, one statement."""
         rows = self.conn.execute(_chain_stmt(), {"sid": session_id}).fetchall()
-        # the 'up' rows carry their distance from the session in started_at: farthest first
-        above = [r[1] for r in sorted((r for r in rows if r[0] == _UP), key=lambda r: (-r[4], r[1]))]
+        up: list[Any] = []
+        forward: list[Any] = []
+        for r in rows:
+            (up if r[0] == _UP else forward).append(r)
+        # the 'up' rows carry their distance from the session in started_at: farthest
+        # first, then by id (two sorts keyed in C, the second stable)
+        up.sort(key=_BY_ID)
+        up.sort(key=_BY_DISTANCE, reverse=True)
+        above = [r[1] for r in up]
         if not above:
             return []
-        below = Graph(r for r in rows if r[0] != _UP).forward_path(session_id)[1:]
+        below = Graph(forward).forward_path(session_id)[1:]
         listed = set(above)
         return above + [sid for sid in below if sid not in listed]  # a cycle lists each id once
 
