@@ -396,6 +396,9 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         # writers (each stack's connections carry their BEGIN flavour). Checking a
         # connection out of the pool for every append costs as much as the append.
         self._idle: dict[bool, list[Connection]] = {False: [], True: []}
+        #: Appends posted by this store's threads while one is being written go together
+        #: (group commit, one writer at a time only: see write_queue.Batcher).
+        self._batcher = write_queue.Batcher()
         #: Where upkeep runs when the dialect keeps it off the caller's path.
         self._upkeep = self._new_upkeep(target.name if isinstance(target, Path) else (self.url.database or "server"))
         if self.db_path is not None and self.read_only:
@@ -641,7 +644,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
 
     def _write(
         self, fn: Callable[[Connection], T], *, budget: Optional[float] = None, _maintenance: bool = False,
-        one_statement: bool = False,
+        one_statement: bool = False, combine: bool = False,
     ) -> T:
         """Run ``fn`` in one write transaction; retry on lock with jitter within ``budget``.
 
@@ -651,6 +654,11 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
 
         ``one_statement``: ``fn`` sends a single statement (an append), which a server
         runs as its own transaction, budget included (:attr:`Dialect.one_statement_writes`).
+
+        ``combine``: ``fn`` is a short write that may share its transaction (in a savepoint
+        of its own) with this store's other writes posted meanwhile, where one writer
+        writes at a time (:meth:`_write_batch`): eight threads appending cost one commit
+        and one search-index flush per batch, not per message.
         """
         if budget is None:
             # Our name and Hermes v26's for the same budget: lowering either (tests do) shortens it.
@@ -658,6 +666,16 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         if self.read_only:
             raise errors.ReadOnlyDatabaseError(f"{self._label()}: opened with read_only=True")
         dialect = self._dialect
+
+        def combined(deadline: float) -> T:
+            def write(jobs: list[write_queue.Job]) -> None:
+                self._write_batch(jobs, deadline)
+
+            def timed_out() -> BaseException:
+                return errors.DatabaseLockedError(f"{self._label()}: this store's other writes held it; giving up")
+
+            result: T = self._batcher.submit(fn, write, deadline - _monotonic(), timed_out)
+            return result
 
         def attempt(deadline: float) -> T:
             with self._borrow(write=True) as (conn, kept):
@@ -701,8 +719,9 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                     return retry.AGAIN
             return retry.RAISE
 
-        result = retry.run(attempt, budget=budget, triage=triage, give_up=retry.locked_error(self._label, budget),
-                           **self._patience())
+        batched = combine and dialect.one_writer_at_a_time
+        result = retry.run(combined if batched else attempt, budget=budget, triage=triage,
+                           give_up=retry.locked_error(self._label, budget), **self._patience())
         if _maintenance:
             return result
         with self._lock:
@@ -711,6 +730,34 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             due = writes % CHECKPOINT_EVERY == 0
         self._upkeep_after_commit(writes, due)
         return result
+
+    def _write_batch(self, jobs: list[write_queue.Job], deadline: float) -> None:
+        """Write ``jobs`` in one transaction, each in a savepoint (one alone: none), and
+        record each outcome. A job's own error rolls back its savepoint only; an error
+        that ends the transaction (the lock, the disk) is every job's outcome, since
+        nothing of the batch was committed."""
+        with self._borrow(write=True) as (conn, _kept):
+            conn.execution_options(**{write_queue.WAIT_OPTION: max(0.0, deadline - _monotonic())})
+            results: list[tuple[write_queue.Job, Any]] = []
+            try:
+                with conn.begin():
+                    if len(jobs) == 1:
+                        results.append((jobs[0], jobs[0].run(conn)))
+                    else:
+                        for job in jobs:
+                            error, value = self._dialect.run_isolated(conn, job.run)
+                            if error is None:
+                                results.append((job, value))
+                            else:
+                                job.error, job.result = error, None
+            except BaseException as exc:
+                remove_committed_files(conn, committed=False)
+                for job in jobs:
+                    job.error, job.result = exc, None
+                return
+            remove_committed_files(conn)
+            for job, value in results:
+                job.error, job.result = None, value
 
     def _patience(self) -> dict[str, Any]:
         """The retry runner's clock, sleep and jitter windows: this store's sleep, and this

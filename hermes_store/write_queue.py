@@ -26,8 +26,11 @@ import os
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from . import errors
 
 #: Connection execution option: seconds a write may wait for its turn (what is left of
 #: the caller's budget). Without it, the engine's own default (its busy timeout).
@@ -139,6 +142,94 @@ class WriterQueue:
         return len(self._line)
 
 
+@dataclass(eq=False)
+class Job:
+    """One write posted to a :class:`Batcher`: ``run(batch_context)`` and its outcome."""
+
+    run: Callable[[Any], Any]
+    event: threading.Event = field(default_factory=threading.Event)
+    #: queued -> taken (in a batch being written) -> done
+    state: str = "queued"
+    lead: bool = False
+    result: Any = None
+    error: BaseException | None = None
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class Batcher:
+    """Writes posted while another batch is being written go together, in one transaction.
+
+    Group commit, for one store's hot writes (appends): the first caller leads and writes
+    every job posted so far in one transaction (its ``write`` callback; each job in a
+    savepoint of its own, so one failing job rolls back alone); the others sleep until
+    their job's outcome is known, which is after the COMMIT, so nothing is acknowledged
+    before it is durable. A leader hands leadership to the oldest job still queued and
+    returns, so no caller writes for others longer than one batch. A job still queued
+    when its caller's ``timeout`` ends is withdrawn (its caller gives up typed); a job
+    already taken into a batch waits for that batch's outcome.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._queued: list[Job] = []
+        self._leading = False
+
+    def submit(self, run: Callable[[Any], Any], write: Callable[[list[Job]], None], timeout: float,
+               on_timeout: Callable[[], BaseException]) -> Any:
+        """``run``'s outcome, written by this caller (leading) or by another leader.
+
+        ``write(jobs)`` writes a batch and records each job's result or error (it must
+        not raise); ``on_timeout()`` is the error of a job withdrawn unwritten."""
+        job = Job(run)
+        with self._mutex:
+            self._queued.append(job)
+            if not self._leading:
+                self._leading = job.lead = True
+        if not job.lead:
+            job.event.wait(max(0.0, timeout))
+            with self._mutex:
+                if job.state == "queued" and not job.lead:
+                    self._queued.remove(job)
+                    raise on_timeout()
+            if not job.lead:
+                job.event.wait()  # taken into a batch: its outcome comes after that COMMIT
+                return job.outcome()
+        self._lead(write)
+        return job.outcome()
+
+    def _lead(self, write: Callable[[list[Job]], None]) -> None:
+        """Write one batch (this caller's job is in it), wake its jobs, pass leadership on."""
+        # What a job's caller sees unless ``write`` records its outcome.
+        unwritten = errors.HermesStoreError("the batch holding this write ended before writing it")
+        with self._mutex:
+            batch, self._queued = self._queued, []
+            for job in batch:
+                job.state = "taken"
+                job.error = unwritten
+        try:
+            write(batch)
+        except BaseException as exc:  # recorded, not raised: the leader's own job carries it
+            for job in batch:
+                if job.error is unwritten:
+                    job.error = exc
+        finally:
+            with self._mutex:
+                for job in batch:
+                    job.state = "done"
+                    if not job.lead:
+                        job.event.set()
+                if self._queued:
+                    heir = self._queued[0]
+                    heir.lead = True
+                    heir.event.set()
+                else:
+                    self._leading = False
+
+
 #: One queue per file in this process (weak: a file nobody has an engine on has none).
 _QUEUES: weakref.WeakValueDictionary[str, WriterQueue] = weakref.WeakValueDictionary()
 _QUEUES_LOCK = threading.Lock()
@@ -212,4 +303,4 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-__all__ = ["WAIT_OPTION", "Binding", "WriterQueue", "binding_of", "for_file", "install"]
+__all__ = ["WAIT_OPTION", "Batcher", "Binding", "Job", "WriterQueue", "binding_of", "for_file", "install"]

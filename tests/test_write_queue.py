@@ -106,6 +106,113 @@ def test_two_spellings_of_one_file_share_a_queue(tmp_path: Path) -> None:
     assert write_queue.for_file(real) is not write_queue.for_file(tmp_path / "other.db")
 
 
+def test_writes_posted_meanwhile_go_in_one_batch_and_fail_alone() -> None:
+    """Group commit: jobs posted while a batch is being written form the next batch,
+    written by one of their own callers; a job that fails fails only its caller."""
+    batcher = write_queue.Batcher()
+    batches: list[list[str]] = []
+    first_in, release_first = threading.Event(), threading.Event()
+
+    def write(jobs: list[write_queue.Job]) -> None:
+        names = []
+        for job in jobs:
+            try:
+                job.result, job.error = job.run(None), None
+            except Exception as exc:
+                job.result, job.error = None, exc
+            names.append(str(job.result))
+        batches.append(names)
+        if len(batches) == 1:
+            first_in.set()
+            assert release_first.wait(60)
+
+    def timed_out() -> BaseException:
+        return errors.DatabaseLockedError("timed out")
+
+    def boom(_: object) -> str:
+        raise ValueError("this job only")
+
+    outcomes: dict[str, object] = {}
+
+    def caller(name: str, run) -> None:
+        try:
+            outcomes[name] = batcher.submit(run, write, 60.0, timed_out)
+        except Exception as exc:
+            outcomes[name] = exc
+
+    first = threading.Thread(target=caller, args=("a", lambda _: "a"))
+    first.start()
+    assert first_in.wait(60)  # "a" is being written; the next three queue up meanwhile
+    later = [threading.Thread(target=caller, args=(n, r)) for n, r in
+             (("b", lambda _: "b"), ("c", boom), ("d", lambda _: "d"))]
+    for t in later:
+        t.start()
+    while len(batcher._queued) < 3:
+        threading.Event().wait(0.001)
+    release_first.set()
+    for t in [first, *later]:
+        t.join(60)
+    assert batches == [["a"], ["b", "None", "d"]]
+    assert outcomes["a"] == "a" and outcomes["b"] == "b" and outcomes["d"] == "d"
+    assert isinstance(outcomes["c"], ValueError)
+    assert batcher._queued == [] and not batcher._leading
+
+
+def test_a_queued_write_past_its_budget_is_withdrawn_unwritten() -> None:
+    batcher = write_queue.Batcher()
+    written: list[str] = []
+    writing, finish = threading.Event(), threading.Event()
+
+    def write(jobs: list[write_queue.Job]) -> None:
+        for job in jobs:
+            job.result, job.error = job.run(None), None
+            written.append(job.result)
+        writing.set()
+        assert finish.wait(60)
+
+    holder = threading.Thread(target=lambda: batcher.submit(lambda _: "held", write, 60.0, RuntimeError))
+    holder.start()
+    assert writing.wait(60)
+    with pytest.raises(errors.DatabaseLockedError):
+        batcher.submit(lambda _: "late", write, 0.05, lambda: errors.DatabaseLockedError("timed out"))
+    finish.set()
+    holder.join(60)
+    assert written == ["held"] and batcher._queued == []
+
+
+def test_a_failing_append_in_a_batch_rolls_back_only_its_own_work(tmp_path: Path) -> None:
+    """Eight threads append to one store; one of them keeps appending rows that fail
+    after their counter update ran (no role): its savepoint undoes the update, the
+    others' rows and counters are exact."""
+    path = tmp_path / "state.db"
+    db = SessionDB(path)
+    try:
+        for t in range(THREADS):
+            db.create_session(f"t{t}", "cli")
+        barrier = threading.Barrier(THREADS)
+        raised: list[BaseException] = []
+        unexpected: list[BaseException] = []
+
+        def writer(t: int) -> None:
+            barrier.wait()
+            for i in range(APPENDS):
+                try:
+                    db.append_message(f"t{t}", None if t == 0 else "user", f"{t} {i}")  # type: ignore[arg-type]
+                except Exception as exc:
+                    (raised if t == 0 else unexpected).append(exc)
+
+        threads = [threading.Thread(target=writer, args=(t,)) for t in range(THREADS)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(300)
+        assert unexpected == []
+        assert len(raised) == APPENDS
+        assert _rows(path) == {"t0": (0, 0), **{f"t{t}": (APPENDS, APPENDS) for t in range(1, THREADS)}}
+    finally:
+        db.close()
+
+
 # ------------------------------------------------------------------ threads of one process
 
 
@@ -218,7 +325,9 @@ def test_a_writer_in_line_gives_up_typed_when_its_budget_runs_out(tmp_path: Path
     engine = create_engine(path)
     try:
         db.create_session("s", "cli")
+        # An append's budget: the shorter of the write and transcript budgets, as set now.
         monkeypatch.setattr(facade, "WRITE_BUDGET_S", 0.3)
+        monkeypatch.setattr(facade, "TRANSCRIPT_BUDGET_S", 0.3, raising=False)
         holding = threading.Event()
         done = threading.Event()
 

@@ -365,6 +365,23 @@ class SQLiteDialect:
     def isolate_failure(self, conn: Connection) -> AbstractContextManager[Any]:
         return nullcontext()  # a failed statement leaves a SQLite transaction usable
 
+    def run_isolated(self, conn: Connection, fn: Callable[[Connection], Any]) -> tuple[BaseException | None, Any]:
+        # Savepoints sent straight to the driver: SQLAlchemy's cost more than the append
+        # they guard. A statement failing leaves a SQLite transaction open, except the
+        # errors that end it (a full disk, I/O): those end the batch.
+        raw = dbapi(conn)
+        raw.execute("SAVEPOINT hermes_store_job")
+        try:
+            value = fn(conn)
+        except Exception as exc:
+            if not driver_in_transaction(conn, default=True):
+                raise
+            raw.execute("ROLLBACK TO hermes_store_job")
+            raw.execute("RELEASE hermes_store_job")
+            return exc, None
+        raw.execute("RELEASE hermes_store_job")
+        return None, value
+
     def join_driver_transaction(self, conn: Connection) -> None:
         """pysqlite (in its default mode) sends BEGIN only before INSERT/UPDATE/DELETE; a
         host that began a transaction and ran only DDL or SELECTs so far is still in

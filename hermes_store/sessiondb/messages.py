@@ -72,7 +72,7 @@ class MessagesMixin(Host):
         return self._write(
             lambda c: MessageRepository(c).append(session_id, role, content, timestamp=timestamp,
                                                   turn_lease=lease, **fields),
-            budget=transcript_budget(), one_statement=lease is None,
+            budget=transcript_budget(), one_statement=lease is None, combine=lease is None,
         )
 
     def append_messages(self, messages: Iterable[dict[str, Any]]) -> int:
