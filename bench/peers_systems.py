@@ -30,7 +30,7 @@ def pg_url(url: str, driver: str) -> str:
     return make_url(url).set(drivername=f"postgresql+{driver}").render_as_string(hide_password=False)
 
 
-def _pg_conninfo(url: str) -> str:
+def pg_conninfo(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -454,7 +454,7 @@ class Floor:
         else:
             import psycopg
 
-            c = psycopg.connect(_pg_conninfo(self.target), autocommit=True)
+            c = psycopg.connect(pg_conninfo(self.target), autocommit=True)
         self.conns.append(c)
         return c
 
