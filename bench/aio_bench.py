@@ -22,7 +22,8 @@ other groups do:
 Operations: single append (1 message per transaction, each implementation on its own
 copy of the database, as in the ``writes`` group), word search (5 of the search
 group's word queries) and one short-CJK query (``数据``), the listing page of 20
-(``list_sessions_rich(limit=20)``), and 8-task aggregate append throughput: 8
+(``list_sessions_rich(limit=20)``), reading a conversation back (Hermes' replay of the
+replay group's session, ``get_messages_as_conversation``), and 8-task aggregate append throughput: 8
 concurrent writers in this one process, each appending to its own session:
 
 * ``aio`` / ``aio-pg3``: 8 asyncio tasks sharing one ``AsyncSessionDB`` (its pool);
@@ -33,6 +34,11 @@ concurrent writers in this one process, each appending to its own session:
 * for comparison, the sync API: ``facade`` with 8 threads sharing one ``SessionDB``,
   and the sync floor with 8 threads, one connection each (``sqlite3`` with a 60 s
   busy timeout; ``psycopg``).
+
+The group ends with the async facade against the sync one (issue 32's targets): per call,
+aio p50 / facade p50 for append, read conversation, word and CJK search and listing
+(target <= x1.25), and 8 tasks' aggregate msg/s over 8 threads' (target >= x0.9); a
+missed target is marked ``(!)``.
 
 For 8-task throughput the floor is ``asyncpg`` on PostgreSQL and ``aiosqlite`` (8
 tasks, the same concurrency model as ``aio``) on SQLite.
@@ -146,6 +152,7 @@ _PG_FTS = _dollar(pg_baseline._FTS)  # $1: the tsquery text, $2: the limit
 _PG_ROOTS = _dollar(pg_baseline._ROOTS)
 _PG_TIPS = _dollar(pg_baseline._TIPS)
 _PG_ROWS = _dollar(pg_baseline._ROWS)  # $1 is a text[] (inferred from ``id = ANY($1)``)
+_PG_REPLAY = f"SELECT {baseline.REPLAY_COLUMNS} FROM messages WHERE session_id = $1 AND active = 1 ORDER BY id"
 
 
 class AsyncpgFloor:
@@ -186,6 +193,11 @@ class AsyncpgFloor:
         args = [pg_baseline._like_pattern(t) for t in terms]
         rows = await self.conn.fetch(pg_baseline._substring_sql(where, f"${len(terms) + 1}"), *args, limit)
         return pg_baseline._substring_hits(rows, terms)
+
+    # ------------------------------------------------------------------ replay
+    async def conversation(self, session_id: str) -> list[dict[str, Any]]:
+        rows = await self.conn.fetch(_PG_REPLAY, session_id)
+        return [baseline.replay_turn(r, pg_baseline._decode_content(r[1])) for r in rows]
 
     # ------------------------------------------------------------------ listing
     async def list_sessions_rich(self, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
@@ -254,6 +266,12 @@ class AioSqliteFloor:
         hits = baseline._substring_hits(rows, terms)
         await self._context(hits)
         return hits
+
+    async def conversation(self, session_id: str) -> list[dict[str, Any]]:
+        rows = await self.conn.execute_fetchall(
+            f"SELECT {baseline.REPLAY_COLUMNS} FROM messages WHERE session_id = ? AND active = 1 ORDER BY id",
+            (session_id,))
+        return [baseline.replay_turn(r, baseline._decode_content(r[1])) for r in rows]
 
     async def list_sessions_rich(self, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
         c = self.conn
@@ -416,6 +434,8 @@ class _Group:
         self.rep.name_width = 10
         self.main = rep
         self.closers: list[Callable[[], Awaitable[Any]]] = []
+        #: (lib, operation) -> lib / facade: p50 per call, or 8 tasks' msg/s over 8 threads'.
+        self.summary: dict[tuple[str, str], float] = {}
 
     # ------------------------------------------------------------------ opening
     def lib_target(self, name: str, target: str) -> tuple[Any, dict[str, Any]]:
@@ -482,10 +502,13 @@ class _Group:
             out["aiosqlite"] = meter.SqliteMeter(h["aiosqlite"].sqlite3_connection)
         return out
 
-    def side_ratios(self, st: dict[str, Any], key: str = "p50_ms") -> None:
-        """aio against the sync API and against the other plain driver (the table's ratio is to the floor)."""
+    def side_ratios(self, st: dict[str, Any], key: str = "p50_ms", op: str | None = None) -> None:
+        """aio against the sync API and against the other plain driver (the table's ratio is to the floor);
+        ``op``: the name the aio/facade ratio goes under in the closing summary."""
         parts = []
         for lib in self.libs:
+            if op is not None:
+                self.summary[(lib, op)] = st[lib][key] / st["facade"][key]
             parts.append(f"{lib}/facade x{st[lib][key] / st['facade'][key]:.2f}")
             parts.append(f"{lib}/{self.other} x{st[lib][key] / st[self.other][key]:.2f}")
         parts.append(f"{self.other}/{self.floor} x{st[self.other][key] / st[self.floor][key]:.2f}")
@@ -533,7 +556,7 @@ class _Group:
         probes = {n: await aprobe(impls[n], meters[n], 100, 50) for n in self.names}
         st = self.rep.add("async: single append (1 message / transaction)", self.size, samples, unit="ops/s",
                           probes=probes)
-        self.side_ratios(st)
+        self.side_ratios(st, op="append")
         counts = {n: _message_count(self.bk, admin[n], sid) for n in self.names}
         self.rep.check("async append counters", len(set(counts.values())) == 1, str(counts))
 
@@ -598,7 +621,7 @@ class _Group:
             label = f"{len(queries)} queries" if len(queries) > 1 else repr(queries[0])
             st = self.rep.add(f"async: {group}, {label}", self.size, agg,
                               probes={n: meter.merge(agg_probes[n]) for n in self.names})
-            self.side_ratios(st)
+            self.side_ratios(st, op="word search" if group == "word search" else "CJK search")
 
         # listing: a page of 20
         impls = {}
@@ -623,7 +646,31 @@ class _Group:
                                f"{len(first[n])} vs {len(first['facade'])} rows")
         st = self.rep.add(f"async: list_sessions_rich: page of 20 (of {self.meta.get('listed_sessions', 0):,} "
                           f"visible, {self.meta['sessions']:,} sessions)", self.size, samples, probes=probes)
-        self.side_ratios(st)
+        self.side_ratios(st, op="listing")
+
+        # read a conversation back: Hermes' replay of one session
+        sid = self.meta["replay_session"]
+        impls = {}
+        for name in self.libs:
+            impls[name] = lambda name=name: h[name].get_messages_as_conversation(sid)
+        impls["facade"] = _sync(lambda: h["facade"].get_messages_as_conversation(sid))
+        for name in (self.floor, self.other):
+            if name in ("asyncpg", "aiosqlite"):
+                impls[name] = lambda name=name: h[name].conversation(sid)
+            else:
+                impls[name] = _sync(lambda name=name: h[name].conversation(sid))
+        impls = {n: impls[n] for n in self.names}
+        first = {}
+        probes = {}
+        samples = await abench(impls, reps=20 if self.quick else 40, warmup=2, budget_s=20.0, min_reps=5,
+                               results=first, meters=meters, probes=probes)
+        for n in self.names:
+            if n != "facade":
+                self.rep.check(f"async read conversation: {n} = facade", first[n] == first["facade"],
+                               f"{len(first[n])} vs {len(first['facade'])} messages")
+        st = self.rep.add(f"async: read conversation ({self.meta['replay_messages']} messages)", self.size,
+                          samples, probes=probes)
+        self.side_ratios(st, op="read conversation")
 
     # ------------------------------------------------------------------ 4. 8 concurrent writers
     async def concurrent(self, h: dict[str, Any], admin: dict[str, Any], targets: dict[str, str]) -> None:
@@ -706,6 +753,9 @@ class _Group:
             parts = [f"{lib}/{name} x{rates[name] / rates[lib]:.2f}" for lib in self.libs
                      for name in ("facade", sync_floor) if rates[lib]]
             print("    msg/s ratios: " + "   ".join(parts))
+            for lib in self.libs:
+                if rates["facade"]:
+                    self.summary[(lib, f"{TASKS} tasks / {TASKS} threads")] = rates[lib] / rates["facade"]
         finally:
             if "pool" in extra:
                 await extra["pool"].close()
@@ -856,6 +906,28 @@ def _session_rows(bk: Any, admin: Any, sid: str) -> tuple[int, int]:
     return int(stored), int(_message_count(bk, admin, sid) or 0)
 
 
+#: Issue 32's targets for the async facade against the sync one.
+PER_CALL_TARGET = 1.25
+TASKS_TARGET = 0.9
+
+
+def _print_summary(g: _Group) -> None:
+    """aio against the sync facade, one line per library implementation: per call (p50, lower is
+    better, target <= x1.25) and 8 tasks' aggregate msg/s over 8 threads' (higher, target >= x0.9)."""
+    print(f"  -- async facade / sync facade [{g.size}] ({g.bk.name}): per call p50 (target <= "
+          f"x{PER_CALL_TARGET}); {TASKS} tasks / {TASKS} threads msg/s (target >= x{TASKS_TARGET})")
+    for lib in g.libs:
+        parts = []
+        for (name, op), ratio in g.summary.items():
+            if name != lib:
+                continue
+            met = ratio >= TASKS_TARGET if op.endswith("threads") else ratio <= PER_CALL_TARGET
+            parts.append(f"{op} x{ratio:.2f}{'' if met else ' (!)'}")
+            g.rep.rows.append({"op": f"async: {lib}/facade: {op}", "size": g.size, "impl": lib, "ratio": ratio,
+                               "target_met": met, "unit": "ratio"})
+        print(f"    {lib:<10} " + "   ".join(parts))
+
+
 async def _run(g: _Group) -> None:
     bk = g.bk
     load0 = _loadavg()
@@ -889,6 +961,7 @@ async def _run(g: _Group) -> None:
         for t in copies.values():
             with contextlib.suppress(Exception):
                 bk.discard(t)
+    _print_summary(g)
     load1 = _loadavg()
     print(f"  -- asyncio API done in {time.perf_counter() - t0:.1f} s; load average at end: {load1}")
     g.rep.notes.append(f"async group [{g.size}] ({bk.name}): load average at start {load0}, at end {load1}")

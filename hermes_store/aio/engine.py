@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import re
 import sqlite3
 from typing import Any, TypeVar
 from collections.abc import Callable, Sequence
 
+import aiosqlite
 from sqlalchemy.dialects.sqlite.aiosqlite import (
     AsyncAdapt_aiosqlite_connection,
     AsyncAdapt_aiosqlite_cursor,
     AsyncAdapt_aiosqlite_dbapi,
+    SQLiteDialect_aiosqlite,
 )
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -39,7 +42,46 @@ T = TypeVar("T")
 # cursor), so an append of four statements cost sixteen hops, most of the async API's
 # extra time on SQLite. The cursor below does all four in one hop, on the driver's
 # thread, and keeps what the DB-API cursor would answer afterwards (rows, description,
-# rowcount, lastrowid) as plain values.
+# rowcount, lastrowid) as plain values. A ``BEGIN`` travels with the hop that follows it
+# (:class:`BeginWithNext`): every transaction costs one hop less, and a transaction
+# that ends before running anything costs none.
+
+#: A transaction's opening statement, as our begin hook and SQLAlchemy send it.
+_BEGIN = re.compile(r"\s*BEGIN(?:\s+(?:DEFERRED|IMMEDIATE|EXCLUSIVE))?(?:\s+TRANSACTION)?\s*;?\s*", re.IGNORECASE)
+
+
+class BeginWithNext(aiosqlite.Connection):
+    """aiosqlite's connection, where a ``BEGIN`` waits for the next call to its thread
+    and runs there first, in the same hop. Whatever that call is (a statement, a
+    COMMIT, a cursor), SQLite sees the same order as before; a failed BEGIN fails that
+    call, before it runs. :attr:`in_transaction` counts the waiting BEGIN."""
+
+    #: The ``BEGIN`` waiting for the next hop.
+    _begin_next: str | None = None
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._begin_next is not None or bool(self._conn.in_transaction)
+
+    def begin_with_next(self, sql: str) -> None:
+        self._begin_next = sql
+
+    def drop_begin(self) -> bool:
+        """Forget a waiting BEGIN (its transaction ended before running anything); True if there was one."""
+        waiting, self._begin_next = self._begin_next, None
+        return waiting is not None
+
+    async def _execute(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        begin, self._begin_next = self._begin_next, None
+        if begin is None:
+            return await super()._execute(fn, *args, **kwargs)  # type: ignore[no-untyped-call]
+        conn = self._conn
+
+        def begin_then() -> Any:
+            conn.execute(begin)
+            return fn(*args, **kwargs)
+
+        return await super()._execute(begin_then)  # type: ignore[no-untyped-call]
 
 
 def _statement_on_thread(conn: sqlite3.Connection, operation: str, parameters: Any, many: bool
@@ -116,6 +158,11 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
 
     async def _run(self, operation: Any, parameters: Any, many: bool) -> None:
         driver = self._connection
+        if (not many and not parameters and isinstance(driver, BeginWithNext) and isinstance(operation, str)
+                and not driver.in_transaction and _BEGIN.fullmatch(operation)):
+            driver.begin_with_next(operation)  # see BeginWithNext
+            self._description, self._rows, self._rowcount, self._lastrowid = None, collections.deque(), -1, None
+            return
         async with self._adapt_connection._execute_mutex:
             description, rows, self._rowcount, self._lastrowid = await driver._execute(
                 _statement_on_thread, driver._conn, operation, parameters, many)
@@ -127,10 +174,23 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
 
 
 class OneHopConnection(AsyncAdapt_aiosqlite_connection):
-    """SQLAlchemy's aiosqlite connection adapter with :class:`OneHopCursor`."""
+    """SQLAlchemy's aiosqlite connection adapter with :class:`OneHopCursor`, over
+    :class:`BeginWithNext`."""
 
     __slots__ = ()
     _cursor_cls = OneHopCursor  # type: ignore[assignment]  # a subclass; mypy reads its __init__ as narrower
+
+    def commit(self) -> None:
+        if not self._connection.drop_begin():  # nothing ran: nothing to commit
+            super().commit()
+
+    def rollback(self) -> None:
+        if not self._connection.drop_begin():
+            super().rollback()
+
+    def close(self) -> None:
+        self._connection.drop_begin()
+        super().close()
 
 
 class OneHopAiosqlite(AsyncAdapt_aiosqlite_dbapi):
@@ -140,12 +200,11 @@ class OneHopAiosqlite(AsyncAdapt_aiosqlite_dbapi):
     def connect(self, *arg: Any, **kw: Any) -> OneHopConnection:
         adapted = super().connect(*arg, **kw)
         adapted.__class__ = OneHopConnection
+        adapted._connection.__class__ = BeginWithNext  # type: ignore[assignment]  # aiosqlite's, extended
         return adapted  # type: ignore[return-value]
 
 
 def _aiosqlite_module() -> OneHopAiosqlite:
-    import aiosqlite
-
     return OneHopAiosqlite(aiosqlite, sqlite3)
 
 
@@ -180,7 +239,7 @@ def create_async_engine(
     url = async_url(with_schema(target, schema))
     dialect = dialects.for_url(url)
     options = dialect.engine_kwargs(url, kwargs, prepared_statements=prepared_statements)
-    if url.get_driver_name() == "aiosqlite":
+    if issubclass(url.get_dialect(), SQLiteDialect_aiosqlite):  # our DB-API adapter (see OneHopCursor)
         options.setdefault("module", _aiosqlite_module())
     engine = _sa_create_async_engine(url, **options)
     dialect.configure_engine(engine.sync_engine, foreign_keys=foreign_keys, busy_timeout_ms=busy_timeout_ms)

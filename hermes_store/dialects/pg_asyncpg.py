@@ -6,22 +6,27 @@ The same SQL as :mod:`.postgresql`; what differs is how asyncpg talks to the ser
   Outside a transaction a transaction pooler may send those two halves to different
   server connections, so reads run in a transaction too (no driver autocommit) and a
   write is BEGIN … COMMIT, never one autocommitted statement.
-- Prepared statements get a unique name and are never cached across transactions: a
-  pooler hands a server connection to the next client, who must not meet (or collide
-  with) ours. SQLAlchemy's asyncpg adapter opens the transaction itself at the first
-  statement, so the lock budget is a ``SET LOCAL`` inside it, not part of a BEGIN.
+- Statements are prepared unnamed and never cached across transactions: a pooler hands
+  a server connection to the next client, who must not meet (or collide with) ours. An
+  unnamed statement is replaced by the next one and never needs closing; named ones
+  (each with a fresh name, as before) were closed one round trip each, at the next
+  prepare, often in another transaction and so on another server connection, leaving
+  the statement behind on the first.
+- SQLAlchemy's asyncpg adapter opens the transaction itself at the first statement; a
+  write's lock budget (``SET LOCAL``) goes with that ``BEGIN`` in one simple-protocol
+  round trip (:class:`PoolerSafeConnection`), where it used to cost a BEGIN and a
+  prepare/execute pair.
 - U+0000 is mapped by codecs on the text types (asyncpg has no loader/cursor hooks).
 """
 
 from __future__ import annotations
 
 import math
-import uuid
 from typing import Any
 
-from sqlalchemy import Connection
-
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
+from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection, AsyncAdapt_asyncpg_dbapi
+from sqlalchemy.util import await_only
 
 from .. import errors
 from ..codec import pg_decode_nul, pg_encode_nul
@@ -32,9 +37,66 @@ from .postgresql import PostgreSQLDialect
 _TEXT_TYPES = ("text", "varchar", "bpchar")
 
 
-def _statement_name() -> str:
-    """A prepared statement's name no other client of a pooled server connection has."""
-    return f"__hermes_store_{uuid.uuid4().hex}__"
+def _unnamed() -> str:
+    """The unnamed statement (see the module docstring)."""
+    return ""
+
+
+class _BeginWith:
+    """The asyncpg connection as ``Transaction.start`` sees it: its ``BEGIN`` carries
+    ``extra`` (statements without parameters) in the same simple-protocol round trip."""
+
+    __slots__ = ("_conn", "_extra")
+
+    def __init__(self, conn: Any, extra: str) -> None:
+        object.__setattr__(self, "_conn", conn)
+        object.__setattr__(self, "_extra", extra)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._conn, name, value)
+
+    async def execute(self, query: str) -> Any:
+        return await self._conn.execute(f"{query} {self._extra}")
+
+
+class PoolerSafeConnection(AsyncAdapt_asyncpg_connection):
+    """SQLAlchemy's asyncpg connection adapter, with :meth:`open_with`."""
+
+    __slots__ = ()
+
+    async def _open_with(self, sql: str) -> None:
+        async with self._execute_mutex:
+            if self._transaction is not None or self.isolation_level == "autocommit":
+                await self._connection.execute(sql)  # type: ignore[attr-defined]  # asyncpg's, untyped here
+                return
+            from asyncpg.transaction import Transaction
+
+            transaction = Transaction(_BeginWith(self._connection, sql), self.isolation_level,
+                                      self.readonly, self.deferrable)
+            try:
+                await transaction.start()
+            except Exception as error:
+                self._handle_exception(error)
+            transaction._connection = self._connection
+            self._transaction = transaction
+
+    def open_with(self, sql: str) -> None:
+        """Run ``sql`` (statements without parameters) first in this connection's
+        transaction, beginning it if the adapter has not yet: one round trip either way."""
+        await_only(self._open_with(sql))
+
+
+class PoolerSafeAsyncpg(AsyncAdapt_asyncpg_dbapi):
+    """The DB-API module our asyncpg engines are given (``module=``): SQLAlchemy's, with
+    :class:`PoolerSafeConnection` for connections."""
+
+    def connect(self, *arg: Any, **kw: Any) -> PoolerSafeConnection:
+        adapted = super().connect(*arg, **kw)  # type: ignore[no-untyped-call]
+        adapted.__class__ = PoolerSafeConnection
+        return adapted  # type: ignore[no-any-return]
 
 
 async def _install_codecs(driver: Any) -> None:
@@ -72,12 +134,16 @@ class AsyncpgDialect(PostgreSQLDialect):
         args = dict(out.get("connect_args") or {})
         if not prepared_statements:
             # asyncpg's own statement cache and SQLAlchemy's adapter cache both keep
-            # statements across transactions; off, and a fresh name for each.
+            # statements across transactions; off, and each statement unnamed.
             args.setdefault("statement_cache_size", 0)
             args.setdefault("prepared_statement_cache_size", 0)
-            args.setdefault("prepared_statement_name_func", _statement_name)
+            args.setdefault("prepared_statement_name_func", _unnamed)
         args.setdefault("async_creator_fn", _connect)
         out["connect_args"] = args
+        if "module" not in out:
+            import asyncpg
+
+            out["module"] = PoolerSafeAsyncpg(asyncpg)  # type: ignore[no-untyped-call]
         return out
 
     def configure_engine(self, engine: Engine, *, foreign_keys: bool, busy_timeout_ms: int) -> None:
@@ -89,7 +155,11 @@ class AsyncpgDialect(PostgreSQLDialect):
     def begin_write(self, conn: Connection, seconds: float) -> None:
         """The lock budget, inside the transaction the adapter began (nothing outlives it)."""
         ms = max(1, math.ceil(seconds * 1000))
-        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
+        raw = conn.connection.dbapi_connection
+        if isinstance(raw, PoolerSafeConnection):
+            raw.open_with(f"SET LOCAL lock_timeout = {ms}")
+        else:
+            conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
 
     def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
         return "wal"  # the codecs came with the engine's own connect hook
