@@ -27,8 +27,11 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from sqlalchemy.util import await_only
 
 from . import errors
 
@@ -142,12 +145,44 @@ class WriterQueue:
         return len(self._line)
 
 
+class Signal(Protocol):
+    """What a :class:`Job`'s caller sleeps on: set once, from any thread."""
+
+    def set(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class LoopSignal:
+    """A :class:`Signal` for a task running sync code on a greenlet of its event loop
+    (``hermes_store.aio``): waiting suspends the task, so the loop runs the others,
+    among them the one writing the batch."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._future: asyncio.Future[bool] = self._loop.create_future()
+
+    def set(self) -> None:
+        with suppress(RuntimeError):  # a closed loop has nobody left to wake
+            self._loop.call_soon_threadsafe(_resolve, self._future)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return bool(await_only(self._wait(timeout)))
+
+    async def _wait(self, timeout: float | None) -> bool:
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self._future)
+        except TimeoutError:
+            pass
+        return self._future.done()
+
+
 @dataclass(eq=False)
 class Job:
     """One write posted to a :class:`Batcher`: ``run(batch_context)`` and its outcome."""
 
     run: Callable[[Any], Any]
-    event: threading.Event = field(default_factory=threading.Event)
+    event: Signal = field(default_factory=threading.Event)
     #: queued -> taken (in a batch being written) -> done
     state: str = "queued"
     lead: bool = False
@@ -179,27 +214,50 @@ class Batcher:
         self._leading = False
 
     def submit(self, run: Callable[[Any], Any], write: Callable[[list[Job]], None], timeout: float,
-               on_timeout: Callable[[], BaseException]) -> Any:
+               on_timeout: Callable[[], BaseException], signal: Callable[[], Signal] = threading.Event) -> Any:
         """``run``'s outcome, written by this caller (leading) or by another leader.
 
-        ``write(jobs)`` writes a batch and records each job's result or error (it must
-        not raise); ``on_timeout()`` is the error of a job withdrawn unwritten."""
-        job = Job(run)
+        ``write(jobs)`` writes a batch and records each job's result or error;
+        ``on_timeout()`` is the error of a job withdrawn unwritten; ``signal()`` makes
+        what this caller sleeps on (a thread's event, or a :class:`LoopSignal`)."""
+        job = Job(run, signal())
         with self._mutex:
             self._queued.append(job)
             if not self._leading:
                 self._leading = job.lead = True
         if not job.lead:
-            job.event.wait(max(0.0, timeout))
-            with self._mutex:
-                if job.state == "queued" and not job.lead:
-                    self._queued.remove(job)
-                    raise on_timeout()
-            if not job.lead:
-                job.event.wait()  # taken into a batch: its outcome comes after that COMMIT
-                return job.outcome()
+            try:
+                job.event.wait(max(0.0, timeout))
+                with self._mutex:
+                    if job.state == "queued" and not job.lead:
+                        self._queued.remove(job)
+                        raise on_timeout()
+                if not job.lead:
+                    job.event.wait()  # taken into a batch: its outcome comes after that COMMIT
+                    return job.outcome()
+            except BaseException:
+                self._withdraw(job)  # cancelled while waiting: a job not yet taken is not written
+                raise
         self._lead(write)
         return job.outcome()
+
+    def _withdraw(self, job: Job) -> None:
+        """Take a job not yet in a batch out of the line (leadership it was handed goes on)."""
+        with self._mutex:
+            if job.state != "queued" or job not in self._queued:
+                return
+            self._queued.remove(job)
+            if job.lead:
+                self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Leadership to the oldest queued job, or to whoever comes next (under the mutex)."""
+        if self._queued:
+            heir = self._queued[0]
+            heir.lead = True
+            heir.event.set()
+        else:
+            self._leading = False
 
     def _lead(self, write: Callable[[list[Job]], None]) -> None:
         """Write one batch (this caller's job is in it), wake its jobs, pass leadership on."""
@@ -222,12 +280,7 @@ class Batcher:
                     job.state = "done"
                     if not job.lead:
                         job.event.set()
-                if self._queued:
-                    heir = self._queued[0]
-                    heir.lead = True
-                    heir.event.set()
-                else:
-                    self._leading = False
+                self._hand_on()
 
 
 #: One queue per file in this process (weak: a file nobody has an engine on has none).
@@ -303,4 +356,7 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-__all__ = ["WAIT_OPTION", "Batcher", "Binding", "Job", "WriterQueue", "binding_of", "for_file", "install"]
+__all__ = [
+    "WAIT_OPTION", "Batcher", "Binding", "Job", "LoopSignal", "Signal", "WriterQueue",
+    "binding_of", "for_file", "install",
+]

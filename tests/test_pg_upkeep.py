@@ -124,13 +124,16 @@ def test_the_note_survives_junk() -> None:
     assert bigram_upkeep._read_note(None) == (-1, None, [])
 
 
-def test_sqlite_catches_up_after_the_write_as_before(tmp_path: Path) -> None:
+def test_sqlite_catches_up_off_the_callers_path_too(tmp_path: Path) -> None:
+    """Issue 32: on a file too the catch-up runs on the store's upkeep thread (waiting
+    for its turn among the file's writers), not inside the append that made it due."""
     with SessionDB(tmp_path / "state.db") as db:
         db.create_session("s", "cli")
         _due(db)
         mid = db.append_message("s", "user", "数据")
-        assert _high_water(db) == mid  # done by the time the append returned
-        assert db._upkeep._thread is None  # no upkeep thread on a file
+        assert db._upkeep._thread is not None  # handed to the upkeep thread
+        assert db.wait_for_upkeep(60)
+        assert _high_water(db) == mid
 
 
 def test_a_one_statement_append_keeps_its_lock_budget(pg: SessionDB, pg_database: str,
