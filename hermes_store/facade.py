@@ -284,6 +284,10 @@ def _held_lock(url: URL | None, exc: BaseException) -> bool:
     return dialect is not None and any(err is not None and dialect.is_retryable(err) for err in (exc, exc.__cause__))
 
 
+class _BatchAgain(Exception):
+    """A job of a write batch failed: the batch is rolled back and written again without it."""
+
+
 class _StaleConnection(Exception):
     """A kept idle connection failed before doing anything: the server dropped it."""
 
@@ -656,10 +660,10 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         ``one_statement``: ``fn`` sends a single statement (an append), which a server
         runs as its own transaction, budget included (:attr:`Dialect.one_statement_writes`).
 
-        ``combine``: ``fn`` is a short write that may share its transaction (in a savepoint
-        of its own) with this store's other writes posted meanwhile, where one writer
-        writes at a time (:meth:`_write_batch`): eight threads appending cost one commit
-        and one search-index flush per batch, not per message.
+        ``combine``: ``fn`` is a short write, safe to run again after a rollback, that may
+        share its transaction with this store's other writes posted meanwhile, where one
+        writer writes at a time (:meth:`_write_batch`): eight threads appending cost one
+        commit and one search-index flush per batch, not per message.
         """
         if budget is None:
             # Our name and Hermes v26's for the same budget: lowering either (tests do) shortens it.
@@ -675,7 +679,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             def timed_out() -> BaseException:
                 return errors.DatabaseLockedError(f"{self._label()}: this store's other writes held it; giving up")
 
-            result: T = self._batcher.submit(fn, write, deadline - _monotonic(), timed_out)
+            result: T = self._batcher.submit(fn, write, deadline - _monotonic(), timed_out, self._batch_signal)
             return result
 
         def attempt(deadline: float) -> T:
@@ -733,32 +737,46 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         return result
 
     def _write_batch(self, jobs: list[write_queue.Job], deadline: float) -> None:
-        """Write ``jobs`` in one transaction, each in a savepoint (one alone: none), and
-        record each outcome. A job's own error rolls back its savepoint only; an error
-        that ends the transaction (the lock, the disk) is every job's outcome, since
-        nothing of the batch was committed."""
+        """Write ``jobs`` in one transaction and record each outcome.
+
+        No savepoint per job (two more statements each, and two more trips to the
+        driver's thread on aiosqlite): a job that fails rolls the whole batch back, gets
+        its error, and the batch is written again without it (failures are rare: an
+        unknown or closed session). An error before any job ran (the lock) or at the
+        COMMIT (the disk) is every job's outcome: nothing of the batch was committed."""
+        pending = list(jobs)
         with self._borrow(write=True) as (conn, _kept):
-            conn.execution_options(**{write_queue.WAIT_OPTION: max(0.0, deadline - _monotonic())})
-            results: list[tuple[write_queue.Job, Any]] = []
-            try:
-                with conn.begin():
-                    if len(jobs) == 1:
-                        results.append((jobs[0], jobs[0].run(conn)))
-                    else:
-                        for job in jobs:
-                            error, value = self._dialect.run_isolated(conn, job.run)
-                            if error is None:
-                                results.append((job, value))
-                            else:
-                                job.error, job.result = error, None
-            except BaseException as exc:
-                remove_committed_files(conn, committed=False)
-                for job in jobs:
-                    job.error, job.result = exc, None
+            while pending:
+                conn.execution_options(**{write_queue.WAIT_OPTION: max(0.0, deadline - _monotonic())})
+                results: list[tuple[write_queue.Job, Any]] = []
+                failed: write_queue.Job | None = None
+                try:
+                    with conn.begin():
+                        for job in pending:
+                            try:
+                                results.append((job, job.run(conn)))
+                            except Exception as exc:
+                                if len(pending) == 1:
+                                    raise
+                                job.error, job.result, failed = exc, None, job
+                                raise _BatchAgain from exc
+                except _BatchAgain:
+                    remove_committed_files(conn, committed=False)
+                    pending.remove(failed)  # type: ignore[arg-type]  # set before _BatchAgain
+                    continue
+                except BaseException as exc:
+                    remove_committed_files(conn, committed=False)
+                    for job in pending:
+                        job.error, job.result = exc, None
+                    return
+                remove_committed_files(conn)
+                for job, value in results:
+                    job.error, job.result = None, value
                 return
-            remove_committed_files(conn)
-            for job, value in results:
-                job.error, job.result = None, value
+
+    def _batch_signal(self) -> write_queue.Signal:
+        """What a caller whose write another caller is writing sleeps on (a thread's event)."""
+        return threading.Event()
 
     def _patience(self) -> dict[str, Any]:
         """The retry runner's clock, sleep and jitter windows: this store's sleep, and this

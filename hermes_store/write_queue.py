@@ -199,8 +199,8 @@ class Batcher:
     """Writes posted while another batch is being written go together, in one transaction.
 
     Group commit, for one store's hot writes (appends): the first caller leads and writes
-    every job posted so far in one transaction (its ``write`` callback; each job in a
-    savepoint of its own, so one failing job rolls back alone); the others sleep until
+    every job posted so far in one transaction (its ``write`` callback, which keeps one
+    failing job from taking the others down with it); the others sleep until
     their job's outcome is known, which is after the COMMIT, so nothing is acknowledged
     before it is durable. A leader hands leadership to the oldest job still queued and
     returns, so no caller writes for others longer than one batch. A job still queued

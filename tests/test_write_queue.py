@@ -497,3 +497,42 @@ def test_a_forked_child_starts_with_free_queues(tmp_path: Path) -> None:
     os.waitpid(pid, 0)
     queue.release(owner)
     assert got == b"1"
+
+
+def test_eight_tasks_on_one_async_store_are_written_together_and_exactly(tmp_path: Path) -> None:
+    """The async face batches too: tasks of one loop appending to one store wait on the
+    loop (not a thread) while one of them writes the batch; one task whose appends fail
+    after their counter update (no role) loses only its own rows."""
+    path = tmp_path / "state.db"
+    sizes: list[int] = []
+
+    async def main() -> tuple[dict[str, tuple[int, int]], int]:
+        async with aio.AsyncSessionDB(path) as db:
+            for t in range(THREADS):
+                await db.create_session(f"t{t}", "cli")
+            real = db._db._batcher._lead  # type: ignore[union-attr]
+
+            def lead(write):  # records the size of each batch written
+                return real(lambda jobs: (sizes.append(len(jobs)), write(jobs))[1])
+
+            db._db._batcher._lead = lead  # type: ignore[union-attr]
+            failed = 0
+
+            async def writer(t: int) -> None:
+                nonlocal failed
+                for i in range(APPENDS):
+                    try:
+                        await db.append_message(f"t{t}", None if t == 0 else "user", f"{t} {i}")
+                    except Exception:
+                        if t != 0:
+                            raise
+                        failed += 1
+
+            await asyncio.gather(*(writer(t) for t in range(THREADS)))
+            return _rows(path), failed
+
+    rows, failed = asyncio.run(main())
+    assert failed == APPENDS
+    assert rows == {"t0": (0, 0), **{f"t{t}": (APPENDS, APPENDS) for t in range(1, THREADS)}}
+    assert sum(sizes) >= (THREADS - 1) * APPENDS  # every acknowledged append went through a batch
+    assert max(sizes) > 1  # tasks waiting on the loop were written together

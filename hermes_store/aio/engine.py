@@ -192,6 +192,19 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         self._connection.drop_begin()
         super().close()
 
+    def run_on_driver(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(sqlite3_connection, *args)`` in one hop on the driver's thread (a waiting
+        BEGIN first): a dialect's raw path of several statements (an append) pays one
+        hop, not one per statement. The driver's errors come back as they are."""
+        driver = self._connection
+
+        async def hop() -> T:
+            async with self._execute_mutex:
+                result: T = await driver._execute(fn, driver._conn, *args)
+                return result
+
+        return await_only(hop())
+
 
 class OneHopAiosqlite(AsyncAdapt_aiosqlite_dbapi):
     """The DB-API module an aiosqlite engine of ours is given (``module=``): SQLAlchemy's,

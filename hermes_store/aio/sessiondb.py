@@ -28,7 +28,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import await_only
 
-from .. import dialects, errors, facade, migrations
+from .. import dialects, errors, facade, migrations, write_queue
 from ..dialects import for_url
 from ..engine import with_schema
 from ..facade import MAX_IDLE_CONNECTIONS, URL_ENV, SessionDB
@@ -111,7 +111,9 @@ class LoopSessionDB(SessionDB):
         super().__init__(*args, **kwargs)
 
     def _write(self, fn: Callable[..., Any], *, budget: float | None = None, **kwargs: Any) -> Any:
-        if self._writers is None:
+        if self._writers is None or (kwargs.get("combine") and self._dialect.one_writer_at_a_time):
+            # A write that may go in a batch (an append on a file) waits in the store's
+            # batcher instead (write_queue.Batcher): the tasks in line are written together.
             return super()._write(fn, budget=budget, **kwargs)
         with self._writers.turn_on_greenlet(budget if budget is not None else write_budget()):
             return super()._write(fn, budget=budget, **kwargs)
@@ -153,6 +155,9 @@ class LoopSessionDB(SessionDB):
 
     def _sleep(self, seconds: float) -> None:
         await_only(asyncio.sleep(seconds))
+
+    def _batch_signal(self) -> write_queue.Signal:
+        return write_queue.LoopSignal()  # the task waits; its loop runs the one writing the batch
 
 
 def write_budget() -> float:

@@ -93,12 +93,6 @@ class Dialect(Protocol):
         """Around a statement whose failure the caller catches: keep the rest of the
         transaction usable (a SAVEPOINT where a failed statement aborts it)."""
 
-    def run_isolated(self, conn: Connection, fn: Callable[[Connection], Any]) -> tuple[BaseException | None, Any]:
-        """``fn(conn)`` in a savepoint of the open transaction: ``(None, result)``, or
-        ``(error, None)`` with only ``fn``'s own work rolled back (one write of a batch,
-        :meth:`hermes_store.facade.SessionDB._write_batch`). Raises ``fn``'s error when
-        it ended the whole transaction (a full disk, a lost lock)."""
-
     def join_driver_transaction(self, conn: Connection) -> None:
         """Make a caller's open transaction real at the driver, so our DDL joins it."""
 

@@ -227,15 +227,6 @@ class PostgreSQLDialect:
         a SAVEPOINT confines the failure to it."""
         return conn.begin_nested()
 
-    def run_isolated(self, conn: Connection, fn: Callable[[Connection], Any]) -> tuple[BaseException | None, Any]:
-        try:
-            with conn.begin_nested():
-                return None, fn(conn)
-        except Exception as exc:
-            if not conn.in_transaction():
-                raise
-            return exc, None
-
     def join_driver_transaction(self, conn: Connection) -> None:
         return None  # psycopg begins a real transaction with the first statement
 

@@ -194,6 +194,15 @@ def _take_turn(conn: Connection, binding: write_queue.Binding, raw: Any, wait: f
             f"{queue.key}: other writers of this process held it for {seconds:.3g}s; giving up")
 
 
+def _append_on(raw: Any, calls: int, session_id: str, insert: str, values: tuple[Any, ...]) -> tuple[int | None, Any]:
+    """One append on a DB-API connection: ``(new id, None)``, or ``(None, the session's
+    end_reason row or None)`` when the guarded counter UPDATE matched nothing (unknown
+    or closed session: nothing written)."""
+    if not raw.execute(_BUMP_ONE, (calls, session_id)).rowcount:
+        return None, raw.execute("SELECT end_reason FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return raw.execute(insert, values).lastrowid, None
+
+
 def install_begin_hook(target: Engine | Connection) -> None:
     """Make SQLAlchemy's ``begin()`` emit a real ``BEGIN`` on pysqlite.
 
@@ -365,23 +374,6 @@ class SQLiteDialect:
     def isolate_failure(self, conn: Connection) -> AbstractContextManager[Any]:
         return nullcontext()  # a failed statement leaves a SQLite transaction usable
 
-    def run_isolated(self, conn: Connection, fn: Callable[[Connection], Any]) -> tuple[BaseException | None, Any]:
-        # Savepoints sent straight to the driver: SQLAlchemy's cost more than the append
-        # they guard. A statement failing leaves a SQLite transaction open, except the
-        # errors that end it (a full disk, I/O): those end the batch.
-        raw = dbapi(conn)
-        raw.execute("SAVEPOINT hermes_store_job")
-        try:
-            value = fn(conn)
-        except Exception as exc:
-            if not driver_in_transaction(conn, default=True):
-                raise
-            raw.execute("ROLLBACK TO hermes_store_job")
-            raw.execute("RELEASE hermes_store_job")
-            return exc, None
-        raw.execute("RELEASE hermes_store_job")
-        return None, value
-
     def join_driver_transaction(self, conn: Connection) -> None:
         """pysqlite (in its default mode) sends BEGIN only before INSERT/UPDATE/DELETE; a
         host that began a transaction and ran only DDL or SELECTs so far is still in
@@ -503,16 +495,22 @@ class SQLiteDialect:
         looked up only when the UPDATE matched nothing, and then nothing is written."""
         raw = dbapi(conn)
         session_id = row["session_id"]
+        insert = _insert_sql("messages", None, tuple(row))
+        # An adapter whose driver runs on a thread of its own (aiosqlite, see
+        # hermes_store.aio.engine) takes both statements there in one hop.
+        on_driver = getattr(raw, "run_on_driver", None)
         try:
-            if not raw.execute(_BUMP_ONE, (calls, session_id)).rowcount:
-                raise refused_append(session_id, raw.execute(
-                    "SELECT end_reason FROM sessions WHERE id = ?", (session_id,)).fetchone())
-            new_id = raw.execute(_insert_sql("messages", None, tuple(row)), tuple(row.values())).lastrowid
+            if on_driver is not None:
+                new_id, refused = on_driver(_append_on, calls, session_id, insert, tuple(row.values()))
+            else:
+                new_id, refused = _append_on(raw, calls, session_id, insert, tuple(row.values()))
         except (sqlite3.Error, OverflowError) as exc:
             typed = _typed(exc)
             if typed is None:
                 raise
             raise typed from exc
+        if new_id is None:
+            raise refused_append(session_id, refused)
         return int(new_id)
 
     def bump_message_counts(self, conn: Connection, counts: Iterable[tuple[str, int, int]]) -> None:
