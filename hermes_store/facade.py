@@ -679,7 +679,8 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             def timed_out() -> BaseException:
                 return errors.DatabaseLockedError(f"{self._label()}: this store's other writes held it; giving up")
 
-            result: T = self._batcher.submit(fn, write, deadline - _monotonic(), timed_out, self._batch_signal)
+            result: T = self._batcher.submit(fn, write, deadline - _monotonic(), timed_out, self._batch_signal,
+                                             self._batch_pause)
             return result
 
         def attempt(deadline: float) -> T:
@@ -777,6 +778,10 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
     def _batch_signal(self) -> write_queue.Signal:
         """What a caller whose write another caller is writing sleeps on (a thread's event)."""
         return threading.Event()
+
+    def _batch_pause(self) -> None:
+        """Let the threads just woken from a batch post their next writes first (the GIL)."""
+        time.sleep(0)
 
     def _patience(self) -> dict[str, Any]:
         """The retry runner's clock, sleep and jitter windows: this store's sleep, and this

@@ -212,14 +212,20 @@ class Batcher:
         self._mutex = threading.Lock()
         self._queued: list[Job] = []
         self._leading = False
+        self._last_size = 0
+        self._pid = os.getpid()
 
     def submit(self, run: Callable[[Any], Any], write: Callable[[list[Job]], None], timeout: float,
-               on_timeout: Callable[[], BaseException], signal: Callable[[], Signal] = threading.Event) -> Any:
+               on_timeout: Callable[[], BaseException], signal: Callable[[], Signal] = threading.Event,
+               pause: Callable[[], None] | None = None) -> Any:
         """``run``'s outcome, written by this caller (leading) or by another leader.
 
         ``write(jobs)`` writes a batch and records each job's result or error;
         ``on_timeout()`` is the error of a job withdrawn unwritten; ``signal()`` makes
-        what this caller sleeps on (a thread's event, or a :class:`LoopSignal`)."""
+        what this caller sleeps on (a thread's event, or a :class:`LoopSignal`);
+        ``pause()``: see :meth:`_lead`."""
+        if self._pid != os.getpid():
+            self.__init__()  # type: ignore[misc]  # a forked child: the parent's leader and line are not here
         job = Job(run, signal())
         with self._mutex:
             self._queued.append(job)
@@ -238,7 +244,7 @@ class Batcher:
             except BaseException:
                 self._withdraw(job)  # cancelled while waiting: a job not yet taken is not written
                 raise
-        self._lead(write)
+        self._lead(write, pause)
         return job.outcome()
 
     def _withdraw(self, job: Job) -> None:
@@ -259,8 +265,14 @@ class Batcher:
         else:
             self._leading = False
 
-    def _lead(self, write: Callable[[list[Job]], None]) -> None:
-        """Write one batch (this caller's job is in it), wake its jobs, pass leadership on."""
+    def _lead(self, write: Callable[[list[Job]], None], pause: Callable[[], None] | None) -> None:
+        """Write one batch (this caller's job is in it), wake its jobs, pass leadership on.
+
+        After a batch of several, ``pause()`` first lets the callers just woken from it
+        post their next writes (a thread gives up the GIL, a task its loop turn), so they
+        join this batch instead of waiting for the next one."""
+        if pause is not None and self._last_size > 1:
+            pause()
         # What a job's caller sees unless ``write`` records its outcome.
         unwritten = errors.HermesStoreError("the batch holding this write ended before writing it")
         with self._mutex:
@@ -268,6 +280,7 @@ class Batcher:
             for job in batch:
                 job.state = "taken"
                 job.error = unwritten
+            self._last_size = len(batch)
         try:
             write(batch)
         except BaseException as exc:  # recorded, not raised: the leader's own job carries it

@@ -512,8 +512,8 @@ def test_eight_tasks_on_one_async_store_are_written_together_and_exactly(tmp_pat
                 await db.create_session(f"t{t}", "cli")
             real = db._db._batcher._lead  # type: ignore[union-attr]
 
-            def lead(write):  # records the size of each batch written
-                return real(lambda jobs: (sizes.append(len(jobs)), write(jobs))[1])
+            def lead(write, pause):  # records the size of each batch written
+                return real(lambda jobs: (sizes.append(len(jobs)), write(jobs))[1], pause)
 
             db._db._batcher._lead = lead  # type: ignore[union-attr]
             failed = 0
@@ -536,3 +536,29 @@ def test_eight_tasks_on_one_async_store_are_written_together_and_exactly(tmp_pat
     assert rows == {"t0": (0, 0), **{f"t{t}": (APPENDS, APPENDS) for t in range(1, THREADS)}}
     assert sum(sizes) >= (THREADS - 1) * APPENDS  # every acknowledged append went through a batch
     assert max(sizes) > 1  # tasks waiting on the loop were written together
+
+
+def test_a_forked_child_starts_with_a_fresh_batcher() -> None:
+    """A store's batcher forked while a parent's thread led a batch: the child's writes do
+    not wait for a leader that does not exist there."""
+    batcher = write_queue.Batcher()
+    batcher._leading = True  # as at a fork during a parent's batch
+
+    def write(jobs: list[write_queue.Job]) -> None:
+        for job in jobs:
+            job.result, job.error = job.run(None), None
+
+    read, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            got = batcher.submit(lambda _: "child", write, 0.5, lambda: errors.DatabaseLockedError("waited"))
+            os.write(write_end, b"1" if got == "child" else b"0")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    answer = os.read(read, 1)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert answer == b"1"
+    assert batcher._leading  # the parent's own state is untouched

@@ -159,6 +159,19 @@ class LoopSessionDB(SessionDB):
     def _batch_signal(self) -> write_queue.Signal:
         return write_queue.LoopSignal()  # the task waits; its loop runs the one writing the batch
 
+    def _batch_pause(self) -> None:
+        await_only(_loop_turns(_WAKE_TURNS))  # the tasks just woken post their next appends first
+
+
+#: Loop turns a task woken from a batch takes to post its next append: its signal's
+#: future resolves, the shielded wait wakes, the task steps.
+_WAKE_TURNS = 3
+
+
+async def _loop_turns(n: int) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
 
 def write_budget() -> float:
     """The facade's write budget, read at call time as the facade reads it."""
