@@ -466,10 +466,11 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         if self.db_path is not None:
             self._tracked = paths.resolve_link(self.db_path)
             track_open(self._tracked)
-        # Opening asks for the short-CJK index to catch up (bounded; skipped while another
-        # process is at it), on the upkeep thread: until it has, a search reads the rows
-        # above the index's high-water mark by their id range (issue 32).
-        self._schedule("short-CJK index catch-up", self._catch_up_search_index)
+        # Opening catches the short-CJK index up (bounded; skipped while another process
+        # is at it), so a store opened after a bulk load searches at full speed at once.
+        # Here, not on the upkeep thread: a short-lived store (a CLI command) would close
+        # before it ran, and the tail above the index's mark would only grow.
+        self._catch_up_search_index()
 
     def _quarantine_if_zeroed(self, real: Path) -> None:
         """Hermes v26: a file whose first bytes are all NUL (a lost write) is moved aside
