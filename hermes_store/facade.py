@@ -400,9 +400,9 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         # writers (each stack's connections carry their BEGIN flavour). Checking a
         # connection out of the pool for every append costs as much as the append.
         self._idle: dict[bool, list[Connection]] = {False: [], True: []}
-        #: Appends posted by this store's threads while one is being written go together
-        #: (group commit, one writer at a time only: see write_queue.Batcher).
-        self._batcher = write_queue.Batcher()
+        #: Appends posted while one is being written go together (group commit, where one
+        #: writer writes at a time: see write_queue.Batcher); made with the engine.
+        self._batcher: write_queue.Batcher = write_queue.Batcher()
         #: Where upkeep runs when the dialect keeps it off the caller's path.
         self._upkeep = self._new_upkeep(target.name if isinstance(target, Path) else (self.url.database or "server"))
         if self.db_path is not None and self.read_only:
@@ -430,6 +430,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             self._migrate_file(self.db_path)
             # No pool cap: how many threads use one SessionDB is the application's call.
             self._engine = self._clocked_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
+            self._batcher = self._new_batcher(self.db_path)
             label = self.db_path.name
         else:
             if self.read_only:
@@ -779,6 +780,12 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
     def _batch_signal(self) -> write_queue.Signal:
         """What a caller whose write another caller is writing sleeps on (a thread's event)."""
         return threading.Event()
+
+    def _new_batcher(self, path: Path) -> write_queue.Batcher:
+        """The batcher of this store's appends: shared with every other thread-driven store
+        of the file in this process (they set their connections up alike, so any of their
+        callers may write the others' appends)."""
+        return write_queue.batcher_for(path)
 
     def _batch_pause(self) -> None:
         """Let the threads just woken from a batch post their next writes first (the GIL)."""

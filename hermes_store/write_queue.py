@@ -312,6 +312,22 @@ def for_file(path: str | os.PathLike[str]) -> WriterQueue:
         return queue
 
 
+#: Batchers shared by the stores of one file in this process (weak: gone with the stores).
+_BATCHERS: weakref.WeakValueDictionary[str, Batcher] = weakref.WeakValueDictionary()
+
+
+def batcher_for(path: str | os.PathLike[str]) -> Batcher:
+    """The batcher the thread-driven stores of the file at ``path`` share in this process:
+    appends posted by any of them while one is being written go into the next batch,
+    whichever store's caller writes it (their connections are set up alike)."""
+    key = os.path.realpath(os.path.abspath(os.fspath(path)))
+    with _QUEUES_LOCK:
+        batcher = _BATCHERS.get(key)
+        if batcher is None:
+            batcher = _BATCHERS[key] = Batcher()
+        return batcher
+
+
 @dataclass(frozen=True)
 class Binding:
     """What an engine's dialect instance knows of its file's queue."""
@@ -371,5 +387,5 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 __all__ = [
     "WAIT_OPTION", "Batcher", "Binding", "Job", "LoopSignal", "Signal", "WriterQueue",
-    "binding_of", "for_file", "install",
+    "batcher_for", "binding_of", "for_file", "install",
 ]

@@ -216,6 +216,30 @@ def test_a_failing_append_in_a_batch_rolls_back_only_its_own_work(tmp_path: Path
 # ------------------------------------------------------------------ threads of one process
 
 
+def test_stores_of_one_file_share_a_batcher_and_async_stores_keep_their_own(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    first, second = SessionDB(tmp_path / "real" / "state.db"), SessionDB(tmp_path / "link" / "state.db")
+    other = SessionDB(tmp_path / "other.db")
+    try:
+        assert first._batcher is second._batcher
+        assert other._batcher is not first._batcher
+
+        async def async_batchers() -> list[object]:
+            found = []
+            for _ in range(2):
+                async with aio.AsyncSessionDB(tmp_path / "real" / "state.db") as adb:
+                    await adb.message_count("none")  # opened
+                    found.append(adb._db._batcher)  # type: ignore[union-attr]
+            return found
+
+        a, b = asyncio.run(async_batchers())
+        assert a is not b and first._batcher not in (a, b)
+    finally:
+        for db in (first, second, other):
+            db.close()
+
+
 def _rows(path: Path) -> dict[str, tuple[int, int]]:
     """Per session: (message rows, message_count), read with plain sqlite3."""
     conn = sqlite3.connect(path)

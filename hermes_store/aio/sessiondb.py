@@ -156,6 +156,9 @@ class LoopSessionDB(SessionDB):
     def _sleep(self, seconds: float) -> None:
         await_only(asyncio.sleep(seconds))
 
+    def _new_batcher(self, path: Path) -> write_queue.Batcher:
+        return write_queue.Batcher()  # this store's tasks only: they wait on its loop
+
     def _batch_signal(self) -> write_queue.Signal:
         return write_queue.LoopSignal()  # the task waits; its loop runs the one writing the batch
 
