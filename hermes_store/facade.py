@@ -143,8 +143,6 @@ BIGRAM_CATCH_UP_ROWS = CATCH_UP_ROWS
 #: Rows one background catch-up transaction indexes: it holds the index's upkeep lock,
 #: so it stays short, and the next one starts right after it.
 BACKGROUND_CATCH_UP_ROWS = _BACKGROUND_CATCH_UP_ROWS
-#: Messages per transaction of the after-write catch-up where writers take turns (SQLite).
-TURN_CATCH_UP_ROWS = 16
 
 #: Hermes' default file, computed at import as Hermes does. Code may patch it;
 #: while unpatched, ``SessionDB()`` reads ``$HERMES_HOME`` at call time instead.
@@ -838,7 +836,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         try:
             if due:
                 self._schedule("WAL checkpoint", self._checkpoint)
-                self._schedule("short-CJK index catch-up", self._catch_up_after_writes)
+                self._schedule("short-CJK index catch-up", self._catch_up_search_index)
             self._after_write(writes)
         except Exception:
             log.warning("%s: search index upkeep after a committed write failed; retried later",
@@ -857,15 +855,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         False when ``timeout`` ran out first. Always True where upkeep runs inline."""
         return self._upkeep.wait_idle(timeout)
 
-    def _catch_up_after_writes(self) -> int:
-        """The catch-up due every CHECKPOINT_EVERY writes. Where one writer writes at a time
-        its transactions are short (TURN_CATCH_UP_ROWS rows each), so the writers in line
-        behind it wait a few rows' worth, not a whole interval's (a long CJK message
-        makes hundreds of bigram rows)."""
-        step = TURN_CATCH_UP_ROWS if self._dialect.one_writer_at_a_time else None
-        return self._catch_up_search_index(step=step)
-
-    def _catch_up_search_index(self, limit: int | None = BIGRAM_CATCH_UP_ROWS, step: int | None = None) -> int:
+    def _catch_up_search_index(self, limit: int | None = BIGRAM_CATCH_UP_ROWS) -> int:
         """Extend the short-CJK index over rows written since (by us or by Hermes).
 
         Bounded per call so opening a huge, never-indexed file stays quick; rows not
@@ -879,10 +869,9 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                     return 0
         except (OperationalError, errors.DatabaseLockedError, errors.DatabaseUnavailableError):
             return 0  # best effort: runs after a committed write, which must not look failed
-        if step is None:
-            step = limit
-            if self._dialect.upkeep_in_background:
-                step = BACKGROUND_CATCH_UP_ROWS if limit is None else min(limit, BACKGROUND_CATCH_UP_ROWS)
+        step = limit
+        if self._dialect.upkeep_in_background:
+            step = BACKGROUND_CATCH_UP_ROWS if limit is None else min(limit, BACKGROUND_CATCH_UP_ROWS)
         done = 0
         try:
             while True:
