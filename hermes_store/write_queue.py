@@ -182,7 +182,7 @@ class Job:
     """One write posted to a :class:`Batcher`: ``run(batch_context)`` and its outcome."""
 
     run: Callable[[Any], Any]
-    event: Signal = field(default_factory=threading.Event)
+    event: Signal = None  # type: ignore[assignment]  # a follower's, made when it queues
     #: queued -> taken (in a batch being written) -> done
     state: str = "queued"
     lead: bool = False
@@ -226,11 +226,13 @@ class Batcher:
         ``pause()``: see :meth:`_lead`."""
         if self._pid != os.getpid():
             self.__init__()  # type: ignore[misc]  # a forked child: the parent's leader and line are not here
-        job = Job(run, signal())
+        job = Job(run)
         with self._mutex:
             self._queued.append(job)
             if not self._leading:
                 self._leading = job.lead = True
+            else:
+                job.event = signal()  # only a follower sleeps (made before anyone can wake it)
         if not job.lead:
             try:
                 job.event.wait(max(0.0, timeout))
