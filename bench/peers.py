@@ -45,7 +45,6 @@ import queue as queue_mod
 import shutil
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -64,6 +63,7 @@ for _p in (str(ROOT), str(HERE)):
 
 import peers_systems  # noqa: E402
 import peers_workload as wl  # noqa: E402
+import timing  # noqa: E402
 
 OUT = HERE / "out"
 OPS = ("append", "read", "search", "list", "writers")
@@ -368,13 +368,7 @@ def header(pg_url: str | None) -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    commit = "unknown"
-    with contextlib.suppress(Exception):
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "hermes_store"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        commit += " (+ uncommitted hermes_store changes)" if dirty else ""
+    commit = timing.commit_of(ROOT)
     info: dict[str, Any] = {
         "cpu": cpu, "cores": os.cpu_count(), "loadavg_1m": os.getloadavg()[0], "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version, "commit": commit,

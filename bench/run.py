@@ -94,13 +94,7 @@ def machine_info(pg_url: str | None = None) -> dict[str, Any]:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal"):
                 mem = round(int(line.split()[1]) / 1024 / 1024, 1)
-    commit = "unknown"
-    with contextlib.suppress(Exception):
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "hermes_store"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        commit += " (+ uncommitted hermes_store changes)" if dirty else ""
+    commit = timing.commit_of(ROOT)
     load = None
     with contextlib.suppress(OSError):
         load = os.getloadavg()[0]

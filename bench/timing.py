@@ -10,8 +10,11 @@ the calls, so that sync and async figures cannot drift apart by a copy edited on
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
+import subprocess
+from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator
 
@@ -93,3 +96,16 @@ class Schedule:
     def probe_calls(self, name: str) -> int:
         """How many extra calls :func:`meter.probe` (or its awaited twin) gives ``name``."""
         return meter.calls_for(statistics.fmean(self.samples[name]) / 1e9)
+
+
+def commit_of(root: Path) -> str:
+    """The checkout's short commit, marked when the library has uncommitted changes
+    (a figure is only worth the code it was measured on)."""
+    commit = "unknown"
+    with contextlib.suppress(Exception):
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "hermes_store"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        commit += " (+ uncommitted hermes_store changes)" if dirty else ""
+    return commit
