@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import importlib.metadata
 import importlib.util
@@ -362,12 +361,7 @@ def _version(dist: str) -> str:
 
 
 def header(pg_url: str | None) -> dict[str, Any]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = timing.cpu_model()
     commit = timing.commit_of(ROOT)
     info: dict[str, Any] = {
         "cpu": cpu, "cores": os.cpu_count(), "loadavg_1m": os.getloadavg()[0], "python": platform.python_version(),

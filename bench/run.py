@@ -83,12 +83,7 @@ def machine_info(pg_url: str | None = None) -> dict[str, Any]:
 
     import hermes_store
 
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = timing.cpu_model()
     mem = None
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -109,3 +109,12 @@ def commit_of(root: Path) -> str:
                                capture_output=True, text=True, timeout=5).stdout.strip()
         commit += " (+ uncommitted hermes_store changes)" if dirty else ""
     return commit
+
+
+def cpu_model() -> str:
+    """The CPU's model name as Linux reports it ("unknown" elsewhere)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"

@@ -209,6 +209,10 @@ class Batcher:
     """
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        """An empty line with nobody leading (at creation, and in a forked child)."""
         self._mutex = threading.Lock()
         self._queued: list[Job] = []
         self._leading = False
@@ -225,7 +229,7 @@ class Batcher:
         what this caller sleeps on (a thread's event, or a :class:`LoopSignal`);
         ``pause()``: see :meth:`_lead`."""
         if self._pid != os.getpid():
-            self.__init__()  # type: ignore[misc]  # a forked child: the parent's leader and line are not here
+            self._reset()  # a forked child: the parent's leader and line are not here
         job = Job(run)
         with self._mutex:
             self._queued.append(job)

@@ -167,19 +167,15 @@ def _emit_begin(conn: Connection) -> None:
         _take_turn(conn, binding, raw, options.get(write_queue.WAIT_OPTION))
     try:
         raw.execute(f"BEGIN {mode}")
-    except sqlite3.Error as exc:
+    except BaseException as exc:
         if binding is not None:
-            binding.queue.release(raw)
+            binding.queue.release(raw)  # no transaction began: the turn goes on
         # BEGIN IMMEDIATE behind another process's writer: DatabaseLockedError, which the
         # retry loops accept as a lock and a host's UnitOfWork sees typed.
-        typed = DIALECT.translate_error(exc, locks=True)
+        typed = DIALECT.translate_error(exc, locks=True) if isinstance(exc, sqlite3.Error) else None
         if typed is None:
             raise
         raise typed from exc
-    except BaseException:
-        if binding is not None:
-            binding.queue.release(raw)
-        raise
 
 
 def _take_turn(conn: Connection, binding: write_queue.Binding, raw: Any, wait: float | None) -> None:
