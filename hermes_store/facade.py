@@ -143,6 +143,10 @@ BIGRAM_CATCH_UP_ROWS = CATCH_UP_ROWS
 #: Rows one background catch-up transaction indexes: it holds the index's upkeep lock,
 #: so it stays short, and the next one starts right after it.
 BACKGROUND_CATCH_UP_ROWS = _BACKGROUND_CATCH_UP_ROWS
+#: Rows one catch-up transaction after writes indexes where one writer writes at a time
+#: (SQLite): it holds the file's only write turn, so it stays about as short as a batch
+#: of appends, and the writers queued behind it go first between two of them.
+QUEUED_CATCH_UP_ROWS = 32
 
 #: Hermes' default file, computed at import as Hermes does. Code may patch it;
 #: while unpatched, ``SessionDB()`` reads ``$HERMES_HOME`` at call time instead.
@@ -836,7 +840,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         try:
             if due:
                 self._schedule("WAL checkpoint", self._checkpoint)
-                self._schedule("short-CJK index catch-up", self._catch_up_search_index)
+                self._schedule("short-CJK index catch-up", self._catch_up_after_writes)
             self._after_write(writes)
         except Exception:
             log.warning("%s: search index upkeep after a committed write failed; retried later",
@@ -855,7 +859,13 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         False when ``timeout`` ran out first. Always True where upkeep runs inline."""
         return self._upkeep.wait_idle(timeout)
 
-    def _catch_up_search_index(self, limit: int | None = BIGRAM_CATCH_UP_ROWS) -> int:
+    def _catch_up_after_writes(self) -> int:
+        """The catch-up of the write interval, in short transactions where writers queue
+        for one write turn (each lets the queued writers in before the next)."""
+        step = QUEUED_CATCH_UP_ROWS if self._dialect.one_writer_at_a_time else None
+        return self._catch_up_search_index(step=step)
+
+    def _catch_up_search_index(self, limit: int | None = BIGRAM_CATCH_UP_ROWS, *, step: int | None = None) -> int:
         """Extend the short-CJK index over rows written since (by us or by Hermes).
 
         Bounded per call so opening a huge, never-indexed file stays quick; rows not
@@ -869,9 +879,10 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                     return 0
         except (OperationalError, errors.DatabaseLockedError, errors.DatabaseUnavailableError):
             return 0  # best effort: runs after a committed write, which must not look failed
-        step = limit
-        if self._dialect.upkeep_in_background:
-            step = BACKGROUND_CATCH_UP_ROWS if limit is None else min(limit, BACKGROUND_CATCH_UP_ROWS)
+        if step is None:
+            step = limit
+            if self._dialect.upkeep_in_background:
+                step = BACKGROUND_CATCH_UP_ROWS if limit is None else min(limit, BACKGROUND_CATCH_UP_ROWS)
         done = 0
         try:
             while True:

@@ -331,3 +331,20 @@ def refused_append(session_id: Any, row: Sequence[Any] | None) -> errors.HermesS
     if row is not None and row[0] == CLOSED_BY_COMPRESSION:
         return errors.CompressionSessionClosedError(session_id)
     return errors.UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
+
+
+def positional_marks(conn: Connection, count: int) -> list[str] | None:
+    """The placeholders of ``conn``'s driver for ``count`` positional parameters, for a
+    statement sent through ``exec_driver_sql`` (thousands of rows without SQLAlchemy's
+    per-row parameter processing); None for a named style, which the caller binds as usual.
+
+    SQLAlchemy's own paramstyle of the driver is read: ``?`` for sqlite3 and aiosqlite,
+    ``%s`` for psycopg, ``$1…`` for asyncpg."""
+    style = conn.dialect.paramstyle
+    if style == "qmark":
+        return ["?"] * count
+    if style in ("format", "pyformat"):
+        return ["%s"] * count
+    if style == "numeric_dollar":
+        return [f"${i}" for i in range(1, count + 1)]
+    return None
