@@ -146,7 +146,7 @@ BACKGROUND_CATCH_UP_ROWS = _BACKGROUND_CATCH_UP_ROWS
 #: Rows one catch-up transaction after writes indexes where one writer writes at a time
 #: (SQLite): it holds the file's only write turn, so it stays about as short as a batch
 #: of appends, and the writers queued behind it go first between two of them.
-QUEUED_CATCH_UP_ROWS = 40
+QUEUED_CATCH_UP_ROWS = 48
 
 #: Hermes' default file, computed at import as Hermes does. Code may patch it;
 #: while unpatched, ``SessionDB()`` reads ``$HERMES_HOME`` at call time instead.
