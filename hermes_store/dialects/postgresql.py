@@ -101,6 +101,9 @@ _RUNNING = text(
     "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'virtualxid' AND virtualxid = ANY(:v))"
 )
 
+#: A row's content as one value read out of TOAST (``|| ''`` makes the copy; OFFSET 0
+#: keeps the planner from folding the subquery back into each test of it).
+_DETOASTED = "SELECT COALESCE(m.content, '') || '' AS c OFFSET 0"
 #: The sources whose sessions the trigram index leaves out (v30), on ``sessions s``.
 _TRIGRAM_SOURCES = " AND s.source NOT IN ('cron', 'subagent')"
 
@@ -387,19 +390,27 @@ class PostgreSQLDialect:
         session should cost."""
         names: dict[Any, str] = {}
 
-        def in_run(term: runs.Term) -> str:
+        def name(term: runs.Term) -> str:
             if term not in names:
                 n = names[term] = f"rx{len(names)}"
                 params[n + "n"], params[n + "r"] = runs.regex_beside_non_ascii(term), runs.regex(term)
-            n = names[term]
-            # The pg_trgm index answers the first test: the term beside a character
-            # outside ASCII (a CJK neighbour is one), cheap to cut into trigrams at
-            # planning and rare enough that the planner keeps to the index whatever the
-            # term. The rule itself, on an expression the index does not serve, is
-            # tested on the rows that index returns.
-            return " OR ".join(
-                f"({col} ~ :{n}n AND COALESCE({col}, '') ~ :{n}r)" for col in ("m.content", "m.tool_name")
-            ).join("()")
+            return names[term]
+
+        def may_be_in_run(term: runs.Term) -> str:
+            # What the pg_trgm index answers: the term beside a character outside ASCII
+            # (a CJK neighbour is one), cheap to cut into trigrams. The pattern is an
+            # InitPlan's value, unknown when the statement is planned: a bound value
+            # made the planner run every such regex over the column's histogram of long
+            # texts (2-4 ms of planning for a three-word query) and, trusting its
+            # estimates, leave the rarest term's index scan out of the BitmapAnd.
+            n = name(term)
+            return f"(m.content ~ (SELECT CAST(:{n}n AS text)) OR m.tool_name ~ (SELECT CAST(:{n}n AS text)))"
+
+        def in_run(term: runs.Term) -> str:
+            # The rule itself, on the index's candidates only: on ``d.c``, the content
+            # read out of TOAST once per row (every test of ``m.content`` reads it again).
+            n = name(term)
+            return f"(d.c ~ :{n}r OR COALESCE(m.tool_name, '') ~ :{n}r)"
 
         def has_words(match: str) -> str:
             if match not in names:
@@ -408,9 +419,11 @@ class PostgreSQLDialect:
             return f"m.search_vector @@ CAST(:{names[match]} AS tsquery)"
 
         return runs.RunsSQL(
-            source="{messages} m JOIN {sessions} s ON s.id = m.session_id",
-            where=(f"m.role <> 'tool' AND {runs.any_in_run(query, in_run)}"
-                   f" AND {runs.condition(query, in_run, has_words)}"
+            source=("{messages} m JOIN {sessions} s ON s.id = m.session_id"
+                    f" CROSS JOIN LATERAL ({_DETOASTED}) d"),
+            where=(f"m.role <> 'tool' AND {runs.any_in_run(query, may_be_in_run)}"
+                   f" AND {runs.condition(query, may_be_in_run, has_words)}"
+                   f" AND {runs.any_in_run(query, in_run)} AND {runs.condition(query, in_run, has_words)}"
                    " AND NOT (m.search_vector @@ CAST(:q AS tsquery))"),
             sessions=_TRIGRAM_SOURCES,
             maybe_delegated=f"s.{DELEGATED_CANDIDATE}",
