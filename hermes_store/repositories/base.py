@@ -24,7 +24,7 @@ from .. import errors
 from ..dialects import Dialect, for_connection
 from ..models import Base
 from ..targets import refuse_async
-from ..tenancy import render, schema_of_connection
+from ..tenancy import SCHEMA_OPTION, render, schema_of_connection
 
 Executor = OrmSession | Connection
 
@@ -172,6 +172,16 @@ def schema_text(conn: Connection, template: str) -> TextClause:
             _RENDERED.clear()
         found = _RENDERED[key] = text(render(template, key[1]))
     return found
+
+
+def cached_columns(engine: Any, table_name: str) -> frozenset[str] | None:
+    """A table's columns as :meth:`Repository.columns_of` read them already for
+    ``engine`` (in its tenant schema); None when they were not read yet. Lets a caller
+    encode rows before it has a connection (an append, outside the writer's turn)."""
+    per_engine = _SCHEMA_CACHE.get(engine)
+    if per_engine is None:
+        return None
+    return per_engine.get((engine.get_execution_options().get(SCHEMA_OPTION), table_name))
 
 
 class Repository:

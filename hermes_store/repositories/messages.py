@@ -556,6 +556,26 @@ class MessageRepository(Repository):
         # DB-API connection, inside the caller's transaction (see the dialects).
         return self.dialect.append_message(self.conn, row, calls)
 
+    @staticmethod
+    def encode_append(session_id: Any, role: Any, content: Any = None, *, timestamp: Any = None,
+                      known: Collection[str], **fields: Any) -> tuple[dict[str, Any], int, bool]:
+        """:meth:`append`'s row before any connection: ``(row, tool calls it adds, whether
+        the write stamps its timestamp)``. The caller encodes while another writes, and
+        only :meth:`append_encoded` runs in the write turn; ``known``: the columns of
+        ``messages`` (:func:`~hermes_store.repositories.base.cached_columns`)."""
+        if session_id is None:
+            raise UnknownSessionError("no session id (messages.session_id is NOT NULL)")
+        ts = coerce_timestamp(timestamp)
+        row, calls = hermes_row(session_id, role, content, 0.0 if ts is None else ts, known=known, **fields)
+        return row, calls, ts is None
+
+    def append_encoded(self, row: dict[str, Any], calls: int, *, stamp: bool) -> int:
+        """Write a row of :meth:`encode_append`: stamped now by this repository's clock
+        when ``stamp`` (so ids and timestamps advance together), counters bumped."""
+        if stamp:
+            row["timestamp"] = self.now()
+        return self.dialect.append_message(self.conn, row, calls)
+
     def insert_message_rows(self, session_id: str, messages: Any) -> tuple[int, int]:
         """THE row inserter of batch appends, replacements and compactions (Hermes v26's
         ``_insert_message_rows``): ``messages`` as live rows (:func:`replacement_rows`),

@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 
 from ..codec import is_stale_tool_call_marker_message, strip_stale_tool_call_markers
 from ..repositories import MessageRepository
+from ..repositories.base import cached_columns
 from ..repositories.messages import display_fields
 from ._host import Host, as_dict, as_dicts, transcript_budget
 
@@ -68,6 +69,15 @@ class MessagesMixin(Host):
             "effect_disposition": effect_disposition, "api_content": api_content,
             **display_fields(display_kind, display_metadata),
         }
+        if turn_lease_holder is None and not self.read_only:
+            known = cached_columns(self._open_engine(), "messages")
+            if known is not None:
+                # Encoded here, in the caller's thread, while another caller may be
+                # writing: only the two statements wait for the write turn.
+                row, calls, stamp = MessageRepository.encode_append(session_id, role, content, timestamp=timestamp,
+                                                                    known=known, **fields)
+                return self._write(lambda c: MessageRepository(c).append_encoded(row, calls, stamp=stamp),
+                                   budget=transcript_budget(), one_statement=True, combine=True)
         lease = None if turn_lease_holder is None else (turn_lease_holder, float(turn_lease_ttl_seconds))
         return self._write(
             lambda c: MessageRepository(c).append(session_id, role, content, timestamp=timestamp,
