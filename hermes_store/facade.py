@@ -147,6 +147,12 @@ BACKGROUND_CATCH_UP_ROWS = _BACKGROUND_CATCH_UP_ROWS
 #: (SQLite): it holds the file's only write turn, so it stays about as short as a batch
 #: of appends, and the writers queued behind it go first between two of them.
 QUEUED_CATCH_UP_ROWS = 48
+#: Upkeep after writes goes after this process's writers of the file: it starts once
+#: their line has been idle this long (seconds), or after UPKEEP_PATIENCE_S at the latest,
+#: so a burst of appends never queues behind index upkeep, and a steady stream still
+#: gets it every UPKEEP_PATIENCE_S (the rows in between are found by a direct scan).
+UPKEEP_IDLE_S = 0.02
+UPKEEP_PATIENCE_S = 1.5
 
 #: Hermes' default file, computed at import as Hermes does. Code may patch it;
 #: while unpatched, ``SessionDB()`` reads ``$HERMES_HOME`` at call time instead.
@@ -862,8 +868,26 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
     def _catch_up_after_writes(self) -> int:
         """The catch-up of the write interval, in short transactions where writers queue
         for one write turn (each lets the queued writers in before the next)."""
-        step = QUEUED_CATCH_UP_ROWS if self._dialect.one_writer_at_a_time else None
-        return self._catch_up_search_index(step=step)
+        if not self._dialect.one_writer_at_a_time:
+            return self._catch_up_search_index()
+        if not self._after_writers():
+            return 0
+        return self._catch_up_search_index(step=QUEUED_CATCH_UP_ROWS)
+
+    def _after_writers(self) -> bool:
+        """On the upkeep thread: wait until this process's line of writers to the file has
+        been idle for UPKEEP_IDLE_S, at most UPKEEP_PATIENCE_S; False when the store is
+        closing meanwhile."""
+        binding = write_queue.binding_of(self._open_engine().dialect)
+        if binding is None:
+            return True
+        deadline = _monotonic() + UPKEEP_PATIENCE_S
+        while True:
+            idle = binding.queue.idle_for()
+            if idle >= UPKEEP_IDLE_S or _monotonic() >= deadline:
+                return True
+            if self._upkeep.pause(UPKEEP_IDLE_S - idle):
+                return False
 
     def _catch_up_search_index(self, limit: int | None = BIGRAM_CATCH_UP_ROWS, *, step: int | None = None) -> int:
         """Extend the short-CJK index over rows written since (by us or by Hermes).

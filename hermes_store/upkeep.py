@@ -83,6 +83,12 @@ class Upkeep:
                     self._running = None
                     self._cv.notify_all()
 
+    def pause(self, seconds: float) -> bool:
+        """Sleep on the worker for ``seconds`` (a job yielding to callers); True, at once,
+        when the store is closing."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._closed, seconds)
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no job is waiting or running; False when ``timeout`` ran out first."""
         with self._cv:

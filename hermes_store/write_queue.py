@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -79,6 +80,8 @@ class WriterQueue:
     _mutex: threading.Lock = field(default_factory=threading.Lock)
     _holder: object | None = None
     _line: deque[_Waiter] = field(default_factory=deque)
+    #: ``time.monotonic()`` when the last turn ended with nobody in line.
+    _idle_since: float = 0.0
 
     def _enter(self, owner: object) -> bool:
         """Take the turn at once if it is free and nobody waits (call under the mutex)."""
@@ -136,6 +139,7 @@ class WriterQueue:
                     self._holder = waiter.owner
                     return
             self._holder = None
+            self._idle_since = time.monotonic()
 
     def holds(self, owner: object) -> bool:
         return self._holder is owner
@@ -143,6 +147,14 @@ class WriterQueue:
     def waiting(self) -> int:
         """Writers in line now (tests and diagnostics)."""
         return len(self._line)
+
+    def idle_for(self) -> float:
+        """Seconds since this process's writers of the file last let go of it; 0 while
+        one holds the turn or waits for it (upkeep goes after them)."""
+        with self._mutex:
+            if self._holder is not None or self._line:
+                return 0.0
+            return time.monotonic() - self._idle_since
 
 
 class Signal(Protocol):
