@@ -325,9 +325,31 @@ def _nodes(ids_select: Select[Any] | CompoundSelect[Any], kind: int = 0, *, mess
 
 @functools.cache
 def _tip_stmt() -> Nodes:
-    """The forward subgraph of ``:sid``."""
-    fwd = _forward(_seed())
-    return _nodes(select(fwd.c.id))
+    """The forward subgraph of ``:sid``, as :func:`_nodes` shapes it, in one walk.
+
+    The recursion carries each member's node columns itself (no second read of the
+    1,000 members of a deep chain by id), and the latest activity, which only ranks
+    continuations of one parent against each other (:meth:`Graph.step`), is looked up
+    only for members with a sibling in the subgraph: a plain chain reads no message.
+    """
+    def columns(t: Any) -> list[Any]:
+        link = link_columns(t)
+        return [*link[:5], t.c.end_reason, marker_text(t).label("markers")]
+
+    fwd = select(*columns(_S)).where(_S.c.id == SID).cte("fwd", recursive=True)
+    child = _S.alias("fwd_c")
+    fwd = fwd.union(
+        select(*columns(child)).join_from(fwd, child, child.c.parent_session_id == fwd.c.id)
+        .where(fwd.c.end_reason == COMPRESSION, child.c.source != "tool")
+    )
+    latest = select(func.max(_M.c.timestamp)).where(_M.c.session_id == fwd.c.id).scalar_subquery()
+    siblings = func.count().over(partition_by=fwd.c.parent_session_id)
+    return select(
+        literal_column("0", Integer).label("kind"), fwd.c.id, fwd.c.parent_session_id, fwd.c.tool,
+        fwd.c.started_at, fwd.c.ended_at, case((fwd.c.end_reason == COMPRESSION, 1), else_=0).label("compressed"),
+        fwd.c.markers, case((siblings > 1, latest), else_=null()).label("activity"),
+        cast(null(), Boolean).label("has_messages"),
+    )
 
 
 @functools.cache
