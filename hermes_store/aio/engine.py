@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import re
 import sqlite3
-from typing import Any, TypeVar
+import threading
+from typing import Any, TypeVar, cast
 from collections.abc import Callable, Sequence
 
 import aiosqlite
@@ -45,6 +47,11 @@ T = TypeVar("T")
 # rowcount, lastrowid) as plain values. A ``BEGIN`` travels with the hop that follows it
 # (:class:`BeginWithNext`): every transaction costs one hop less, and a transaction
 # that ends before running anything costs none.
+#
+# A whole call goes further (:meth:`OneHopConnection.run_whole`): sync code driving the
+# connection through SQLAlchemy (a store's read, or a batch of appends with its COMMIT)
+# runs on the driver's thread itself, where the adapter calls sqlite3 directly, as a
+# sync engine would: one hop per call, however many statements it sends.
 
 #: A transaction's opening statement, as our begin hook and SQLAlchemy send it.
 _BEGIN = re.compile(r"\s*BEGIN(?:\s+(?:DEFERRED|IMMEDIATE|EXCLUSIVE))?(?:\s+TRANSACTION)?\s*;?\s*", re.IGNORECASE)
@@ -70,6 +77,16 @@ class BeginWithNext(aiosqlite.Connection):
         """Forget a waiting BEGIN (its transaction ended before running anything); True if there was one."""
         waiting, self._begin_next = self._begin_next, None
         return waiting is not None
+
+    def on_own_thread(self) -> bool:
+        """Whether the caller runs on this connection's thread (inside :meth:`OneHopConnection.run_whole`)."""
+        return threading.get_ident() == self._thread.ident
+
+    def begin_now(self) -> None:
+        """On the driver's thread: run the waiting BEGIN, if any, before what follows."""
+        begin, self._begin_next = self._begin_next, None
+        if begin is not None:
+            self._conn.execute(begin)
 
     async def _execute(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         begin, self._begin_next = self._begin_next, None
@@ -146,28 +163,45 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
 
     def execute(self, operation: Any, parameters: Any = None) -> Any:
         try:
-            return await_only(self._run(operation, parameters, False))
+            if not self._deferred(operation, parameters, False):
+                self._statement(operation, parameters, False)
         except Exception as error:
             self._adapt_connection._handle_exception(error)
 
     def executemany(self, operation: Any, seq_of_parameters: Sequence[Any]) -> Any:
         try:
-            return await_only(self._run(operation, seq_of_parameters, True))
+            self._statement(operation, seq_of_parameters, True)
         except Exception as error:
             self._adapt_connection._handle_exception(error)
 
-    async def _run(self, operation: Any, parameters: Any, many: bool) -> None:
+    def _deferred(self, operation: Any, parameters: Any, many: bool) -> bool:
+        """A ``BEGIN`` outside a transaction waits for the next hop (see BeginWithNext)."""
         driver = self._connection
         if (not many and not parameters and isinstance(driver, BeginWithNext) and isinstance(operation, str)
                 and not driver.in_transaction and _BEGIN.fullmatch(operation)):
-            driver.begin_with_next(operation)  # see BeginWithNext
+            driver.begin_with_next(operation)
             self._description, self._rows, self._rowcount, self._lastrowid = None, collections.deque(), -1, None
-            return
-        async with self._adapt_connection._execute_mutex:
-            description, rows, self._rowcount, self._lastrowid = await driver._execute(
-                _statement_on_thread, driver._conn, operation, parameters, many)
+            return True
+        return False
+
+    def _statement(self, operation: Any, parameters: Any, many: bool) -> None:
+        driver = self._connection
+        if isinstance(driver, BeginWithNext) and driver.on_own_thread():  # inside run_whole: sqlite3 itself
+            driver.begin_now()
+            outcome = _statement_on_thread(driver._conn, operation, parameters, many)
+        else:
+            outcome = await_only(self._hop(operation, parameters, many))
+        description, rows, self._rowcount, self._lastrowid = outcome
         self._description = description
         self._rows = collections.deque(rows) if rows else collections.deque()
+
+    async def _hop(self, operation: Any, parameters: Any, many: bool
+                   ) -> tuple[Any, list[Any] | None, int, int | None]:
+        driver = self._connection
+        async with self._adapt_connection._execute_mutex:
+            outcome: tuple[Any, list[Any] | None, int, int | None] = await driver._execute(
+                _statement_on_thread, driver._conn, operation, parameters, many)
+            return outcome
 
     def nextset(self) -> None:
         return None  # sqlite3 has one result set per statement
@@ -181,12 +215,29 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
     _cursor_cls = OneHopCursor  # type: ignore[assignment]  # a subclass; mypy reads its __init__ as narrower
 
     def commit(self) -> None:
-        if not self._connection.drop_begin():  # nothing ran: nothing to commit
+        driver = self._connection
+        if driver.drop_begin():  # nothing ran: nothing to commit
+            return
+        if driver.on_own_thread():
+            self._here(driver._conn.commit)
+        else:
             super().commit()
 
     def rollback(self) -> None:
-        if not self._connection.drop_begin():
+        driver = self._connection
+        if driver.drop_begin():
+            return
+        if driver.on_own_thread():
+            self._here(driver._conn.rollback)
+        else:
             super().rollback()
+
+    def _here(self, call: Callable[[], Any]) -> None:
+        """``call`` on the driver's thread, its error raised as the adapter raises it."""
+        try:
+            call()
+        except Exception as error:
+            self._handle_exception(error)
 
     def close(self) -> None:
         self._connection.drop_begin()
@@ -197,6 +248,9 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         BEGIN first): a dialect's raw path of several statements (an append) pays one
         hop, not one per statement. The driver's errors come back as they are."""
         driver = self._connection
+        if driver.on_own_thread():  # inside run_whole
+            driver.begin_now()
+            return fn(driver._conn, *args)
 
         async def hop() -> T:
             async with self._execute_mutex:
@@ -204,6 +258,50 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
                 return result
 
         return await_only(hop())
+
+    def run_whole(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, sync code driving this connection (through SQLAlchemy or
+        :meth:`run_on_driver`), run on the driver's thread in one hop: each of its
+        statements, its COMMIT or ROLLBACK, calls sqlite3 there directly. ``fn`` must
+        not await anything (it has no event loop): it is a sync engine's work, moved.
+
+        Called from the loop's greenlet. A cancelled caller waits for ``fn`` to end
+        before its cancellation goes on: the loop must not touch the connection (a
+        rollback) while the driver's thread still drives it."""
+        driver = cast(BeginWithNext, self._connection)
+        if driver.on_own_thread():
+            return fn(*args)
+
+        if not (driver._running and driver._connection):
+            self._handle_exception(ValueError("Connection closed"))  # sqlite3's OperationalError, as a statement's
+
+        async def hop() -> T:
+            async with self._execute_mutex:
+                ended = threading.Event()
+
+                def whole_call() -> T:
+                    try:
+                        return fn(*args)
+                    finally:
+                        ended.set()
+
+                try:
+                    # aiosqlite's own hop, not BeginWithNext's: the first statement of ``fn``
+                    # runs the waiting BEGIN (begin_now), so its failure is that statement's.
+                    # Not shielded (a shield costs a loop turn per hop): see below.
+                    result: T = await aiosqlite.Connection._execute(driver, whole_call)  # type: ignore[no-untyped-call]
+                    return result
+                except asyncio.CancelledError:
+                    while not ended.is_set():  # rare: polled, not signalled
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await asyncio.sleep(_ENDING_POLL_S)
+                    raise
+
+        return await_only(hop())
+
+
+#: How often a cancelled :meth:`OneHopConnection.run_whole` looks whether its call ended.
+_ENDING_POLL_S = 0.001
 
 
 class OneHopAiosqlite(AsyncAdapt_aiosqlite_dbapi):

@@ -10,6 +10,13 @@ is swapped for a loop-friendly equivalent:
 - creating, adopting or migrating a SQLite file runs on a worker thread (it is file
   work, and Hermes users have 1 GB files).
 
+On SQLite, aiosqlite runs each connection's statements on a thread of its own, and a
+trip there and back (a "hop": two thread wake-ups) costs about what a short statement
+does. So a call's work on its connection goes there whole (``run_whole``): a read runs
+its statements and ends its snapshot in one hop, a batch of appends runs its jobs and
+its COMMIT in one, another write its statements in one and its COMMIT in a second. The
+loop keeps what needs the loop: the turns, the BEGIN's write turn, retries and waits.
+
 Hermes' own thread-wrapper ``AsyncSessionDB(db)`` stays in ``hermes_state`` for Hermes' code.
 """
 
@@ -23,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import await_only
@@ -32,8 +39,9 @@ from .. import dialects, errors, facade, migrations, write_queue
 from ..dialects import for_url
 from ..engine import with_schema
 from ..facade import MAX_IDLE_CONNECTIONS, URL_ENV, SessionDB
+from ..repositories.transcripts import remove_committed_files
 from ..targets import refuse_sync
-from .engine import async_url, create_async_engine, run_sync
+from .engine import OneHopAiosqlite, OneHopConnection, async_url, create_async_engine, run_sync
 from .queues import TaskQueue, writer_queue
 from .surface import SessionDBAwaited
 
@@ -77,6 +85,13 @@ class LoopUpkeep:
                 return
             self._again.discard(name)
 
+    def pause(self, seconds: float) -> bool:
+        """A job yielding to callers for ``seconds`` (on the loop's greenlet: the loop runs
+        them meanwhile); True, at once, when the store is closing."""
+        if not self._closed:
+            await_only(asyncio.sleep(max(0.0, seconds)))
+        return self._closed
+
     def _pending(self) -> list[asyncio.Task[Any]]:
         return [t for t in self._tasks.values() if not t.done()]
 
@@ -108,15 +123,54 @@ class LoopSessionDB(SessionDB):
         self.async_engine: AsyncEngine | None = None
         self._writers: TaskQueue | None = None
         self._readers: TaskQueue | None = None
+        #: Whether a call's work goes to its connection's thread whole (see the module docstring).
+        self._whole = False
         super().__init__(*args, **kwargs)
 
     def _write(self, fn: Callable[..., Any], *, budget: float | None = None, **kwargs: Any) -> Any:
+        if self._whole:
+            fn = _whole(fn)  # the statements in one hop (the COMMIT in a second)
         if self._writers is None or (kwargs.get("combine") and self._dialect.one_writer_at_a_time):
             # A write that may go in a batch (an append on a file) waits in the store's
             # batcher instead (write_queue.Batcher): the tasks in line are written together.
             return super()._write(fn, budget=budget, **kwargs)
         with self._writers.turn_on_greenlet(budget if budget is not None else write_budget()):
             return super()._write(fn, budget=budget, **kwargs)
+
+    def _write_batch(self, jobs: list[write_queue.Job], deadline: float) -> None:
+        """The facade's batch (one transaction, a failing job's batch written again
+        without it), with its jobs and COMMIT in one hop to the connection's thread. The
+        BEGIN is made on the loop, where waiting for the file's write turn can await."""
+        if not self._whole:
+            return super()._write_batch(jobs, deadline)
+        pending = list(jobs)
+        with self._borrow(write=True) as (conn, _kept):
+            raw = conn.connection.dbapi_connection
+            assert isinstance(raw, OneHopConnection)
+            while pending:
+                conn.execution_options(**{write_queue.WAIT_OPTION: max(0.0, deadline - facade._monotonic())})
+                try:
+                    transaction = conn.begin()  # the turn; the BEGIN itself rides with the hop
+                    raw.run_whole(_write_jobs, conn, transaction, pending)
+                except _JobFailed as failed:
+                    remove_committed_files(conn, committed=False)
+                    pending.remove(failed.job)
+                    continue
+                except BaseException as exc:
+                    # Nothing committed, unless the leader was cancelled while its hop ran
+                    # on: then the jobs hold their outcomes (error None), and the leader's
+                    # caller still sees its cancellation (swallowed, it would break the
+                    # caller's timeouts), its message written as after any late cancel.
+                    committed = all(job.error is None for job in pending)
+                    if not committed:
+                        _end(conn)
+                    for job in pending:
+                        if not committed or job.lead:
+                            job.error, job.result = exc, None
+                    remove_committed_files(conn, committed=committed)
+                    return
+                remove_committed_files(conn)
+                return
 
     def _outside(self, fn: Callable[..., Any], *, budget: float | None = None) -> Any:
         """A VACUUM or checkpoint takes this loop's writer turn, as a write does."""
@@ -126,6 +180,8 @@ class LoopSessionDB(SessionDB):
             return super()._outside(fn, budget=budget)
 
     def _read(self, fn: Callable[..., Any]) -> Any:
+        if self._whole:
+            fn = _whole(fn, end=True)  # the statements and the end of the snapshot in one hop
         if self._readers is None:
             return super()._read(fn)
         with self._readers.turn_on_greenlet(write_budget()):
@@ -145,6 +201,7 @@ class LoopSessionDB(SessionDB):
             self._readers = TaskQueue(f"{label} readers", SERVER_CALLS)
         url = async_url(target).set(drivername=self._async_driver)
         self.async_engine = create_async_engine(url, **{**kwargs, **self._engine_options})
+        self._whole = isinstance(getattr(self.async_engine.dialect, "loaded_dbapi", None), OneHopAiosqlite)
         return self.async_engine.sync_engine
 
     def _migrate_file(self, path: Path) -> None:
@@ -164,6 +221,59 @@ class LoopSessionDB(SessionDB):
 
     def _batch_pause(self) -> None:
         await_only(_loop_turns(_WAKE_TURNS))  # the tasks just woken post their next appends first
+
+
+class _JobFailed(Exception):
+    """A job of a batch failed: the batch was rolled back, to be written again without it."""
+
+    def __init__(self, job: write_queue.Job) -> None:
+        super().__init__()
+        self.job = job
+
+
+def _write_jobs(conn: Connection, transaction: Any, jobs: list[write_queue.Job]) -> None:
+    """On the connection's thread: ``jobs`` then the COMMIT, then each job's outcome
+    (recorded here, so a caller cancelled meanwhile cannot lose a committed one)."""
+    results: list[tuple[write_queue.Job, Any]] = []
+    with transaction:  # commits at the end; rolls back on an error, the COMMIT's too
+        for job in jobs:
+            try:
+                results.append((job, job.run(conn)))
+            except Exception as exc:
+                if len(jobs) == 1:
+                    raise
+                job.error, job.result = exc, None
+                raise _JobFailed(job) from exc
+    for job, value in results:
+        job.error, job.result = None, value
+
+
+def _end(conn: Connection) -> None:
+    """After a failed batch: no transaction left open on a connection going back to idle."""
+    try:
+        if conn.in_transaction() and not conn.invalidated:
+            conn.rollback()
+    except Exception:
+        conn.invalidate()
+
+
+def _whole(fn: Callable[[Connection], Any], *, end: bool = False) -> Callable[[Connection], Any]:
+    """``fn(conn)`` in one hop to the thread of ``conn``'s aiosqlite connection; with
+    ``end``, the read snapshot ends in the same hop."""
+    def run(conn: Connection) -> Any:
+        raw = conn.connection.dbapi_connection
+        if not isinstance(raw, OneHopConnection):
+            return fn(conn)
+        return raw.run_whole(_read_and_end if end else fn, conn, *((fn,) if end else ()))
+    return run
+
+
+def _read_and_end(conn: Connection, fn: Callable[[Connection], Any]) -> Any:
+    try:
+        return fn(conn)
+    finally:
+        if not conn.invalidated:
+            conn.rollback()
 
 
 #: Loop turns a task woken from a batch takes to post its next append: its signal's

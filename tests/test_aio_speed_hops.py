@@ -1,0 +1,181 @@
+"""The async store on SQLite goes to aiosqlite's thread once per call (issue 32).
+
+A trip to the driver's thread and back (a "hop") costs two thread wake-ups, about what a
+short statement costs, so a call's work on its connection runs there whole
+(``OneHopConnection.run_whole``): these tests count the hops and check that moving the
+work changed nothing a caller can see (results, errors, cancellation, the write turn).
+No timing is measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import pytest
+
+from hermes_store import aio, errors
+
+
+def _count_hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each call run on aiosqlite's thread, by the name of what it runs."""
+    hops: list[str] = []
+    original = aiosqlite.Connection._execute
+
+    async def counted(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(getattr(fn, "__name__", repr(fn)))
+        return await original(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+    return hops
+
+
+async def _warm(db: aio.AsyncSessionDB) -> None:
+    await db.create_session("s", "cli")
+    await db.append_message("s", "user", "warm-up about kubernetes 数据库")
+    await db.wait_for_upkeep()
+
+
+def test_an_append_and_each_read_is_one_hop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def run() -> None:
+        async with aio.AsyncSessionDB(tmp_path / "one.db") as db:
+            await _warm(db)
+            hops = _count_hops(monkeypatch)
+            new_id = await db.append_message("s", "assistant", "kubernetes answer 数据")
+            assert len(hops) == 1, hops
+            reads = {
+                "messages": lambda: db.get_messages("s"),
+                "search": lambda: db.search_messages("kubernetes"),
+                "short CJK search": lambda: db.search_messages("数据"),
+                "listing": lambda: db.list_sessions_rich(limit=20),
+                "conversation": lambda: db.get_messages_as_conversation("s"),
+            }
+            for name, read in reads.items():
+                await read()  # the first read may open the reader's connection (set up in hops of its own)
+                hops.clear()
+                result = await read()
+                assert len(hops) == 1, (name, hops)
+                assert result, name
+            assert [m["id"] for m in await db.get_messages("s")][-1] == new_id
+            assert (await db.get_session("s"))["message_count"] == 2
+
+    asyncio.run(run())
+
+
+def test_a_write_of_several_statements_is_two_hops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its statements in one hop, its COMMIT in a second (the facade commits after ``fn``)."""
+    async def run() -> None:
+        async with aio.AsyncSessionDB(tmp_path / "two.db") as db:
+            await _warm(db)
+            hops = _count_hops(monkeypatch)
+            await db.set_session_title("s", "a title")
+            assert len(hops) == 2, hops
+            assert await db.get_session_title("s") == "a title"
+
+    asyncio.run(run())
+
+
+def test_concurrent_appends_go_in_batches_of_one_hop_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 tasks appending at once: each batch (its jobs and COMMIT) is one hop, so there
+    are fewer hops than appends, and every row and counter is exact."""
+    tasks, per_task = 8, 25
+
+    async def run() -> None:
+        async with aio.AsyncSessionDB(tmp_path / "batch.db") as db:
+            for i in range(tasks):
+                await db.create_session(f"t{i}", "cli")
+            await db.wait_for_upkeep()
+            hops = _count_hops(monkeypatch)
+
+            async def writer(i: int) -> list[int]:
+                return [await db.append_message(f"t{i}", "user", f"task {i} message {n}") for n in range(per_task)]
+
+            ids = await asyncio.gather(*(writer(i) for i in range(tasks)))
+            appends = [h for h in hops if h == "whole_call"]
+            assert len(appends) < tasks * per_task, len(appends)
+            assert len({i for batch in ids for i in batch}) == tasks * per_task
+            for i in range(tasks):
+                rows = await db.get_messages(f"t{i}")
+                assert [r["id"] for r in rows] == ids[i]
+                assert [r["content"] for r in rows] == [f"task {i} message {n}" for n in range(per_task)]
+                assert (await db.get_session(f"t{i}"))["message_count"] == per_task
+
+    asyncio.run(run())
+
+
+def test_a_failing_append_in_a_batch_fails_alone(tmp_path: Path) -> None:
+    """An append to an unknown session, batched with others: its caller gets the typed
+    error, the others' rows are written."""
+    async def run() -> None:
+        async with aio.AsyncSessionDB(tmp_path / "fail.db") as db:
+            for i in range(4):
+                await db.create_session(f"t{i}", "cli")
+            calls = [db.append_message(f"t{i}", "user", f"m{i}") for i in range(4)]
+            calls.insert(2, db.append_message("nobody", "user", "lost"))
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+            assert isinstance(outcomes[2], errors.UnknownSessionError), outcomes
+            assert all(isinstance(o, int) for k, o in enumerate(outcomes) if k != 2), outcomes
+            for i in range(4):
+                assert [m["content"] for m in await db.get_messages(f"t{i}")] == [f"m{i}"]
+            assert await db.get_session("nobody") is None
+
+    asyncio.run(run())
+
+
+def test_a_caller_cancelled_during_its_hop_is_cancelled_and_nothing_is_half_done(tmp_path: Path) -> None:
+    """The cancellation reaches the caller once the work on the driver's thread has
+    ended (the loop never touches the connection while that thread drives it): the
+    append is whole or absent, counters agree, and the write turn is free again."""
+    async def run() -> None:
+        async with aio.AsyncSessionDB(tmp_path / "cancel.db") as db:
+            await _warm(db)
+            cancelled = 0
+            for turns in range(12):
+                task = asyncio.ensure_future(db.append_message("s", "user", f"cancel after {turns} turns"))
+                for _ in range(turns % 4):
+                    await asyncio.sleep(0)
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    cancelled += 1
+            assert cancelled > 0
+            session = await db.get_session("s")
+            assert session["message_count"] == len(await db.get_messages("s"))
+            await asyncio.wait_for(db.set_session_title("s", "after"), timeout=30)
+            assert await db.get_session_title("s") == "after"
+            # a cancelled read ends its snapshot too: the next write is not blocked by it
+            task = asyncio.ensure_future(db.search_messages("kubernetes"))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await db.append_message("s", "user", "after the cancelled read") > 0
+            assert db.engine is not None and db.engine.sync_engine.pool.checkedout() <= 8
+
+    asyncio.run(run())
+
+
+def test_a_write_turn_held_elsewhere_still_ends_typed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The BEGIN is made on the loop (where waiting for the file's turn can await): a turn
+    held by another writer of this process past the budget is a DatabaseLockedError."""
+    from hermes_store import facade, write_queue
+
+    async def run() -> None:
+        async with aio.AsyncSessionDB(tmp_path / "turn.db") as db:
+            await _warm(db)
+            queue = write_queue.for_file(tmp_path / "turn.db")
+            holder = object()
+            assert queue.take(holder, 1.0)
+            try:
+                monkeypatch.setattr(facade, "TRANSCRIPT_BUDGET_S", 0.3)
+                with pytest.raises(errors.DatabaseLockedError):
+                    await db.append_message("s", "user", "blocked")
+            finally:
+                queue.release(holder)
+            assert await db.append_message("s", "user", "free again") > 0
+            assert [m["content"] for m in await db.get_messages("s")][-1] == "free again"
+
+    asyncio.run(run())
