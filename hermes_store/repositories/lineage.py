@@ -325,7 +325,13 @@ def _nodes(ids_select: Select[Any] | CompoundSelect[Any], kind: int = 0, *, mess
 
 @functools.cache
 def _tip_stmt() -> Nodes:
-    """The forward subgraph of ``:sid``, as :func:`_nodes` shapes it, in one walk.
+    """The forward subgraph of ``:sid``."""
+    return _forward_nodes()
+
+
+def _forward_nodes() -> Nodes:
+    """The forward subgraph of ``:sid`` (as :func:`_forward` walks it), shaped as
+    :func:`_nodes` shapes it, in one walk.
 
     The recursion carries each member's node columns itself (no second read of the
     1,000 members of a deep chain by id), and the latest activity, which only ranks
@@ -387,13 +393,12 @@ def _tips_stmt() -> Nodes:
 @functools.cache
 def _chain_stmt() -> CompoundSelect[*tuple[Any, ...]]:
     up = parent_chain()
-    fwd = _forward(_seed())
     text_null, real_null, int_null = cast(null(), String), cast(null(), Float), cast(null(), Integer)
     ups = select(
         literal_column(str(_UP), Integer).label("kind"), up.c.id, text_null, int_null,
         cast(func.min(up.c.depth), Float), real_null, int_null, text_null, real_null, cast(null(), Boolean),
     ).group_by(up.c.id)
-    return _nodes(select(fwd.c.id)).union_all(ups)
+    return _forward_nodes().union_all(ups)
 
 
 # --------------------------------------------------------------------- the walks (Python side)
