@@ -173,9 +173,15 @@ def test_a_write_turn_held_elsewhere_still_ends_typed(tmp_path: Path, monkeypatc
                 monkeypatch.setattr(facade, "TRANSCRIPT_BUDGET_S", 0.3)
                 with pytest.raises(errors.DatabaseLockedError):
                     await db.append_message("s", "user", "blocked")
+                # a leader waiting for the turn, and followers waiting for it on their
+                # signals: each gives up typed when its budget ends
+                outcomes = await asyncio.gather(*(db.append_message("s", "user", f"blocked {i}") for i in range(3)),
+                                                return_exceptions=True)
+                assert all(isinstance(o, errors.DatabaseLockedError) for o in outcomes), outcomes
             finally:
                 queue.release(holder)
             assert await db.append_message("s", "user", "free again") > 0
-            assert [m["content"] for m in await db.get_messages("s")][-1] == "free again"
+            assert [m["content"] for m in await db.get_messages("s")][-2:] == [
+                "warm-up about kubernetes 数据库", "free again"]
 
     asyncio.run(run())

@@ -23,9 +23,11 @@ Hermes' own thread-wrapper ``AsyncSessionDB(db)`` stays in ``hermes_state`` for 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
@@ -217,10 +219,64 @@ class LoopSessionDB(SessionDB):
         return write_queue.Batcher()  # this store's tasks only: they wait on its loop
 
     def _batch_signal(self) -> write_queue.Signal:
-        return write_queue.LoopSignal()  # the task waits; its loop runs the one writing the batch
+        return TaskSignal()  # the task waits; its loop runs the one writing the batch
 
     def _batch_pause(self) -> None:
-        await_only(_loop_turns(_WAKE_TURNS))  # the tasks just woken post their next appends first
+        """The tasks just woken from a batch post their next appends first: one loop turn,
+        as a :class:`TaskSignal` set on the loop wakes its task in the next turn."""
+        await_only(asyncio.sleep(0))
+
+
+class TaskSignal:
+    """The :class:`~hermes_store.write_queue.Signal` a task of this store's batcher sleeps
+    on (on its greenlet: the loop runs the others meanwhile, the leader among them).
+
+    Cheap on purpose, as every follower of every batch makes one: set on the loop's
+    thread (a leader's, the usual case) it wakes the task in the next loop turn, without
+    the self-pipe write of a thread-safe call; a wait awaits its own future, under a
+    plain timer, so the task steps as soon as that future is set (a shield or a timeout
+    block would cost another loop turn per wake-up, for each follower)."""
+
+    __slots__ = ("_loop", "_set", "_thread", "_waiting")
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        self._set = False
+        self._waiting: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        if threading.get_ident() == self._thread:
+            self._wake()
+        else:
+            with contextlib.suppress(RuntimeError):  # a closed loop has nobody left to wake
+                self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._set = True
+        waiting = self._waiting
+        if waiting is not None and not waiting.done():
+            waiting.set_result(None)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._set:
+            await_only(self._wait(timeout))
+        return self._set
+
+    async def _wait(self, timeout: float | None) -> None:
+        waiting = self._waiting = self._loop.create_future()
+        timer = None if timeout is None else self._loop.call_later(timeout, _time_up, waiting)
+        try:
+            await waiting
+        finally:
+            self._waiting = None
+            if timer is not None:
+                timer.cancel()
+
+
+def _time_up(waiting: asyncio.Future[None]) -> None:
+    if not waiting.done():
+        waiting.set_result(None)
 
 
 class _JobFailed(Exception):
@@ -274,16 +330,6 @@ def _read_and_end(conn: Connection, fn: Callable[[Connection], Any]) -> Any:
     finally:
         if not conn.invalidated:
             conn.rollback()
-
-
-#: Loop turns a task woken from a batch takes to post its next append: its signal's
-#: future resolves, the shielded wait wakes, the task steps.
-_WAKE_TURNS = 3
-
-
-async def _loop_turns(n: int) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
 
 
 def write_budget() -> float:
