@@ -297,10 +297,66 @@ def test_eight_threads_take_turns_and_never_sleep(tmp_path: Path, never_busy: li
         assert never_busy == []
         assert _rows(path) == {f"t{t}": (APPENDS, APPENDS) for t in range(THREADS)}
         assert len(stores[0].search_messages("线程", limit=THREADS * APPENDS + 1)) == THREADS * APPENDS
+        # Rows are encoded before they queue, but stamped in the write: ids and
+        # timestamps advance together, as from one writer.
+        with sqlite3.connect(path) as conn:
+            stamps = [r[0] for r in conn.execute("SELECT timestamp FROM messages ORDER BY id")]
+        assert len(stamps) == THREADS * APPENDS and stamps == sorted(stamps)
     finally:
         for db in stores:
             db.close()
     assert write_queue.for_file(path).waiting() == 0
+
+
+def test_idle_for_counts_from_the_last_turn() -> None:
+    queue = write_queue.WriterQueue("/nowhere/idle.db")
+    first, second = object(), object()
+    assert queue.take(first, 1.0)
+    assert queue.idle_for() == 0.0
+    waiter = threading.Thread(target=lambda: queue.take(second, 60.0))
+    waiter.start()
+    while queue.waiting() != 1:
+        threading.Event().wait(0.001)
+    queue.release(first)  # handed to the waiter: still busy
+    waiter.join()
+    assert queue.holds(second) and queue.idle_for() == 0.0
+    queue.release(second)
+    once = queue.idle_for()
+    assert once >= 0.0 and queue.idle_for() >= once
+
+
+def test_upkeep_after_writes_goes_after_the_writers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The catch-up after writes waits while this process's writers hold or wait for the
+    file's turn, goes once they let go, still goes when its patience runs out under a
+    steady stream of writes, and gives up when the store closes."""
+    path = tmp_path / "upkeep.db"
+    db = SessionDB(path)
+    queue = write_queue.for_file(path)
+    writer = object()
+    try:
+        monkeypatch.setattr(facade, "UPKEEP_PATIENCE_S", 600.0)
+        assert queue.take(writer, 1.0)
+        outcome: list[bool] = []
+        waiting = threading.Thread(target=lambda: outcome.append(db._after_writers()))
+        waiting.start()
+        waiting.join(0.3)
+        assert waiting.is_alive() and outcome == []  # a writer holds the turn: upkeep waits
+        queue.release(writer)
+        waiting.join(60)
+        assert outcome == [True]
+
+        monkeypatch.setattr(facade, "UPKEEP_PATIENCE_S", 0.0)
+        assert queue.take(writer, 1.0)
+        assert db._after_writers() is True  # patience spent: it goes behind the writer anyway
+        monkeypatch.setattr(facade, "UPKEEP_PATIENCE_S", 600.0)
+        closing = threading.Thread(target=lambda: outcome.append(db._after_writers()))
+        closing.start()
+        db._upkeep.close()
+        closing.join(60)
+        assert outcome == [True, False]
+    finally:
+        queue.release(writer)
+        db.close()
 
 
 def test_units_of_work_and_stores_share_the_line(tmp_path: Path, never_busy: list[float]) -> None:
