@@ -358,14 +358,18 @@ def _filters(s: Any, p: Any, shape: Shape) -> list[ColumnElement[bool]]:
         conds.append(s.c.message_count >= _LEAST)
     if shape.session_key:
         conds.append(s.c.session_key == _SESSION_KEY)
+    # "NULL or 0" spelled out, not as coalesce(x, 0) = 0: the same rows, but a planner
+    # reads the column's statistics for it. PostgreSQL took coalesce(...) = 0 for a 0.5%
+    # guess, expected one listable row, and sorted every session instead of walking the
+    # started_at index to the page (10k bench: 6.4 ms of execution, now 1.2).
     if shape.hidden:
-        conds.append(func.coalesce(s.c.hidden, 0) == 0)
+        conds.append(or_(s.c.hidden.is_(None), s.c.hidden == 0))
     if shape.pinned:
-        conds.append(func.coalesce(s.c.pinned, 0) != 0)
+        conds.append(s.c.pinned != 0)  # NULL is not pinned, as coalesce(pinned, 0) != 0 said
     if shape.archived == "only":
         conds.append(s.c.archived != 0)
     elif shape.archived == "hide":
-        conds.append(func.coalesce(s.c.archived, 0) == 0)
+        conds.append(or_(s.c.archived.is_(None), s.c.archived == 0))
     elif shape.archived == "none":
         conds.append(false())
     if not shape.children:
