@@ -96,6 +96,7 @@ def test_index_matches_substring_scan(db: SessionDB, backend: str, strategy: str
     db.append_messages(rows[60:])  # ... and in bulk (it does not)
     db.append_messages([{"session_id": "s1", "role": "user", "content": rand_text(rng)} for _ in range(200)])
     db.index_search()
+    assert db.wait_for_upkeep(60)  # the catch-up the appends made due has run: nothing moves below
     with db.engine.connect() as c:
         hw = bigram.high_water(c)
     assert hw == scalar(db, "SELECT max(id) FROM messages")

@@ -166,6 +166,11 @@ class Dialect(Protocol):
         An unknown session raises UnknownSessionError with nothing written; driver
         failures come out typed."""
 
+    def add_bigram_pairs(self, conn: Connection, table: str, pairs: Sequence[tuple[str, int]]) -> None:
+        """Add short-CJK index pairs ``(gram, block)`` to ``table`` (qualified, quoted),
+        skipping those already there: a catch-up adds thousands, so in one go (never a
+        statement per pair through SQLAlchemy's per-row parameter processing)."""
+
     def bump_message_counts(self, conn: Connection, counts: Iterable[tuple[str, int, int]]) -> None:
         """Add ``(session id, messages, tool calls)`` to each session's counters."""
 
@@ -332,19 +337,3 @@ def refused_append(session_id: Any, row: Sequence[Any] | None) -> errors.HermesS
         return errors.CompressionSessionClosedError(session_id)
     return errors.UnknownSessionError(f"unknown session {session_id!r}: no such session (FOREIGN KEY)")
 
-
-def positional_marks(conn: Connection, count: int) -> list[str] | None:
-    """The placeholders of ``conn``'s driver for ``count`` positional parameters, for a
-    statement sent through ``exec_driver_sql`` (thousands of rows without SQLAlchemy's
-    per-row parameter processing); None for a named style, which the caller binds as usual.
-
-    SQLAlchemy's own paramstyle of the driver is read: ``?`` for sqlite3 and aiosqlite,
-    ``%s`` for psycopg, ``$1…`` for asyncpg."""
-    style = conn.dialect.paramstyle
-    if style == "qmark":
-        return ["?"] * count
-    if style in ("format", "pyformat"):
-        return ["%s"] * count
-    if style == "numeric_dollar":
-        return [f"${i}" for i in range(1, count + 1)]
-    return None

@@ -40,9 +40,8 @@ from ..search.cjk_pairs import (  # noqa: F401 - the pure half, importable from 
     parse_high_water,
     term_bigrams,
 )
-from ..tenancy import SchemaSQL, render, schema_of_connection
+from ..tenancy import SchemaSQL, qualified, render, schema_of_connection
 from . import for_connection
-from .base import positional_marks
 
 #: ``"<settled> <top>:<transaction>,…"``: the id every id up to which is final, then the
 #: newest committed id when last noted and the transactions writing then, waiting to
@@ -57,12 +56,6 @@ _DIRTY_COUNT = SchemaSQL(f"SELECT count(*) FROM {{{DIRTY_TABLE}}}")
 _DIRTY_BLOCKS = SchemaSQL(f"SELECT block FROM {{{DIRTY_TABLE}}}")
 _CLEAR_DIRTY = SchemaSQL(f"DELETE FROM {{{DIRTY_TABLE}}}")
 _CLEAR_INDEX = SchemaSQL(f"DELETE FROM {{{TABLE}}}")
-_ADD_PAIRS = SchemaSQL(f"INSERT INTO {{{TABLE}}} (gram, block) VALUES (:g, :b) ON CONFLICT DO NOTHING")
-#: The same for the driver's own ``executemany`` with plain tuples, per (driver
-#: placeholders, schema): a catch-up adds thousands of pairs, and SQLAlchemy's per-row
-#: parameter processing costs twice the inserts themselves.
-_ADD_PAIRS_DRIVER = f"INSERT INTO {{{TABLE}}} (gram, block) VALUES ({{{{0}}}}, {{{{1}}}}) ON CONFLICT DO NOTHING"
-_ADD_PAIRS_BY: dict[tuple[tuple[str, ...], str | None], str] = {}
 _DROP_BLOCK = SchemaSQL(f"DELETE FROM {{{TABLE}}} WHERE block = :b")
 _BLOCK_ROWS = SchemaSQL(
     "SELECT id, content, tool_name, tool_calls FROM {messages} WHERE id BETWEEN :lo AND :hi AND id <= :hw"
@@ -124,17 +117,8 @@ def _index_rows(conn: Any, rows: Iterable[Sequence[Any]]) -> int:
 
 
 def _add_pairs(conn: Any, pairs: list[tuple[str, int]]) -> None:
-    if not pairs:
-        return
-    marks = positional_marks(conn, 2)
-    if marks is None:
-        conn.execute(_ADD_PAIRS.on(conn), [{"g": g, "b": b} for g, b in pairs])
-        return
-    key = (tuple(marks), schema_of_connection(conn))
-    sql = _ADD_PAIRS_BY.get(key)
-    if sql is None:
-        sql = _ADD_PAIRS_BY[key] = render(_ADD_PAIRS_DRIVER, key[1]).format(*marks)
-    conn.exec_driver_sql(sql, pairs)
+    if pairs:
+        for_connection(conn).add_bigram_pairs(conn, qualified(schema_of_connection(conn), TABLE), pairs)
 
 
 def _meta(conn: Any, key: str) -> str | None:

@@ -25,6 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql.elements import TextClause
 
 from .. import errors
 from ..keys import PG_SEARCH_INDEXES
@@ -346,6 +347,11 @@ class PostgreSQLDialect:
         target = _messages_target(names, schema_of_connection(conn))
         return int(conn.execute(insert(target).returning(_MESSAGES.c.id), row).scalar_one())
 
+    def add_bigram_pairs(self, conn: Connection, table: str, pairs: Sequence[tuple[str, int]]) -> None:
+        # One statement, the pairs as two arrays: a pipelined executemany costs the client
+        # and the server a statement per pair (22 ms of client CPU for 50 messages' pairs).
+        conn.execute(_bigram_pairs_insert(table), {"grams": [g for g, _ in pairs], "blocks": [b for _, b in pairs]})
+
     def bump_message_counts(self, conn: Connection, counts: Iterable[tuple[str, int, int]]) -> None:
         conn.execute(_BUMP, [{"n": n, "calls": calls, "sid": sid} for sid, n, calls in counts])
 
@@ -623,6 +629,15 @@ class PostgreSQLDialect:
             for n in names
         ]
         return plain, []
+
+
+@functools.lru_cache(maxsize=64)
+def _bigram_pairs_insert(table: str) -> TextClause:
+    """:meth:`PostgreSQLDialect.add_bigram_pairs`' statement for one (qualified) table."""
+    return text(
+        f"INSERT INTO {table} (gram, block) SELECT unnest(CAST(:grams AS text[])), unnest(CAST(:blocks AS bigint[]))"
+        " ON CONFLICT DO NOTHING"
+    )
 
 
 DIALECT = PostgreSQLDialect()

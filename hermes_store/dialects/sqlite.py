@@ -509,6 +509,10 @@ class SQLiteDialect:
             raise refused_append(session_id, refused)
         return int(new_id)
 
+    def add_bigram_pairs(self, conn: Connection, table: str, pairs: Sequence[tuple[str, int]]) -> None:
+        # The driver's own executemany with plain tuples (sqlite3 and aiosqlite alike).
+        conn.exec_driver_sql(f"INSERT INTO {table} (gram, block) VALUES (?, ?) ON CONFLICT DO NOTHING", list(pairs))
+
     def bump_message_counts(self, conn: Connection, counts: Iterable[tuple[str, int, int]]) -> None:
         with driver_errors():
             cursor = dbapi(conn).cursor()
