@@ -2,16 +2,20 @@
 
 The same SQL as :mod:`.postgresql`; what differs is how asyncpg talks to the server:
 
-- Every statement is prepared (Parse/Describe, then Bind/Execute, two round trips).
-  Outside a transaction a transaction pooler may send those two halves to different
-  server connections, so reads run in a transaction too (no driver autocommit) and a
-  write is BEGIN … COMMIT, never one autocommitted statement.
-- Statements are prepared unnamed and never cached across transactions: a pooler hands
-  a server connection to the next client, who must not meet (or collide with) ours. An
+- A statement new to a connection is prepared (Parse/Describe), then bound and run
+  (Parse again, Bind/Execute), two round trips. Outside a transaction a transaction
+  pooler may send those two halves to different server connections, so reads run in a
+  transaction too (no driver autocommit) and a write is BEGIN … COMMIT, never one
+  autocommitted statement.
+- Statements are unnamed and nothing of them is kept on the server: a pooler hands a
+  server connection to the next client, who must not meet (or collide with) ours. An
   unnamed statement is replaced by the next one and never needs closing; named ones
   (each with a fresh name, as before) were closed one round trip each, at the next
   prepare, often in another transaction and so on another server connection, leaving
-  the statement behind on the first.
+  the statement behind on the first. What the Describe told (types, codecs) is kept on
+  the client, per connection (SQLAlchemy's adapter cache): asyncpg sends an unnamed
+  statement's Parse again with each Bind/Execute, so a statement the connection has
+  met before costs one round trip, not two.
 - SQLAlchemy's asyncpg adapter opens the transaction itself at the first statement; a
   write's lock budget (``SET LOCAL``) goes with that ``BEGIN`` in one simple-protocol
   round trip (:class:`PoolerSafeConnection`), where it used to cost a BEGIN and a
@@ -32,6 +36,9 @@ from .. import errors
 from ..codec import pg_decode_nul, pg_encode_nul
 from . import pg_engine
 from .postgresql import PostgreSQLDialect
+
+#: Statements whose description (parameter and result types) a connection keeps.
+DESCRIBED_STATEMENTS = 256
 
 #: The types asyncpg returns as ``str`` that hold what callers stored.
 _TEXT_TYPES = ("text", "varchar", "bpchar")
@@ -133,10 +140,14 @@ class AsyncpgDialect(PostgreSQLDialect):
         out = super().engine_kwargs(url, kwargs, prepared_statements=prepared_statements)
         args = dict(out.get("connect_args") or {})
         if not prepared_statements:
-            # asyncpg's own statement cache and SQLAlchemy's adapter cache both keep
-            # statements across transactions; off, and each statement unnamed.
+            # asyncpg's own cache keeps named statements on the server: off, and each
+            # statement unnamed. SQLAlchemy's adapter cache keeps what a statement's
+            # Describe told (its types and codecs) on the client only: asyncpg re-sends
+            # an unnamed statement's Parse with every Bind/Execute (it marks it
+            # unprepared when its own cache is off), so a statement met before on the
+            # connection costs one round trip, and nothing outlives it on the server.
             args.setdefault("statement_cache_size", 0)
-            args.setdefault("prepared_statement_cache_size", 0)
+            args.setdefault("prepared_statement_cache_size", DESCRIBED_STATEMENTS)
             args.setdefault("prepared_statement_name_func", _unnamed)
         args.setdefault("async_creator_fn", _connect)
         out["connect_args"] = args
