@@ -52,6 +52,32 @@ def test_a_statement_met_before_is_not_prepared_again(pg_database: str, monkeypa
     asyncio.run(run())
 
 
+def test_a_read_sends_no_begin_or_rollback(pg_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads run in driver autocommit, as on psycopg: only their statements travel."""
+    import asyncpg
+
+    async def run() -> None:
+        async with aio.AsyncSessionDB(async_url_for("asyncpg", pg_url=pg_database)) as db:
+            await db.create_session("s", "cli")
+            await db.append_message("s", "user", "kubernetes rollout")
+            await db.wait_for_upkeep()
+            simple: list[str] = []
+            original = asyncpg.connection.Connection.execute
+
+            async def counted(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+                simple.append(query)
+                return await original(self, query, *args, **kwargs)
+
+            monkeypatch.setattr(asyncpg.connection.Connection, "execute", counted)
+            assert [h["session_id"] for h in await db.search_messages("kubernetes")] == ["s"]
+            assert (await db.get_session("s"))["message_count"] == 1
+            assert simple == []
+            await db.set_session_title("s", "written")  # a write still opens its transaction
+            assert any(q.startswith("BEGIN") for q in simple) and await db.get_session_title("s") == "written"
+
+    asyncio.run(run())
+
+
 def test_nothing_named_is_left_on_the_server(pg_database: str) -> None:
     async def run() -> None:
         engine = aio.create_async_engine(async_url_for("asyncpg", pg_url=pg_database))

@@ -3,10 +3,11 @@
 The same SQL as :mod:`.postgresql`; what differs is how asyncpg talks to the server:
 
 - A statement new to a connection is prepared (Parse/Describe), then bound and run
-  (Parse again, Bind/Execute), two round trips. Outside a transaction a transaction
-  pooler may send those two halves to different server connections, so reads run in a
-  transaction too (no driver autocommit) and a write is BEGIN … COMMIT, never one
-  autocommitted statement.
+  (Parse again, Bind/Execute), two round trips; behind a transaction pooler those two
+  may reach different server connections, which is harmless as the second carries its
+  own Parse. So reads run in driver autocommit, one round trip per statement, as on
+  psycopg. A write is BEGIN … COMMIT, never one autocommitted statement (the lock
+  budget of a one-statement write is read from psycopg's connection state).
 - Statements are unnamed and nothing of them is kept on the server: a pooler hands a
   server connection to the next client, who must not meet (or collide with) ours. An
   unnamed statement is replaced by the next one and never needs closing; named ones
@@ -161,7 +162,11 @@ class AsyncpgDialect(PostgreSQLDialect):
         pg_engine.configure_engine(engine, install_nul_codecs)
 
     def call_options(self, write: bool) -> dict[str, Any]:
-        return {}  # a transaction per call: see the module docstring
+        """A read in driver autocommit, as on psycopg (no BEGIN and ROLLBACK round trips):
+        each of its statements is Parse+Bind+Execute in one message run, whole on one
+        server connection behind a pooler. A write in a transaction (see the module
+        docstring), its lock budget riding with the BEGIN."""
+        return {} if write else {"isolation_level": "AUTOCOMMIT"}
 
     def begin_write(self, conn: Connection, seconds: float) -> None:
         """The lock budget, inside the transaction the adapter began (nothing outlives it)."""
