@@ -43,6 +43,7 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy import (
     Boolean,
+    and_,
     Float,
     Integer,
     String,
@@ -323,12 +324,6 @@ def _nodes(ids_select: Select[Any] | CompoundSelect[Any], kind: int = 0, *, mess
     return select(*_node_columns(kind, messages=messages)).where(_S.c.id.in_(ids_select))
 
 
-@functools.cache
-def _tip_stmt() -> Nodes:
-    """The forward subgraph of ``:sid``."""
-    return _forward_nodes()
-
-
 def _forward_nodes() -> Nodes:
     """The forward subgraph of ``:sid`` (as :func:`_forward` walks it), shaped as
     :func:`_nodes` shapes it, in one walk.
@@ -356,6 +351,49 @@ def _forward_nodes() -> Nodes:
         fwd.c.markers, case((siblings > 1, latest), else_=null()).label("activity"),
         cast(null(), Boolean).label("has_messages"),
     )
+
+
+#: ``kind`` of the row of :func:`_straight_tip_stmt` that says where the walk ended.
+_STRAIGHT = 2
+
+
+@functools.cache
+def _straight_tip_stmt() -> CompoundSelect[*tuple[Any, ...]]:
+    """The compression tip of ``:sid`` in one statement, without the whole chain when
+    the walk has no choice to make.
+
+    First row (kind :data:`_STRAIGHT`): where the forward walk goes while each step is
+    the one child a member that ended 'compression' has (tool runs left out, as
+    :func:`_forward` leaves them) and that child can hold no branch or delegate marker
+    (:func:`marker_text` NULL): the step :meth:`Graph.step` takes there. Its ``tool``
+    column says whether the walk may go on (the last member ended 'compression' and has
+    children: a choice, or a marker only Python reads), its ``started_at`` the depth
+    (:data:`MAX_DEPTH`: a cycle, or a chain past the bound). Only then do the rows of
+    :func:`_forward_nodes` follow, for :meth:`Graph.tip` (the graph's part of the plan
+    is not run otherwise)."""
+    walk = select(_S.c.id, _S.c.end_reason, _ZERO.label("depth")).where(_S.c.id == SID).cte(
+        "straight", recursive=True)
+    child, other, kid = _S.alias("straight_c"), _S.alias("straight_o"), _S.alias("straight_k")
+    walk = walk.union_all(
+        select(child.c.id, child.c.end_reason, walk.c.depth + _ONE)
+        .join_from(walk, child, child.c.parent_session_id == walk.c.id)
+        .where(
+            walk.c.end_reason == COMPRESSION, walk.c.depth < MAX_DEPTH, child.c.source != "tool",
+            marker_text(child).is_(None),
+            ~exists().where(other.c.parent_session_id == walk.c.id, other.c.source != "tool", other.c.id != child.c.id),
+        )
+    )
+    more = and_(walk.c.end_reason == COMPRESSION,
+                exists().where(kid.c.parent_session_id == walk.c.id, kid.c.source != "tool"))
+    end = select(walk.c.id, walk.c.depth, case((more, 1), else_=0).label("more")) \
+        .order_by(walk.c.depth.desc()).limit(1).cte("straight_end")
+    text_null, real_null, int_null = cast(null(), String), cast(null(), Float), cast(null(), Integer)
+    summary = select(
+        literal_column(str(_STRAIGHT), Integer).label("kind"), end.c.id, text_null, end.c.more,
+        cast(end.c.depth, Float), real_null, int_null, text_null, real_null, cast(null(), Boolean),
+    )
+    unsure = exists().where(or_(end.c.more == 1, end.c.depth >= MAX_DEPTH))
+    return summary.union_all(_forward_nodes().where(unsure))
 
 
 @functools.cache
@@ -646,12 +684,21 @@ class LineageRepository(Repository):
 
     # ------------------------------------------------------------- compression walks
 
-    def _forward_graph(self, session_id: str) -> Graph:
-        return Graph(self.conn.execute(_tip_stmt(), {"sid": session_id}).fetchall())
     def compression_tip(self, session_id: str) -> str:
         """The end of the forward compression walk from ``session_id`` (Hermes v23 rules);
-        the id itself when nothing continues it or it is unknown."""
-        return self._forward_graph(session_id).tip(session_id)
+        the id itself when nothing continues it or it is unknown.
+
+        A chain without a choice on the way (the common case: one continuation per
+        step) is walked in SQL and only its end comes back (:func:`_straight_tip_stmt`);
+        a choice, a possible marker or a cycle brings the whole forward subgraph in the
+        same statement, ranked in Python (:meth:`Graph.tip`)."""
+        rows = self.conn.execute(_straight_tip_stmt(), {"sid": session_id}).fetchall()
+        end = next((r for r in rows if r[0] == _STRAIGHT), None)
+        if end is None:
+            return session_id  # unknown
+        if not end[_TOOL] and end[_STARTED] < MAX_DEPTH:
+            return str(end[_ID])
+        return Graph(r for r in rows if r[0] != _STRAIGHT).tip(session_id)
 
     def resume_target(self, session_id: str) -> str:
         """Where a resume lands (Hermes v26): from the compression tip, walk down through the
