@@ -64,15 +64,24 @@ def test_an_append_and_each_read_is_one_hop(tmp_path: Path, monkeypatch: pytest.
     asyncio.run(run())
 
 
-def test_a_write_of_several_statements_is_two_hops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its statements in one hop, its COMMIT in a second (the facade commits after ``fn``)."""
+def test_a_write_of_several_statements_is_one_hop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its statements and its COMMIT in one hop; a failing one is rolled back whole."""
     async def run() -> None:
         async with aio.AsyncSessionDB(tmp_path / "two.db") as db:
             await _warm(db)
             hops = _count_hops(monkeypatch)
             await db.set_session_title("s", "a title")
-            assert len(hops) == 2, hops
+            assert len(hops) == 1, hops
+            hops.clear()
+            await db.create_session("child", "cli", parent_session_id="s")
+            assert len(hops) == 1, hops
             assert await db.get_session_title("s") == "a title"
+            assert (await db.get_session("child"))["parent_session_id"] == "s"
+            with pytest.raises(errors.HermesStoreError):
+                await db.set_session_title("child", "a title")  # titles are unique: nothing of it is written
+            assert await db.get_session_title("child") is None
+            await db.set_session_title("child", "its own title")  # the write turn was given back
+            assert await db.get_session_title("child") == "its own title"
 
     asyncio.run(run())
 

@@ -277,13 +277,13 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
 
         async def hop() -> T:
             async with self._execute_mutex:
-                ended = threading.Event()
+                ended: list[bool] = []  # appended to on the driver's thread when fn is done (no lock needed)
 
                 def whole_call() -> T:
                     try:
                         return fn(*args)
                     finally:
-                        ended.set()
+                        ended.append(True)
 
                 try:
                     # aiosqlite's own hop, not BeginWithNext's: the first statement of ``fn``
@@ -292,7 +292,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
                     result: T = await aiosqlite.Connection._execute(driver, whole_call)  # type: ignore[no-untyped-call]
                     return result
                 except asyncio.CancelledError:
-                    while not ended.is_set():  # rare: polled, not signalled
+                    while not ended:  # rare: polled, not signalled
                         with contextlib.suppress(asyncio.CancelledError):
                             await asyncio.sleep(_ENDING_POLL_S)
                     raise

@@ -14,8 +14,8 @@ On SQLite, aiosqlite runs each connection's statements on a thread of its own, a
 trip there and back (a "hop": two thread wake-ups) costs about what a short statement
 does. So a call's work on its connection goes there whole (``run_whole``): a read runs
 its statements and ends its snapshot in one hop, a batch of appends runs its jobs and
-its COMMIT in one, another write its statements in one and its COMMIT in a second. The
-loop keeps what needs the loop: the turns, the BEGIN's write turn, retries and waits.
+its COMMIT in one, another write its statements and its COMMIT in one. The loop keeps
+what needs the loop: the turns, the BEGIN's write turn, retries and waits.
 
 Hermes' own thread-wrapper ``AsyncSessionDB(db)`` stays in ``hermes_state`` for Hermes' code.
 """
@@ -130,12 +130,13 @@ class LoopSessionDB(SessionDB):
         super().__init__(*args, **kwargs)
 
     def _write(self, fn: Callable[..., Any], *, budget: float | None = None, **kwargs: Any) -> Any:
-        if self._whole:
-            fn = _whole(fn)  # the statements in one hop (the COMMIT in a second)
         if self._writers is None or (kwargs.get("combine") and self._dialect.one_writer_at_a_time):
             # A write that may go in a batch (an append on a file) waits in the store's
-            # batcher instead (write_queue.Batcher): the tasks in line are written together.
+            # batcher instead (write_queue.Batcher): the tasks in line are written together,
+            # in one hop (_write_batch).
             return super()._write(fn, budget=budget, **kwargs)
+        if self._whole:
+            fn = _whole(fn, commit=True)  # the statements and the COMMIT in one hop
         with self._writers.turn_on_greenlet(budget if budget is not None else write_budget()):
             return super()._write(fn, budget=budget, **kwargs)
 
@@ -313,15 +314,28 @@ def _end(conn: Connection) -> None:
         conn.invalidate()
 
 
-def _whole(fn: Callable[[Connection], Any], *, end: bool = False) -> Callable[[Connection], Any]:
+def _whole(fn: Callable[[Connection], Any], *, end: bool = False, commit: bool = False
+           ) -> Callable[[Connection], Any]:
     """``fn(conn)`` in one hop to the thread of ``conn``'s aiosqlite connection; with
-    ``end``, the read snapshot ends in the same hop."""
+    ``end``, the read snapshot ends in the same hop; with ``commit``, the write's
+    transaction is committed there once ``fn`` returns (the facade's own COMMIT, which
+    comes right after ``fn``, then finds nothing left to commit)."""
     def run(conn: Connection) -> Any:
         raw = conn.connection.dbapi_connection
         if not isinstance(raw, OneHopConnection):
             return fn(conn)
-        return raw.run_whole(_read_and_end if end else fn, conn, *((fn,) if end else ()))
+        if end:
+            return raw.run_whole(_read_and_end, conn, fn)
+        if commit:
+            return raw.run_whole(_write_and_commit, conn, fn)
+        return raw.run_whole(fn, conn)
     return run
+
+
+def _write_and_commit(conn: Connection, fn: Callable[[Connection], Any]) -> Any:
+    result = fn(conn)
+    conn.commit()
+    return result
 
 
 def _read_and_end(conn: Connection, fn: Callable[[Connection], Any]) -> Any:
