@@ -133,3 +133,46 @@ def test_many_stores_sharing_the_pooler_read_and_write_exactly(pg_database: str)
                 await db.close()
 
     asyncio.run(run())
+
+
+def test_an_append_is_one_statement_with_its_lock_budget(pg_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No BEGIN or COMMIT around an append (one round trip, as on psycopg); its lock
+    budget travels inside it, so a session row held elsewhere ends in a typed error
+    once the budget is spent, and nothing is written."""
+    import asyncpg
+
+    from hermes_store import errors, facade
+
+    async def run() -> None:
+        async with aio.AsyncSessionDB(async_url_for("asyncpg", pg_url=pg_database)) as db:
+            await db.create_session("s", "cli")
+            await db.append_message("s", "user", "first")
+            await db.wait_for_upkeep()
+            simple: list[str] = []
+            original = asyncpg.connection.Connection.execute
+
+            async def counted(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+                simple.append(query)
+                return await original(self, query, *args, **kwargs)
+
+            monkeypatch.setattr(asyncpg.connection.Connection, "execute", counted)
+            await db.append_message("s", "assistant", "second")
+            assert simple == []
+            monkeypatch.undo()
+
+            holder = aio.create_async_engine(async_url_for("asyncpg", pg_url=pg_database))
+            try:
+                async with holder.connect() as conn:
+                    await conn.execute(text("SELECT id FROM sessions WHERE id = 's' FOR UPDATE"))
+                    monkeypatch.setattr(facade, "TRANSCRIPT_BUDGET_S", 0.5)
+                    with pytest.raises(errors.DatabaseLockedError):
+                        await db.append_message("s", "user", "blocked")
+                    await conn.rollback()
+            finally:
+                await holder.dispose()
+            assert [m["content"] for m in await db.get_messages("s")] == ["first", "second"]
+            assert (await db.get_session("s"))["message_count"] == 2
+            await db.append_message("s", "user", "third")
+            assert (await db.get_session("s"))["message_count"] == 3
+
+    asyncio.run(run())

@@ -5,9 +5,10 @@ The same SQL as :mod:`.postgresql`; what differs is how asyncpg talks to the ser
 - A statement new to a connection is prepared (Parse/Describe), then bound and run
   (Parse again, Bind/Execute), two round trips; behind a transaction pooler those two
   may reach different server connections, which is harmless as the second carries its
-  own Parse. So reads run in driver autocommit, one round trip per statement, as on
-  psycopg. A write is BEGIN … COMMIT, never one autocommitted statement (the lock
-  budget of a one-statement write is read from psycopg's connection state).
+  own Parse. So calls run in driver autocommit, as on psycopg: a read is one round trip
+  per statement, an append one statement with its lock budget inside it, and another
+  write opens its transaction itself (``BEGIN; SET LOCAL lock_timeout``), which the
+  adapter ends (:class:`PoolerSafeConnection`).
 - Statements are unnamed and nothing of them is kept on the server: a pooler hands a
   server connection to the next client, who must not meet (or collide with) ours. An
   unnamed statement is replaced by the next one and never needs closing; named ones
@@ -17,16 +18,16 @@ The same SQL as :mod:`.postgresql`; what differs is how asyncpg talks to the ser
   the client, per connection (SQLAlchemy's adapter cache): asyncpg sends an unnamed
   statement's Parse again with each Bind/Execute, so a statement the connection has
   met before costs one round trip, not two.
-- SQLAlchemy's asyncpg adapter opens the transaction itself at the first statement; a
-  write's lock budget (``SET LOCAL``) goes with that ``BEGIN`` in one simple-protocol
-  round trip (:class:`PoolerSafeConnection`), where it used to cost a BEGIN and a
-  prepare/execute pair.
+- Outside driver autocommit (a host's connection), SQLAlchemy's asyncpg adapter opens
+  the transaction itself at the first statement; a write's lock budget (``SET LOCAL``)
+  goes with that ``BEGIN`` in one simple-protocol round trip (:class:`PoolerSafeConnection`).
 - U+0000 is mapped by codecs on the text types (asyncpg has no loader/cursor hooks).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -36,7 +37,8 @@ from sqlalchemy.util import await_only
 from .. import errors
 from ..codec import pg_decode_nul, pg_encode_nul
 from . import pg_engine
-from .postgresql import PostgreSQLDialect
+from .base import LOCK_BUDGET_OPTION
+from .postgresql import _MESSAGES, PostgreSQLDialect, _append_stmt, _refused_append
 
 #: Statements whose description (parameter and result types) a connection keeps.
 DESCRIBED_STATEMENTS = 256
@@ -71,14 +73,53 @@ class _BeginWith:
 
 
 class PoolerSafeConnection(AsyncAdapt_asyncpg_connection):
-    """SQLAlchemy's asyncpg connection adapter, with :meth:`open_with`."""
+    """SQLAlchemy's asyncpg connection adapter, with :meth:`open_with`; in driver
+    autocommit, a transaction :meth:`open_with` began is ended by :meth:`commit` and
+    :meth:`rollback` (SQLAlchemy's adapter only ends the ones it began itself)."""
 
     __slots__ = ()
+
+    def _in_own_block(self) -> bool:
+        """A transaction open at the server that the adapter does not know of (ours)."""
+        return (self._transaction is None and self.isolation_level == "autocommit"
+                and bool(self._connection.is_in_transaction()))  # type: ignore[attr-defined]  # asyncpg's
+
+    def statement_alone(self) -> bool:
+        """Whether the next statement is a transaction of its own (autocommit, nothing open)."""
+        return (self.isolation_level == "autocommit" and self._transaction is None
+                and not self._connection.is_in_transaction())  # type: ignore[attr-defined]  # asyncpg's
+
+    def _end_own_block(self, sql: str) -> None:
+        async def end() -> None:
+            async with self._execute_mutex:
+                await self._connection.execute(sql)  # type: ignore[attr-defined]  # asyncpg's
+
+        try:
+            await_only(end())
+        except Exception as error:
+            self._handle_exception(error)
+
+    def commit(self) -> None:
+        if self._in_own_block():
+            self._end_own_block("COMMIT")
+        else:
+            super().commit()  # type: ignore[no-untyped-call]  # SQLAlchemy's adapter, untyped
+
+    def rollback(self) -> None:
+        if not self._connection.is_closed() and self._in_own_block():
+            self._end_own_block("ROLLBACK")
+        else:
+            super().rollback()  # type: ignore[no-untyped-call]  # SQLAlchemy's adapter, untyped
 
     async def _open_with(self, sql: str) -> None:
         async with self._execute_mutex:
             if self._transaction is not None or self.isolation_level == "autocommit":
-                await self._connection.execute(sql)  # type: ignore[attr-defined]  # asyncpg's, untyped here
+                if self._transaction is None and not self._connection.is_in_transaction():  # type: ignore[attr-defined]
+                    sql = f"BEGIN; {sql}"  # autocommit: the transaction is ours (see commit)
+                try:
+                    await self._connection.execute(sql)  # type: ignore[attr-defined]  # asyncpg's, untyped here
+                except Exception as error:
+                    self._handle_exception(error)
                 return
             from asyncpg.transaction import Transaction
 
@@ -135,7 +176,21 @@ async def _connect(*args: Any, **kwargs: Any) -> Any:
 class AsyncpgDialect(PostgreSQLDialect):
     """:class:`~.postgresql.PostgreSQLDialect` with asyncpg's protocol differences."""
 
-    one_statement_writes = False
+    def append_message(self, conn: Connection, row: Mapping[str, Any], calls: int) -> int:
+        """As on psycopg: alone (driver autocommit, nothing open), the append is one
+        statement carrying its lock budget, one round trip (Parse+Bind+Execute)."""
+        raw = conn.connection.dbapi_connection
+        budget = conn.get_execution_options().get(LOCK_BUDGET_OPTION)
+        names = tuple(row)
+        if (budget is None or not isinstance(raw, PoolerSafeConnection) or not raw.statement_alone()
+                or not all(n in _MESSAGES.c for n in names)):
+            return super().append_message(conn, row, calls)
+        params = {f"v_{n}": v for n, v in row.items()}
+        params.update(n=1, calls=calls, sid=row["session_id"], lt=str(int(budget)))
+        mid = conn.execute(_append_stmt(names, True), params).scalar()
+        if mid is None:
+            raise _refused_append(conn, row["session_id"])
+        return int(mid)
 
     def engine_kwargs(self, url: Any, kwargs: dict[str, Any], *, prepared_statements: bool) -> dict[str, Any]:
         out = super().engine_kwargs(url, kwargs, prepared_statements=prepared_statements)
@@ -162,14 +217,16 @@ class AsyncpgDialect(PostgreSQLDialect):
         pg_engine.configure_engine(engine, install_nul_codecs)
 
     def call_options(self, write: bool) -> dict[str, Any]:
-        """A read in driver autocommit, as on psycopg (no BEGIN and ROLLBACK round trips):
-        each of its statements is Parse+Bind+Execute in one message run, whole on one
-        server connection behind a pooler. A write in a transaction (see the module
-        docstring), its lock budget riding with the BEGIN."""
-        return {} if write else {"isolation_level": "AUTOCOMMIT"}
+        """Driver autocommit, as on psycopg: a read sends no BEGIN and ROLLBACK, an append
+        is its one statement (:meth:`append_message`), another write opens its own
+        transaction with its lock budget (:meth:`begin_write`), ended by the adapter.
+        Each statement is Parse+Bind+Execute in one message run, so it reaches one
+        server connection whole behind a pooler."""
+        return {"isolation_level": "AUTOCOMMIT"}
 
     def begin_write(self, conn: Connection, seconds: float) -> None:
-        """The lock budget, inside the transaction the adapter began (nothing outlives it)."""
+        """BEGIN (unless a transaction is open) and the lock budget, in one round trip
+        (nothing outlives the transaction)."""
         ms = max(1, math.ceil(seconds * 1000))
         raw = conn.connection.dbapi_connection
         if isinstance(raw, PoolerSafeConnection):
