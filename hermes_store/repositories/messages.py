@@ -1020,7 +1020,11 @@ class MessageRepository(Repository):
             q = q.order_by(case({sid: i for i, sid in enumerate(ids)}, value=M.session_id), M.id)
         else:
             q = q.order_by(M.id)
-        return [r._mapping for r in self.conn.execute(q).fetchall()]
+        result = self.conn.execute(q)
+        names = list(result.keys())
+        # Plain dicts from the row tuples: a RowMapping per row, read a dozen times each,
+        # was the largest client cost of a replay.
+        return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
 
     def conversation(
         self, session_ids: Sequence[str], *, include_inactive: bool = False, repair: bool = False,
