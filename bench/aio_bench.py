@@ -62,8 +62,9 @@ the block. The tests check the cause instead: no blocking call runs on the loop'
 
 ``st`` is statements per call on SQLite (the sqlite3 trace, under aiosqlite too) and
 round trips on PostgreSQL: for asyncpg (library and floor), the requests written to its
-socket while counted (asyncpg writes each request once and waits for its reply:
-``prepare`` is one, ``Bind/Execute`` one, ``BEGIN`` and ``COMMIT`` one each); for
+socket while counted that it then waits on (a simple Query, or messages up to a Sync:
+``prepare`` is one, ``Bind/Execute`` one, with the re-sent Parse of an unnamed statement
+still one, ``BEGIN`` and ``COMMIT`` one each); for
 psycopg, what bench/meter.py counts. ``cpu`` is this process's CPU per call
 (aiosqlite's worker threads and SQLite itself included). Sync implementations are
 called through a one-line coroutine so that every implementation is timed the same
@@ -299,6 +300,18 @@ class AioEngineMeter(meter.EngineMeter):
         super()._install(raw)
 
 
+#: The protocol's Sync message: the end of an extended-protocol request the client waits on.
+_SYNC = b"S\x00\x00\x00\x04"
+
+
+def _awaits_reply(data: Any) -> bool:
+    """Whether a write to asyncpg's socket ends a request it then waits for (one round
+    trip): a simple Query, or extended-protocol messages up to a Sync. asyncpg may
+    write one request in pieces (a Parse, then Bind/Execute/Sync): counted once."""
+    head = bytes(data[:1])
+    return head == b"Q" or bytes(data[-5:]) == _SYNC
+
+
 class AsyncpgMeter(meter.Meter):
     """Round trips of asyncpg connections: the requests written to their sockets while started.
 
@@ -324,7 +337,8 @@ class AsyncpgMeter(meter.Meter):
         orig = tr.write
 
         def write(data: Any, orig: Any = orig) -> Any:
-            self.count += 1
+            if _awaits_reply(data):
+                self.count += 1
             return orig(data)
 
         tr.write = write
