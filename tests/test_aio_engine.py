@@ -64,7 +64,6 @@ def test_asyncpg_defaults_are_pooler_safe(pg_database: str) -> None:
             async with engine.connect() as conn:
                 raw = await conn.get_raw_connection()
                 adapter = raw.dbapi_connection
-                assert adapter._prepared_statement_cache is None  # nothing cached across transactions
                 assert adapter._prepared_statement_name_func() == ""  # unnamed: replaced by the next one
                 assert raw.driver_connection._stmt_cache.get_max_size() == 0
                 # after statements with parameters, nothing named is left on the server connection
@@ -88,7 +87,8 @@ def test_prepared_statements_keep_asyncpg_caches_on() -> None:
     assert "statement_cache_size" not in kwargs["connect_args"]
     off = pg_asyncpg.DIALECT.engine_kwargs(aio.async_url("postgresql://u@h/d"), {}, prepared_statements=False)
     assert off["connect_args"]["statement_cache_size"] == 0
-    assert off["connect_args"]["prepared_statement_cache_size"] == 0
+    # descriptions of unnamed statements, kept on the client only (nothing on the server)
+    assert off["connect_args"]["prepared_statement_cache_size"] == pg_asyncpg.DESCRIBED_STATEMENTS
 
 
 def _count_hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -137,9 +137,9 @@ def test_sqlite_statements_take_one_hop_each_and_begin_rides_with_the_next(
     asyncio.run(run())
 
 
-def test_sqlite_append_is_two_hops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """AsyncSessionDB.append_message: BEGIN IMMEDIATE with the counter UPDATE and the INSERT
-    (the dialect's raw append, run on the driver's thread in one go), then the COMMIT."""
+def test_sqlite_append_is_one_hop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """AsyncSessionDB.append_message: BEGIN IMMEDIATE with the counter UPDATE, the INSERT
+    and the COMMIT, all run on the driver's thread in one go."""
     async def run() -> None:
         async with aio.AsyncSessionDB(tmp_path / "three.db") as db:
             await db.create_session("s", "cli")
@@ -147,7 +147,7 @@ def test_sqlite_append_is_two_hops(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             await db.wait_for_upkeep()  # the open's index catch-up runs as a task of the loop
             hops = _count_hops(monkeypatch)
             new_id = await db.append_message("s", "user", "counted")
-            assert hops == ["begin_then", "commit"], hops
+            assert hops == ["whole_call"], hops
             assert [m["content"] for m in await db.get_messages("s")] == ["warm-up", "counted"]
             assert new_id == (await db.get_messages("s"))[-1]["id"]
 

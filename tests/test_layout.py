@@ -537,10 +537,10 @@ REVIEWED_COINCIDENCES: dict[str, tuple[tuple[str, ...], str]] = {
     "int:1": (("copying.plan.MARKER_FORMAT", "hermes_names.FTS_STORAGE_VERSION", "repositories.lineage._UP",
                "repositories.telegram.SCHEMA_VERSION"),
               "first versions of unrelated formats (copy marker, Hermes' FTS storage, telegram table), a direction"),
-    "int:3": (("adopt.COPY_ATTEMPTS", "aio.sessiondb._WAKE_TURNS", "copying.plan.WORK_SPACE_FACTOR",
+    "int:3": (("adopt.COPY_ATTEMPTS", "copying.plan.WORK_SPACE_FACTOR",
                "repair._MAX_MALFORMED_BACKUPS", "repair._MAX_PERSISTENT_REPAIR_ATTEMPTS",
                "repositories.fts_upkeep.HEAD_FTS_LAYOUT", "search.query.TRIGRAM_CHARS"),
-              "attempts, loop turns to wake a task, a space factor, backups kept, Hermes' repair tries, an FTS "
+              "attempts, a space factor, backups kept, Hermes' repair tries, an FTS "
               "layout number, a trigram"),
     "int:4": (("facade.MAX_IDLE_CONNECTIONS", "journal._EIO_READS", "state_modules.search._MERGES_PER_TABLE"),
               "idle connections kept, Hermes' disk-I/O re-reads, FTS merges per table"),
