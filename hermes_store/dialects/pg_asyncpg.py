@@ -27,7 +27,6 @@ The same SQL as :mod:`.postgresql`; what differs is how asyncpg talks to the ser
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -37,8 +36,7 @@ from sqlalchemy.util import await_only
 from .. import errors
 from ..codec import pg_decode_nul, pg_encode_nul
 from . import pg_engine
-from .base import LOCK_BUDGET_OPTION
-from .postgresql import _MESSAGES, PostgreSQLDialect, _append_stmt, _refused_append
+from .postgresql import PostgreSQLDialect
 
 #: Statements whose description (parameter and result types) a connection keeps.
 DESCRIBED_STATEMENTS = 256
@@ -176,21 +174,10 @@ async def _connect(*args: Any, **kwargs: Any) -> Any:
 class AsyncpgDialect(PostgreSQLDialect):
     """:class:`~.postgresql.PostgreSQLDialect` with asyncpg's protocol differences."""
 
-    def append_message(self, conn: Connection, row: Mapping[str, Any], calls: int) -> int:
-        """As on psycopg: alone (driver autocommit, nothing open), the append is one
-        statement carrying its lock budget, one round trip (Parse+Bind+Execute)."""
+    def statement_alone(self, conn: Connection) -> bool:
+        """Our adapter knows whether a transaction is open (asyncpg has no autocommit flag)."""
         raw = conn.connection.dbapi_connection
-        budget = conn.get_execution_options().get(LOCK_BUDGET_OPTION)
-        names = tuple(row)
-        if (budget is None or not isinstance(raw, PoolerSafeConnection) or not raw.statement_alone()
-                or not all(n in _MESSAGES.c for n in names)):
-            return super().append_message(conn, row, calls)
-        params = {f"v_{n}": v for n, v in row.items()}
-        params.update(n=1, calls=calls, sid=row["session_id"], lt=str(int(budget)))
-        mid = conn.execute(_append_stmt(names, True), params).scalar()
-        if mid is None:
-            raise _refused_append(conn, row["session_id"])
-        return int(mid)
+        return isinstance(raw, PoolerSafeConnection) and raw.statement_alone()
 
     def engine_kwargs(self, url: Any, kwargs: dict[str, Any], *, prepared_statements: bool) -> dict[str, Any]:
         out = super().engine_kwargs(url, kwargs, prepared_statements=prepared_statements)

@@ -333,7 +333,7 @@ class PostgreSQLDialect:
             params.update(n=1, calls=calls, sid=row["session_id"])
             # A one-statement write (SessionDB's, no transaction open): the budget rides along.
             budget = conn.get_execution_options().get(LOCK_BUDGET_OPTION)
-            if budget is not None and not _own_transaction(conn):
+            if budget is not None and not self.statement_alone(conn):
                 budget = None
             if budget is not None:
                 params["lt"] = str(int(budget))
@@ -346,6 +346,11 @@ class PostgreSQLDialect:
             raise _refused_append(conn, row["session_id"])
         target = _messages_target(names, schema_of_connection(conn))
         return int(conn.execute(insert(target).returning(_MESSAGES.c.id), row).scalar_one())
+
+    def statement_alone(self, conn: Connection) -> bool:
+        """Whether the next statement on ``conn`` is a transaction of its own (driver
+        autocommit, nothing open at the server): an append then carries its lock budget."""
+        return _own_transaction(conn)
 
     def add_bigram_pairs(self, conn: Connection, table: str, pairs: Sequence[tuple[str, int]]) -> None:
         # One statement, the pairs as two arrays: a pipelined executemany costs the client
