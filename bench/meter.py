@@ -118,10 +118,16 @@ def held_connections(db: Any) -> list[Any]:
 class EngineMeter(Meter):
     """The library: SQLAlchemy events on its engine (+ the sqlite3 trace on SQLite)."""
 
-    def __init__(self, engine: Any, held: Callable[[], list[Any]] = lambda: []) -> None:
+    def __init__(self, engine: Any, held: Callable[[], list[Any]] = lambda: [],
+                 settle: Callable[[], object] = lambda: None) -> None:
+        """``settle``: waits until no other thread of the store (its upkeep) runs a
+        statement: a trace callback set or cleared on a connection in use by another thread
+        deadlocks (the setter holds the GIL waiting for the connection's mutex, the user
+        holds the mutex waiting for the GIL to call the callback)."""
         super().__init__()
         self.engine = engine
         self.held = held
+        self.settle = settle
         self.sqlite = engine.dialect.name == "sqlite"
         self.unit = "statements" if self.sqlite else "round trips"
         self.sa = 0
@@ -164,6 +170,7 @@ class EngineMeter(Meter):
         for name, fn in self._listeners:
             event.listen(self.engine, name, fn)
         if self.sqlite:
+            self.settle()
             for conn in self.held():
                 with contextlib.suppress(Exception):
                     self._install(conn.connection.driver_connection)
@@ -171,6 +178,8 @@ class EngineMeter(Meter):
     def stop(self) -> None:
         from sqlalchemy import event
 
+        if self._traced:
+            self.settle()
         for name, fn in self._listeners:
             with contextlib.suppress(Exception):
                 event.remove(self.engine, name, fn)

@@ -381,7 +381,8 @@ class Env:
         self.UnitOfWork = UnitOfWork
         self.base = bk.floor_for(target)
         # Statement counters, attached only while meter.probe runs (facade and repo share the engine).
-        lib = meter.EngineMeter(self.engine, held=lambda: meter.held_connections(self.db))
+        lib = meter.EngineMeter(self.engine, held=lambda: meter.held_connections(self.db),
+                                settle=lambda: self.db.wait_for_upkeep(60))
         self.meters: dict[str, meter.Meter] = {"facade": lib, "repo": lib, bk.floor: meter.floor_meter(self.base)}
 
     def uow(self, write: bool = False):  # type: ignore[no-untyped-def]
@@ -412,8 +413,10 @@ class WriteEnv:
         self.base = bk.floor_for(self.targets[bk.floor])
         self.admin = {n: bk.admin(t) for n, t in self.targets.items()}
         self.meters: dict[str, meter.Meter] = {
-            "facade": meter.EngineMeter(self.db.engine, held=lambda: meter.held_connections(self.db)),
-            "repo": meter.EngineMeter(self.repo_db.engine, held=lambda: meter.held_connections(self.repo_db)),
+            "facade": meter.EngineMeter(self.db.engine, held=lambda: meter.held_connections(self.db),
+                                        settle=lambda: self.db.wait_for_upkeep(60)),
+            "repo": meter.EngineMeter(self.repo_db.engine, held=lambda: meter.held_connections(self.repo_db),
+                                      settle=lambda: self.repo_db.wait_for_upkeep(60)),
             bk.floor: meter.floor_meter(self.base),
         }
 

@@ -75,7 +75,8 @@ def _open(impl: str, backend: str, target: str) -> tuple[Any, Any, Any, Any]:
         db = SessionDB(target)
         return (lambda sid: db.create_session(sid, "cli"),
                 lambda sid, m: db.append_message(sid, **m), db.close,
-                meter.EngineMeter(db.engine, held=lambda: meter.held_connections(db)))
+                meter.EngineMeter(db.engine, held=lambda: meter.held_connections(db),
+                                  settle=lambda: db.wait_for_upkeep(60)))
     if backend == "sqlite":
         from baseline import Baseline
 
