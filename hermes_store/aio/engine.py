@@ -14,11 +14,13 @@ import contextlib
 import os
 import re
 import sqlite3
+import sys
 import threading
 from typing import Any, TypeVar, cast
 from collections.abc import Callable, Sequence
 
 import aiosqlite
+import greenlet
 from sqlalchemy.dialects.sqlite.aiosqlite import (
     AsyncAdapt_aiosqlite_connection,
     AsyncAdapt_aiosqlite_cursor,
@@ -28,7 +30,7 @@ from sqlalchemy.dialects.sqlite.aiosqlite import (
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.asyncio import create_async_engine as _sa_create_async_engine
-from sqlalchemy.util import EMPTY_DICT, await_only, greenlet_spawn
+from sqlalchemy.util import EMPTY_DICT, await_only
 
 from .. import dialects, errors
 from ..engine import DEFAULT_BUSY_TIMEOUT_MS, install_error_translation, to_url, with_schema
@@ -358,10 +360,76 @@ def create_async_engine(
     return engine
 
 
+class _Ended:
+    """What a :class:`_Runner` hands back when its call ended: the result, or the error."""
+
+    __slots__ = ("error", "value")
+
+    def __init__(self, value: Any, error: BaseException | None) -> None:
+        self.value = value
+        self.error = error
+
+
+class _Runner(greenlet.greenlet):  # type: ignore[misc]  # greenlet ships no types here
+    """A greenlet that runs one sync call after another (SQLAlchemy's ``greenlet_spawn``
+    makes a new one per call, the largest part of its cost). It carries the marker
+    SQLAlchemy's ``await_only`` looks for, so statements inside a call await the driver
+    as they do on SQLAlchemy's own greenlets. Between calls it waits, suspended, in its
+    thread's pool."""
+
+    __sqlalchemy_greenlet_provider__ = True
+
+    def __init__(self) -> None:
+        super().__init__(self._serve)
+
+    def _serve(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        while True:
+            try:
+                ended = _Ended(fn(*args, **kwargs), None)
+            except BaseException as error:  # handed to the caller, raised there
+                ended = _Ended(None, error)
+            fn = args = kwargs = None  # type: ignore[assignment]  # nothing of this call kept meanwhile
+            fn, args, kwargs = self.parent.switch(ended)  # the next call
+
+
+#: Idle runners per thread (a greenlet can only be switched to in its own thread).
+_RUNNERS = threading.local()
+#: Idle runners a thread keeps (more tasks than this at once make new ones, dropped after).
+_KEEP_RUNNERS = 32
+
+
 async def run_sync(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run sync ``fn`` on a greenlet of this event loop: each statement it sends through an
-    async engine awaits the driver, so the loop goes on serving other tasks meanwhile."""
-    return await greenlet_spawn(fn, *args, **kwargs)
+    async engine awaits the driver, so the loop goes on serving other tasks meanwhile.
+
+    As SQLAlchemy's ``greenlet_spawn``, on a greenlet reused from call to call: the
+    driver's awaitables come out of the greenlet and are awaited here, their outcome
+    (an error or a cancellation too) goes back in."""
+    try:
+        idle: list[_Runner] = _RUNNERS.idle
+    except AttributeError:
+        idle = _RUNNERS.idle = []
+    runner = idle.pop() if idle else _Runner()
+    here = greenlet.getcurrent()
+    runner.parent = here
+    runner.gr_context = here.gr_context  # the task's context variables, as greenlet_spawn does
+    result: Any = runner.switch(fn, args, kwargs)
+    while type(result) is not _Ended:
+        try:
+            value = await result
+        except BaseException:
+            result = runner.throw(*sys.exc_info())
+        else:
+            result = runner.switch(value)
+    if len(idle) < _KEEP_RUNNERS:
+        idle.append(runner)
+    if result.error is not None:
+        error, result.error = result.error, None
+        try:
+            raise error
+        finally:
+            del error
+    return cast(T, result.value)
 
 
 async def run_interruptible(interrupt: Callable[[], bool], fn: Callable[..., T], *args: Any) -> T:
