@@ -30,7 +30,7 @@ import os
 import threading
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
@@ -368,6 +368,18 @@ def _sync_face(target: Any, schema: str | None) -> tuple[Path | URL | None, str]
     return dialects.with_driver(url, asyncio=False), driver
 
 
+#: Method name -> whether SessionDB's method is a generator (awaited, its items as a list);
+#: filled on first call of each name.
+_GENERATORS: dict[str, bool] = {}
+
+
+def _is_generator(name: str) -> bool:
+    known = _GENERATORS.get(name)
+    if known is None:
+        known = _GENERATORS[name] = inspect.isgeneratorfunction(getattr(SessionDB, name))
+    return known
+
+
 class AsyncSessionDB(SessionDBAwaited):
     """Hermes' ``SessionDB`` API, awaited: ``async with AsyncSessionDB(url) as db``.
 
@@ -430,16 +442,20 @@ class AsyncSessionDB(SessionDBAwaited):
     def url(self) -> URL | None:
         return self._db.async_engine.url if self._db is not None and self._db.async_engine is not None else None
 
-    async def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Coroutine[Any, Any, Any]:
+        """The call's coroutine: on an open store, :func:`run_sync` itself (no coroutine
+        of ours in between, as this runs for every call)."""
         db = self._db
         if db is None:
-            await self.open()
-            db = self._db
-        assert db is not None
-        method = getattr(db, name)
-        if inspect.isgeneratorfunction(getattr(SessionDB, name)):
-            return await run_sync(lambda: list(method(*args, **kwargs)))
-        return await run_sync(method, *args, **kwargs)
+            return self._open_then_call(name, args, kwargs)
+        if _is_generator(name):
+            method = getattr(db, name)
+            return run_sync(lambda: list(method(*args, **kwargs)))
+        return run_sync(getattr(db, name), *args, **kwargs)
+
+    async def _open_then_call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        await self.open()
+        return await self._call(name, args, kwargs)
 
 
 __all__ = ["AsyncSessionDB", "LoopSessionDB", "LoopUpkeep"]
