@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
+from sqlalchemy import column
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql.elements import TextClause
+from sqlalchemy.sql.selectable import TextualSelect
 
 from .. import errors
 from ..codec import clean_text, decode_content
@@ -163,7 +165,34 @@ class _IndexRoute:
     run_terms: Sequence[latin_in_cjk.Term]
 
 
+#: Each search statement with its result columns named, learned from its first run: as a
+#: ``TextualSelect`` its result metadata is kept with the compiled statement, where a bare
+#: text's is rebuilt from ``cursor.description`` name by name on every call. Keyed by the
+#: rendered statement (one per text and schema, :func:`~.base.schema_text`) and database
+#: kind; bounded (a TextualSelect holds its text: entries are dropped here, not by weak
+#: references).
+_COLUMNED: dict[tuple[TextClause, type], tuple[TextualSelect, list[str]]] = {}
+_MAX_COLUMNED = 512
+
+
 class SearchRepository(Repository):
+    def _all(self, sql: str | TextClause, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Rows as dicts, as :meth:`Repository._all` reads them; a statement run before
+        goes with its result columns named (:data:`_COLUMNED`)."""
+        statement_ = self._sql(sql) if isinstance(sql, str) else sql
+        key = (statement_, type(self.dialect))  # the names a database gives unnamed columns differ
+        known = _COLUMNED.get(key)
+        if known is not None:
+            named, keys = known
+            return [dict(zip(keys, row, strict=True)) for row in self.conn.execute(named, params or {}).fetchall()]
+        result = self.conn.execute(statement_, params or {})
+        keys = list(result.keys())
+        if len(set(keys)) == len(keys):  # names kept positionally only when they are distinct
+            if len(_COLUMNED) >= _MAX_COLUMNED:
+                _COLUMNED.clear()
+            _COLUMNED[key] = (statement_.columns(*(column(k) for k in keys)), keys)
+        return [dict(zip(keys, row, strict=True)) for row in result.fetchall()]
+
     def search_messages(
         self,
         query: str,

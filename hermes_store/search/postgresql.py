@@ -21,6 +21,7 @@ word hits are cut in Python, from the hit's own text, by :mod:`.word_hits`.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from collections.abc import Mapping, Sequence
 
 from .latin_in_cjk import RUN_RANK_SQL, RunsSQL, term_body
@@ -53,9 +54,14 @@ FOLD_SQL = "SELECT t.term, {hermes_store_search_words}(t.term) FROM unnest(CAST(
 
 def term_texts(match: str) -> list[str]:
     """The distinct term texts of a sanitized MATCH string (operators left out)."""
-    out = dict.fromkeys(term_body(t)[0] for i in match_items(match) if i not in ("AND", "OR", "NOT")
-                        for t in item_terms(i))
-    return list(out)
+    return list(_term_texts(match))
+
+
+@lru_cache(maxsize=256)
+def _term_texts(match: str) -> tuple[str, ...]:
+    """:func:`term_texts`, kept for recent queries (a pure function of the text)."""
+    return tuple(dict.fromkeys(term_body(t)[0] for i in match_items(match) if i not in ("AND", "OR", "NOT")
+                               for t in item_terms(i)))
 
 
 def fold_ascii(terms: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:
@@ -166,8 +172,24 @@ def relax_near(match: str) -> str:
     return " OR ".join(out)
 
 
+#: Recent :func:`word_query` answers, by MATCH string and folded words (a pure function
+#: of both, and a WordQuery is immutable): a repeated search builds no tsquery again.
+_WORD_QUERIES: dict[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], WordQuery] = {}
+_MAX_WORD_QUERIES = 128
+
+
 def word_query(match: str, words: Mapping[str, Sequence[str]]) -> WordQuery:
     """``match``'s tsquery, from each of its term texts' folded ``words`` (:func:`term_texts`)."""
+    key = (match, tuple((term, tuple(found)) for term, found in words.items()))
+    built = _WORD_QUERIES.get(key)
+    if built is None:
+        if len(_WORD_QUERIES) >= _MAX_WORD_QUERIES:
+            _WORD_QUERIES.clear()
+        built = _WORD_QUERIES[key] = _word_query(match, words)
+    return built
+
+
+def _word_query(match: str, words: Mapping[str, Sequence[str]]) -> WordQuery:
     plain: set[str] = set()
     prefixes: set[str] = set()
     items = match_items(match)

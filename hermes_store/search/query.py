@@ -533,12 +533,16 @@ def _plan(query: str) -> tuple[SearchPlan, _Parsed | None]:
     return SearchPlan("substring", _render(parsed, flat=True), unique_terms), parsed
 
 
+@lru_cache(maxsize=512)
 def plan_search(query: str) -> SearchPlan:
     """Choose the index for a query.
 
     Trigrams need three characters, so a CJK query uses the trigram index only when it
     holds at least 3 CJK characters and every CJK-bearing term has at least 3; otherwise
     a substring scan is the only way to find short CJK words inside unspaced text.
+
+    A plan is immutable and depends on the text alone: the plans of recent queries are
+    kept, so a repeated search (a page after the first, a refresh) parses nothing.
     """
     return _plan(query)[0]
 

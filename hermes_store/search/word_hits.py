@@ -37,6 +37,19 @@ class WordQuery:
     #: :func:`~hermes_store.search.postgresql.relax_near`'s, which the index answers, and a hit is checked again with
     #: this one and its columns kept apart (:func:`~hermes_store.search.postgresql.near_recheck`). '' without NEAR.
     near: str = ""
+    #: Derived once per query, not per hit (:meth:`__post_init__`): ``prefixes`` as a
+    #: tuple for ``str.startswith``; whether every word and prefix is a word as the fold
+    #: makes them (else no shortcut, see :func:`_marked`); the ASCII ones, searched for
+    #: by substring.
+    prefix_tuple: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    word_shaped: bool = field(init=False, repr=False, compare=False)
+    ascii_needles: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        every = (*self.words, *self.prefixes)
+        object.__setattr__(self, "prefix_tuple", tuple(self.prefixes))
+        object.__setattr__(self, "word_shaped", all(w and _WORD.fullmatch(w) for w in every))
+        object.__setattr__(self, "ascii_needles", tuple(w for w in every if w and w.isascii()))
 
 
 #: A word of the text, as near to unicode61's as Python's character classes get: letters,
@@ -70,8 +83,8 @@ def _fold(word: str) -> str:
 
 
 def _is_hit(word: str, query: WordQuery) -> bool:
-    folded = _fold(word)
-    return folded in query.words or any(folded.startswith(p) for p in query.prefixes)
+    folded = word.lower() if word.isascii() else _fold(word)
+    return folded in query.words or folded.startswith(query.prefix_tuple)
 
 
 def _cut(value: str, spans: list[tuple[int, int]], first: int, *, before: bool, after: bool,
@@ -84,17 +97,34 @@ def _cut(value: str, spans: list[tuple[int, int]], first: int, *, before: bool, 
     lo = max(0, min(first - 2, len(spans) - SNIPPET_TOKENS))
     hi = min(len(spans), lo + SNIPPET_TOKENS)
     at_start, at_end = lo == 0 and not before, hi == len(spans) and not after
-    out = ["" if at_start else SNIPPET_ELLIPSIS, value[:spans[lo][0]] if at_start else ""]
-    for i in range(lo, hi):
+    # The text between the marks is copied in whole slices: only the hits are cut out.
+    # Words before the first hit are not hits; the few after it are folded here.
+    out = ["" if at_start else SNIPPET_ELLIPSIS]
+    pos = 0 if at_start else spans[lo][0]
+    start, end = spans[first]
+    out += (value[pos:start], SNIPPET_OPEN, value[start:end], SNIPPET_CLOSE)
+    pos = end
+    rest = hi if _may_hold_hits(value[end:spans[hi - 1][1]], query) else first + 1
+    for i in range(first + 1, rest):
         start, end = spans[i]
-        word = value[start:end]
-        # Words before the first hit are not hits; the few after it are folded here.
-        hit = i == first or (i > first and _is_hit(word, query))
-        out.append(f"{SNIPPET_OPEN}{word}{SNIPPET_CLOSE}" if hit else word)
-        if i + 1 < hi:
-            out.append(value[end:spans[i + 1][0]])
-    out.append(value[spans[hi - 1][1]:] if at_end else SNIPPET_ELLIPSIS)
+        if _is_hit(value[start:end], query):
+            out += (value[pos:start], SNIPPET_OPEN, value[start:end], SNIPPET_CLOSE)
+            pos = end
+    if at_end:
+        out.append(value[pos:])
+    else:
+        out += (value[pos:spans[hi - 1][1]], SNIPPET_ELLIPSIS)
     return "".join(out)
+
+
+def _may_hold_hits(text: str, query: WordQuery) -> bool:
+    """False when no word of ``text`` can be one the query marks: ASCII text whose
+    lower case holds none of the query's words or prefixes (each of them a word, so
+    a word folding to one holds it). Then its words are not folded one by one."""
+    if not query.word_shaped or not text.isascii():
+        return True
+    low = text.lower()
+    return any(w in low for w in query.ascii_needles)
 
 
 def _marked_full(value: str, query: WordQuery) -> str | None:
@@ -119,7 +149,7 @@ def _first_hit(value: str, spaced: str, query: WordQuery) -> tuple[int, int] | N
         return _scan(value, spaced, query)
     # The next candidate of each kind, searched again only once passed: each of these
     # searches reads the text once in all.
-    ahead = {w: low.find(w) for w in (*query.words, *query.prefixes) if w and w.isascii()}
+    ahead = {w: low.find(w) for w in query.ascii_needles}
     ascii_only = spaced.isascii()  # then no candidate of the second kind, and no regex scan for one
     other = -1 if ascii_only else _next_non_ascii(spaced, 0)
     while True:
@@ -164,7 +194,7 @@ def _marked(value: str, query: WordQuery) -> str | None:
     few), so a long column costs little more than a short one; the result is
     :func:`_marked_full`'s.
     """
-    if any(not w or not _WORD.fullmatch(w) for w in (*query.words, *query.prefixes)):
+    if not query.word_shaped:
         return _marked_full(value, query)  # not words as the fold makes them: no shortcut
     spaced = value.replace("_", " ")
     hit = _first_hit(value, spaced, query)
