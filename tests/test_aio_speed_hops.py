@@ -194,3 +194,79 @@ def test_a_write_turn_held_elsewhere_still_ends_typed(tmp_path: Path, monkeypatc
                 "warm-up about kubernetes 数据库", "free again"]
 
     asyncio.run(run())
+
+
+def test_run_sync_reuses_its_greenlets_and_keeps_greenlet_spawn_semantics() -> None:
+    """aio.run_sync runs calls on greenlets it keeps (not a new one per call, as SQLAlchemy's
+    greenlet_spawn): what a caller sees stays the same: results, errors, the task's
+    context variables, cancellation thrown into the call, nesting, calls side by side."""
+    import contextvars
+
+    import greenlet
+    from sqlalchemy.util import await_only
+
+    who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
+
+    def here() -> Any:
+        return greenlet.getcurrent()
+
+    def fails() -> None:
+        raise errors.InvalidInputError("from inside")
+
+    def waits_then_reads(seconds: float) -> str:
+        await_only(asyncio.sleep(seconds))
+        return who.get()
+
+    async def inner() -> str:
+        return await aio.run_sync(lambda: "nested " + who.get())
+
+    def nests() -> str:
+        return await_only(inner())
+
+    seen: list[str] = []
+
+    def cancelled_inside() -> None:
+        try:
+            await_only(asyncio.sleep(30))
+        except asyncio.CancelledError:
+            seen.append("cancelled inside")
+            raise
+
+    async def as_task(name: str) -> tuple[str, Any]:
+        who.set(name)
+        value = await aio.run_sync(waits_then_reads, 0.01)
+        return value, await aio.run_sync(here)
+
+    async def run() -> None:
+        first = await aio.run_sync(here)
+        assert await aio.run_sync(here) is first  # the same greenlet, reused
+        assert first is not greenlet.getcurrent()
+        with pytest.raises(errors.InvalidInputError, match="from inside"):
+            await aio.run_sync(fails)
+        assert await aio.run_sync(here) is first  # an error does not cost the greenlet
+        assert await aio.run_sync(lambda a, *, b: a + b, 1, b=2) == 3
+
+        who.set("loop")
+        assert await aio.run_sync(nests) == "nested loop"
+
+        outcomes = await asyncio.gather(as_task("a"), as_task("b"), as_task("c"))
+        assert [value for value, _g in outcomes] == ["a", "b", "c"]  # each task's own context
+
+        side_by_side: list[Any] = []
+
+        def holds() -> None:
+            side_by_side.append(greenlet.getcurrent())
+            await_only(asyncio.sleep(0.01))
+
+        await asyncio.gather(*(aio.run_sync(holds) for _ in range(3)))
+        assert len({id(g) for g in side_by_side}) == 3  # calls in flight at once never share one
+
+        task = asyncio.ensure_future(aio.run_sync(cancelled_inside))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert seen == ["cancelled inside"]
+        assert await aio.run_sync(lambda: who.get()) == "loop"
+
+    asyncio.run(run())
