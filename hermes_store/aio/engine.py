@@ -386,6 +386,8 @@ class _Runner(greenlet.greenlet):  # type: ignore[misc]  # greenlet ships no typ
         while True:
             try:
                 ended = _Ended(fn(*args, **kwargs), None)
+            except greenlet.GreenletExit:
+                raise  # killed (collected while suspended in a call nobody awaits any more): it ends
             except BaseException as error:  # handed to the caller, raised there
                 ended = _Ended(None, error)
             fn = args = kwargs = None  # type: ignore[assignment]  # nothing of this call kept meanwhile
@@ -395,7 +397,7 @@ class _Runner(greenlet.greenlet):  # type: ignore[misc]  # greenlet ships no typ
 #: Idle runners per thread (a greenlet can only be switched to in its own thread).
 _RUNNERS = threading.local()
 #: Idle runners a thread keeps (more tasks than this at once make new ones, dropped after).
-_KEEP_RUNNERS = 32
+_KEEP_RUNNERS = 24
 
 
 async def run_sync(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -415,6 +417,8 @@ async def run_sync(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     runner.gr_context = here.gr_context  # the task's context variables, as greenlet_spawn does
     result: Any = runner.switch(fn, args, kwargs)
     while type(result) is not _Ended:
+        if runner.dead:  # ended by GreenletExit: its value, as greenlet_spawn gives it
+            return cast(T, result)
         try:
             value = await result
         except BaseException:
@@ -422,6 +426,7 @@ async def run_sync(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         else:
             result = runner.switch(value)
     if len(idle) < _KEEP_RUNNERS:
+        runner.gr_context = None  # an idle runner keeps no task's context variables alive
         idle.append(runner)
     if result.error is not None:
         error, result.error = result.error, None
