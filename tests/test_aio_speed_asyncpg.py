@@ -34,6 +34,22 @@ def _count_prepares(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return prepared
 
 
+def _count_simple_queries(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each statement asyncpg sends by the simple protocol (``Connection.execute``: a
+    BEGIN, a ROLLBACK), recorded from now on."""
+    import asyncpg
+
+    simple: list[str] = []
+    original = asyncpg.connection.Connection.execute
+
+    async def counted(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+        simple.append(query)
+        return await original(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(asyncpg.connection.Connection, "execute", counted)
+    return simple
+
+
 def test_a_statement_met_before_is_not_prepared_again(pg_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
     async def run() -> None:
         async with aio.AsyncSessionDB(async_url_for("asyncpg", pg_url=pg_database)) as db:
@@ -54,21 +70,12 @@ def test_a_statement_met_before_is_not_prepared_again(pg_database: str, monkeypa
 
 def test_a_read_sends_no_begin_or_rollback(pg_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reads run in driver autocommit, as on psycopg: only their statements travel."""
-    import asyncpg
-
     async def run() -> None:
         async with aio.AsyncSessionDB(async_url_for("asyncpg", pg_url=pg_database)) as db:
             await db.create_session("s", "cli")
             await db.append_message("s", "user", "kubernetes rollout")
             await db.wait_for_upkeep()
-            simple: list[str] = []
-            original = asyncpg.connection.Connection.execute
-
-            async def counted(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
-                simple.append(query)
-                return await original(self, query, *args, **kwargs)
-
-            monkeypatch.setattr(asyncpg.connection.Connection, "execute", counted)
+            simple = _count_simple_queries(monkeypatch)
             assert [h["session_id"] for h in await db.search_messages("kubernetes")] == ["s"]
             assert (await db.get_session("s"))["message_count"] == 1
             assert simple == []
@@ -139,8 +146,6 @@ def test_an_append_is_one_statement_with_its_lock_budget(pg_database: str, monke
     """No BEGIN or COMMIT around an append (one round trip, as on psycopg); its lock
     budget travels inside it, so a session row held elsewhere ends in a typed error
     once the budget is spent, and nothing is written."""
-    import asyncpg
-
     from hermes_store import errors, facade
 
     async def run() -> None:
@@ -148,14 +153,7 @@ def test_an_append_is_one_statement_with_its_lock_budget(pg_database: str, monke
             await db.create_session("s", "cli")
             await db.append_message("s", "user", "first")
             await db.wait_for_upkeep()
-            simple: list[str] = []
-            original = asyncpg.connection.Connection.execute
-
-            async def counted(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
-                simple.append(query)
-                return await original(self, query, *args, **kwargs)
-
-            monkeypatch.setattr(asyncpg.connection.Connection, "execute", counted)
+            simple = _count_simple_queries(monkeypatch)
             await db.append_message("s", "assistant", "second")
             assert simple == []
             monkeypatch.undo()

@@ -13,23 +13,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
 import pytest
 
 from hermes_store import aio, errors
 
-
-def _count_hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Each call run on aiosqlite's thread, by the name of what it runs."""
-    hops: list[str] = []
-    original = aiosqlite.Connection._execute
-
-    async def counted(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        hops.append(getattr(fn, "__name__", repr(fn)))
-        return await original(self, fn, *args, **kwargs)
-
-    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
-    return hops
+from .test_aio_engine import _count_hops
 
 
 async def _warm(db: aio.AsyncSessionDB) -> None:
