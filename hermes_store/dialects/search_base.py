@@ -124,6 +124,32 @@ def with_context(page: str, order: Order | None, *, context: bool) -> str:
     )
 
 
+def _neighbour(h: str, before: bool) -> str:
+    """The message before (``before``) or after ``h`` in its session, by (timestamp, id)
+    as one row comparison: PostgreSQL reads the (session_id, timestamp) index from the
+    hit and sorts only the rows of its timestamp (an incremental sort), where the OR of
+    :func:`previous_id` made it sort every earlier row of the session."""
+    op, way = ("<", " DESC") if before else (">", "")
+    return (
+        f"SELECT q.id, q.role, q.content FROM {{messages}} q WHERE q.session_id = {h}.session_id"
+        f" AND (q.timestamp, q.id) {op} ({h}.timestamp, {h}.id) ORDER BY q.timestamp{way}, q.id{way} LIMIT 1"
+    )
+
+
+def with_lateral_context(page: str, order: Order | None, *, context: bool) -> str:
+    """:func:`with_context` for a dialect with LATERAL joins and row comparisons
+    (PostgreSQL), as the plain-driver floor writes it: each neighbour's columns read by
+    one lookup from the hit (no second fetch by id). Same columns, same rows."""
+    if not context:
+        return with_context(page, order, context=False)
+    outer = f" ORDER BY {order.on('h')}" if order else ""
+    return (
+        "SELECT h.*, p.id AS p_id, p.role AS p_role, p.content AS p_content, n.id AS n_id, n.role AS n_role,"
+        f" n.content AS n_content FROM ({page}) h LEFT JOIN LATERAL ({_neighbour('h', True)}) p ON TRUE"
+        f" LEFT JOIN LATERAL ({_neighbour('h', False)}) n ON TRUE{outer}"
+    )
+
+
 #: Context of hits read without it (merged from two statements), in one statement:
 #: rows of (hit id, position -1/0/1, role, content). Portable (named, expanding binds).
 CONTEXT_SQL = SchemaSQL(
@@ -224,6 +250,12 @@ class SearchRoutes:
     #: Written after ``messages AS m`` in a block-range read (``Dialect.rowid_walk_hint``).
     rowid_walk_hint = ""
 
+    @staticmethod
+    def context(page: str, order: Order | None, *, context: bool) -> str:
+        """``page`` with each row's previous and next message (:func:`with_context`),
+        as this dialect reads them best."""
+        return with_context(page, order, context=context)
+
     def like(self, groups: Groups, params: dict[str, Any], *, ascii_case: bool = False) -> str:
         """:func:`like_clause` with this dialect's operator; ``ascii_case`` narrows it
         to ASCII folding where it folds more (SQLite's LIKE must be matched)."""
@@ -261,15 +293,14 @@ class SearchRoutes:
         when its block can hold the term (a condition on ``m``)."""
         return f" AND (m.id > :bg_hw OR m.id / :bg_block IN ({candidates}))"
 
-    @staticmethod
-    def substring_page(select: str, flat: bool, order: Order, *, context: bool, limit: str = ":limit",
+    def substring_page(self, select: str, flat: bool, order: Order, *, context: bool, limit: str = ":limit",
                        offset: bool = True) -> str:
         """One page of a substring SELECT (:meth:`substring_scan` is ``flat``; the block
         form is wrapped), in ``order``, with context when wanted."""
         ordering = order.on("m")
         page = f"{select} ORDER BY {ordering}" if flat else f"SELECT * FROM ({select}) m ORDER BY {ordering}"
         page += f" LIMIT {limit}" + (" OFFSET :offset" if offset else "")
-        return with_context(page, order, context=context)
+        return self.context(page, order, context=context)
 
     def rebuild_gap(self, like: str, filters: str) -> str:
         """Rows an interrupted FTS backfill has not indexed yet (ids in ``(:gap_lo,

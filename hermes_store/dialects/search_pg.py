@@ -19,7 +19,7 @@ from ..search import postgresql as pg_search
 from ..search.delegated import DELEGATED_SQL, delegated_of
 from ..search.word_hits import WordQuery
 from ..tenancy import SchemaSQL
-from .search_base import PAGE_COLUMNS, Order, SearchRoutes, with_context
+from .search_base import PAGE_COLUMNS, Order, SearchRoutes, with_lateral_context
 
 #: The word route's order (lower rank is better): ``rank`` is the page's output column.
 RANK = Order(((None, "rank", ""), ("row", "timestamp", "DESC"), ("row", "id", "DESC")))
@@ -57,6 +57,7 @@ class PgSearchRoutes(SearchRoutes):
     folds_non_ascii = True
     rowid_walk_hint = ""
     rank_order = RANK
+    context = staticmethod(with_lateral_context)
 
     def match(self, index: str) -> str:
         return pg_search.match_sql(index)
@@ -76,7 +77,7 @@ class PgSearchRoutes(SearchRoutes):
         texts, and context when wanted: the filters (``where``) are applied before the
         page is cut. ``near``: the query holds NEAR (its exact test on the rows found)."""
         inner = pg_search.page_sql(join_sessions, where, order.on("m"), near)
-        return with_context(self._page(inner), order, context=context)
+        return self.context(self._page(inner), order, context=context)
 
     def word_page_with_runs(self, runs: latin_in_cjk.RunsSQL, join_sessions: bool, where: str, order: Order, *,
                             ranked: bool, exact: bool, context: bool) -> str:
@@ -84,12 +85,12 @@ class PgSearchRoutes(SearchRoutes):
         statement (by rank, only when the word hits do not fill the page: ``ranked``),
         and first a probe row: the sessions of lookup rows held back because they may
         be sub-agent transcripts (``exact``: those known, bound as ``:rx_dlg``)."""
-        guard = pg_search.rank_guard(join_sessions, where) if ranked else ""
-        inner = self._page(pg_search.runs_page_sql(join_sessions, where, order.on("m")))
+        guard = pg_search.RANK_GUARD if ranked else ""
+        inner = self._page(pg_search.runs_page_sql(order.on("m")))
         return (
-            f"{pg_search.runs_cte(runs, where, guard, exact=exact)}SELECT x.*, pr.rx_probe AS rx_probe"
-            f" FROM ({pg_search.RUNS_PROBE}) pr LEFT JOIN ({with_context(inner, order, context=context)}) x ON TRUE"
-            f" ORDER BY {order.on('x')}"
+            f"{pg_search.hits_cte(join_sessions, where)}{pg_search.runs_cte(runs, where, guard, exact=exact)}"
+            f"SELECT x.*, pr.rx_probe AS rx_probe FROM ({pg_search.RUNS_PROBE}) pr"
+            f" LEFT JOIN ({self.context(inner, order, context=context)}) x ON TRUE ORDER BY {order.on('x')}"
         )
 
 

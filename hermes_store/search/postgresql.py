@@ -279,41 +279,45 @@ RUNS_PROBE = (
 RUNS_DELEGATED = " AND s.id <> ALL(CAST(:rx_dlg AS text[]))"
 
 
+def hits_cte(join_sessions: bool, where: str) -> str:
+    """``WITH w``: every word hit of ``:q`` (the page's filters ``where`` applied) with
+    its rank, read once by the index: the page sorts it, and :func:`rank_guard` counts it
+    (materialized, so it is planned without a LIMIT: by the index, never by a sequential
+    scan that stops at ``:window``, which for a rare or absent word read every message).
+    A template."""
+    join = " JOIN {sessions} s ON s.id = m.session_id" if join_sessions else ""
+    return (f"WITH w AS MATERIALIZED (SELECT m.id AS id, -ts_rank_cd(m.search_vector, {_QUERY}) AS rank,"
+            f" m.timestamp AS timestamp FROM {{messages}} m{join} WHERE m.search_vector @@ {_QUERY}{where}), ")
+
+
 def runs_cte(runs: RunsSQL, where: str, guard: str, *, exact: bool) -> str:
-    """``WITH rx``: the rows a word query finds inside CJK runs (a dialect's
+    """``rx``: the rows a word query finds inside CJK runs (a dialect's
     :class:`~hermes_store.search.latin_in_cjk.RunsSQL`, with the page's filters
     ``where``), each marked ``maybe`` when its session may be a sub-agent transcript
     (those are held back until Python has read their JSON; ``exact``: it has, and
-    :data:`RUNS_DELEGATED` names them). ``guard`` is :func:`rank_guard` or ''. A template."""
+    :data:`RUNS_DELEGATED` names them). ``guard`` is :data:`RANK_GUARD` or ''. Follows
+    :func:`hits_cte`. A template."""
     maybe = "FALSE" if exact or runs.maybe_delegated is None else f"COALESCE({runs.maybe_delegated}, FALSE)"
     sessions = runs.sessions + (RUNS_DELEGATED if exact else "")
     return (
-        "WITH rx AS MATERIALIZED (SELECT m.id AS id, m.timestamp AS timestamp, s.id AS sid, s.model_config AS cfg,"
+        "rx AS MATERIALIZED (SELECT m.id AS id, m.timestamp AS timestamp, s.id AS sid, s.model_config AS cfg,"
         f" {maybe} AS maybe FROM {runs.source} WHERE {runs.where}{where}{sessions}{guard}) "
     )
 
 
-def rank_guard(join_sessions: bool, where: str) -> str:
-    """A one-time condition: the word hits do not fill ``:window`` (by rank the lookup's
-    rows come after them all, so only then are they needed). A template."""
-    join = " JOIN {sessions} s ON s.id = m.session_id" if join_sessions else ""
-    # The hits are a MATERIALIZED CTE, read only :window rows deep: planned without the
-    # LIMIT, so by the index. With the LIMIT inside, the planner expected a few matches
-    # spread over the table and chose a sequential scan that stops at :window, which
-    # for a rare or absent word read every message (15 ms at 10k rows, issue 32).
-    return (f" AND (WITH g AS MATERIALIZED (SELECT 1 FROM {{messages}} m{join} WHERE m.search_vector @@ {_QUERY}"
-            f"{where}) SELECT count(*) FROM (SELECT 1 FROM g LIMIT :window) h) < :window")
+#: A one-time condition of :func:`runs_cte`: the word hits (:func:`hits_cte`) do not
+#: fill ``:window`` (by rank the lookup's rows come after them all, so only then are
+#: they needed).
+RANK_GUARD = " AND (SELECT count(*) FROM (SELECT 1 FROM w LIMIT :window) g) < :window"
 
 
-def runs_page_sql(join_sessions: bool, where: str, ordering: str) -> str:
-    """:func:`page_sql` with the rows of :func:`runs_cte` (not held back) among the hits,
-    ranked after them. A template."""
-    join = " JOIN {sessions} s ON s.id = m.session_id" if join_sessions else ""
+def runs_page_sql(ordering: str) -> str:
+    """One page (``:limit`` from ``:offset``) of the word hits (:func:`hits_cte`) and the
+    rows of :func:`runs_cte` not held back, ranked after them. A template."""
     return (
-        f"SELECT * FROM (SELECT m.id AS id, -ts_rank_cd(m.search_vector, {_QUERY}) AS rank, m.timestamp AS timestamp "
-        f"FROM {{messages}} m{join} WHERE m.search_vector @@ {_QUERY}{where} "
-        f"UNION ALL SELECT id, CAST({RUN_RANK_SQL} AS double precision), timestamp FROM rx WHERE NOT maybe) m "
-        f"ORDER BY {ordering} LIMIT :limit OFFSET :offset"
+        f"SELECT * FROM (SELECT id, rank, timestamp FROM w UNION ALL SELECT id,"
+        f" CAST({RUN_RANK_SQL} AS double precision), timestamp FROM rx WHERE NOT maybe) m"
+        f" ORDER BY {ordering} LIMIT :limit OFFSET :offset"
     )
 
 
