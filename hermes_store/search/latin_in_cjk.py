@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 from collections.abc import Callable, Sequence
 
@@ -132,9 +133,11 @@ def term_body(item: str) -> tuple[str, bool]:
     return body, prefix
 
 
+@lru_cache(maxsize=256)
 def parse(match: str) -> Query | None:
     """The lookup for a word query's sanitized MATCH string; None when no group has a
-    qualifying term (the query is answered by the word index alone)."""
+    qualifying term (the query is answered by the word index alone). Kept for recent
+    queries, as the patterns below: pure functions of immutable values."""
     items = match_items(match)
     if any(near_parts(item) is not None for item in items):
         return None  # NEAR measures words: a query holding one is the word index's alone
@@ -189,6 +192,7 @@ def _escaped(cls: str) -> str:
 _CJK_ASCII = _escaped(_CJK)
 
 
+@lru_cache(maxsize=256)
 def regex(term: Term) -> str:
     """The same test as one PostgreSQL regular expression (ASCII only, see :func:`_escaped`)."""
     body = _cased(term.text, lambda ch: f"[{ch.lower()}{ch.upper()}]")
@@ -197,6 +201,7 @@ def regex(term: Term) -> str:
     return f"{_CJK_ASCII}{body}({_NOT_ALNUM}|$)|(^|{_NOT_ALNUM}){body}{_CJK_ASCII}"
 
 
+@lru_cache(maxsize=256)
 def regex_beside_non_ascii(term: Term) -> str:
     """A PostgreSQL regular expression every text matching :func:`regex` matches too: the
     term with a character outside ASCII on one side (before it, for a prefix). Simple
@@ -231,6 +236,7 @@ def first_run(value: str, terms: Sequence[Term]) -> tuple[int, int] | None:
     return min(spans) if spans else None
 
 
+@lru_cache(maxsize=256)
 def _lookaround(term: Term) -> re.Pattern[str]:
     """:func:`regex` with the neighbours as look-arounds: the match is the term itself."""
     body = _cased(term.text, lambda ch: f"[{ch.lower()}{ch.upper()}]")

@@ -131,7 +131,15 @@ def tsquery_text(match: str, words: Mapping[str, Sequence[str]]) -> str:
     ``match`` is a sanitized MATCH string (:func:`~hermes_store.search.query.
     sanitize_fts5_query`); ``words`` maps each of its term texts to its folded words
     (:func:`fold_ascii` and the dialect). Returns :data:`NO_MATCH` when nothing can match.
+    Kept for recent queries (a pure function of both): the Latin-in-CJK lookup asks
+    for the same parts on every search.
     """
+    return _tsquery_text(match, tuple((term, tuple(found)) for term, found in words.items()))
+
+
+@lru_cache(maxsize=512)
+def _tsquery_text(match: str, folded: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
+    words = dict(folded)
     groups = []
     for group in split_on(match_items(match), "OR"):
         conds = []
