@@ -430,13 +430,34 @@ def _tips_stmt() -> Nodes:
 
 @functools.cache
 def _chain_stmt() -> CompoundSelect[*tuple[Any, ...]]:
+    """The forward walk's node rows (kind 0), then one 'up' row (kind :data:`_UP`) per
+    step of the parent walk, its distance from the session in the integer ``tool``
+    column. No GROUP BY: each step of the walk is one row (a parent is one row of a
+    primary key), so only a corrupt cycle repeats an id, and :meth:`LineageRepository.chain`
+    keeps it once; the hash aggregate cost PostgreSQL more than the walk (10k bench:
+    3.3 ms of execution against 1.8), and an integer travels cheaper than a float."""
     up = parent_chain()
     text_null, real_null, int_null = cast(null(), String), cast(null(), Float), cast(null(), Integer)
     ups = select(
-        literal_column(str(_UP), Integer).label("kind"), up.c.id, text_null, int_null,
-        cast(func.min(up.c.depth), Float), real_null, int_null, text_null, real_null, cast(null(), Boolean),
-    ).group_by(up.c.id)
+        literal_column(str(_UP), Integer).label("kind"), up.c.id, text_null, up.c.depth,
+        real_null, real_null, int_null, text_null, real_null, cast(null(), Boolean),
+    )
     return _forward_nodes().union_all(ups)
+
+
+def fetch_tuples(result: Any) -> list[Any]:
+    """All rows of ``result`` as the driver's tuples, for a statement whose columns need
+    no SQLAlchemy result processing (text, integers, floats: no Boolean, no JSON).
+
+    A Row per tuple costs more than the driver's own fetch on a 1,000-row walk; the
+    driver cursor is the dialect's own (PostgreSQL's U+0000 decoding included)."""
+    cursor = result.cursor
+    if cursor is None:  # no rows (a statement without a result)
+        return []
+    try:
+        return list(cursor.fetchall())
+    finally:
+        result.close()
 
 
 # --------------------------------------------------------------------- the walks (Python side)
@@ -486,8 +507,8 @@ def _num(value: Any) -> float:
 _ID, _PARENT, _TOOL, _STARTED, _ENDED, _COMPRESSED, _MARKERS, _ACTIVITY, _HAS, _RESET, _KEY, _RESET_ENDED = range(1, 13)
 
 
-#: Sort keys of the 'up' rows of :meth:`LineageRepository.chain`.
-_BY_ID, _BY_DISTANCE = itemgetter(1), itemgetter(4)
+#: Sort key of the 'up' rows of :meth:`LineageRepository.chain` (their distance).
+_BY_DISTANCE = itemgetter(_TOOL)
 
 
 def _marked(row: Any) -> bool:
@@ -763,19 +784,19 @@ class LineageRepository(Repository):
 
     def chain(self, session_id: str) -> list[str]:
         """Root → ... → session (every parent link) → ... → compression tip, one statement."""
-        rows = self.conn.execute(_chain_stmt(), {"sid": session_id}).fetchall()
-        up: list[Any] = []
-        forward: list[Any] = []
-        for r in rows:
-            (up if r[0] == _UP else forward).append(r)
-        # the 'up' rows carry their distance from the session in started_at: farthest
-        # first, then by id (two sorts keyed in C, the second stable)
-        up.sort(key=_BY_ID)
+        rows = fetch_tuples(self.conn.execute(_chain_stmt(), {"sid": session_id}))
+        up = [r for r in rows if r[0] == _UP]
+        if not up:
+            return []
+        # farthest first: one row per step, so distances are distinct (a sort keyed in C)
         up.sort(key=_BY_DISTANCE, reverse=True)
         above = [r[1] for r in up]
-        if not above:
-            return []
-        below = Graph(forward).forward_path(session_id)[1:]
+        if len(set(above)) != len(above):  # a corrupt cycle: each id at its nearest distance
+            nearest = list(dict.fromkeys(reversed(above)))
+            nearest.reverse()
+            above = nearest
+        forward = [r for r in rows if r[0] != _UP] if len(up) < len(rows) else []
+        below = Graph(forward).forward_path(session_id)[1:] if forward else []
         listed = set(above)
         return above + [sid for sid in below if sid not in listed]  # a cycle lists each id once
 
