@@ -153,6 +153,54 @@ def _append_stmt(names: tuple[str, ...], budgeted: bool = False) -> Any:
     )
 
 
+#: Column sets of appends: whether the models have every column (the one-statement path).
+_MODELLED: dict[tuple[str, ...], bool] = {}
+#: An append's statement rendered for the driver, per (dialect class, column set,
+#: budgeted, schema translation): its SQL text and the parameters it always takes.
+_Rendered = tuple[str, tuple[tuple[str, Any], ...]]
+_RENDERED: dict[tuple[Any, ...], _Rendered | None] = {}
+_UNSEEN: Any = object()
+#: Rendered statements kept at most (column sets times tenants); past it, all are dropped.
+_RENDERED_MAX = 512
+
+
+def _driver_path(conn: Connection) -> Any:
+    """The psycopg connection under ``conn`` when a statement may go to it directly with
+    the same outcome as through SQLAlchemy, else None.
+
+    Only a sync psycopg connection (asyncpg and psycopg's async face keep their own
+    path), with nothing listening to SQLAlchemy's statement events or logging them
+    (meters, tracers, ``echo``: they see every statement as before), and where the
+    statement lands inside a transaction SQLAlchemy ends, or in none (driver
+    autocommit): never one psycopg would open behind SQLAlchemy's back.
+    """
+    dialect = conn.dialect
+    if dialect.is_async or dialect.driver != "psycopg" or conn._echo:
+        return None
+    if conn._has_events or conn.engine._has_events:
+        return None
+    driver = conn.connection.driver_connection
+    if driver is None or not (getattr(driver, "autocommit", False) or conn.in_transaction()):
+        return None
+    return driver
+
+
+def _render_append(conn: Connection, names: tuple[str, ...], budgeted: bool, translate: Any,
+                   key: tuple[Any, ...]) -> _Rendered | None:
+    """Compile :func:`_append_stmt` for ``conn``'s dialect, the tenant's schema written in
+    (as SQLAlchemy renders it per execution), with the values of its literal binds."""
+    compiled = _append_stmt(names, budgeted).compile(
+        dialect=conn.dialect, schema_translate_map=translate, render_schema_translate=bool(translate))
+    fixed = tuple((name, bind.effective_value) for name, bind in compiled.binds.items() if not bind.required)
+    processed = bool(compiled._bind_processors or compiled.literal_execute_params or compiled.post_compile_params)
+    if len(_RENDERED) >= _RENDERED_MAX:
+        _RENDERED.clear()
+    # Parameters SQLAlchemy would convert or expand (none today): that column set keeps
+    # SQLAlchemy's path (None cached).
+    rendered = _RENDERED[key] = None if processed else (compiled.string, (*fixed, ("n", 1)))
+    return rendered
+
+
 def _messages_target(names: Sequence[str], schema: str | None) -> Any:
     """The model's ``messages`` when it has every column (``schema_translate_map`` then
     names the tenant), else a lightweight table of ``names`` in ``schema``, the
@@ -326,9 +374,22 @@ class PostgreSQLDialect:
     def append_message(self, conn: Connection, row: Mapping[str, Any], calls: int) -> int:
         """The counter bump and the INSERT … RETURNING id as one statement (one round trip:
         the floor's own count). A column the models lack (a Hermes-added one) takes the
-        two-statement path: bump first, so the row lock and the existence check come first too."""
+        two-statement path: bump first, so the row lock and the existence check come first too.
+
+        The hot path of every agent turn: on a sync psycopg connection nobody listens to
+        (:func:`_driver_path`), the statement's text, rendered once per column set and
+        tenant, goes straight to a DB-API cursor, and a failure takes SQLAlchemy's own
+        error handling (typed errors, a dead connection invalidated)."""
         names = tuple(row)
-        if all(n in _MESSAGES.c for n in names):
+        modelled = _MODELLED.get(names)
+        if modelled is None:
+            modelled = _MODELLED[names] = all(n in _MESSAGES.c for n in names)
+        if modelled:
+            driver = _driver_path(conn)
+            if driver is not None:
+                new_id = self._append_on_driver(conn, driver, names, row, calls)
+                if new_id is not None:
+                    return new_id
             params = {f"v_{n}": v for n, v in row.items()}
             params.update(n=1, calls=calls, sid=row["session_id"])
             # A one-statement write (SessionDB's, no transaction open): the budget rides along.
@@ -346,6 +407,44 @@ class PostgreSQLDialect:
             raise _refused_append(conn, row["session_id"])
         target = _messages_target(names, schema_of_connection(conn))
         return int(conn.execute(insert(target).returning(_MESSAGES.c.id), row).scalar_one())
+
+    def _append_on_driver(self, conn: Connection, driver: Any, names: tuple[str, ...], row: Mapping[str, Any],
+                          calls: int) -> int | None:
+        """:meth:`append_message`'s statement on a cursor of ``driver`` (the psycopg
+        connection under ``conn``): the same text and parameters SQLAlchemy would send."""
+        options = conn.get_execution_options()
+        budget = options.get(LOCK_BUDGET_OPTION)
+        if budget is not None and not (driver.autocommit and driver.info.transaction_status == _IDLE):
+            budget = None  # a transaction is open: its own budget (begin_write) holds
+        translate = options.get("schema_translate_map")
+        key = (type(conn.dialect), names, budget is not None, tuple(translate.items()) if translate else None)
+        rendered = _RENDERED.get(key, _UNSEEN)
+        if rendered is _UNSEEN:
+            rendered = _render_append(conn, names, budget is not None, translate, key)
+        if rendered is None:
+            return None
+        sql, params = rendered[0], dict(rendered[1])
+        for n, v in row.items():
+            params["v_" + n] = v
+        params["calls"] = calls
+        params["sid"] = row["session_id"]
+        if budget is not None:
+            params["lt"] = str(int(budget))
+        cursor = driver.cursor()
+        try:
+            cursor.execute(sql, params)
+            found = cursor.fetchone()
+        except BaseException as exc:
+            # SQLAlchemy's handling of a failed statement, as conn.execute() would have
+            # it: handle_error hooks (our typed errors), a disconnect invalidates the
+            # connection. A non-driver error keeps its own type (no statement given).
+            dbapi_error = isinstance(exc, conn.dialect.loaded_dbapi.Error)
+            conn._handle_dbapi_exception(exc, sql if dbapi_error else None, params, cursor, None)
+        finally:
+            cursor.close()
+        if found is None:
+            raise _refused_append(conn, row["session_id"])
+        return int(found[0])
 
     def statement_alone(self, conn: Connection) -> bool:
         """Whether the next statement on ``conn`` is a transaction of its own (driver
