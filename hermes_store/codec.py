@@ -257,7 +257,8 @@ def strip_memory_context(text: str) -> str:
     memory. Text without a block is returned unchanged (same object); non-string
     content (multimodal lists, None) is returned unchanged too.
     """
-    if not isinstance(text, str) or "<memory-context>" not in text.lower():
+    # "<" first: a scan in C that most turns fail, before a lowered copy of the text
+    if not isinstance(text, str) or "<" not in text or "<memory-context>" not in text.lower():
         return text
     total = len(text)
 

@@ -19,18 +19,20 @@ watermark compaction and the stale tool-call marker filter on replays.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import re
 from typing import Any
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
-from sqlalchemy import bindparam, case, delete, func, literal, or_, select, update
-from sqlalchemy.sql import FromClause
+from sqlalchemy import String, bindparam, case, delete, func, literal, or_, select, update
+from sqlalchemy.sql import FromClause, Select
 
 from .. import errors
 from ..errors import MessageNotFoundError, UnknownSessionError
 from ..codec import (
+    JSON_PREFIX,
     check_key,
     clean_text,
     coerce_timestamp,
@@ -44,17 +46,17 @@ from ..codec import (
     encode_display_metadata,
     encode_json,
     encode_json_text,
+    is_stale_tool_call_marker_message,
     parse_tool_calls,
     repair_message_sequence,
     sanitize_turn_text,
-    strip_stale_tool_call_markers,
     text_from_bytes,
     tool_call_increment,
 )
-from ..review_turns import _strip_background_review_harness
+from ..review_turns import _is_background_review_harness_message
 from ..models import Base
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Clock, Repository, UnknownFieldError, missing_sessions, wall_clock
-from .lineage import BRANCH_MARKER, LineageRepository, _marker
+from .lineage import BRANCH_MARKER, LineageRepository, _marker, fetch_tuples
 from .records import MessageRecord, MessageWindow, RewindResult
 from .turn_leases import guard_transcript_write, raise_if_closed_by_compression
 
@@ -373,50 +375,71 @@ def conversation_turn(row: Mapping[str, Any], *, row_id: bool = False) -> dict[s
     reasoning/codex items (invalid JSON → None). Hermes v26: ``display_kind`` and
     ``display_metadata`` (decoded) when set, and ``_row_id`` when ``row_id`` is asked.
     """
-    role = row["role"]
-    content = decode_content(row["content"])
-    if role in ("user", "assistant"):
+    return _turn(tuple(row[name] for name in _CONVERSATION_NAMES), row_id)
+
+
+#: The keys of :data:`_CONVERSATION_COLUMNS`, in order (a replay reads its rows as tuples).
+_CONVERSATION_NAMES = tuple(c.name for c in _CONVERSATION_COLUMNS)
+_TEXT_ROLES = ("user", "assistant")
+_HARNESS_ROLES = ("user", "system")
+_NO_METADATA = (None, "")
+
+
+def _turn(row: Sequence[Any], row_id: bool) -> dict[str, Any]:
+    """:func:`conversation_turn` of a row tuple in :data:`_CONVERSATION_COLUMNS` order
+    (the replay's loop: names unpacked once, no mapping lookups)."""
+    (rid, _sid, role, content, tool_call_id, tool_name, tool_calls, finish_reason, reasoning, reasoning_content,
+     reasoning_details, codex_reasoning_items, codex_message_items, api_content, timestamp, effect_disposition,
+     platform_message_id, observed, display_kind, display_metadata) = row
+    if content.__class__ is str and content.startswith(JSON_PREFIX):
+        content = decode_content(content)
+    if role in _TEXT_ROLES:
         content = sanitize_turn_text(content)
     msg: dict[str, Any] = {"role": role, "content": content}
     if row_id:
-        msg[ROW_ID_KEY] = row["id"]
-    if row["display_kind"]:
-        msg["display_kind"] = row["display_kind"]
-    metadata = decode_display_metadata(row["display_metadata"])
-    if metadata:
-        msg["display_metadata"] = metadata
-    if row["api_content"] is not None:
-        msg["api_content"] = row["api_content"]
-    if row["timestamp"] is not None:
-        msg["timestamp"] = row["timestamp"]
-    if row["effect_disposition"]:
-        msg["effect_disposition"] = row["effect_disposition"]
-    if row["platform_message_id"]:
-        msg["message_id"] = row["platform_message_id"]
-    if row["observed"]:
+        msg[ROW_ID_KEY] = rid
+    if display_kind:
+        msg["display_kind"] = display_kind
+    if display_metadata not in _NO_METADATA:
+        metadata = decode_display_metadata(display_metadata)
+        if metadata:
+            msg["display_metadata"] = metadata
+    if api_content is not None:
+        msg["api_content"] = api_content
+    if timestamp is not None:
+        msg["timestamp"] = timestamp
+    if effect_disposition:
+        msg["effect_disposition"] = effect_disposition
+    if platform_message_id:
+        msg["message_id"] = platform_message_id
+    if observed:
         msg["observed"] = True
-    if row["tool_call_id"]:
-        msg["tool_call_id"] = row["tool_call_id"]
-    if row["tool_name"]:
-        msg["tool_name"] = row["tool_name"]
-    if row["tool_calls"]:
-        msg["tool_calls"] = decode_json_or(row["tool_calls"], [])
+    if tool_call_id:
+        msg["tool_call_id"] = tool_call_id
+    if tool_name:
+        msg["tool_name"] = tool_name
+    if tool_calls:
+        msg["tool_calls"] = decode_json_or(tool_calls, [])
     if role == "assistant":
-        if row["finish_reason"]:
-            msg["finish_reason"] = row["finish_reason"]
-        if row["reasoning"]:
-            msg["reasoning"] = row["reasoning"]
-        if row["reasoning_content"] is not None:
-            msg["reasoning_content"] = row["reasoning_content"]
-        for key in ASSISTANT_JSON:
-            if row[key]:
-                msg[key] = decode_json_or(row[key], None)
+        if finish_reason:
+            msg["finish_reason"] = finish_reason
+        if reasoning:
+            msg["reasoning"] = reasoning
+        if reasoning_content is not None:
+            msg["reasoning_content"] = reasoning_content
+        if reasoning_details:
+            msg["reasoning_details"] = decode_json_or(reasoning_details, None)
+        if codex_reasoning_items:
+            msg["codex_reasoning_items"] = decode_json_or(codex_reasoning_items, None)
+        if codex_message_items:
+            msg["codex_message_items"] = decode_json_or(codex_message_items, None)
     return msg
 
 
-def build_conversation(rows: Iterable[Mapping[str, Any]], *, dedupe: bool, repair: bool = False,
+def build_conversation(rows: Iterable[Sequence[Any] | Mapping[str, Any]], *, dedupe: bool, repair: bool = False,
                        row_ids: bool = False) -> list[dict[str, Any]]:
-    """Stored rows (replay order) → a conversation.
+    """Stored rows (replay order; tuples in :data:`_CONVERSATION_COLUMNS` order, or
+    mappings) → a conversation.
 
     ``dedupe`` (ancestor mode): a user turn whose text was already sent since the last
     assistant reply is the copy a compression replays into the continuation, and is
@@ -424,22 +447,44 @@ def build_conversation(rows: Iterable[Mapping[str, Any]], *, dedupe: bool, repai
     and the assistant reply right after each are always removed, and stale tool-call
     markers blanked (:func:`strip_stale_tool_call_markers`). ``repair`` runs
     :func:`repair_message_sequence` on the result; ``row_ids`` adds ``_row_id``.
+
+    One pass: the three rules are applied in their order (deduplication, then the
+    harness on what it kept, then the markers on what that kept) as each turn is made.
     """
     out: list[dict[str, Any]] = []
     pending_users: set[str] = set()
+    skip_reply = False
     for row in rows:
-        msg = conversation_turn(row, row_id=row_ids)
-        if dedupe and msg["role"] == "user":
-            value = msg["content"]
-            key = value if isinstance(value, str) else repr(value)
-            if key in pending_users:
-                continue  # replayed again after a compression boundary, no reply between
-            pending_users.add(key)
-        elif msg["role"] == "assistant":
-            pending_users.clear()
+        msg = _turn(row, row_ids) if row.__class__ is tuple else conversation_turn(row, row_id=row_ids)  # type: ignore[arg-type]
+        role, content = msg["role"], msg["content"]
+        if dedupe:
+            if role == "user":
+                key = content if isinstance(content, str) else repr(content)
+                if key in pending_users:
+                    continue  # replayed again after a compression boundary, no reply between
+                pending_users.add(key)
+            elif role == "assistant":
+                pending_users.clear()
+        if role in _HARNESS_ROLES and isinstance(content, str) and _is_background_review_harness_message(msg):
+            skip_reply = True  # a background-review turn, and the assistant reply after it
+            continue
+        if skip_reply:
+            skip_reply = False
+            if role == "assistant":
+                continue
+        if role == "assistant" and is_stale_tool_call_marker_message(msg):
+            msg["content"] = ""
         out.append(msg)
-    out = strip_stale_tool_call_markers(_strip_background_review_harness(out))
     return repair_message_sequence(out) if repair else out
+
+
+@functools.cache
+def _one_session_rows(include_inactive: bool) -> Select[Any]:
+    """One session's replay rows (live ones unless ``include_inactive``), by id: ``:sid``."""
+    q = select(*_CONVERSATION_COLUMNS).where(M.session_id == bindparam("sid", type_=String))
+    if not include_inactive:
+        q = q.where(M.active == 1)
+    return q.order_by(M.id)
 
 
 def _page(limit: Any, offset: Any) -> tuple[int | None, int]:
@@ -1009,22 +1054,21 @@ class MessageRepository(Repository):
     # ------------------------------------------------------------------ replay
 
     def _conversation_rows(self, session_ids: Sequence[str], include_inactive: bool) -> list[Any]:
-        """Rows of the given sessions in replay order (that session order, then id); one query."""
+        """Rows of the given sessions in replay order (that session order, then id), as
+        tuples in :data:`_CONVERSATION_COLUMNS` order; one query."""
         ids = [s for s in dict.fromkeys(session_ids) if s is not None]
         if not ids:
             return []
+        if len(ids) == 1:
+            # The common replay: a statement built once, its rows the driver's tuples
+            # (no column needs SQLAlchemy's processing; a Row per message cost more than
+            # the fetch itself).
+            return fetch_tuples(self.conn.execute(_one_session_rows(include_inactive), {"sid": ids[0]}))
         q = select(*_CONVERSATION_COLUMNS).where(M.session_id.in_(ids))
         if not include_inactive:
             q = q.where(M.active == 1)
-        if len(ids) > 1:
-            q = q.order_by(case({sid: i for i, sid in enumerate(ids)}, value=M.session_id), M.id)
-        else:
-            q = q.order_by(M.id)
-        result = self.conn.execute(q)
-        names = list(result.keys())
-        # Plain dicts from the row tuples: a RowMapping per row, read a dozen times each,
-        # was the largest client cost of a replay.
-        return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+        q = q.order_by(case({sid: i for i, sid in enumerate(ids)}, value=M.session_id), M.id)
+        return fetch_tuples(self.conn.execute(q))
 
     def conversation(
         self, session_ids: Sequence[str], *, include_inactive: bool = False, repair: bool = False,
@@ -1064,7 +1108,7 @@ class MessageRepository(Repository):
             return [], []
         ids = self._lineage(session_id)
         rows = self._conversation_rows(ids, include_inactive=False)
-        own = [r for r in rows if r["session_id"] == session_id]
+        own = [r for r in rows if r[1] == session_id]
         return (build_conversation(own, dedupe=False, repair=True, row_ids=True),
                 build_conversation(rows, dedupe=len(ids) > 1, row_ids=True))
 
