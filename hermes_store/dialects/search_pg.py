@@ -3,7 +3,8 @@ word route needs (terms folded by the index's own function, sub-agent sessions).
 
 The word route is one statement (:meth:`PgSearchRoutes.word_page`): the index cuts no
 snippets, so nothing is gained by ranking first; page, sessions, snippet texts and
-context come together. CJK queries go by substring (the shared routes of
+context come together (each hit's neighbours joined LATERAL, as the plain-driver floor
+joins them: :func:`.search_base.with_lateral_context`). CJK queries go by substring (the shared routes of
 :mod:`.search_base`, with ILIKE over the pg_trgm index). The tsquery is
 :mod:`hermes_store.search.postgresql`, the snippets :mod:`hermes_store.search.word_hits`
 (both pure).
@@ -11,6 +12,7 @@ context come together. CJK queries go by substring (the shared routes of
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 from collections.abc import Sequence
 
@@ -65,19 +67,11 @@ class PgSearchRoutes(SearchRoutes):
     def top(self, index: str) -> str:
         return pg_search.top_sql(index)
 
-    @staticmethod
-    def _page(inner: str) -> str:
-        return (
-            f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank='h.rank')} FROM ({inner}) h "
-            "JOIN {messages} m ON m.id = h.id JOIN {sessions} s ON s.id = m.session_id"
-        )
-
     def word_page(self, join_sessions: bool, where: str, order: Order, *, near: bool, context: bool) -> str:
         """One page of word hits (``:limit`` from ``:offset``) with its sessions and
         texts, and context when wanted: the filters (``where``) are applied before the
         page is cut. ``near``: the query holds NEAR (its exact test on the rows found)."""
-        inner = pg_search.page_sql(join_sessions, where, order.on("m"), near)
-        return self.context(self._page(inner), order, context=context)
+        return _word_page(join_sessions, where, order, near, context)
 
     def word_page_with_runs(self, runs: latin_in_cjk.RunsSQL, join_sessions: bool, where: str, order: Order, *,
                             ranked: bool, exact: bool, context: bool) -> str:
@@ -85,13 +79,35 @@ class PgSearchRoutes(SearchRoutes):
         statement (by rank, only when the word hits do not fill the page: ``ranked``),
         and first a probe row: the sessions of lookup rows held back because they may
         be sub-agent transcripts (``exact``: those known, bound as ``:rx_dlg``)."""
-        guard = pg_search.RANK_GUARD if ranked else ""
-        inner = self._page(pg_search.runs_page_sql(order.on("m")))
-        return (
-            f"{pg_search.hits_cte(join_sessions, where)}{pg_search.runs_cte(runs, where, guard, exact=exact)}"
-            f"SELECT x.*, pr.rx_probe AS rx_probe FROM ({pg_search.RUNS_PROBE}) pr"
-            f" LEFT JOIN ({self.context(inner, order, context=context)}) x ON TRUE ORDER BY {order.on('x')}"
-        )
+        return _word_page_with_runs(runs, join_sessions, where, order, ranked, exact, context)
+
+
+def _page(inner: str) -> str:
+    """A page of hits (``inner``: id, rank) with their sessions and texts."""
+    return (
+        f"SELECT {PAGE_COLUMNS.format(snippet='NULL', rank='h.rank')} FROM ({inner}) h "
+        "JOIN {messages} m ON m.id = h.id JOIN {sessions} s ON s.id = m.session_id"
+    )
+
+
+# The two statements below are pure functions of their (immutable) arguments: kept for
+# the recent shapes, a repeated search builds no SQL text again.
+@lru_cache(maxsize=128)
+def _word_page(join_sessions: bool, where: str, order: Order, near: bool, context: bool) -> str:
+    inner = pg_search.page_sql(join_sessions, where, order.on("m"), near)
+    return with_lateral_context(_page(inner), order, context=context)
+
+
+@lru_cache(maxsize=128)
+def _word_page_with_runs(runs: latin_in_cjk.RunsSQL, join_sessions: bool, where: str, order: Order, ranked: bool,
+                         exact: bool, context: bool) -> str:
+    guard = pg_search.RANK_GUARD if ranked else ""
+    inner = _page(pg_search.runs_page_sql(order.on("m")))
+    return (
+        f"{pg_search.hits_cte(join_sessions, where)}{pg_search.runs_cte(runs, where, guard, exact=exact)}"
+        f"SELECT x.*, pr.rx_probe AS rx_probe FROM ({pg_search.RUNS_PROBE}) pr"
+        f" LEFT JOIN ({with_lateral_context(inner, order, context=context)}) x ON TRUE ORDER BY {order.on('x')}"
+    )
 
 
 ROUTES = PgSearchRoutes()
