@@ -259,3 +259,32 @@ def test_driver_path_skipped_for_a_listened_engine_and_echo(pg_database: str) ->
             quiet.dispose()
     finally:
         engine.dispose()
+
+
+def test_has_table_answers_as_the_inspector(pg_database: str) -> None:
+    """The upkeep's table test (one plain statement) agrees with SQLAlchemy's Inspector:
+    tables and views of the schema asked about, visible ones without a schema, never an
+    index or a sequence, never another schema's table."""
+    from sqlalchemy import inspect
+
+    engine = sa_create_engine(pg_database)
+    tenant = create_engine(pg_database, schema="tenant_t")
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE SCHEMA tenant_t"))
+            conn.execute(text("CREATE TABLE tenant_t.only_there (x int)"))
+            conn.execute(text("CREATE TABLE plain (x int)"))
+            conn.execute(text("CREATE INDEX plain_x ON plain (x)"))
+            conn.execute(text("CREATE VIEW plain_view AS SELECT x FROM plain"))
+            conn.execute(text("CREATE MATERIALIZED VIEW plain_mat AS SELECT x FROM plain"))
+            conn.execute(text("CREATE SEQUENCE plain_seq"))
+        names = ("plain", "plain_x", "plain_view", "plain_mat", "plain_seq", "only_there", "missing", "pg_class")
+        for eng, schema, want in ((engine, None, [True, False, True, True, False, False, False, False]),
+                                  (tenant, "tenant_t", [False, False, False, False, False, True, False, False])):
+            with eng.connect() as conn:
+                ours = [pg_dialect.DIALECT.has_table(conn, n) for n in names]
+                theirs = [inspect(conn).has_table(n, schema=schema) for n in names]
+            assert ours == theirs == want
+    finally:
+        tenant.dispose()
+        engine.dispose()
