@@ -353,6 +353,42 @@ def _forward_nodes() -> Nodes:
     )
 
 
+def straight_ends(roots: Any, name: str = "sw") -> CTE:
+    """``name_end(root, id, depth, sure)``: for each row of ``roots`` (columns ``id``,
+    ``end_reason``), where the forward compression walk from it goes while each step is
+    the one child a member that ended 'compression' has (tool runs left out) and that
+    child can hold no branch or delegate marker: the step :meth:`Graph.step` takes
+    there, as in :func:`_straight_tip_stmt`, for many roots at once.
+
+    ``sure`` is 1 when the walk surely ends on ``id`` (the member did not end
+    'compression', or has no child but tool runs), 0 when :class:`Graph` must decide
+    (a choice, a possible marker, or :data:`MAX_DEPTH` reached: a cycle). One row per
+    step (UNION ALL, a step has one child), so the deepest row of a root is its end.
+    """
+    walk = select(roots.c.id.label("root"), roots.c.id, roots.c.end_reason, _ZERO.label("depth")).cte(
+        f"{name}_walk", recursive=True)
+    child, other, kid = _S.alias(f"{name}_c"), _S.alias(f"{name}_o"), _S.alias(f"{name}_k")
+    walk = walk.union_all(
+        select(walk.c.root, child.c.id, child.c.end_reason, walk.c.depth + _ONE)
+        .join_from(walk, child, child.c.parent_session_id == walk.c.id)
+        .where(
+            walk.c.end_reason == COMPRESSION, walk.c.depth < MAX_DEPTH, child.c.source != "tool",
+            marker_text(child).is_(None),
+            ~exists().where(other.c.parent_session_id == walk.c.id, other.c.source != "tool", other.c.id != child.c.id),
+        )
+    )
+    deepest = select(walk.c.root, func.max(walk.c.depth).label("depth")).group_by(walk.c.root).subquery(
+        f"{name}_deep")
+    more = and_(walk.c.end_reason == COMPRESSION,
+                exists().where(kid.c.parent_session_id == walk.c.id, kid.c.source != "tool"))
+    sure = case((or_(more, walk.c.depth >= MAX_DEPTH), 0), else_=1)
+    return (
+        select(walk.c.root, walk.c.id, walk.c.depth, sure.label("sure"))
+        .join_from(walk, deepest, and_(deepest.c.root == walk.c.root, deepest.c.depth == walk.c.depth))
+        .cte(f"{name}_end")
+    )
+
+
 #: ``kind`` of the row of :func:`_straight_tip_stmt` that says where the walk ended.
 _STRAIGHT = 2
 

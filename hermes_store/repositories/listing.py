@@ -81,6 +81,7 @@ from .lineage import (
     Graph,
     _forward,
     compression_chains,
+    straight_ends,
     _marker,
     link_columns,
     marker_text,
@@ -131,8 +132,9 @@ _WORKSPACE, _WORKSPACE_SLASH = bindparam("ws", type_=String), bindparam("ws_slas
 COMPACT_DROPS = frozenset({"system_prompt", "system_prompt_hash", "git_metadata_generation"})
 
 #: Row kinds in a listing statement: a page row, a node of the page's forward
-#: subgraph, a row whose marker substring must be checked in Python.
-PAGE, NODE, MARKED, COUNTED = 0, 1, 2, 3
+#: subgraph, a row whose marker substring must be checked in Python, (counts,) and the
+#: tip of a chain walked in SQL (its root in the last column).
+PAGE, NODE, MARKED, COUNTED, TIP = 0, 1, 2, 3, 4
 #: Assistant turns read while looking for the first one with text.
 _SCAN_ROWS = 50
 #: Where the full session columns start in a listing row (kind + the 9 node columns).
@@ -325,15 +327,24 @@ class Shape(NamedTuple):
     by_source: bool = False    # counts per source (session_count_by_source)
 
 
-def _full_columns(f: Any, cols: Sequence[str], activity: bool, prompts: bool) -> list[Any]:
+def _full_columns(f: Any, cols: Sequence[str], activity: bool, prompts: bool, *, outer: bool = False) -> list[Any]:
     """The session columns of ``f`` (the prompt text resolved when ``prompts``), then the
-    preview's source and last_active."""
+    preview's source and last_active.
+
+    ``outer``: ``f`` is outer-joined, NULL on most rows (the walk's nodes); the two
+    lookups in ``messages`` then run only where ``f`` is a row (a CASE evaluates its
+    branch only when taken: on the 10k bench listing, 1,100 of its 1,550 rows are nodes
+    of one chain, and their lookups were half of the statement's execution)."""
     out = [
         func.coalesce(_SP.c.prompt, f.c.system_prompt).label("system_prompt")
         if prompts and name == "system_prompt" else f.c[name]
         for name in cols
     ]
-    return [*out, _preview_source(f).label("_preview"), last_active(f, activity).label("last_active")]
+    preview, recency = _preview_source(f), last_active(f, activity)
+    if outer:
+        present = f.c.id.is_not(None)
+        preview, recency = case((present, preview), else_=null()), case((present, recency), else_=null())
+    return [*out, preview.label("_preview"), recency.label("last_active")]
 
 
 def _with_prompts(frm: Any, f: Any, prompts: bool) -> Any:
@@ -453,21 +464,29 @@ def _listing_stmt(shape: Shape) -> Select[*tuple[Any, ...]]:
     substring at all), and the marker rows to check (kind MARKED).
     """
     page = _page(shape).cte("pg")
+    no_root = cast(null(), String).label("root")
     parts = [select(page.c.id, literal_column(str(PAGE), Integer).label("kind"), page.c.k1, page.c.k2,
-                    literal_column("1", Integer).label("full"))]
+                    literal_column("1", Integer).label("full"), no_root)]
     if shape.project:
-        fwd = _forward(select(page.c.id, page.c.end_reason).where(page.c.end_reason == COMPRESSION), "lfwd")
+        # Chains without a choice are walked in SQL: only their tip comes back (kind
+        # TIP, full columns, its root named); the others bring their forward subgraph.
+        compressed = select(page.c.id, page.c.end_reason).where(page.c.end_reason == COMPRESSION).subquery("pgc")
+        ends = straight_ends(compressed, "lsw")
+        parts.append(select(ends.c.id, literal_column(str(TIP), Integer), cast(null(), Float), cast(null(), Float),
+                            literal_column("1", Integer), ends.c.root).where(ends.c.sure == 1, ends.c.depth > 0))
+        unsure = select(ends.c.root).where(ends.c.sure == 0)
+        fwd = _forward(select(page.c.id, page.c.end_reason).where(page.c.id.in_(unsure)), "lfwd")
         c = _CAND
         clean = or_(c.c.model_config.is_(None), and_(not_(c.c.model_config.like(f"%{BRANCH_MARKER}%")),
                                                       not_(c.c.model_config.like(f"%{DELEGATE_MARKER}%"))))
         goes_on = and_(fwd.c.end_reason == COMPRESSION,
                        exists().where(c.c.parent_session_id == fwd.c.id, c.c.source != "tool", clean))
         parts.append(select(fwd.c.id, literal_column(str(NODE), Integer), cast(null(), Float),
-                            cast(null(), Float), case((goes_on, 0), else_=1)))
+                            cast(null(), Float), case((goes_on, 0), else_=1), no_root))
     if shape.markers:
         scope = _marker_scope().subquery("mks")
         parts.append(select(scope.c.id, literal_column(str(MARKED), Integer), cast(null(), Float),
-                            cast(null(), Float), literal_column("0", Integer)))
+                            cast(null(), Float), literal_column("0", Integer), no_root))
     want = union_all(*parts).subquery("want")
     n, f = _NODE, _FULL
     frm = want.join(n, n.c.id == want.c.id).outerjoin(f, and_(f.c.id == want.c.id, want.c.full == 1))
@@ -481,7 +500,7 @@ def _listing_stmt(shape: Shape) -> Select[*tuple[Any, ...]]:
         cast(null(), Integer).label("has_messages"),
     ]
     return (
-        select(*node, *_full_columns(f, shape.cols, shape.activity, shape.prompts))
+        select(*node, *_full_columns(f, shape.cols, shape.activity, shape.prompts, outer=True), want.c.root)
         .select_from(frm)
         .order_by(want.c.kind, want.c.k1.desc(), want.c.k2.desc(), want.c.id.desc())
     )
@@ -705,24 +724,30 @@ class ListingRepository(Repository):
         rows = self._run(_listing_stmt(shape), params, markers, 0, 1, 7)
         page = [self._record(cols, r[_FULL_AT:]) for r in rows if r[0] == PAGE]
         if project:
-            self._project_tips(page, [r for r in rows if r[0] == NODE], compact, prompts)
+            self._project_tips(page, [r for r in rows if r[0] == NODE], compact, prompts,
+                               [r for r in rows if r[0] == TIP])
         else:
             self._resolve(page, compact, prompts)
         return page
 
-    def _project_tips(self, page: list[SessionRecord], nodes: list[Any], compact: bool, prompts: bool) -> None:
-        """Show each listed session that ended 'compression' as its chain's tip (in place)."""
+    def _project_tips(self, page: list[SessionRecord], nodes: list[Any], compact: bool, prompts: bool,
+                      ends: Sequence[Any] = ()) -> None:
+        """Show each listed session that ended 'compression' as its chain's tip (in place):
+        the tip the statement walked to (``ends``: TIP rows, root last), else where
+        :class:`.lineage.Graph` walks the ``nodes``."""
         compressed = [r["id"] for r in page if r.get("end_reason") == COMPRESSION]
+        walked = {r[-1]: r[1] for r in ends}
         tips: dict[str, str] = {}
         if compressed:
-            graph = Graph(nodes)
+            graph = Graph(nodes) if nodes else None
             for sid in compressed:
-                tip = graph.tip(sid)
+                tip = walked.get(sid) or (graph.tip(sid) if graph is not None else sid)
                 if tip != sid:
                     tips[sid] = tip
         cols = self._cols(compact)
-        tip_rows = {r[1]: self._record(cols, r[_FULL_AT:]) for r in nodes
-                    if r[1] in tips.values() and r[_FULL_AT + cols.index("id")] is not None} if tips else {}
+        at = _FULL_AT + cols.index("id")
+        tip_rows = {r[1]: self._record(cols, r[_FULL_AT:]) for r in (*ends, *nodes)
+                    if r[1] in tips.values() and r[at] is not None} if tips else {}
         self._resolve(page + list(tip_rows.values()), compact, prompts)
         missing = sorted(set(tips.values()) - set(tip_rows))
         if missing:  # a tip the statement did not expect (a corrupt cycle)

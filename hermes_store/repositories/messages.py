@@ -56,6 +56,7 @@ from ..codec import (
 from ..review_turns import _is_background_review_harness_message
 from ..models import Base
 from .base import ID_CHUNK, MESSAGES, SESSIONS, Clock, Repository, UnknownFieldError, missing_sessions, wall_clock
+from .display import TEXT_ROLES
 from .lineage import BRANCH_MARKER, LineageRepository, _marker, fetch_tuples
 from .records import MessageRecord, MessageWindow, RewindResult
 from .turn_leases import guard_transcript_write, raise_if_closed_by_compression
@@ -380,7 +381,6 @@ def conversation_turn(row: Mapping[str, Any], *, row_id: bool = False) -> dict[s
 
 #: The keys of :data:`_CONVERSATION_COLUMNS`, in order (a replay reads its rows as tuples).
 _CONVERSATION_NAMES = tuple(c.name for c in _CONVERSATION_COLUMNS)
-_TEXT_ROLES = ("user", "assistant")
 _HARNESS_ROLES = ("user", "system")
 _NO_METADATA = (None, "")
 
@@ -393,7 +393,7 @@ def _turn(row: Sequence[Any], row_id: bool) -> dict[str, Any]:
      platform_message_id, observed, display_kind, display_metadata) = row
     if content.__class__ is str and content.startswith(JSON_PREFIX):
         content = decode_content(content)
-    if role in _TEXT_ROLES:
+    if role in TEXT_ROLES:
         content = sanitize_turn_text(content)
     msg: dict[str, Any] = {"role": role, "content": content}
     if row_id:
