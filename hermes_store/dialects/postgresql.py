@@ -164,11 +164,23 @@ def _append_stmt(names: tuple[str, ...], budgeted: bool = False) -> Any:
 _MODELLED: dict[tuple[str, ...], bool] = {}
 #: An append's statement rendered for the driver, per (dialect class, column set,
 #: budgeted, schema translation): its SQL text and the parameters it always takes.
-_Rendered = tuple[str, tuple[tuple[str, Any], ...]]
+_Rendered = tuple[str, tuple[tuple[str, Any], ...], tuple[str, ...]]
 _RENDERED: dict[tuple[Any, ...], _Rendered | None] = {}
 _UNSEEN: Any = object()
+#: Where a connection keeps its append cursor (``info`` of SQLAlchemy's pooled connection:
+#: it follows the DB-API connection): one cursor per connection, not one per append.
+_APPEND_CURSOR = "hermes_store.append_cursor"
 #: Rendered statements kept at most (column sets times tenants); past it, all are dropped.
 _RENDERED_MAX = 512
+
+
+@functools.cache
+def _plain_fetchone() -> Callable[[Any], Any]:
+    """psycopg's own ``Cursor.fetchone`` (without pg_nul's text decoding); psycopg is
+    imported on first use, not with this module."""
+    import psycopg
+
+    return psycopg.Cursor.fetchone
 
 
 def _driver_path(conn: Connection) -> Any:
@@ -204,7 +216,8 @@ def _render_append(conn: Connection, names: tuple[str, ...], budgeted: bool, tra
         _RENDERED.clear()
     # Parameters SQLAlchemy would convert or expand (none today): that column set keeps
     # SQLAlchemy's path (None cached).
-    rendered = _RENDERED[key] = None if processed else (compiled.string, (*fixed, ("n", 1)))
+    rendered = _RENDERED[key] = None if processed else (
+        compiled.string, (*fixed, ("n", 1)), tuple(f"v_{n}" for n in names))
     return rendered
 
 
@@ -430,25 +443,32 @@ class PostgreSQLDialect:
             rendered = _render_append(conn, names, budget is not None, translate, key)
         if rendered is None:
             return None
-        sql, params = rendered[0], dict(rendered[1])
-        for n, v in row.items():
-            params["v_" + n] = v
+        sql, fixed, values = rendered
+        params = dict(fixed)
+        params.update(zip(values, row.values(), strict=True))
         params["calls"] = calls
         params["sid"] = row["session_id"]
         if budget is not None:
             params["lt"] = str(int(budget))
-        cursor = driver.cursor()
+        info = conn.connection.info
+        cursor = info.get(_APPEND_CURSOR)
         try:
+            if cursor is None or cursor.closed or cursor.connection is not driver:
+                cursor = info[_APPEND_CURSOR] = driver.cursor()
             cursor.execute(sql, params)
-            found = cursor.fetchone()
+            # The one column is the new id (bigint): no text to decode (pg_nul's cursor).
+            found = _plain_fetchone()(cursor)
         except BaseException as exc:
             # SQLAlchemy's handling of a failed statement, as conn.execute() would have
             # it: handle_error hooks (our typed errors), a disconnect invalidates the
             # connection. A non-driver error keeps its own type (no statement given).
+            info.pop(_APPEND_CURSOR, None)
             dbapi_error = isinstance(exc, conn.dialect.loaded_dbapi.Error)
-            conn._handle_dbapi_exception(exc, sql if dbapi_error else None, params, cursor, None)
-        finally:
-            cursor.close()
+            try:
+                conn._handle_dbapi_exception(exc, sql if dbapi_error else None, params, cursor, None)
+            finally:
+                if cursor is not None:
+                    cursor.close()
         if found is None:
             raise _refused_append(conn, row["session_id"])
         return int(found[0])
