@@ -210,10 +210,15 @@ def tsquery(match: str) -> str:
 class PgBaseline:
     """Plain-psycopg versions of the benchmarked ``SessionDB`` operations."""
 
-    def __init__(self, conninfo: str) -> None:
+    def __init__(self, conninfo: str, *, prepared: bool = True) -> None:
+        """``prepared``: psycopg's own default (a statement is prepared on the server after
+        5 executions, so it is planned once); False plans every execution, as the library
+        does by default (bench/run.py --floor-unprepared)."""
         import psycopg
 
         self.conn = psycopg.connect(conninfo, autocommit=True)
+        if not prepared:
+            self.conn.prepare_threshold = None
         self._message_columns: list[str] | None = None
 
     def close(self) -> None:

@@ -273,10 +273,12 @@ class Backend:
     """
 
     def __init__(self, name: str, server_url: str | None = None, keep: bool = False,
-                 prepare_threshold: int | None = None) -> None:
+                 prepare_threshold: int | None = None, floor_prepared: bool = True) -> None:
         self.name = name
         #: PostgreSQL: psycopg's prepare_threshold for the library (None: our default, off).
         self.prepare_threshold = prepare_threshold
+        #: PostgreSQL: whether the psycopg floor prepares (psycopg's default) or plans every call.
+        self.floor_prepared = floor_prepared
         self.floor = "sqlite3" if name == "sqlite" else "psycopg"
         self.impls = ("facade", "repo", self.floor)
         self.server_url = server_url
@@ -351,7 +353,7 @@ class Backend:
             return Baseline(target)
         from pg_baseline import PgBaseline
 
-        return PgBaseline(pg_load.conninfo(target))
+        return PgBaseline(pg_load.conninfo(target), prepared=self.floor_prepared)
 
     def admin(self, target: str) -> Any:
         """An autocommit DB-API connection for setup statements (never timed)."""
@@ -1039,6 +1041,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prepared", action="store_true",
                     help="PostgreSQL: let psycopg prepare statements on the server (prepare_threshold=5), as on a "
                          "direct connection or a pooler that tracks them; the default is off (safe behind any pooler)")
+    ap.add_argument("--floor-unprepared", action="store_true",
+                    help="PostgreSQL: the psycopg floor plans every statement (prepare_threshold=None), as the "
+                         "library does by default; the default floor is psycopg's own (prepared after 5 executions)")
     ap.add_argument("--profile", action="store_true", help="write cProfile reports of the facade to bench/out/")
     ap.add_argument("--explain", action="store_true",
                     help="PostgreSQL: record the facade's statements for one call per search route, lineage and "
@@ -1065,7 +1070,7 @@ def main(argv: list[str] | None = None) -> int:
     if pg and not args.url:
         ap.error("--backend postgresql needs a server: --url postgresql+psycopg://... or HERMES_STORE_TEST_PG_URL")
     bk = Backend(args.backend, args.url if pg else None, keep=args.pg_keep,
-                 prepare_threshold=5 if args.prepared else None)
+                 prepare_threshold=5 if args.prepared else None, floor_prepared=not args.floor_unprepared)
     t_start = time.perf_counter()
     sizes = [generate.parse_size(s) for s in (args.sizes or (["10k"] if args.quick else ["200k", "1M"]))]
     sizes = sorted(set(sizes))
@@ -1086,6 +1091,10 @@ def main(argv: list[str] | None = None) -> int:
         server = make_url(args.url)
         print(f"  server    PostgreSQL {info['postgresql']} (psycopg {info['psycopg']}) at "
               f"{server.host}:{server.port}; {settings}")
+        library = "prepared after 5 executions (--prepared)" if args.prepared else "not prepared (its default)"
+        floor = ("plans every call (--floor-unprepared)" if args.floor_unprepared
+                 else "psycopg's default: prepared after 5 executions")
+        print(f"  prepares  library statements {library}; psycopg floor {floor}")
     print()
 
     dbs = {}
@@ -1181,7 +1190,7 @@ def main(argv: list[str] | None = None) -> int:
               + ("  -- other work was running: expect noisy figures" if info["loadavg_1m_end"] > 1.5 else ""))
     print(f"\ntotal time {elapsed:.1f} s")
     suffixes = [("-quick", args.quick), ("-postgresql", pg), ("-prepared", args.prepared),
-                ("-async", "async" in groups)]
+                ("-floor-unprepared", args.floor_unprepared), ("-async", "async" in groups)]
     default_name = "results" + "".join(s for s, on in suffixes if on) + ".json"
     out = Path(args.json) if args.json else OUT / default_name
     if not groups:
