@@ -377,14 +377,14 @@ def straight_ends(roots: Any, name: str = "sw") -> CTE:
             ~exists().where(other.c.parent_session_id == walk.c.id, other.c.source != "tool", other.c.id != child.c.id),
         )
     )
-    deepest = select(walk.c.root, func.max(walk.c.depth).label("depth")).group_by(walk.c.root).subquery(
-        f"{name}_deep")
-    more = and_(walk.c.end_reason == COMPRESSION,
-                exists().where(kid.c.parent_session_id == walk.c.id, kid.c.source != "tool"))
-    sure = case((or_(more, walk.c.depth >= MAX_DEPTH), 0), else_=1)
+    ranked = select(walk, func.max(walk.c.depth).over(partition_by=walk.c.root).label("last")).subquery(
+        f"{name}_ranked")
+    more = and_(ranked.c.end_reason == COMPRESSION,
+                exists().where(kid.c.parent_session_id == ranked.c.id, kid.c.source != "tool"))
+    sure = case((or_(more, ranked.c.depth >= MAX_DEPTH), 0), else_=1)
     return (
-        select(walk.c.root, walk.c.id, walk.c.depth, sure.label("sure"))
-        .join_from(walk, deepest, and_(deepest.c.root == walk.c.root, deepest.c.depth == walk.c.depth))
+        select(ranked.c.root, ranked.c.id, ranked.c.depth, sure.label("sure"))
+        .where(ranked.c.depth == ranked.c.last)
         .cte(f"{name}_end")
     )
 
