@@ -81,6 +81,7 @@ from .lineage import (
     Graph,
     _forward,
     compression_chains,
+    fetch_tuples,
     straight_ends,
     _marker,
     link_columns,
@@ -99,6 +100,7 @@ TIP_COLUMNS = (
 #: Characters ``search_query`` ignores when comparing with a title ("my-app" finds "My App").
 _COMPACT = ("-", "_", ".", " ")
 _COMPACT_RE = re.compile("[" + re.escape("".join(_COMPACT)) + "]")
+_NEWLINES = re.compile(r"[\r\n]+")
 
 _S = SESSIONS
 _M = MESSAGES
@@ -193,7 +195,7 @@ def make_preview(content: Any) -> str:
     if not isinstance(value, str):
         parts = [p.get("text", "") for p in value if isinstance(p, dict)] if isinstance(value, list) else []
         value = " ".join(x for x in parts if isinstance(x, str) and x)
-    text = re.sub(r"[\r\n]+", " ", value).strip()
+    text = _NEWLINES.sub(" ", value).strip()
     return text[:PREVIEW_CHARS] + "..." if len(text) > PREVIEW_CHARS else text
 
 
@@ -643,13 +645,14 @@ class ListingRepository(Repository):
         """Run a statement that carries its marker rows; again, naming the exceptions, when
         any of those rows turns out not to carry its marker."""
         params.update(_exception_params())
-        rows = self.conn.execute(stmt, params).fetchall()
+        # the driver's tuples: no listing column needs SQLAlchemy's result processing
+        rows = fetch_tuples(self.conn.execute(stmt, params))
         if not markers:
             return rows
         found = exceptions_of((r[mid], r[config]) for r in rows if r[kind] == MARKED)
         if any(found.values()):
             params.update(_exception_params(found))
-            rows = self.conn.execute(stmt, params).fetchall()
+            rows = fetch_tuples(self.conn.execute(stmt, params))
         return rows
 
     # ------------------------------------------------------------------ list_sessions_rich
