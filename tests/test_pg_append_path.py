@@ -288,3 +288,22 @@ def test_has_table_answers_as_the_inspector(pg_database: str) -> None:
     finally:
         tenant.dispose()
         engine.dispose()
+
+
+def test_driver_path_needs_named_parameters(pg_database: str) -> None:
+    """An engine told to use positional parameters renders its statements for them:
+    its appends stay on SQLAlchemy's path, with the same outcome."""
+    with SessionDB(pg_database) as store:
+        store.create_session("s", "cli")
+    engine = sa_create_engine(pg_database, paramstyle="format")
+    try:
+        with engine.connect() as conn:
+            assert pg_dialect._driver_path(conn) is None
+            mid = MessageRepository(conn).append("s", "user", "positional")
+            conn.commit()
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT id, content FROM messages")).one()
+            count = conn.execute(text("SELECT message_count FROM sessions WHERE id = 's'")).scalar()
+    finally:
+        engine.dispose()
+    assert tuple(row) == (mid, "positional") and count == 1

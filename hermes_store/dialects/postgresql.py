@@ -187,14 +187,15 @@ def _driver_path(conn: Connection) -> Any:
     """The psycopg connection under ``conn`` when a statement may go to it directly with
     the same outcome as through SQLAlchemy, else None.
 
-    Only a sync psycopg connection (asyncpg and psycopg's async face keep their own
-    path), with nothing listening to SQLAlchemy's statement events or logging them
-    (meters, tracers, ``echo``: they see every statement as before), and where the
-    statement lands inside a transaction SQLAlchemy ends, or in none (driver
-    autocommit): never one psycopg would open behind SQLAlchemy's back.
+    Only a sync psycopg connection with its usual named parameters (asyncpg and
+    psycopg's async face keep their own path), with nothing listening to SQLAlchemy's
+    statement events or logging them (meters, tracers, ``echo``: they see every
+    statement as before), and where the statement lands inside a transaction
+    SQLAlchemy ends, or in none (driver autocommit): never one psycopg would open
+    behind SQLAlchemy's back.
     """
     dialect = conn.dialect
-    if dialect.is_async or dialect.driver != "psycopg" or conn._echo:
+    if dialect.is_async or dialect.driver != "psycopg" or dialect.paramstyle != "pyformat" or conn._echo:
         return None
     if conn._has_events or conn.engine._has_events:
         return None
