@@ -307,3 +307,29 @@ def test_driver_path_needs_named_parameters(pg_database: str) -> None:
     finally:
         engine.dispose()
     assert tuple(row) == (mid, "positional") and count == 1
+
+
+@pytest.mark.parametrize("budgeted", [False, True])
+@pytest.mark.parametrize("tenant", [None, "tenant x"])
+def test_append_text_is_sqlalchemys_own(pg_database: str, budgeted: bool, tenant: str | None) -> None:
+    """Each column set's statement, assembled from the checked template, is the text
+    SQLAlchemy compiles for it (tenant schema written in)."""
+    engine = create_engine(pg_database)
+    try:
+        with engine.connect():
+            pass  # the dialect learns the server's version
+        translate = {None: tenant} if tenant else None
+        key = (type(engine.dialect), budgeted, tuple(translate.items()) if translate else None)
+        template = pg_dialect._append_template(engine.dialect, budgeted, *key[:1], key[2], translate)
+        assert template is not None
+        columns = [c.name for c in pg_dialect._MESSAGES.c if c.name != "id"]
+        for width in (1, 4, 9, len(columns)):
+            for start in range(0, len(columns) - width + 1, 5):
+                names = ("session_id", *[n for n in columns[start:start + width] if n != "session_id"])
+                expected = pg_dialect._append_stmt(names, budgeted).compile(
+                    dialect=engine.dialect, schema_translate_map=translate, render_schema_translate=bool(tenant))
+                assert template.render(names) == expected.string
+                if tenant:
+                    assert f'"{tenant}".messages' in expected.string
+    finally:
+        engine.dispose()

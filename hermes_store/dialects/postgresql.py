@@ -207,19 +207,78 @@ def _driver_path(conn: Connection) -> Any:
 
 def _render_append(conn: Connection, names: tuple[str, ...], budgeted: bool, translate: Any,
                    key: tuple[Any, ...]) -> _Rendered | None:
-    """Compile :func:`_append_stmt` for ``conn``'s dialect, the tenant's schema written in
-    (as SQLAlchemy renders it per execution), with the values of its literal binds."""
-    compiled = _append_stmt(names, budgeted).compile(
-        dialect=conn.dialect, schema_translate_map=translate, render_schema_translate=bool(translate))
-    fixed = tuple((name, bind.effective_value) for name, bind in compiled.binds.items() if not bind.required)
-    processed = bool(compiled._bind_processors or compiled.literal_execute_params or compiled.post_compile_params)
+    """:func:`_append_stmt` as SQLAlchemy renders it for ``conn``'s dialect, the tenant's
+    schema written in (as SQLAlchemy does per execution), with the values of its literal
+    binds. Assembled from :func:`_append_template` when it holds for the dialect (a new
+    column set then costs a string join, not a compile), else compiled."""
+    template = _append_template(conn.dialect, budgeted, key[0], key[3], translate)
+    if template is not None:
+        sql: str | None = template.render(names)
+        fixed = template.fixed
+    else:
+        compiled = _append_stmt(names, budgeted).compile(
+            dialect=conn.dialect, schema_translate_map=translate, render_schema_translate=bool(translate))
+        fixed = tuple((name, bind.effective_value) for name, bind in compiled.binds.items() if not bind.required)
+        processed = compiled._bind_processors or compiled.literal_execute_params or compiled.post_compile_params
+        # Parameters SQLAlchemy would convert or expand (none today): that column set
+        # keeps SQLAlchemy's path (None cached).
+        sql = None if processed else compiled.string
     if len(_RENDERED) >= _RENDERED_MAX:
         _RENDERED.clear()
-    # Parameters SQLAlchemy would convert or expand (none today): that column set keeps
-    # SQLAlchemy's path (None cached).
-    rendered = _RENDERED[key] = None if processed else (
-        compiled.string, (*fixed, ("n", 1)), tuple(f"v_{n}" for n in names))
+    rendered = _RENDERED[key] = None if sql is None else (sql, (*fixed, ("n", 1)), tuple(f"v_{n}" for n in names))
     return rendered
+
+
+class _AppendTemplate:
+    """The text of :func:`_append_stmt` around its column list, for one dialect, budget
+    flag and tenant: ``head`` (the counter bump's CTEs), the table as written, each
+    column's quoted name and cast parameter."""
+
+    def __init__(self, head: str, target: str, columns: Mapping[str, tuple[str, str]],
+                 fixed: tuple[tuple[str, Any], ...]) -> None:
+        self.head, self.target, self.columns, self.fixed = head, target, columns, fixed
+
+    def render(self, names: Sequence[str]) -> str:
+        cols = ", ".join(self.columns[n][0] for n in names)
+        values = ", ".join(f"{self.columns[n][1]} AS anon_{i}" for i, n in enumerate(names, 1))
+        return f"{self.head}INSERT INTO {self.target} ({cols}) SELECT {values} \nFROM bump RETURNING {self.target}.id"
+
+
+#: Per (dialect class, budgeted, schema translation): the template, or None where it
+#: does not reproduce SQLAlchemy's own text (each column set is compiled then).
+_TEMPLATES: dict[tuple[Any, ...], _AppendTemplate | None] = {}
+
+
+def _append_template(dialect: Any, budgeted: bool, kind: Any, translated: Any, translate: Any
+                     ) -> _AppendTemplate | None:
+    """Build (once) the template of ``dialect`` and check it: SQLAlchemy's compiled text
+    of every modelled column at once must come out of it character for character, with
+    nothing SQLAlchemy would convert or expand."""
+    key = (kind, budgeted, translated)
+    if key in _TEMPLATES:
+        return _TEMPLATES[key]
+    everything = tuple(c.name for c in _MESSAGES.c if c.name != "id")
+    compiled = _append_stmt(everything, budgeted).compile(
+        dialect=dialect, schema_translate_map=translate, render_schema_translate=bool(translate))
+    template = None
+    text_ = compiled.string
+    at = text_.rfind(" INSERT INTO ")
+    if at >= 0 and not (compiled._bind_processors or compiled.literal_execute_params
+                        or compiled.post_compile_params):
+        target = text_[at + len(" INSERT INTO "):text_.find(" (", at)]
+        quote = dialect.identifier_preparer.quote
+        columns = {}
+        for n in everything:
+            casted = cast(bindparam(f"v_{n}"), _MESSAGES.c[n].type).compile(dialect=dialect).string
+            columns[n] = (quote(n), casted)
+        fixed = tuple((name, bind.effective_value) for name, bind in compiled.binds.items() if not bind.required)
+        candidate = _AppendTemplate(text_[:at + 1], target, columns, fixed)
+        if candidate.render(everything) == text_:
+            template = candidate
+    if len(_TEMPLATES) >= _RENDERED_MAX:
+        _TEMPLATES.clear()
+    _TEMPLATES[key] = template
+    return template
 
 
 def _messages_target(names: Sequence[str], schema: str | None) -> Any:
