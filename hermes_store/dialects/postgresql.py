@@ -171,7 +171,7 @@ _UNSEEN: Any = object()
 #: it follows the DB-API connection): one cursor per connection, not one per append.
 _APPEND_CURSOR = "hermes_store.append_cursor"
 #: Rendered statements kept at most (column sets times tenants); past it, all are dropped.
-_RENDERED_MAX = 512
+_RENDERED_MAX = 320
 
 
 @functools.cache
