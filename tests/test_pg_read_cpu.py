@@ -168,3 +168,16 @@ def test_lineage_chain_lists_each_id_once_nearest_last(db: SessionDB) -> None:
     insert_sessions(db, [{"id": sid, "source": "cli", "started_at": 1.0} for sid in ("x", "y", "z")],
                     parents={"x": "z", "y": "x", "z": "y"})
     assert db.get_session_lineage("x") == ["y", "z", "x"]  # a corrupt cycle: each id once, farthest first
+
+
+def test_lineage_chain_with_ids_holding_the_separators(db: SessionDB) -> None:
+    """The walk's ids travel joined in one value; an id holding the separator (or a comma)
+    is read again a row per step, with the same answer."""
+    ids = ["odd\x1fone", "with,comma", "plain", "tail\x1f"]
+    insert_sessions(db, [{"id": sid, "source": "cli", "started_at": float(i),
+                          "parent_session_id": ids[i - 1] if i else None} for i, sid in enumerate(ids)])
+    assert db.get_session_lineage(ids[-1]) == ids
+    assert db.get_session_lineage("plain") == ids[:3]
+    assert db.get_session_lineage("with,comma") == ids[:2]
+    with UnitOfWork(db.engine, write=False) as uow:
+        assert uow.lineage.chain(ids[-1]) == uow.lineage.ancestors(ids[-1]) == ids

@@ -464,21 +464,35 @@ def _tips_stmt() -> Nodes:
     return _nodes(select(fwd.c.id))
 
 
-@functools.cache
-def _chain_stmt() -> CompoundSelect[*tuple[Any, ...]]:
-    """The forward walk's node rows (kind 0), then one 'up' row (kind :data:`_UP`) per
-    step of the parent walk, its distance from the session in the integer ``tool``
-    column. No GROUP BY: each step of the walk is one row (a parent is one row of a
-    primary key), so only a corrupt cycle repeats an id, and :meth:`LineageRepository.chain`
-    keeps it once; the hash aggregate cost PostgreSQL more than the walk (10k bench:
-    3.3 ms of execution against 1.8), and an integer travels cheaper than a float."""
+#: Joins the ids of a parent walk into one text value in :func:`_chain_stmt` (an id holding
+#: it is caught by the count, and the walk read again a row per step).
+_ID_SEP = "\x1f"
+
+
+def _chain_ups(*, joined: bool) -> Select[Any]:
+    """The 'up' part of :func:`_chain_stmt` (kind :data:`_UP`), in the node row shape.
+
+    ``joined``: one row holding the walk's ids joined by :data:`_ID_SEP` (``id``), their
+    distances joined by commas, in the same order (``parent``) and their number
+    (``tool``): a 1,000-deep walk is one value to send and to load, not 1,000 rows of
+    ten columns. Else one row per step, the distance in ``tool``. No GROUP BY either
+    way: each step of the walk is one row (a parent is one row of a primary key), so only
+    a corrupt cycle repeats an id, and :meth:`LineageRepository.chain` keeps it once."""
     up = parent_chain()
     text_null, real_null, int_null = cast(null(), String), cast(null(), Float), cast(null(), Integer)
-    ups = select(
-        literal_column(str(_UP), Integer).label("kind"), up.c.id, text_null, up.c.depth,
-        real_null, real_null, int_null, text_null, real_null, cast(null(), Boolean),
-    )
-    return _forward_nodes().union_all(ups)
+    if joined:
+        links: list[Any] = [func.aggregate_strings(up.c.id, _ID_SEP),
+                            func.aggregate_strings(cast(up.c.depth, String), ","), func.count()]
+    else:
+        links = [up.c.id, text_null, up.c.depth]
+    return select(literal_column(str(_UP), Integer).label("kind"), *links,
+                  real_null, real_null, int_null, text_null, real_null, cast(null(), Boolean))
+
+
+@functools.cache
+def _chain_stmt(joined: bool = True) -> CompoundSelect[*tuple[Any, ...]]:
+    """The forward walk's node rows (kind 0), then the parent walk (:func:`_chain_ups`)."""
+    return _forward_nodes().union_all(_chain_ups(joined=joined))
 
 
 def fetch_tuples(result: Any) -> list[Any]:
@@ -543,8 +557,8 @@ def _num(value: Any) -> float:
 _ID, _PARENT, _TOOL, _STARTED, _ENDED, _COMPRESSED, _MARKERS, _ACTIVITY, _HAS, _RESET, _KEY, _RESET_ENDED = range(1, 13)
 
 
-#: Sort key of the 'up' rows of :meth:`LineageRepository.chain` (their distance).
-_BY_DISTANCE = itemgetter(_TOOL)
+#: Sort keys of :meth:`LineageRepository.chain`: an 'up' row's distance, a (distance, id) pair's.
+_BY_DISTANCE, _FIRST = itemgetter(_TOOL), itemgetter(0)
 
 
 def _marked(row: Any) -> bool:
@@ -819,19 +833,30 @@ class LineageRepository(Repository):
         return path if session_id in seen else [session_id]
 
     def chain(self, session_id: str) -> list[str]:
-        """Root → ... → session (every parent link) → ... → compression tip, one statement."""
+        """Root → ... → session (every parent link) → ... → compression tip, one statement
+        (two when an id holds :data:`_ID_SEP`)."""
         rows = fetch_tuples(self.conn.execute(_chain_stmt(), {"sid": session_id}))
-        up = [r for r in rows if r[0] == _UP]
-        if not up:
+        ups = next(r for r in rows if r[0] == _UP)
+        count = ups[_TOOL] or 0
+        if not count:
             return []
-        # farthest first: one row per step, so distances are distinct (a sort keyed in C)
-        up.sort(key=_BY_DISTANCE, reverse=True)
-        above = [r[1] for r in up]
+        above: list[str] = ups[_ID].split(_ID_SEP)
+        if len(above) == count:
+            distances = list(map(int, ups[_PARENT].split(",")))
+            if distances == list(range(count)):  # the walk's own order: nearest first
+                above.reverse()
+            elif distances != list(range(count - 1, -1, -1)):
+                above = [sid for _, sid in sorted(zip(distances, above, strict=True), key=_FIRST, reverse=True)]
+        else:  # an id holds the separator: the walk again, a row per step
+            rows = fetch_tuples(self.conn.execute(_chain_stmt(False), {"sid": session_id}))
+            up = [r for r in rows if r[0] == _UP]
+            up.sort(key=_BY_DISTANCE, reverse=True)  # farthest first (distances are distinct)
+            above = [r[1] for r in up]
         if len(set(above)) != len(above):  # a corrupt cycle: each id at its nearest distance
             nearest = list(dict.fromkeys(reversed(above)))
             nearest.reverse()
             above = nearest
-        forward = [r for r in rows if r[0] != _UP] if len(up) < len(rows) else []
+        forward = [r for r in rows if r[0] != _UP]
         below = Graph(forward).forward_path(session_id)[1:] if forward else []
         listed = set(above)
         return above + [sid for sid in below if sid not in listed]  # a cycle lists each id once
