@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from ..search import latin_in_cjk
 from ..search import postgresql as pg_search
-from ..search.delegated import DELEGATED_SQL, delegated_of
+from ..search.delegated import DELEGATED_CANDIDATE, DELEGATED_SQL, delegated_of
 from ..search.word_hits import WordQuery
 from ..tenancy import SchemaSQL
 from .search_base import PAGE_COLUMNS, Order, SearchRoutes, with_lateral_context
@@ -52,6 +52,34 @@ def delegated_sessions(conn: Any, candidates: Sequence[tuple[str, Any]] | None =
     return delegated_of(rows)
 
 
+#: A CJK route's page holds back the rows of every session that may be a sub-agent
+#: transcript (:data:`DELEGATED_CANDIDATE`): the page read with its marks
+#: (:func:`with_marks`) stands when each such session is one, as it usually is.
+HOLD_BACK = f" AND NOT COALESCE(s.{DELEGATED_CANDIDATE}, FALSE)"
+#: What :meth:`PgSearchRoutes.with_marks` reads beside the page: the newest id and the
+#: bigram index's high-water mark (NULL when the query's plan uses no bigram index),
+#: and the ``[id, model_config]`` of the sessions :data:`HOLD_BACK` leaves out.
+_MARKS_PROBE = (
+    "SELECT {total} AS mk_total, {high_water} AS mk_hw,"
+    f" ARRAY(SELECT ARRAY[id, model_config] FROM {{{{sessions}}}} WHERE {DELEGATED_CANDIDATE}) AS mk_dlg"
+)
+
+
+@lru_cache(maxsize=64)
+def with_marks(page: str, order: Order, indexed: bool) -> str:
+    """A CJK page (built with :data:`HOLD_BACK` and the high-water mark last seen bound as
+    ``:bg_hw``) and, in the same statement, what the plan choice read before it
+    (``SearchRepository._marks``): at least one row, the page's columns NULL when it is
+    empty. The marks come back live, so the caller can tell whether the page stands
+    (the mark has not gone down, every session held back is a sub-agent's) and keep them
+    for its next search. ``indexed``: the high-water mark is wanted (``:bg_k``)."""
+    probe = _MARKS_PROBE.format(
+        total="(SELECT max(id) FROM {messages})" if indexed else "NULL",
+        high_water="(SELECT value FROM {state_meta} WHERE key = :bg_k)" if indexed else "NULL",
+    )
+    return f"SELECT x.*, mk.* FROM ({probe}) mk LEFT JOIN ({page}) x ON TRUE ORDER BY {order.on('x')}"
+
+
 class PgSearchRoutes(SearchRoutes):
     """The word route over ``messages.search_vector``; substring routes with ILIKE."""
 
@@ -60,6 +88,9 @@ class PgSearchRoutes(SearchRoutes):
     rowid_walk_hint = ""
     rank_order = RANK
     context = staticmethod(with_lateral_context)
+    #: The CJK routes' page reads its marks (:func:`with_marks`, :data:`HOLD_BACK`).
+    hold_back = HOLD_BACK
+    with_marks = staticmethod(with_marks)
 
     def match(self, index: str) -> str:
         return pg_search.match_sql(index)

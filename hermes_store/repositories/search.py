@@ -265,7 +265,7 @@ class SearchRepository(Repository):
         if plan.kind == "empty":
             return None
         search = self._read(plan, source_filter, exclude_sources, role_filter, limit, offset, sort,
-                            include_inactive=include_inactive, wanted=wanted)
+                            include_inactive=include_inactive, wanted=wanted, with_page=False)
         sql = self._first_statement(search)
         return statement(sql, self.schema, search.params)
 
@@ -274,9 +274,12 @@ class SearchRepository(Repository):
     def _read(
         self, plan: SearchPlan, source_filter: str | Iterable[str] | None, exclude_sources: str | Iterable[str] | None,
         role_filter: str | Iterable[str] | None, limit: int, offset: int, sort: str | None, *,
-        include_inactive: bool, wanted: tuple[str, ...] | None,
+        include_inactive: bool, wanted: tuple[str, ...] | None, with_page: bool = True,
     ) -> _Search:
-        """The arguments as one :class:`_Search`; a substring route's marks read too."""
+        """The arguments as one :class:`_Search`; a substring route's marks read too, or,
+        ``with_page`` where the dialect can read them with the page (PostgreSQL) and the
+        plan choice has what it needs from the last search, left to the page
+        (:meth:`_marks_seen`)."""
         if sort not in SORTS:
             sort = None
         params: dict[str, Any] = {"limit": _count(limit, "limit"), "offset": _count(offset, "offset")}
@@ -299,8 +302,9 @@ class SearchRepository(Repository):
             # index), with the query's own AND/OR/NOT meaning; the substring route ORs its
             # positive terms, each without its OR branch's exclusions.
             search.groups = trigram_groups(plan.match) if plan.kind == "trigram" else substring_groups(plan.match)
-            search.marks = self._marks(search.groups, delegated=dialect.cjk_by_substring,
-                                       gap=dialect.search_index_can_lag)
+            seen = self._marks_seen(search.groups) if with_page and dialect.cjk_by_substring else None
+            search.marks = seen or self._marks(search.groups, delegated=dialect.cjk_by_substring,
+                                               gap=dialect.search_index_can_lag)
         return search
 
     # ------------------------------------------------------------------ routes
@@ -317,7 +321,7 @@ class SearchRepository(Repository):
         words: word_hits.WordQuery | None = None
         run_terms: Sequence[latin_in_cjk.Term] = ()
         if search.by_substring:
-            rows = self._all(self._substring_page(search), params)
+            rows = self._substring_rows(search)
         else:
             found = self._index_route(search)
             if found is None:
@@ -342,12 +346,47 @@ class SearchRepository(Repository):
     def _substring_page(self, search: _Search) -> str:
         """Short CJK (and every CJK query on a dialect without a trigram index): one page
         with context. SQLite's LIKE folds ASCII letters only; so does the 2-char route on
-        PostgreSQL."""
+        PostgreSQL. Marks left to the page (:attr:`Marks.held`): the page with them."""
         sql, flat = self._substring_select(search.groups, search.filters + self._cjk_filter(search), search.params,
                                            search.window, flat=True, ascii_case=search.plan.kind == "substring",
                                            marks=search.marks)
-        page: str = self.dialect.search.substring_page(sql, flat, time_order(search.sort), context=search.context)
+        routes = self.dialect.search
+        order = time_order(search.sort)
+        page: str = routes.substring_page(sql, flat, order, context=search.context)
+        marks = search.marks
+        if marks is not None and marks.held:
+            indexed = marks.grams is not None
+            if indexed:
+                search.params["bg_k"] = cjk_pairs.HIGH_WATER_KEY
+            page = routes.with_marks(page, order, indexed)
         return page
+
+    def _substring_rows(self, search: _Search) -> list[dict[str, Any]]:
+        """The substring route's page rows. With its marks left to the page
+        (:meth:`_marks_seen`), one statement: the page stands when the bigram index's
+        high-water mark has not gone below the one the plan was built with (rows above
+        it are scanned, so a mark that moved on costs time, never rows) and every
+        session held back is a sub-agent transcript; otherwise the page is read again
+        with the marks it brought back (a rebuilt index, a session that only looks like
+        a sub-agent's)."""
+        params, marks = search.params, search.marks
+        found = self._all(self._substring_page(search), params)
+        if marks is None or not marks.held:
+            return found
+        first = found[0]  # the marks' row is there even for an empty page
+        live = Marks(marks.grams)
+        live.delegated = [(sid, config) for sid, config in first["mk_dlg"] or []]
+        if marks.grams is not None:
+            live.total, live.high_water = int(first["mk_total"] or 0), cjk_pairs.parse_high_water(first["mk_hw"])
+            self._keep_marks(live)
+        for row in found:
+            del row["mk_total"], row["mk_hw"], row["mk_dlg"]
+        rows = [r for r in found if r["id"] is not None]
+        delegated = self.dialect.delegated_sessions(self.conn, live.delegated) if live.delegated else []
+        if live.high_water >= marks.high_water and len(delegated) == len(live.delegated):
+            return rows
+        search.marks = live
+        return self._all(self._substring_page(search), params)
 
     def _index_route(
         self, search: _Search,
@@ -484,11 +523,35 @@ class SearchRepository(Repository):
                 marks.gap[name] = value
         if indexed:
             marks.counts.update({g: 0 for g in missing if g not in marks.counts})
+            self._keep_marks(marks)
         return marks
+
+    def _marks_seen(self, groups: Groups) -> Marks | None:
+        """Marks for a plan whose page reads them itself (:attr:`Marks.held`): the newest id
+        and high-water mark this engine last saw, when every pair count the plan choice
+        needs is cached too; None when they must be read first (:meth:`_marks`)."""
+        grams = [sorted({g for t in positives for g in cjk_pairs.term_bigrams(t)}) for positives, _neg in groups]
+        indexed = bool(groups) and all(grams) and self.has_table(cjk_pairs.TABLE)
+        marks = Marks(grams if indexed else None)
+        marks.held = True
+        if indexed:
+            seen = _MARKS_SEEN.get(self.conn.engine, {}).get(self.schema)
+            if seen is None or cjk_bigram.missing_pairs(self.conn, grams):
+                return None
+            marks.total, marks.high_water = seen
+        return marks
+
+    def _keep_marks(self, marks: Marks) -> None:
+        """Remember the newest id and high-water mark read, for :meth:`_marks_seen`."""
+        _MARKS_SEEN.setdefault(self.conn.engine, {})[self.schema] = (marks.total, marks.high_water)
 
     def _cjk_sessions(self, params: dict[str, Any], marks: Marks | None) -> str:
         """The dialect's CJK session condition; sub-agent candidates already read by
         :meth:`_marks` are handed over, so the dialect reads none itself."""
+        if marks is not None and marks.held:
+            # Rows of sessions that may be sub-agents' are held back (the page reads those sessions).
+            hold_back: str = self.dialect.search.hold_back
+            return self.dialect.cjk_sessions(self.conn, params, self.object_sql, ()) + hold_back
         candidates = marks.delegated if marks is not None and self.dialect.cjk_by_substring else None
         return self.dialect.cjk_sessions(self.conn, params, self.object_sql, candidates)
 
@@ -718,7 +781,7 @@ class SearchRepository(Repository):
 class Marks:
     """What :meth:`SearchRepository._marks` read (see there)."""
 
-    __slots__ = ("counts", "delegated", "gap", "grams", "high_water", "total")
+    __slots__ = ("counts", "delegated", "gap", "grams", "held", "high_water", "total")
 
     def __init__(self, grams: list[list[str]] | None) -> None:
         #: The query's pairs per group, or None when the bigram index cannot help.
@@ -728,11 +791,20 @@ class Marks:
         self.counts: dict[str, int] = {}
         self.delegated: list[tuple[str, Any]] = []
         self.gap: dict[str, Any] = {}
+        #: Read by the page itself (:meth:`SearchRepository._marks_seen`): ``total`` and
+        #: ``high_water`` are the ones last seen, the sub-agent candidates held back.
+        self.held = False
 
 
 #: Per engine, then per tenant schema: the search index was seen not stale (Hermes v26
 #: fail-open). Only that answer is kept; a stale one is asked again on every search.
 _FRESH: weakref.WeakKeyDictionary[Any, set[str | None]] = weakref.WeakKeyDictionary()
+
+
+#: Per engine, then per tenant schema: the newest id and bigram high-water mark last read
+#: (``(total, high_water)``), which choose the next substring plan
+#: (:meth:`SearchRepository._marks_seen`); the page reads them again.
+_MARKS_SEEN: weakref.WeakKeyDictionary[Any, dict[str | None, tuple[int, int]]] = weakref.WeakKeyDictionary()
 
 
 #: The ten keys of a hit, in Hermes' order (what ``fields`` may name).
