@@ -63,6 +63,21 @@ _BLOCK_ROWS = SchemaSQL(
 _TAIL_ROWS = SchemaSQL(
     "SELECT id, content, tool_name, tool_calls FROM {messages} WHERE id > :hw AND id <= :top ORDER BY id LIMIT :n"
 )
+_BEHIND = SchemaSQL(
+    "SELECT (SELECT value FROM {state_meta} WHERE key = :k), (SELECT max(id) FROM {messages}),"
+    f" EXISTS (SELECT 1 FROM {{{DIRTY_TABLE}}})"
+)
+#: What a catch-up reads first, in one statement: the dirty blocks (no key), the two
+#: notes by key, and the newest id (key ``#top``: never a note's key).
+_START = SchemaSQL(
+    f"SELECT NULL, CAST(block AS TEXT) FROM {{{DIRTY_TABLE}}}"
+    " UNION ALL SELECT key, value FROM {state_meta} WHERE key IN (:hw_key, :settle_key)"
+    " UNION ALL SELECT '#top', CAST(max(id) AS TEXT) FROM {messages}"
+)
+_SET_TWO_META = SchemaSQL(
+    "INSERT INTO {state_meta} (key, value) VALUES (:k, :v), (:k2, :v2)"
+    " ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+)
 _SET_META = SchemaSQL(
     "INSERT INTO {state_meta} (key, value) VALUES (:k, :v) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
 )
@@ -87,6 +102,43 @@ def high_water(conn: Any) -> int:
 def installed(conn: Any) -> bool:
     """Whether the connection's schema has the bigram index table."""
     return for_connection(conn).has_table(conn, TABLE)
+
+
+#: Per engine: the schemas whose index table was seen (only a True is kept: the table
+#: appears through a migration; a drop or a downgrade shows as an error of the next
+#: catch-up, which forgets it, see :func:`catch_up`).
+_INSTALLED: weakref.WeakKeyDictionary[Any, set[str | None]] = weakref.WeakKeyDictionary()
+
+
+def seen_installed(conn: Any) -> bool:
+    """:func:`installed`, asked of the server until it first says yes for this engine
+    and schema: the periodic catch-up asks it every run, and the answer only changes
+    through a migration."""
+    engine = getattr(conn, "engine", None)
+    schema = schema_of_connection(conn)
+    seen = _INSTALLED.get(engine) if engine is not None else None
+    if seen is not None and schema in seen:
+        return True
+    if not installed(conn):
+        return False
+    if engine is not None:
+        _INSTALLED.setdefault(engine, set()).add(schema)
+    return True
+
+
+def forget_installed(conn: Any) -> None:
+    """Ask the server again next time (a catch-up failed: the table may be gone)."""
+    engine = getattr(conn, "engine", None)
+    seen = _INSTALLED.get(engine) if engine is not None else None
+    if seen is not None:
+        seen.discard(schema_of_connection(conn))
+
+
+def behind(conn: Any) -> bool:
+    """Whether the index has anything to catch up on (``pending(conn) > 0``), in one
+    statement: the mark, the newest id and whether any block is dirty."""
+    mark, top, dirty = conn.execute(_BEHIND.on(conn), {"k": HIGH_WATER_KEY}).one()
+    return bool(dirty) or (top is not None and int(top) > parse_high_water(mark))
 
 
 def pending(conn: Any) -> int:
@@ -139,45 +191,65 @@ def _read_note(value: str | None) -> tuple[int, int | None, list[str]]:
     return int(note.group(1)), pending, [w for w in note.group(3).split(",") if w]
 
 
-def settled_top(conn: Any) -> int:
-    """The highest id below which no new row can appear any more (see the module docstring).
+def _settle(conn: Any, stored: str | None, top: int) -> tuple[int, str | None]:
+    """The highest id below which no new row can appear any more (see the module
+    docstring), and the note to store in its place (None: unchanged).
 
     The note holds what settled already and what waits to: the top noted last time,
     with its writers. Once they have ended it settles and a new top is noted, settled
-    at once when nobody is writing now.
+    at once when nobody is writing now. ``top`` (the newest committed id) was read
+    before the writers are: an id drawn below it by a transaction still open then is
+    among them.
     """
     dialect = for_connection(conn)
-    stored = _meta(conn, SETTLE_KEY)
     settled, noted, writers = _read_note(stored)
     if noted is not None:
         if dialect.still_running(conn, writers):
-            return settled
+            return settled, None
         settled = max(settled, noted)
-    top = conn.execute(_TOP.on(conn)).scalar()
-    top = -1 if top is None else int(top)
-    found = dialect.writers_in_progress(conn, "messages")  # read after the top: see above
+    found = dialect.writers_in_progress(conn, "messages")
     if found is None:
-        return _NO_CAP  # no writer runs beside this transaction: every id is final
+        return _NO_CAP, None  # no writer runs beside this transaction: every id is final
     writers = found
     if writers:
         value = f"{settled} {top}:{','.join(writers)}"
     else:
         settled, value = max(settled, top), f"{max(settled, top)} :"
-    if value != stored:
-        _set_meta(conn, SETTLE_KEY, value)
-    return settled
+    return settled, (value if value != stored else None)
 
 
 def catch_up(conn: Any, limit: int | None = None) -> int:
     """Index dirty blocks and settled rows above the high-water mark; returns rows indexed.
 
-    ``limit`` bounds the number of tail rows handled in this call (None: all).
+    ``limit`` bounds the number of tail rows handled in this call (None: all). The
+    blocks, both notes and the newest id come in one statement, and the notes go back
+    in one at the end (one transaction: nobody sees them apart or halfway). A failure forgets
+    that the table was seen (:func:`seen_installed`): it may have been dropped.
     """
-    if not installed(conn):
+    if not seen_installed(conn):
         return 0
+    try:
+        return _catch_up(conn, limit)
+    except Exception:
+        forget_installed(conn)
+        raise
+
+
+def _catch_up(conn: Any, limit: int | None) -> int:
+    dirty: list[int] = []
+    notes: dict[str, str | None] = {}
+    top = -1
+    for key, value in conn.execute(_START.on(conn), {"hw_key": HIGH_WATER_KEY, "settle_key": SETTLE_KEY}):
+        if key is None:
+            dirty.append(int(value))
+        elif key == "#top":
+            top = -1 if value is None else int(value)
+        else:
+            notes[key] = value
+    hw = parse_high_water(notes.get(HIGH_WATER_KEY))
+    if not dirty and top <= hw:
+        return 0  # nothing behind (:func:`behind`): the notes stay as they are
     done = 0
-    dirty = [r[0] for r in conn.execute(_DIRTY_BLOCKS.on(conn))]
-    hw = high_water(conn)
     for block in dirty:
         conn.execute(_DROP_BLOCK.on(conn), {"b": block})
         rows = conn.execute(
@@ -187,14 +259,22 @@ def catch_up(conn: Any, limit: int | None = None) -> int:
         done += len(rows)
     if dirty:
         conn.execute(_CLEAR_DIRTY.on(conn))
-    top = settled_top(conn)
+    cap, note = _settle(conn, notes.get(SETTLE_KEY), top)
+    start = hw
     while limit is None or done < limit:
-        rows = conn.execute(_TAIL_ROWS.on(conn), {"hw": hw, "top": top, "n": CHUNK}).fetchall()
+        rows = conn.execute(_TAIL_ROWS.on(conn), {"hw": hw, "top": cap, "n": CHUNK}).fetchall()
         if not rows:
             break
         hw = _index_rows(conn, rows)
         done += len(rows)
+        if len(rows) < CHUNK:
+            break  # every row up to the cap was read: ids under it are final (or the write lock is ours)
+    if hw != start and note is not None:
+        conn.execute(_SET_TWO_META.on(conn), {"k": HIGH_WATER_KEY, "v": str(hw), "k2": SETTLE_KEY, "v2": note})
+    elif hw != start:
         _set_meta(conn, HIGH_WATER_KEY, str(hw))
+    elif note is not None:
+        _set_meta(conn, SETTLE_KEY, note)
     return done
 
 

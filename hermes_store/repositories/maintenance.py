@@ -377,14 +377,14 @@ class MaintenanceRepository(Repository):
         :meth:`FtsUpkeepRepository.rebuild_each`).
         """
         done = self.fts_rebuild()
-        if self._bigram():
+        if cjk_bigram.installed(self.conn):
             cjk_bigram.rebuild(self.conn)
             done.append(bigram.TABLE)
         return done
 
     def search_index_behind(self) -> bool:
         """Whether the short-CJK index has rows to catch up on (False when absent)."""
-        return self._bigram() and bool(cjk_bigram.pending(self.conn))
+        return self._bigram() and cjk_bigram.behind(self.conn)
 
     def catch_up_search_index(self, limit: int | None = None, *, single_owner: bool = False) -> int:
         """Extend the short-CJK index over up to ``limit`` new rows; returns rows indexed.
@@ -398,8 +398,9 @@ class MaintenanceRepository(Repository):
         return cjk_bigram.catch_up(self.conn, limit)
 
     def _bigram(self) -> bool:
-        """Whether this database has the short-CJK index (both dialects may)."""
-        return cjk_bigram.installed(self.conn)
+        """Whether this database has the short-CJK index (both dialects may); asked of
+        the server until it says yes (the periodic catch-up asks every run)."""
+        return cjk_bigram.seen_installed(self.conn)
 
     def fts_rebuild(self) -> list[str]:
         """Re-read every message into each full-text index; returns the indexes rebuilt."""
