@@ -384,6 +384,10 @@ class SearchRepository(Repository):
         rows = [r for r in found if r["id"] is not None]
         delegated = self.dialect.delegated_sessions(self.conn, live.delegated) if live.delegated else []
         if live.high_water >= marks.high_water and len(delegated) == len(live.delegated):
+            if live.grams is not None and live.high_water != marks.high_water:
+                # The index moved on: the pairs' counts for its new mark are read now
+                # (as a search that reads its marks first does), for the next plan.
+                cjk_bigram.estimate_blocks(self.conn, live.grams, mark=live.high_water)
             return rows
         search.marks = live
         return self._all(self._substring_page(search), params)
