@@ -25,8 +25,9 @@
 * :func:`sqlite_history_only` is the guard at the top of every revision that replays
   Hermes' SQLite history (0001…0030, hs0001): on PostgreSQL they do nothing and the
   baseline revision ``hs0002`` creates the head schema in one step.
-* :data:`PG_SEARCH_COLUMNS` / :data:`PG_SEARCH_INDEXES` name the PostgreSQL search
-  objects ``hs0002`` makes outside the models; the ``include_name`` hooks hide them.
+* :data:`PG_SEARCH_COLUMNS` / :data:`PG_SEARCH_INDEXES` / :data:`PG_DELEGATED_INDEX`
+  name the PostgreSQL search objects ``hs0002`` and ``hs0006`` make outside the models;
+  the ``include_name`` hooks hide them.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from .dialects import for_connection
 from .dialects.fts5 import FTS_SHADOWS, HERMES_FTS_TABLES
 # PostgreSQL's search machinery (hs0002's raw SQL, in no model), which autogenerate must
 # neither drop nor add; named in keys.py so this module loads no PostgreSQL dialect.
-from .keys import PG_SEARCH_COLUMNS, PG_SEARCH_INDEXES, VERSION_TABLE
+from .keys import PG_DELEGATED_INDEX, PG_SEARCH_COLUMNS, PG_SEARCH_INDEXES, VERSION_TABLE
 from .models import metadata
 
 SHADOW_SUFFIXES = FTS_SHADOWS  # the dialect's list, named here for hosts' env.py files
@@ -144,11 +145,12 @@ def make_include_name(ignored: set[str], version_table: str) -> IncludeNameFn:
 
 
 def _is_pg_search(name: str | None, type_: str, parent_names: Mapping[Any, str | None]) -> bool:
-    """One of hs0002's PostgreSQL search objects (never in the models)."""
+    """One of our PostgreSQL search objects made by raw SQL (hs0002, hs0006), never in
+    the models."""
     if type_ == "column":
         return (parent_names.get("table_name"), name) in PG_SEARCH_COLUMNS
     if type_ == "index":
-        return name in PG_SEARCH_INDEXES
+        return name in PG_SEARCH_INDEXES or name == PG_DELEGATED_INDEX
     return False
 
 

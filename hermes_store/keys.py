@@ -15,6 +15,9 @@ VERSION_TABLE = "hermes_store_version"
 #: dialect reads them; Alembic's autogenerate leaves them out (alembic_support).
 PG_SEARCH_COLUMNS = frozenset({("messages", "search_vector")})
 PG_SEARCH_INDEXES = frozenset({"idx_messages_search_vector", "idx_messages_trgm"})
+#: hs0006's partial index of the sessions that may be sub-agent transcripts (their
+#: ``model_config`` names ``_delegate_from``), PostgreSQL only and never in the models.
+PG_DELEGATED_INDEX = "idx_sessions_maybe_delegated"
 
 # ------------------------------------------------------------------ state_meta keys
 #: Set while the word index is known to be stale (Hermes v26 fail-open).

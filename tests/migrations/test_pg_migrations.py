@@ -426,3 +426,42 @@ def test_hs0003_in_other_encodings_and_locales(pg_url: str, encoding: str, local
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
+
+
+def delegated_plan(engine: Engine, schema: str) -> str:
+    """The plan of the searches' sub-agent probe in ``schema``, sequential scans off
+    (a test table is small enough for the planner to prefer one)."""
+    from hermes_store.search.delegated import DELEGATED_SQL
+
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        sql = DELEGATED_SQL.format(sessions=f'"{schema}".sessions')
+        return "\n".join(conn.exec_driver_sql("EXPLAIN " + sql.replace("%", "%%")).scalars())
+
+
+def index_names(engine: Engine, schema: str) -> set[str]:
+    with engine.connect() as conn:
+        return set(conn.execute(text("SELECT indexname FROM pg_indexes WHERE schemaname = :s"), {"s": schema}).scalars())
+
+
+@pytest.mark.parametrize("schema", [None, "team_a"])
+def test_hs0006_indexes_the_sub_agent_probe_and_goes_back(pg_database: str, pg_engine: Engine,
+                                                          schema: str | None) -> None:
+    """hs0006: the searches' probe for sessions that may be sub-agent transcripts reads
+    the partial index (its predicate is the probe's own test, so the planner can use
+    it), in the schema migrated; the downgrade drops exactly that index."""
+    from hermes_store.keys import PG_DELEGATED_INDEX
+
+    where = schema or "public"
+    if schema is not None:
+        with pg_engine.begin() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    assert migrations.upgrade(pg_database, schema=schema) == HEAD
+    assert PG_DELEGATED_INDEX in index_names(pg_engine, where)
+    assert PG_DELEGATED_INDEX in delegated_plan(pg_engine, where)
+    before = index_names(pg_engine, where)
+    migrations.downgrade(pg_database, "hs0005", schema=schema)
+    assert index_names(pg_engine, where) == before - {PG_DELEGATED_INDEX}
+    assert PG_DELEGATED_INDEX not in delegated_plan(pg_engine, where)
+    assert migrations.upgrade(pg_database, schema=schema) == HEAD
+    assert index_names(pg_engine, where) == before
