@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+import threading
 from contextlib import contextmanager
 from typing import Any
 from collections.abc import Iterator
@@ -164,12 +165,15 @@ def test_high_water_reads_plain_numbers_only() -> None:
 
 
 @contextmanager
-def statements(db: SessionDB) -> Iterator[list[str]]:
-    """Every SQL statement the store sends meanwhile."""
+def statements(db: SessionDB, *, this_thread: bool = False) -> Iterator[list[str]]:
+    """Every SQL statement the store sends meanwhile (``this_thread``: only the calling
+    thread's, not its upkeep thread's)."""
     seen: list[str] = []
+    me = threading.current_thread()
 
     def listen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        seen.append(statement)
+        if not this_thread or threading.current_thread() is me:
+            seen.append(statement)
 
     event.listen(db.engine, "before_cursor_execute", listen)
     try:

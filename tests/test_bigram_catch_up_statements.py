@@ -13,35 +13,23 @@ It runs after every 50 writes, so its fixed cost counts: shown here on both back
 
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
-from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from hermes_store import SessionDB
 from hermes_store.dialects import cjk_bigram as bigram
 
+from .test_bigram import statements as all_statements
+
 pytestmark = pytest.mark.both_backends
 
 
-@contextmanager
-def statements(db: SessionDB) -> Iterator[list[str]]:
+def statements(db: SessionDB) -> AbstractContextManager[list[str]]:
     """The statements this thread sends on the store's engine meanwhile."""
-    seen: list[str] = []
-    me = threading.current_thread()
-
-    def listen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if threading.current_thread() is me:
-            seen.append(statement)
-
-    event.listen(db.engine, "before_cursor_execute", listen)
-    try:
-        yield seen
-    finally:
-        event.remove(db.engine, "before_cursor_execute", listen)
+    return all_statements(db, this_thread=True)
 
 
 def _rows(db: SessionDB, sql: str) -> list[tuple[Any, ...]]:
