@@ -20,34 +20,29 @@ from hermes_store.dialects import pg_asyncpg
 from .aio_support import async_url_for
 
 
-def _count_prepares(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def _record_calls(monkeypatch: pytest.MonkeyPatch, method: str) -> list[str]:
+    """The query of each call of asyncpg's ``Connection.<method>`` from now on:
+    ``prepare`` (a statement prepared) or ``execute`` (one sent by the simple protocol:
+    a BEGIN, a ROLLBACK)."""
     import asyncpg
 
-    prepared: list[str] = []
-    original = asyncpg.connection.Connection.prepare
+    seen: list[str] = []
+    original = getattr(asyncpg.connection.Connection, method)
 
     async def counted(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
-        prepared.append(query)
+        seen.append(query)
         return await original(self, query, *args, **kwargs)
 
-    monkeypatch.setattr(asyncpg.connection.Connection, "prepare", counted)
-    return prepared
+    monkeypatch.setattr(asyncpg.connection.Connection, method, counted)
+    return seen
+
+
+def _count_prepares(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    return _record_calls(monkeypatch, "prepare")
 
 
 def _count_simple_queries(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Each statement asyncpg sends by the simple protocol (``Connection.execute``: a
-    BEGIN, a ROLLBACK), recorded from now on."""
-    import asyncpg
-
-    simple: list[str] = []
-    original = asyncpg.connection.Connection.execute
-
-    async def counted(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
-        simple.append(query)
-        return await original(self, query, *args, **kwargs)
-
-    monkeypatch.setattr(asyncpg.connection.Connection, "execute", counted)
-    return simple
+    return _record_calls(monkeypatch, "execute")
 
 
 def test_a_statement_met_before_is_not_prepared_again(pg_database: str, monkeypatch: pytest.MonkeyPatch) -> None:

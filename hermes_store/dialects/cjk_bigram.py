@@ -50,10 +50,8 @@ SETTLE_KEY = BIGRAM_SETTLE_KEY
 _NOTE = re.compile(r"(-?[0-9]{1,18}) (-?[0-9]{1,18})?:([0-9/,]*)")
 
 _TAIL = SchemaSQL("SELECT count(*) FROM {messages} WHERE id > :hw")
-_TOP = SchemaSQL("SELECT max(id) FROM {messages}")
 _META = SchemaSQL("SELECT value FROM {state_meta} WHERE key = :k")
 _DIRTY_COUNT = SchemaSQL(f"SELECT count(*) FROM {{{DIRTY_TABLE}}}")
-_DIRTY_BLOCKS = SchemaSQL(f"SELECT block FROM {{{DIRTY_TABLE}}}")
 _CLEAR_DIRTY = SchemaSQL(f"DELETE FROM {{{DIRTY_TABLE}}}")
 _CLEAR_INDEX = SchemaSQL(f"DELETE FROM {{{TABLE}}}")
 _DROP_BLOCK = SchemaSQL(f"DELETE FROM {{{TABLE}}} WHERE block = :b")

@@ -42,7 +42,7 @@ from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.sql.selectable import TextualSelect
 
 from .. import errors
-from ..codec import JSON_PREFIX, clean_text, decode_content
+from ..codec import clean_text, decode_content
 from ..dialects import cjk_bigram
 from ..dialects.search_base import (
     CONTEXT_KEY,
@@ -898,8 +898,6 @@ def _substring_snippet(texts: Sequence[Any], terms: Sequence[str]) -> str:
 
 
 def _cut(content: Any) -> Any:
-    if type(content) is str and not content.startswith(JSON_PREFIX):
-        return content[:CONTEXT_CHARS]  # plain text, as decode_content returns it (no call per row)
     value = decode_content(content)
     if isinstance(value, str):
         return value[:CONTEXT_CHARS]
