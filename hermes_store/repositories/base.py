@@ -367,3 +367,18 @@ def source_filter(alias: str, include: Sequence[str], exclude: Sequence[str], pa
 def like_prefix(value: str) -> str:
     """``value%`` with LIKE wildcards in ``value`` taken literally (ESCAPE '\\')."""
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def fetch_tuples(result: Any) -> list[Any]:
+    """All rows of ``result`` as the driver's tuples, for a statement whose columns need
+    no SQLAlchemy result processing (text, integers, floats: no Boolean, no JSON).
+
+    A Row per tuple costs more than the driver's own fetch on a 1,000-row walk; the
+    driver cursor is the dialect's own (PostgreSQL's U+0000 decoding included)."""
+    cursor = result.cursor
+    if cursor is None:  # no rows (a statement without a result)
+        return []
+    try:
+        return list(cursor.fetchall())
+    finally:
+        result.close()

@@ -63,7 +63,7 @@ from sqlalchemy.sql.selectable import CTE, CompoundSelect
 
 from ..dialects.base import CLOSED_BY_COMPRESSION
 from ..keys import RESET_END_REASONS, RESET_MARKER  # Hermes' _RESET_END_REASONS (v26)
-from .base import MESSAGES, SESSIONS, Repository
+from .base import MESSAGES, SESSIONS, Repository, fetch_tuples
 
 #: The one bound of every walk through ``parent_session_id`` (ancestors, descendants
 #: and compression chains, here, in listings and in the CLI). It only exists so a
@@ -493,21 +493,6 @@ def _chain_ups(*, joined: bool) -> Select[Any]:
 def _chain_stmt(joined: bool = True) -> CompoundSelect[*tuple[Any, ...]]:
     """The forward walk's node rows (kind 0), then the parent walk (:func:`_chain_ups`)."""
     return _forward_nodes().union_all(_chain_ups(joined=joined))
-
-
-def fetch_tuples(result: Any) -> list[Any]:
-    """All rows of ``result`` as the driver's tuples, for a statement whose columns need
-    no SQLAlchemy result processing (text, integers, floats: no Boolean, no JSON).
-
-    A Row per tuple costs more than the driver's own fetch on a 1,000-row walk; the
-    driver cursor is the dialect's own (PostgreSQL's U+0000 decoding included)."""
-    cursor = result.cursor
-    if cursor is None:  # no rows (a statement without a result)
-        return []
-    try:
-        return list(cursor.fetchall())
-    finally:
-        result.close()
 
 
 # --------------------------------------------------------------------- the walks (Python side)

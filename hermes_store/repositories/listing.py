@@ -72,7 +72,7 @@ from ..skills import (
     SKILL_PREVIEW_TAIL,
     skill_preview,
 )
-from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository
+from .base import ID_CHUNK, MESSAGES, SESSIONS, Repository, fetch_tuples
 from .lineage import (
     BRANCH_MARKER,
     COMPRESSION,
@@ -81,7 +81,6 @@ from .lineage import (
     Graph,
     _forward,
     compression_chains,
-    fetch_tuples,
     straight_ends,
     _marker,
     link_columns,

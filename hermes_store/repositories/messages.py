@@ -55,9 +55,11 @@ from ..codec import (
 )
 from ..review_turns import _is_background_review_harness_message
 from ..models import Base
-from .base import ID_CHUNK, MESSAGES, SESSIONS, Clock, Repository, UnknownFieldError, missing_sessions, wall_clock
+from .base import (
+    ID_CHUNK, MESSAGES, SESSIONS, Clock, Repository, UnknownFieldError, fetch_tuples, missing_sessions, wall_clock,
+)
 from .display import TEXT_ROLES
-from .lineage import BRANCH_MARKER, LineageRepository, _marker, fetch_tuples
+from .lineage import BRANCH_MARKER, LineageRepository, _marker
 from .records import MessageRecord, MessageWindow, RewindResult
 from .turn_leases import guard_transcript_write, raise_if_closed_by_compression
 
