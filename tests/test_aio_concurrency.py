@@ -6,7 +6,8 @@ out and no lock held.
 "Never blocked" is checked by its cause, not by a clock: while the tasks run, a profile
 hook on every thread records where each blocking call ran (every method of sqlite3's
 connections and cursors, psycopg's blocking waits, ``time.sleep``), and none may have
-run on the loop's thread. A lag figure measured on a busy machine says more about the
+run on the loop's thread, except a store's short SQLite append run there with SQLite's
+lock waits off (``BeginWithNext.run_here``, told apart and checked on its own). A lag figure measured on a busy machine says more about the
 machine (a p99 of 287 ms failed CI once); ``bench/aio_bench.py`` prints it instead.
 """
 
@@ -26,6 +27,7 @@ import pytest
 from sqlalchemy import text
 
 from hermes_store import aio
+from hermes_store.aio.engine import BeginWithNext
 
 from .aio_support import async_url_for
 
@@ -122,6 +124,10 @@ class BlockingCalls:
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, str]] = []  # (thread ident, what)
+        #: What ran inside ``BeginWithNext.run_here`` (a short write run by the loop's
+        #: thread itself, with nothing in it allowed to wait), kept apart.
+        self.short_writes: list[str] = []
+        self._short_writers: set[int] = set()
         self.recording = True
         self._lock = threading.Lock()
         self._connect: Any = None
@@ -129,7 +135,14 @@ class BlockingCalls:
     def record(self, what: str) -> None:
         if self.recording:
             with self._lock:
-                self.calls.append((threading.get_ident(), what))
+                if self.short_write_on(threading.get_ident()):
+                    self.short_writes.append(what)
+                else:
+                    self.calls.append((threading.get_ident(), what))
+
+    def short_write_on(self, thread: int) -> bool:
+        """Whether ``thread`` is running a short write on sqlite3 itself (see :meth:`__enter__`)."""
+        return thread in self._short_writers
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
         if event == "c_call":
@@ -149,6 +162,21 @@ class BlockingCalls:
             return connect(*a, **k)
 
         sqlite3.connect = recording_connect  # type: ignore[assignment]
+        # An append may run on the loop's thread, on sqlite3 itself, with every wait of
+        # SQLite's off (hermes_store.aio.engine.BeginWithNext.run_here): those calls are
+        # told apart, and test_a_short_write_on_the_loop_cannot_wait checks the waits are off.
+        self._run_here = run_here = BeginWithNext.run_here
+        short_writers = self._short_writers
+
+        def marked(driver: Any, fn: Any, *args: Any) -> Any:
+            me = threading.get_ident()
+            short_writers.add(me)
+            try:
+                return run_here(driver, fn, *args)
+            finally:
+                short_writers.discard(me)
+
+        BeginWithNext.run_here = marked  # type: ignore[method-assign]
         _ACTIVE.append(self)
         threading.setprofile(self._profile)
         sys.setprofile(self._profile)
@@ -159,6 +187,7 @@ class BlockingCalls:
         threading.setprofile(None)  # type: ignore[arg-type]
         _ACTIVE.remove(self)
         sqlite3.connect = self._connect
+        BeginWithNext.run_here = self._run_here  # type: ignore[method-assign]
 
     def on(self, thread: int) -> list[str]:
         with self._lock:
@@ -209,6 +238,7 @@ def _loop_free_case(url: str, *, forbid_threads: bool) -> BlockingCalls:
                 assert await db.session_count() == N_TASKS * ROUNDS
         blocked = recorder.on(loop_thread)
         assert not blocked, f"blocking calls ran on the event loop's thread: {sorted(set(blocked))[:10]}"
+        assert "time.sleep" not in recorder.short_writes
 
     asyncio.run(run())
     return recorder
@@ -219,6 +249,56 @@ def test_fifty_tasks_on_one_sqlite_file_keep_the_loop_free(tmp_path: Path) -> No
     # The recorder saw the driver at work (off the loop, on aiosqlite's threads), so its
     # silence on the loop's thread means something.
     assert any(c.startswith("sqlite3.") for c in recorder.off(threading.get_ident())), "no sqlite3 call was seen"
+
+
+def test_a_short_write_on_the_loop_cannot_wait_for_a_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An append run by the loop's thread on sqlite3 itself (the calls the check above
+    sets apart) runs with SQLite's busy timeout at 0: a lock held elsewhere fails it at
+    once, and it hops instead (test_aio_speed_hops). The timeout is the connection's own
+    again afterwards, for every other call. And the loop turns every few such writes of
+    one task: a task writing in a tight loop does not starve the others."""
+    from hermes_store.aio import engine, sessiondb
+
+    seen: list[tuple[int, bool, int]] = []
+    drivers: list[Any] = []
+    write_jobs = sessiondb._write_jobs
+
+    def looking(conn: Any, transaction: Any, pending: list[Any]) -> Any:
+        driver = conn.connection.dbapi_connection._connection
+        drivers.append(driver)
+        seen.append((threading.get_ident(), driver.on_own_thread(),
+                     conn.exec_driver_sql("PRAGMA busy_timeout").scalar()))
+        return write_jobs(conn, transaction, pending)
+
+    monkeypatch.setattr(sessiondb, "_write_jobs", looking)
+
+    async def run() -> None:
+        async with aio.AsyncSessionDB(tmp_path / "w.db", busy_timeout_ms=2500) as db:
+            await db.create_session("s", "cli")
+            await db.wait_for_upkeep()
+            seen.clear()
+            await db.append_message("s", "user", "short")
+            assert seen == [(threading.get_ident(), True, 0)], seen
+            driver = drivers[0]
+            assert driver.idle()  # back in the pool: asked here, on sqlite3 itself
+            assert driver._conn.execute("PRAGMA busy_timeout").fetchone()[0] == 2500
+            turns = 0
+
+            async def other() -> None:
+                nonlocal turns
+                while True:
+                    await asyncio.sleep(0)
+                    turns += 1
+
+            beside = asyncio.ensure_future(other())
+            await asyncio.sleep(0)
+            before = turns
+            for n in range(20):
+                await db.append_message("s", "user", f"tight {n}")
+            assert turns - before >= 20 // engine.YIELD_EVERY, (before, turns)
+            beside.cancel()
+
+    asyncio.run(run())
 
 
 def test_the_recorder_sees_a_blocking_call_on_the_loop(tmp_path: Path) -> None:

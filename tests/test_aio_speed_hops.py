@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from hermes_store import aio, errors
+from hermes_store.aio import sessiondb
 
 from .test_aio_engine import _count_hops
 
@@ -26,13 +27,16 @@ async def _warm(db: aio.AsyncSessionDB) -> None:
     await db.wait_for_upkeep()
 
 
-def test_an_append_and_each_read_is_one_hop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_append_runs_on_the_loop_and_each_read_is_one_hop(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """An append nobody else's lock stands in the way of is written on the loop's own
+    thread (no hop: run_whole's ``here``); a read goes to the driver's thread once."""
     async def run() -> None:
         async with aio.AsyncSessionDB(tmp_path / "one.db") as db:
             await _warm(db)
             hops = _count_hops(monkeypatch)
             new_id = await db.append_message("s", "assistant", "kubernetes answer 数据")
-            assert len(hops) == 1, hops
+            assert hops == [], hops
             reads = {
                 "messages": lambda: db.get_messages("s"),
                 "search": lambda: db.search_messages("kubernetes"),
@@ -74,9 +78,16 @@ def test_a_write_of_several_statements_is_one_hop(tmp_path: Path, monkeypatch: p
     asyncio.run(run())
 
 
-def test_concurrent_appends_go_in_batches_of_one_hop_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """8 tasks appending at once: each batch (its jobs and COMMIT) is one hop, so there
-    are fewer hops than appends, and every row and counter is exact."""
+@pytest.mark.parametrize("here", [False, True], ids=["on the driver's thread", "on the loop"])
+def test_concurrent_appends_go_in_batches_of_one_hop_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          here: bool) -> None:
+    """8 tasks appending at once. Where appends hop, each batch (its jobs and COMMIT) is
+    one hop, so there are fewer hops than appends. Where they run on the loop's thread,
+    none hops, and a batch holds what waited while its transaction began. Every row
+    and counter is exact either way."""
+    from hermes_store.aio import engine
+
+    monkeypatch.setattr(engine, "RUN_SHORT_WRITES_HERE", here)
     tasks, per_task = 8, 25
 
     async def run() -> None:
@@ -85,19 +96,75 @@ def test_concurrent_appends_go_in_batches_of_one_hop_each(tmp_path: Path, monkey
                 await db.create_session(f"t{i}", "cli")
             await db.wait_for_upkeep()
             hops = _count_hops(monkeypatch)
+            batches: list[int] = []
+            write_jobs = sessiondb._write_jobs
+
+            def counted(conn: Any, transaction: Any, pending: list[Any]) -> Any:
+                batches.append(len(pending))
+                return write_jobs(conn, transaction, pending)
+
+            monkeypatch.setattr(sessiondb, "_write_jobs", counted)
 
             async def writer(i: int) -> list[int]:
                 return [await db.append_message(f"t{i}", "user", f"task {i} message {n}") for n in range(per_task)]
 
             ids = await asyncio.gather(*(writer(i) for i in range(tasks)))
             appends = [h for h in hops if h == "whole_call"]
-            assert len(appends) < tasks * per_task, len(appends)
+            assert sum(batches) == tasks * per_task
+            if here:
+                assert appends == [], appends
+            else:
+                assert len(appends) == len(batches) < tasks * per_task, (len(appends), batches)
             assert len({i for batch in ids for i in batch}) == tasks * per_task
             for i in range(tasks):
                 rows = await db.get_messages(f"t{i}")
                 assert [r["id"] for r in rows] == ids[i]
                 assert [r["content"] for r in rows] == [f"task {i} message {n}" for n in range(per_task)]
                 assert (await db.get_session(f"t{i}"))["message_count"] == per_task
+
+    asyncio.run(run())
+
+
+def test_an_append_behind_another_connections_write_lock_waits_off_the_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer outside this store (another process's, here a plain sqlite3 connection)
+    holds the file's write lock: the append does not sleep on the loop's thread. It goes
+    to the driver's thread, where SQLite's busy handler waits; meanwhile the loop runs
+    other tasks, and the row is written, exact, once the lock is let go."""
+    import sqlite3
+    import threading
+
+    path = tmp_path / "held.db"
+
+    async def run() -> None:
+        async with aio.AsyncSessionDB(path) as db:
+            await _warm(db)
+            hops = _count_hops(monkeypatch)
+            other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            other.execute("BEGIN IMMEDIATE")
+            let_go = threading.Event()
+            releaser = threading.Thread(target=lambda: (let_go.wait(30), other.execute("COMMIT")))
+            releaser.start()
+            ticks = 0
+            append = asyncio.ensure_future(db.append_message("s", "user", "after the other writer"))
+            try:
+                while not append.done() and ticks < 5:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+                assert not append.done()  # waiting for the lock, and the loop still turns
+            finally:
+                let_go.set()
+            new_id = await append
+            releaser.join()
+            other.close()
+            assert ticks == 5
+            assert "whole_call" in hops  # it went to the driver's thread
+            rows = await db.get_messages("s")
+            assert [r["content"] for r in rows][-1] == "after the other writer" and rows[-1]["id"] == new_id
+            assert (await db.get_session("s"))["message_count"] == len(rows)
+            hops.clear()
+            await db.append_message("s", "user", "free again")  # and back on the loop
+            assert hops == [], hops
 
     asyncio.run(run())
 

@@ -542,8 +542,10 @@ REVIEWED_COINCIDENCES: dict[str, tuple[tuple[str, ...], str]] = {
                "repositories.fts_upkeep.HEAD_FTS_LAYOUT", "search.query.TRIGRAM_CHARS"),
               "attempts, a space factor, backups kept, Hermes' repair tries, an FTS "
               "layout number, a trigram"),
-    "int:4": (("facade.MAX_IDLE_CONNECTIONS", "journal._EIO_READS", "state_modules.search._MERGES_PER_TABLE"),
-              "idle connections kept, Hermes' disk-I/O re-reads, FTS merges per table"),
+    "int:4": (("aio.engine.YIELD_EVERY", "facade.MAX_IDLE_CONNECTIONS", "journal._EIO_READS",
+               "state_modules.search._MERGES_PER_TABLE"),
+              "writes on the loop between two turns of it, idle connections kept, Hermes' disk-I/O re-reads,"
+              " FTS merges per table"),
     "int:5": (("dialects.pg_engine.PREPARE_THRESHOLD_ON", "dialects.sqlite._SQLITE_BUSY"),
               "psycopg's prepare threshold; SQLite's SQLITE_BUSY result code"),
     "int:8": (("aio.sessiondb.SERVER_CALLS", "dialects.sqlite._SQLITE_READONLY", "facade._READ_POOL_MAX"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import os
 import re
 import sqlite3
@@ -67,6 +68,16 @@ class BeginWithNext(aiosqlite.Connection):
 
     #: The ``BEGIN`` waiting for the next hop.
     _begin_next: str | None = None
+    #: Calls handed to the driver's thread (counted on the loop) and ended there (counted
+    #: on that thread): one writer each, so equal means the thread is idle for us.
+    _sent = 0
+    _ended = 0
+    #: The loop's thread while it drives sqlite3 itself (:meth:`OneHopConnection.run_whole`, ``here``).
+    _here: int | None = None
+    #: The connection's busy timeout (ms), read at its first write run on the loop's thread.
+    _busy_ms: int | None = None
+    #: Writes run on the loop's thread so far (see :data:`YIELD_EVERY`).
+    _here_runs = 0
 
     @property
     def in_transaction(self) -> bool:
@@ -81,8 +92,27 @@ class BeginWithNext(aiosqlite.Connection):
         return waiting is not None
 
     def on_own_thread(self) -> bool:
-        """Whether the caller runs on this connection's thread (inside :meth:`OneHopConnection.run_whole`)."""
-        return threading.get_ident() == self._thread.ident
+        """Whether the caller drives sqlite3 itself: on this connection's thread (inside
+        :meth:`OneHopConnection.run_whole`), or on the loop's while it runs a short write there."""
+        me = threading.get_ident()
+        return me == self._thread.ident or me == self._here
+
+    def idle(self) -> bool:
+        """Whether nothing of ours is queued on, or running on, the driver's thread."""
+        return self._sent == self._ended and bool(self._running and self._connection)
+
+    def _ending(self, call: Callable[[], T]) -> Callable[[], T]:
+        """``call``, counted as sent now and as ended when the driver's thread is done with it."""
+        self._sent += 1
+
+        def counted() -> T:
+            try:
+                return call()
+            finally:
+                self._ended += 1
+
+        counted.__name__ = getattr(call, "__name__", counted.__name__)  # what it runs, for a reader of hops
+        return counted
 
     def begin_now(self) -> None:
         """On the driver's thread: run the waiting BEGIN, if any, before what follows."""
@@ -93,14 +123,51 @@ class BeginWithNext(aiosqlite.Connection):
     async def _execute(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         begin, self._begin_next = self._begin_next, None
         if begin is None:
-            return await super()._execute(fn, *args, **kwargs)  # type: ignore[no-untyped-call]
+            return await super()._execute(self._ending(functools.partial(fn, *args, **kwargs)))  # type: ignore[no-untyped-call]
         conn = self._conn
 
         def begin_then() -> Any:
             conn.execute(begin)
             return fn(*args, **kwargs)
 
-        return await super()._execute(begin_then)  # type: ignore[no-untyped-call]
+        return await super()._execute(self._ending(begin_then))  # type: ignore[no-untyped-call]
+
+    def run_here(self, fn: Callable[..., T], *args: Any) -> T | _NotHere:
+        """``fn(*args)``, a short write, run by the caller's (the loop's) thread on sqlite3
+        itself, while the driver's thread is idle (:meth:`idle`). It must not wait for
+        a lock: the busy timeout is 0 meanwhile, so SQLite fails at once instead of
+        sleeping; and WAL commits at synchronous=NORMAL do not fsync. (A COMMIT may run
+        SQLite's autocheckpoint when the WAL passes 1,000 pages, which the store's upkeep,
+        every ``facade.CHECKPOINT_EVERY`` writes, keeps rare.) :data:`NOT_HERE`, the
+        waiting BEGIN still waiting, when another connection holds the file's write
+        lock: the caller hops instead, where SQLite's busy handler may wait without
+        holding up the loop."""
+        conn = self._conn
+        if self._busy_ms is None:
+            self._busy_ms = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+        conn.execute("PRAGMA busy_timeout = 0")  # fail at once on a lock held elsewhere
+        try:
+            begin = self._begin_next
+            if begin is not None:
+                try:
+                    conn.execute(begin)
+                except sqlite3.OperationalError:
+                    return NOT_HERE  # locked elsewhere (or another failure, which the hop raises typed)
+                self._begin_next = None
+            self._here = threading.get_ident()  # the adapter calls sqlite3 directly, as on the driver's thread
+            try:
+                return fn(*args)
+            finally:
+                self._here = None
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")  # the connection's own wait again
+
+
+class _NotHere:
+    """:meth:`BeginWithNext.run_here`'s answer when the write must hop instead."""
+
+
+NOT_HERE = _NotHere()
 
 
 def _statement_on_thread(conn: sqlite3.Connection, operation: str, parameters: Any, many: bool
@@ -261,11 +328,17 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
 
         return await_only(hop())
 
-    def run_whole(self, fn: Callable[..., T], *args: Any) -> T:
+    def run_whole(self, fn: Callable[..., T], *args: Any, here: bool = False) -> T:
         """``fn(*args)``, sync code driving this connection (through SQLAlchemy or
         :meth:`run_on_driver`), run on the driver's thread in one hop: each of its
         statements, its COMMIT or ROLLBACK, calls sqlite3 there directly. ``fn`` must
         not await anything (it has no event loop): it is a sync engine's work, moved.
+
+        ``here``: ``fn`` is a short write (a batch of appends), run on the loop's own
+        thread when it can start at once (:data:`RUN_SHORT_WRITES_HERE`): the hop's two
+        thread wake-ups cost about as much as the write itself, and a loop blocked for a
+        hop's worth of time is no worse off. When another connection holds the write
+        lock (:meth:`BeginWithNext.run_here`) it hops, as any other call.
 
         Called from the loop's greenlet. A cancelled caller waits for ``fn`` to end
         before its cancellation goes on: the loop must not touch the connection (a
@@ -276,6 +349,16 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
 
         if not (driver._running and driver._connection):
             self._handle_exception(ValueError("Connection closed"))  # sqlite3's OperationalError, as a statement's
+
+        if here and RUN_SHORT_WRITES_HERE and not self._execute_mutex.locked() and driver.idle():
+            done = driver.run_here(fn, *args)
+            if not isinstance(done, _NotHere):
+                driver._here_runs += 1
+                if driver._here_runs % YIELD_EVERY == 0:
+                    # A turn of the loop, as a hop gives: other tasks (and the store's
+                    # upkeep) run between the writes of a task writing in a tight loop.
+                    await_only(asyncio.sleep(0))
+                return done
 
         async def hop() -> T:
             async with self._execute_mutex:
@@ -291,7 +374,8 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
                     # aiosqlite's own hop, not BeginWithNext's: the first statement of ``fn``
                     # runs the waiting BEGIN (begin_now), so its failure is that statement's.
                     # Not shielded (a shield costs a loop turn per hop): see below.
-                    result: T = await aiosqlite.Connection._execute(driver, whole_call)  # type: ignore[no-untyped-call]
+                    result: T = await aiosqlite.Connection._execute(  # type: ignore[no-untyped-call]
+                        driver, driver._ending(whole_call))
                     return result
                 except asyncio.CancelledError:
                     while not ended:  # rare: polled, not signalled
@@ -302,6 +386,13 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         return await_only(hop())
 
 
+#: Whether a short write may run on the loop's thread (:meth:`OneHopConnection.run_whole`):
+#: not where commits wait for a full fsync (macOS, see ``dialects.sqlite.enable_wal``).
+RUN_SHORT_WRITES_HERE = sys.platform != "darwin"
+#: A write run on the loop's thread gives the loop a turn every this many (a hop gives one
+#: every time): a task writing in a tight loop holds the loop for a few appends' time at
+#: most, and a turn per write would cost about a tenth of the write.
+YIELD_EVERY = 4
 #: How often a cancelled :meth:`OneHopConnection.run_whole` looks whether its call ended.
 _ENDING_POLL_S = 0.001
 
@@ -311,6 +402,9 @@ class OneHopAiosqlite(AsyncAdapt_aiosqlite_dbapi):
     with :class:`OneHopConnection` for connections."""
 
     def connect(self, *arg: Any, **kw: Any) -> OneHopConnection:
+        # The loop's thread drives the connection itself for short writes, only while
+        # the driver's thread is idle for it (OneHopConnection.run_whole).
+        kw.setdefault("check_same_thread", False)
         adapted = super().connect(*arg, **kw)
         adapted.__class__ = OneHopConnection
         adapted._connection.__class__ = BeginWithNext  # type: ignore[assignment]  # aiosqlite's, extended

@@ -15,7 +15,9 @@ trip there and back (a "hop": two thread wake-ups) costs about what a short stat
 does. So a call's work on its connection goes there whole (``run_whole``): a read runs
 its statements and ends its snapshot in one hop, a batch of appends runs its jobs and
 its COMMIT in one, another write its statements and its COMMIT in one. The loop keeps
-what needs the loop: the turns, the BEGIN's write turn, retries and waits.
+what needs the loop: the turns, the BEGIN's write turn, retries and waits. A batch of
+appends the driver's thread is idle for runs on the loop's thread itself instead (no
+hop; ``OneHopConnection.run_whole``'s ``here``), unless another process holds the lock.
 
 Hermes' own thread-wrapper ``AsyncSessionDB(db)`` stays in ``hermes_state`` for Hermes' code.
 """
@@ -154,7 +156,7 @@ class LoopSessionDB(SessionDB):
                 conn.execution_options(**{write_queue.WAIT_OPTION: max(0.0, deadline - facade._monotonic())})
                 try:
                     transaction = conn.begin()  # the turn; the BEGIN itself rides with the hop
-                    raw.run_whole(_write_jobs, conn, transaction, pending)
+                    raw.run_whole(_write_jobs, conn, transaction, pending, here=True)
                 except _JobFailed as failed:
                     remove_committed_files(conn, committed=False)
                     pending.remove(failed.job)
