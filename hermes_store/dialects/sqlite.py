@@ -183,8 +183,10 @@ def _take_turn(conn: Connection, binding: write_queue.Binding, raw: Any, wait: f
     its loop); past ``wait`` seconds (default: the engine's) DatabaseLockedError."""
     seconds = binding.default_wait_s if wait is None else float(wait)
     queue = binding.queue
-    took = (await_only(queue.take_async(raw, seconds)) if conn.dialect.is_async
-            else queue.take(raw, seconds))
+    if conn.dialect.is_async:
+        took = queue.take_now(raw) or await_only(queue.take_async(raw, seconds))
+    else:
+        took = queue.take(raw, seconds)
     if not took:
         raise errors.DatabaseLockedError(
             f"{queue.key}: other writers of this process held it for {seconds:.3g}s; giving up")
