@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session as OrmSession
 from hermes_store import SessionDB, migrations, paths
 from hermes_store.engine import create_engine
 
-from .helpers import PG_URL_ENV, PGBOUNCER_URL_ENV, required_env, server_database, via_pooler
+from .helpers import CITUS_URL_ENV, PG_URL_ENV, PGBOUNCER_URL_ENV, required_env, server_database, via_pooler
 
 
 @pytest.fixture(autouse=True)
@@ -180,3 +180,36 @@ def pg_database(pg_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
         pooler = request.getfixturevalue("pgbouncer_url")  # under CI=true: required, never skipped
     with server_database(pg_url) as url:
         yield via_pooler(url, pooler) if pooler else url
+
+
+# --------------------------------------------------------------------- Citus
+
+@pytest.fixture(scope="session")
+def citus_url() -> str:
+    """The Citus test cluster's coordinator (``scripts/citus-test-cluster start`` exports
+    it). Without it the Citus cases skip with a visible reason (a clone without
+    ``../shared/vendor`` has no Citus to build); under CI=true they fail instead."""
+    return required_env(CITUS_URL_ENV, "Citus tests", "start a cluster with", script="citus-test-cluster")
+
+
+@pytest.fixture
+def citus_tenant(citus_url: str) -> Iterator[tuple[str, str]]:
+    """A fresh distributed schema (Citus schema-based sharding) of this test alone on the
+    cluster, not migrated yet: ``(coordinator URL, schema)``; dropped afterwards. The
+    tests share the coordinator's database, each in schemas of its own."""
+    import uuid
+
+    from sqlalchemy import create_engine as sa_create_engine
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = sa_create_engine(citus_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            # The test's own admin session: a host turns schema-based sharding on, not us.
+            conn.exec_driver_sql("SET citus.enable_schema_based_sharding TO on")
+            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+        yield citus_url, schema
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        admin.dispose()

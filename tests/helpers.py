@@ -28,6 +28,8 @@ HERMES_DBS = DATA / "hermes-dbs"
 
 PG_URL_ENV = "HERMES_STORE_TEST_PG_URL"
 PGBOUNCER_URL_ENV = "HERMES_STORE_TEST_PGBOUNCER_URL"
+#: The coordinator of the Citus test cluster (``scripts/citus-test-cluster start``).
+CITUS_URL_ENV = "HERMES_STORE_TEST_CITUS_URL"
 
 
 def reference_schema(name: str | int) -> dict:
@@ -63,11 +65,11 @@ def integrity_check(conn: sqlite3.Connection) -> None:
 # --------------------------------------------------------------------- PostgreSQL
 
 
-def required_env(name: str, what: str, how: str) -> str:
+def required_env(name: str, what: str, how: str, script: str = "pg-test-server") -> str:
     """``$name``; without it skip, saying why, or under CI=true fail (a skip would hide it)."""
     value = os.environ.get(name)
     if not value:
-        reason = f"{name} is not set: {how} `eval \"$(scripts/pg-test-server start)\"`"
+        reason = f"{name} is not set: {how} `eval \"$(scripts/{script} start)\"`"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{what} must run under CI: {reason}")
         pytest.skip(reason)

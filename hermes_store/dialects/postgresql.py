@@ -783,15 +783,18 @@ class PostgreSQLDialect:
         The table is named in the connection's schema, in the SQL and in the string
         ``pg_get_serial_sequence`` resolves."""
         named = qualified(schema_of_connection(conn), table)
+        # Two statements: the largest id first, then setval naming no table. Citus runs a
+        # statement that reads a distributed table on the worker holding it, whose own
+        # copy of the sequence has another range: one statement moved that copy, and
+        # the coordinator's, which hands out the ids, stayed behind (issue 33, point 4).
+        largest = conn.exec_driver_sql(f"SELECT max({column}) FROM {named}").scalar()
         conn.execute(
             text(
-                f"SELECT setval(pg_get_serial_sequence(:t, :c), "
-                f"GREATEST((SELECT COALESCE(max({column}), 0) FROM {named}), :n, 1, "
-                f"COALESCE(pg_sequence_last_value(pg_get_serial_sequence(:t, :c)::regclass), 0)), "
-                f"(SELECT max({column}) IS NOT NULL FROM {named}) OR :n > 0"
-                f" OR pg_sequence_last_value(pg_get_serial_sequence(:t, :c)::regclass) IS NOT NULL)"
+                "SELECT setval(pg_get_serial_sequence(:t, :c), "
+                "GREATEST(:m, :n, 1, COALESCE(pg_sequence_last_value(pg_get_serial_sequence(:t, :c)::regclass), 0)), "
+                ":m > 0 OR :n > 0 OR pg_sequence_last_value(pg_get_serial_sequence(:t, :c)::regclass) IS NOT NULL)"
             ),
-            {"t": named, "c": column, "n": int(at_least)},
+            {"t": named, "c": column, "n": int(at_least), "m": int(largest or 0)},
         )
 
     def identity_high_water(self, conn: Connection, table: str, column: str = "id") -> int:

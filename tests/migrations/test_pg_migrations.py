@@ -9,6 +9,7 @@ import contextlib
 import io
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from alembic import command
@@ -465,3 +466,28 @@ def test_hs0006_indexes_the_sub_agent_probe_and_goes_back(pg_database: str, pg_e
     assert PG_DELEGATED_INDEX not in delegated_plan(pg_engine, where)
     assert migrations.upgrade(pg_database, schema=schema) == HEAD
     assert index_names(pg_engine, where) == before
+
+
+def test_hs0007_gives_schema_version_a_replica_identity_and_goes_back(pg_database: str, pg_engine: Engine) -> None:
+    """hs0007: Hermes' keyless ``schema_version`` is identified by its whole row (what
+    logical replication, and so a Citus move, needs); its columns and row stay as they
+    were; the downgrade puts back the default identity."""
+    def identity() -> str:
+        with pg_engine.connect() as conn:
+            return str(conn.execute(text("SELECT relreplident FROM pg_class WHERE oid = 'schema_version'::regclass"))
+                       .scalar())
+
+    def table() -> list[Any]:
+        with pg_engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(
+                "SELECT column_name, data_type, is_nullable FROM information_schema.columns"
+                " WHERE table_name = 'schema_version' ORDER BY ordinal_position"))] + [
+                tuple(r) for r in conn.execute(text("SELECT * FROM schema_version"))]
+
+    assert migrations.upgrade(pg_database, "hs0006") == "hs0006"
+    assert identity() == "d"
+    shape = table()
+    assert migrations.upgrade(pg_database) == HEAD
+    assert identity() == "f" and table() == shape
+    assert migrations.downgrade(pg_database, "hs0006") == "hs0006"
+    assert identity() == "d" and table() == shape
