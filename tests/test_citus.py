@@ -145,3 +145,53 @@ def test_a_tenant_moves_to_the_other_worker_in_citus_default_mode(citus_tenant: 
         assert len(db.search_messages("数据库", limit=100)) == 30
     finally:
         db.close()
+
+
+def test_an_existing_tenant_is_distributed_with_every_row(citus_url: str, pg_database: str) -> None:
+    """Failure 2 of issue 33: ``citus_schema_distribute`` on a tenant made before it was
+    distributed failed (our trigger fired for the rows Citus copied, on the worker,
+    before ``state_meta`` was there). ``operations.distribute_tenant`` turns the setting
+    on and the tenant's triggers off for its one transaction: every row is kept, the
+    triggers work again after it; a dry run changes nothing; plain PostgreSQL is told
+    that Citus is needed."""
+    import uuid
+
+    import pytest
+
+    from hermes_store import errors
+    from hermes_store.operations import distribute_tenant
+
+    schema = f"p_{uuid.uuid4().hex[:12]}"
+    engine = create_engine(citus_url)
+    try:
+        with engine.begin() as conn:  # schema-based sharding off: a plain schema of the coordinator
+            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+        migrations.upgrade(citus_url, schema=schema)
+        db = SessionDB(with_schema(citus_url, schema))
+        try:
+            db.create_session("s", "cli")
+            for n in range(12):
+                db.append_message("s", "user", f"before {n} 数据库")
+        finally:
+            db.close()
+        dry = distribute_tenant(citus_url, schema, dry_run=True)
+        assert not dry.distributed and dry.rows["messages"] == 12
+        placed = distribute_tenant(citus_url, schema)
+        assert placed.distributed and not placed.distributed_before and placed.rows == dry.rows
+        assert {t[1] for t in placement(citus_url, schema)} == {"schema"}
+        assert distribute_tenant(citus_url, schema).distributed_before  # a second call leaves it be
+        db = SessionDB(with_schema(citus_url, schema))
+        try:
+            db.append_message("s", "user", "after 数据库")  # the short-CJK trigger and counters run again
+            assert db.get_session("s")["message_count"] == 13
+            assert len(db.search_messages("数据库", limit=50)) == 13
+        finally:
+            db.close()
+        with pytest.raises(errors.UnsupportedDatabaseError):
+            distribute_tenant(pg_database, "public")
+        with pytest.raises(errors.NotFoundError):
+            distribute_tenant(citus_url, "no_such_tenant")
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        engine.dispose()

@@ -9,7 +9,9 @@ nothing of it is set on a host's session or left on a pooled server connection.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
+
+from ..tenancy import quote_ident
 
 #: Transaction-local settings a migration run needs on a Citus coordinator (none on plain
 #: PostgreSQL). ``citus.enable_unsafe_triggers``: Citus refuses triggers on distributed
@@ -28,3 +30,46 @@ $citus$"""
 def migration_settings(conn: Connection) -> None:
     """:data:`MIGRATION_SETTINGS`, in ``conn``'s transaction (which must be the run's own)."""
     conn.exec_driver_sql(MIGRATION_SETTINGS)
+
+
+_IS_CITUS = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')"
+_IS_DISTRIBUTED = ("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_schema d"
+                   " WHERE d.schemaid = CAST(CAST(:s AS text) AS regnamespace))")
+#: The tables of a schema that carry triggers of their own (ours: the short-CJK index's
+#: dirty marks, the display order).
+_TRIGGERED_TABLES = (
+    "SELECT DISTINCT c.relname FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid"
+    " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = :s AND NOT t.tgisinternal"
+    " ORDER BY 1"
+)
+
+
+def is_citus(conn: Connection) -> bool:
+    """Whether the database ``conn`` reaches has the Citus extension (a coordinator); never
+    on another kind of database."""
+    return conn.dialect.name == "postgresql" and bool(conn.exec_driver_sql(_IS_CITUS).scalar())
+
+
+def is_distributed(conn: Connection, schema: str) -> bool:
+    """Whether ``schema`` is a distributed schema (Citus schema-based sharding)."""
+    return bool(conn.execute(text(_IS_DISTRIBUTED), {"s": quote_ident(schema)}).scalar())
+
+
+def distribute_schema(conn: Connection, schema: str) -> None:
+    """Make an existing tenant schema a distributed schema, in ``conn``'s transaction.
+
+    ``citus_schema_distribute`` copies each table to a worker; our triggers (which
+    Citus accepts only with ``citus.enable_unsafe_triggers``) would fire for the rows
+    copied, on the worker, before the tables they write to are there (issue 33, point
+    2). So, for this transaction only: the setting on, the schema's own triggers off,
+    the distribution, the triggers on again. The tables stay locked until COMMIT, as
+    the distribution itself keeps them.
+    """
+    conn.exec_driver_sql("SET LOCAL citus.enable_unsafe_triggers = on")
+    tables = list(conn.execute(text(_TRIGGERED_TABLES), {"s": schema}).scalars())
+    q = quote_ident(schema)
+    for table in tables:
+        conn.exec_driver_sql(f"ALTER TABLE {q}.{quote_ident(table)} DISABLE TRIGGER USER")
+    conn.execute(text("SELECT citus_schema_distribute(CAST(CAST(:s AS text) AS regnamespace))"), {"s": q})
+    for table in tables:
+        conn.exec_driver_sql(f"ALTER TABLE {q}.{quote_ident(table)} ENABLE TRIGGER USER")

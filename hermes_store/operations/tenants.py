@@ -1,0 +1,81 @@
+"""Tenant placement on a Citus cluster: a tenant schema made a distributed schema, every
+row kept (issue 33). The Citus statements are :mod:`hermes_store.dialects.pg_citus`'s;
+this module checks, counts before and after, and reports.
+
+On plain PostgreSQL (or SQLite) it says that Citus is needed and changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import URL
+
+from .. import errors
+from ..dialects import pg_citus
+from ..engine import create_engine
+from ..tenancy import check_schema, quote_ident
+
+__all__ = ["TenantPlacement", "distribute_tenant"]
+
+_TABLES = ("SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = :s ORDER BY 1")
+_SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = :s)"
+
+
+@dataclass
+class TenantPlacement:
+    """What :func:`distribute_tenant` found and did: the rows of each table of the tenant
+    before (and, when it changed anything, after: checked equal)."""
+
+    schema: str
+    distributed_before: bool
+    distributed: bool
+    dry_run: bool
+    rows: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "distributed_before": self.distributed_before,
+                "distributed": self.distributed, "dry_run": self.dry_run, "rows": dict(self.rows)}
+
+
+def _rows(conn: Any, schema: str) -> dict[str, int]:
+    q = quote_ident(schema)
+    return {t: int(conn.exec_driver_sql(f"SELECT count(*) FROM {q}.{quote_ident(t)}").scalar() or 0)
+            for t in conn.execute(text(_TABLES), {"s": schema}).scalars()}
+
+
+def distribute_tenant(url: str | URL, schema: str, *, dry_run: bool = False) -> TenantPlacement:
+    """Make the existing tenant ``schema`` of the Citus coordinator at ``url`` a
+    distributed schema (schema-based sharding: it then lives whole on one worker, placed
+    and moved by Citus), in one transaction; its rows are counted before and after.
+
+    ``dry_run``: report only. A tenant already distributed is left as it is. Raises
+    :class:`~hermes_store.errors.UnsupportedDatabaseError` where Citus is absent,
+    :class:`~hermes_store.errors.NotFoundError` for a schema that does not exist.
+    """
+    check_schema(schema)
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            if not pg_citus.is_citus(conn):
+                raise errors.UnsupportedDatabaseError(
+                    "distributing a tenant needs Citus (a coordinator with the citus extension)")
+            if not conn.execute(text(_SCHEMA_EXISTS), {"s": schema}).scalar():
+                raise errors.NotFoundError(f"no tenant schema {schema!r} on this database")
+            before = pg_citus.is_distributed(conn, schema)
+            placement = TenantPlacement(schema, before, before, dry_run, _rows(conn, schema))
+            if before or dry_run:
+                return placement
+            pg_citus.distribute_schema(conn, schema)
+        with engine.connect() as conn:
+            after = _rows(conn, schema)
+            placement.distributed = pg_citus.is_distributed(conn, schema)
+        if after != placement.rows or not placement.distributed:
+            raise errors.HermesStoreError(
+                f"tenant {schema!r} after distribution: rows {after} (before {placement.rows}),"
+                f" distributed={placement.distributed}")
+        return placement
+    finally:
+        engine.dispose()
