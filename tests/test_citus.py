@@ -195,3 +195,32 @@ def test_an_existing_tenant_is_distributed_with_every_row(citus_url: str, pg_dat
         with engine.begin() as conn:
             conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         engine.dispose()
+
+
+def test_a_store_written_through_a_worker_node(citus_tenant: tuple[str, str]) -> None:
+    """Failure 6 of issue 33: a worker hands out ids above 2^48, and the display order
+    (a copy of the id) was an ``integer``: every append through a worker failed with
+    ``integer out of range``. hs0008 makes it a ``bigint``."""
+    from sqlalchemy.engine import make_url
+
+    url, schema = citus_tenant
+    migrations.upgrade(url, schema=schema)
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            host, port = _workers(conn)[0]
+    finally:
+        engine.dispose()
+    worker = make_url(url).set(host=host, port=port)
+    db = SessionDB(with_schema(worker, schema))
+    try:
+        db.create_session("s", "cli")
+        first = db.append_message("s", "user", "through a worker 数据库")
+        second = db.append_message("s", "assistant", "answered through a worker")
+        assert first > 2**31 and second > first
+        rows = db.get_messages("s")
+        assert [r["id"] for r in rows] == [first, second]
+        assert [r["display_order"] for r in rows] == [first, second]
+        assert [h["id"] for h in db.search_messages("数据库")] == [first]
+    finally:
+        db.close()

@@ -225,7 +225,7 @@ class Message(Base):
     _compressed_summary: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
     # v30 (late): stable on-screen order; NULL = pending backfill by Hermes
     display_identity: Mapped[bytes | None] = mapped_column(BYTES)
-    display_order: Mapped[int | None] = mapped_column(INTEGER)
+    display_order: Mapped[int | None] = mapped_column(BIG)  # a message id: bigint on PostgreSQL (hs0008)
 
     session: Mapped[AgentSession] = relationship(back_populates="messages", lazy="raise_on_sql")
 

@@ -491,3 +491,28 @@ def test_hs0007_gives_schema_version_a_replica_identity_and_goes_back(pg_databas
     assert identity() == "f" and table() == shape
     assert migrations.downgrade(pg_database, "hs0006") == "hs0006"
     assert identity() == "d" and table() == shape
+
+
+def test_hs0008_holds_message_ids_past_2_31_in_display_order_and_goes_back(pg_database: str, pg_engine: Engine) -> None:
+    """hs0008: ``display_order`` takes the message's id; at ``integer`` an id past 2^31 - 1
+    made the append fail (``integer out of range``). As ``bigint`` it holds it; the
+    downgrade goes back to ``integer`` once no order is too large for one."""
+    def column_type() -> str:
+        with pg_engine.connect() as conn:
+            return str(conn.execute(text(
+                "SELECT data_type FROM information_schema.columns"
+                " WHERE table_name = 'messages' AND column_name = 'display_order'")).scalar())
+
+    assert migrations.upgrade(pg_database, "hs0007") == "hs0007"
+    assert column_type() == "integer"
+    add_rows(pg_engine, "small id")
+    assert migrations.upgrade(pg_database) == HEAD
+    assert column_type() == "bigint"
+    big = 2**40
+    with pg_engine.begin() as conn:
+        conn.execute(insert(Message.__table__).values(id=big, session_id="s", role="user", content="big id",
+                                                      timestamp=2.0))
+        assert conn.execute(text("SELECT display_order FROM messages WHERE id = :i"), {"i": big}).scalar() == big
+        conn.execute(text("DELETE FROM messages WHERE id = :i"), {"i": big})
+    assert migrations.downgrade(pg_database, "hs0007") == "hs0007"
+    assert column_type() == "integer"
