@@ -16,6 +16,18 @@ from hermes_store import SessionDB, migrations, paths
 from hermes_store.engine import create_engine, with_schema
 
 
+def migrated_with_rows(url: str, schema: str, rows: int) -> None:
+    """``schema`` at head, with session ``s`` holding ``rows`` messages (each with CJK)."""
+    migrations.upgrade(url, schema=schema)
+    db = SessionDB(with_schema(url, schema))
+    try:
+        db.create_session("s", "cli")
+        for n in range(rows):
+            db.append_message("s", "user", f"row {n} before 数据库")
+    finally:
+        db.close()
+
+
 def placement(url: str, schema: str) -> list[tuple[Any, ...]]:
     """(table, citus_table_type, colocation) of each distributed table of ``schema``."""
     engine = create_engine(url)
@@ -115,14 +127,7 @@ def test_a_tenant_moves_to_the_other_worker_in_citus_default_mode(citus_tenant: 
     key or replica identity on every table; Hermes' ``schema_version`` had neither
     (revision hs0007 gives it one). The move keeps every row, and the store works after it."""
     url, schema = citus_tenant
-    migrations.upgrade(url, schema=schema)
-    db = SessionDB(with_schema(url, schema))
-    try:
-        db.create_session("s", "cli")
-        for n in range(30):
-            db.append_message("s", "user", f"before the move {n} 数据库")
-    finally:
-        db.close()
+    migrated_with_rows(url, schema, 30)
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
@@ -166,14 +171,7 @@ def test_an_existing_tenant_is_distributed_with_every_row(citus_url: str, pg_dat
     try:
         with engine.begin() as conn:  # schema-based sharding off: a plain schema of the coordinator
             conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-        migrations.upgrade(citus_url, schema=schema)
-        db = SessionDB(with_schema(citus_url, schema))
-        try:
-            db.create_session("s", "cli")
-            for n in range(12):
-                db.append_message("s", "user", f"before {n} 数据库")
-        finally:
-            db.close()
+        migrated_with_rows(citus_url, schema, 12)
         dry = distribute_tenant(citus_url, schema, dry_run=True)
         assert not dry.distributed and dry.rows["messages"] == 12
         placed = distribute_tenant(citus_url, schema)
