@@ -670,7 +670,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         bounded by what is left of the budget too (:meth:`Dialect.begin_write`).
 
         ``one_statement``: ``fn`` sends a single statement (an append), which a server
-        runs as its own transaction, budget included (:attr:`Dialect.one_statement_writes`).
+        runs as its own transaction, budget included (:meth:`Dialect.one_statement_write`).
 
         ``combine``: ``fn`` is a short write, safe to run again after a rollback, that may
         share its transaction with this store's other writes posted meanwhile, where one
@@ -697,7 +697,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
 
         def attempt(deadline: float) -> T:
             with self._borrow(write=True) as (conn, kept):
-                if one_statement and dialect.one_statement_writes:
+                if one_statement and dialect.one_statement_write(conn):
                     return self._one_statement(conn, kept, fn, deadline)
                 # In line behind this process's other writers of the file, for at most
                 # what is left of the budget (write_queue; SQLite only).

@@ -222,3 +222,46 @@ def test_a_store_written_through_a_worker_node(citus_tenant: tuple[str, str]) ->
         assert [h["id"] for h in db.search_messages("数据库")] == [first]
     finally:
         db.close()
+
+
+def test_a_lock_held_on_the_worker_ends_the_write_within_its_budget(citus_tenant: tuple[str, str],
+                                                                    monkeypatch: Any) -> None:
+    """Failure 5 of issue 33: the lock budget is set on the coordinator, while the wait
+    happens on the worker holding the tenant; a write behind an open transaction waited
+    for ever. On Citus the write's transaction passes its ``SET LOCAL lock_timeout`` on
+    (``citus.propagate_set_commands = 'local'``, local too), so the write gives up with
+    DatabaseLockedError when its budget is spent, and nothing of it is written."""
+    import threading
+
+    from hermes_store import errors, facade
+
+    url, schema = citus_tenant
+    migrated_with_rows(url, schema, 1)
+    for name in ("WRITE_BUDGET_S", "TRANSCRIPT_BUDGET_S"):  # read at call time
+        monkeypatch.setattr(facade, name, 0.5)
+    holder = create_engine(url)
+    db = SessionDB(with_schema(url, schema))
+    outcome: list[BaseException | int] = []
+    try:
+        with holder.connect() as conn:
+            conn.execute(text(f'SELECT id FROM "{schema}".sessions WHERE id = \'s\' FOR UPDATE'))  # held till rollback
+
+            def append() -> None:
+                try:
+                    outcome.append(db.append_message("s", "user", "behind a held lock"))
+                except BaseException as exc:  # the test reads it
+                    outcome.append(exc)
+
+            writer = threading.Thread(target=append, daemon=True)
+            writer.start()
+            writer.join(60)  # without the budget on the worker it waits until the rollback below
+            ended_in_time = not writer.is_alive()
+            conn.rollback()
+        writer.join(60)
+        assert ended_in_time, "the write waited past its budget"
+        assert len(outcome) == 1 and isinstance(outcome[0], errors.DatabaseLockedError), outcome
+        assert db.get_session("s")["message_count"] == 1
+        assert len(db.get_messages("s")) == 1
+    finally:
+        db.close()
+        holder.dispose()

@@ -128,10 +128,11 @@ class Dialect(Protocol):
         SQLite reader wants one snapshot for the whole call; a write call's transaction
         starts as :meth:`begin_write` says."""
 
-    #: Whether a write that is one statement (an append) runs as that statement alone,
-    #: committed by itself, with its lock budget inside it: one round trip instead of
-    #: BEGIN, the statement and COMMIT. Where BEGIN costs nothing (SQLite), False.
-    one_statement_writes: bool
+    def one_statement_write(self, conn: Connection) -> bool:
+        """Whether a write that is one statement (an append) runs on ``conn`` as that
+        statement alone, committed by itself, with its lock budget inside it: one round
+        trip instead of BEGIN, the statement and COMMIT. Where BEGIN costs nothing
+        (SQLite), or where the budget would not reach the node that waits (Citus), False."""
 
     def never_ran(self, exc: BaseException) -> bool:
         """Whether a failed one-statement write certainly did not run: the server had

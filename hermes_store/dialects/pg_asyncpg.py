@@ -35,7 +35,7 @@ from sqlalchemy.util import await_only
 
 from .. import errors
 from ..codec import pg_decode_nul, pg_encode_nul
-from . import pg_engine
+from . import pg_citus, pg_engine
 from .postgresql import PostgreSQLDialect
 
 #: Statements whose description (parameter and result types) a connection keeps.
@@ -217,9 +217,9 @@ class AsyncpgDialect(PostgreSQLDialect):
         ms = max(1, math.ceil(seconds * 1000))
         raw = conn.connection.dbapi_connection
         if isinstance(raw, PoolerSafeConnection):
-            raw.open_with(f"SET LOCAL lock_timeout = {ms}")
+            raw.open_with(pg_citus.lock_budget(conn, ms))
         else:
-            conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
+            conn.exec_driver_sql(pg_citus.lock_budget(conn, ms))
 
     def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
         return "wal"  # the codecs came with the engine's own connect hook

@@ -9,6 +9,9 @@ nothing of it is set on a host's session or left on a pooled server connection.
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 from sqlalchemy import Connection, text
 
 from ..tenancy import quote_ident
@@ -73,3 +76,29 @@ def distribute_schema(conn: Connection, schema: str) -> None:
     conn.execute(text("SELECT citus_schema_distribute(CAST(CAST(:s AS text) AS regnamespace))"), {"s": q})
     for table in tables:
         conn.exec_driver_sql(f"ALTER TABLE {q}.{quote_ident(table)} ENABLE TRIGGER USER")
+
+
+#: Per engine (its SQLAlchemy dialect object): whether it reaches a Citus coordinator.
+_ON_CITUS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def on_citus(conn: Connection) -> bool:
+    """:func:`is_citus` for ``conn``'s engine, asked once and then kept (an engine reaches
+    one database for its life)."""
+    found = _ON_CITUS.get(conn.dialect)
+    if found is None:
+        found = _ON_CITUS[conn.dialect] = is_citus(conn)
+    return found
+
+
+def lock_budget(conn: Connection, ms: int) -> str:
+    """The statement (or statements) bounding a write transaction's lock waits at ``ms``.
+
+    ``SET LOCAL lock_timeout`` binds the node that runs it; on Citus the waits happen on
+    the worker holding the tenant, which gets a ``SET LOCAL`` only when told to pass
+    them on (``citus.propagate_set_commands = 'local'``, itself local to the
+    transaction: issue 33, point 5). Both end with the transaction, so nothing is left
+    on a pooled server connection.
+    """
+    budget = f"SET LOCAL lock_timeout = {max(1, int(ms))}"
+    return f"SET LOCAL citus.propagate_set_commands = 'local'; {budget}" if on_citus(conn) else budget

@@ -34,7 +34,7 @@ from ..search import latin_in_cjk as runs
 from ..search import postgresql as pg_search
 from ..search.delegated import DELEGATED_CANDIDATE
 from ..tenancy import qualified, quote_ident, schema_of_connection
-from . import pg_engine, pg_tenants, search_pg
+from . import pg_citus, pg_engine, pg_tenants, search_pg
 from .base import CLOSED_BY_COMPRESSION, LOCK_BUDGET_OPTION, MessageRuns, refused_append
 from .fts5 import NO_FTS5_STORAGE, Fts5Storage
 from .pg_nul import install_nul_adapters
@@ -402,7 +402,11 @@ class PostgreSQLDialect:
     def still_running(self, conn: Connection, writers: Sequence[str]) -> bool:
         return bool(writers) and bool(conn.execute(_RUNNING, {"v": list(writers)}).scalar())
 
-    one_statement_writes = True
+    def one_statement_write(self, conn: Connection) -> bool:
+        # On Citus the wait happens on a worker, which a set_config() inside the statement
+        # never reaches (issue 33, point 5): there the write opens its transaction with a
+        # propagated SET LOCAL (begin_write).
+        return not pg_citus.on_citus(conn)
 
     def never_ran(self, exc: BaseException) -> bool:
         # The server ended the session (admin_shutdown, crash_shutdown, cannot_connect_now,
@@ -440,7 +444,7 @@ class PostgreSQLDialect:
         sends COMMIT or ROLLBACK when SQLAlchemy ends it.
         """
         ms = max(1, math.ceil(seconds * 1000))
-        conn.exec_driver_sql(f"BEGIN; SET LOCAL lock_timeout = {ms}")
+        conn.exec_driver_sql(f"BEGIN; {pg_citus.lock_budget(conn, ms)}")
 
     def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
         install_nul_adapters(dbapi_conn)
