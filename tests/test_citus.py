@@ -265,3 +265,98 @@ def test_a_lock_held_on_the_worker_ends_the_write_within_its_budget(citus_tenant
     finally:
         db.close()
         holder.dispose()
+
+
+#: A writer process of the move test: appends to each tenant in turn until told to stop
+#: (a file appears), then prints a JSON line: the ids acknowledged per tenant, and each
+#: error that reached it (its type and whether it is one of ours).
+_WRITER = r"""
+import json, os, sys, time
+from hermes_store import SessionDB, errors
+from hermes_store.engine import with_schema
+url, stop, tag, schemas = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+dbs = {s: SessionDB(with_schema(url, s)) for s in schemas}
+acked = {s: [] for s in schemas}
+failures = []
+n = 0
+while not os.path.exists(stop):
+    for s, db in dbs.items():
+        try:
+            acked[s].append(db.append_message(f"w{tag}", "user", f"writer {tag} row {n} 数据库"))
+        except Exception as exc:
+            failures.append([type(exc).__module__ + "." + type(exc).__name__, isinstance(exc, errors.HermesStoreError),
+                             str(exc)[:200]])
+    n += 1
+for db in dbs.values():
+    db.close()
+print(json.dumps({"acked": acked, "failures": failures}))
+"""
+
+
+def test_writers_on_two_tenants_while_one_moves_there_and_back(citus_url: str, tmp_path: Any) -> None:
+    """2 processes append to 2 tenants while one tenant is moved to the other worker and
+    back (``force_logical``, as a platform moves a live tenant). Every acknowledged append
+    is there afterwards and the counters agree; no error reaches a writer that is not one
+    of ours (issue 33, points 4 and 8)."""
+    import json
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    schemas = [f"m_{uuid.uuid4().hex[:10]}" for _ in range(2)]
+    engine = create_engine(citus_url)
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("SET citus.enable_schema_based_sharding TO on")
+            for schema in schemas:
+                conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+        for schema in schemas:
+            migrations.upgrade(citus_url, schema=schema)
+            db = SessionDB(with_schema(citus_url, schema))
+            try:
+                for tag in ("0", "1"):
+                    db.create_session(f"w{tag}", "cli")
+            finally:
+                db.close()
+        stop = tmp_path / "stop"
+        writers = [subprocess.Popen([sys.executable, "-c", _WRITER, citus_url, str(stop), tag, *schemas],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for tag in ("0", "1")]
+        moved = schemas[0]
+        try:
+            time.sleep(1.0)
+            with engine.connect() as conn:
+                home = _node_of(conn, moved)
+                other = next(w for w in _workers(conn) if w != home)
+                conn.commit()
+            for to in (other, home, other):
+                with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                    conn.execute(text("SELECT citus_schema_move(CAST(:s AS regnamespace), :h, :p,"
+                                      " shard_transfer_mode => 'force_logical')"),
+                                 {"s": f'"{moved}"', "h": to[0], "p": to[1]})
+                time.sleep(0.5)
+        finally:
+            stop.touch()
+            outputs = [w.communicate(timeout=120) for w in writers]
+        results = []
+        for (out, err), writer in zip(outputs, writers, strict=True):
+            assert writer.returncode == 0, err[-2000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        assert [f for r in results for f in r["failures"] if not f[1]] == []  # nothing untyped reached a writer
+        with engine.connect() as conn:
+            assert _node_of(conn, moved) == other
+            for schema in schemas:
+                ids = set(conn.execute(text(f'SELECT id FROM "{schema}".messages')).scalars())
+                for tag, result in zip(("0", "1"), results, strict=True):
+                    acked = result["acked"][schema]
+                    assert acked and set(acked) <= ids, (schema, tag)
+                    count = conn.execute(text(f'SELECT message_count FROM "{schema}".sessions WHERE id = :s'),
+                                         {"s": f"w{tag}"}).scalar()
+                    rows = conn.execute(text(f'SELECT count(*) FROM "{schema}".messages WHERE session_id = :s'),
+                                        {"s": f"w{tag}"}).scalar()
+                    assert count == rows >= len(acked), (schema, tag, count, rows, len(acked))
+    finally:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            for schema in schemas:
+                conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        engine.dispose()
