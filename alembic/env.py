@@ -17,7 +17,7 @@ table lives in the tenant too. Other schemas are never read or written.
 
 On PostgreSQL a whole run is ONE transaction: the advisory lock that serializes
 migrations of one schema across processes, on Citus the settings a distributed schema
-needs (``dialects.pg_citus``, transaction-local), the tenant's schema and the shared
+needs (``pg_tenants.citus_migration_settings``, transaction-local), the tenant's schema and the shared
 extension, the transaction-local search path, every revision and the version table,
 then COMMIT. Behind a transaction pooler nothing of it outlives that transaction (a
 session lock or a session ``search_path`` would stay on a server connection the next
@@ -44,7 +44,6 @@ from hermes_store.alembic_support import (
     quiet_reflection,
     revision_directives,
 )
-from hermes_store.dialects import pg_citus
 from hermes_store.dialects import pg_tenants as pg
 from hermes_store.engine import create_engine, default_db_path, install_begin_hook, tenant_of, to_url
 from hermes_store.keys import VERSION_TABLE
@@ -131,7 +130,7 @@ def run_postgresql(connection: Connection, schema: str | None, *, hosted: bool) 
     """
     key = schema if schema is not None else pg.current_schema_name(connection)
     pg.migration_lock(connection, key)
-    pg_citus.migration_settings(connection)  # nothing on plain PostgreSQL
+    pg.citus_migration_settings(connection)  # nothing on plain PostgreSQL
     if schema is None:
         run_in_schema(connection, None)
         return

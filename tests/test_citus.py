@@ -164,7 +164,7 @@ def test_an_existing_tenant_is_distributed_with_every_row(citus_url: str, pg_dat
     import pytest
 
     from hermes_store import errors
-    from hermes_store.operations import distribute_tenant
+    from hermes_store.operations.tenants import distribute_tenant
 
     schema = f"p_{uuid.uuid4().hex[:12]}"
     engine = create_engine(citus_url)

@@ -249,6 +249,7 @@ BASH_BLOCKS: dict[str, str] = {
     'pip install ".[postgresql]"': "test_postgresql_block_migrates_a_server_database",
     "hermes-store copy --from ~/.hermes/state.db": "test_copy_block_moves_the_demo_there_and_back",
     'eval "$(scripts/pg-test-server start)"': "test_the_test_server_block_starts_and_stops_a_server",
+    'eval "$(scripts/citus-test-cluster start)"': "test_the_citus_cluster_block_starts_and_stops_a_cluster",
     "branch/commands": "test_host_embedding.py::test_branch",
 }
 
@@ -322,6 +323,25 @@ def test_the_test_server_block_starts_and_stops_a_server(tmp_path: Path) -> None
     assert "HERMES_STORE_TEST_PG_URL 1" in done.stdout and "HERMES_STORE_TEST_PGBOUNCER_URL 1" in done.stdout, done.stdout
     folder = Path(re.search(r"^dir=(\S+)$", done.stdout, re.M).group(1))
     assert not folder.exists()  # the stop line removed the server and its folder
+
+
+def test_the_citus_cluster_block_starts_and_stops_a_cluster(citus_url: str, tmp_path: Path) -> None:
+    """The block's first and last lines, as written, around a check that the exported
+    coordinator has its 2 workers (its middle line runs the Citus tests, which CI runs).
+    Runs where a cluster could be built: beside the one .ci/run started (its cache)."""
+    start, middle, stop = bash_block('eval "$(scripts/citus-test-cluster start)"')
+    assert middle == "pytest -q tests/test_citus.py" and citus_url
+    probe = ("python -c 'import os, psycopg\n"
+             "url = os.environ[\"HERMES_STORE_TEST_CITUS_URL\"].replace(\"+psycopg\", \"\")\n"
+             "print(\"nodes\", psycopg.connect(url).execute(\"SELECT count(*) FROM pg_dist_node\").fetchone()[0])'")
+    script = f'set -e\n{start}\ntrap \'{stop}\' EXIT\n{probe}\necho "dir=$CITUS_TEST_DIR"\n'
+    env = _env(tmp_path)
+    env["HOME"] = os.environ.get("HOME", str(tmp_path))  # the build cache of this machine
+    done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "nodes 3" in done.stdout, done.stdout
+    folder = Path(re.search(r"^dir=(\S+)$", done.stdout, re.M).group(1))
+    assert not folder.exists()  # the stop line removed the cluster and its folder
 
 
 # ------------------------------------------------------------- installs, on a fresh copy

@@ -104,6 +104,25 @@ def migration_lock(conn: Connection, schema: str) -> None:
     conn.execute(text("SELECT pg_advisory_xact_lock(:c, hashtext(:s))"), {"c": _MIGRATION_LOCK_CLASS, "s": schema})
 
 
+#: Transaction-local settings a migration run needs on a Citus coordinator (none on plain
+#: PostgreSQL). ``citus.enable_unsafe_triggers``: Citus refuses triggers on distributed
+#: tables unless told they are safe, and our revisions create them (the short-CJK index's
+#: dirty marks, the display order). Ours are: each touches only its own tenant's tables,
+#: which Citus keeps co-located on one node.
+CITUS_MIGRATION_SETTINGS = """DO $citus$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+    END IF;
+END
+$citus$"""
+
+
+def citus_migration_settings(conn: Connection) -> None:
+    """:data:`CITUS_MIGRATION_SETTINGS`, in ``conn``'s transaction (which must be the run's own)."""
+    conn.exec_driver_sql(CITUS_MIGRATION_SETTINGS)
+
+
 def revision_in(conn: Connection, schema: str | None, version_table: str) -> str | None:
     """The revision recorded in ``schema``'s version table (None: no table, or empty).
 

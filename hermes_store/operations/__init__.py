@@ -19,6 +19,9 @@ code with only an Engine over :class:`UnitOfWorkSteps`::
 | steps | the Steps protocol and UnitOfWorkSteps |
 | tenants | distribute_tenant (Citus: a tenant schema made a distributed schema) |
 
+``tenants`` is imported by its own name (``hermes_store.operations.tenants``), not here:
+a SQLite program never loads the PostgreSQL modules.
+
 This layer uses the repositories, the unit of work, the dialects and the engine; it
 never imports the facade, the Hermes mixins or the CLI.
 """
@@ -28,7 +31,6 @@ from .imports import ImportLimits, import_errors, import_records, import_session
 from .prune import auto_prune_and_vacuum
 from .search_index import catch_up_search_index, index_search
 from .steps import LONG_BUDGET_S, WRITE_BUDGET_S, Steps, UnitOfWorkSteps
-from .tenants import TenantPlacement, distribute_tenant
 
 __all__ = [
     "LONG_BUDGET_S",
@@ -36,12 +38,10 @@ __all__ = [
     "ImportLimits",
     "Pacing",
     "Steps",
-    "TenantPlacement",
     "UnitOfWorkSteps",
     "auto_prune_and_vacuum",
     "catch_up_search_index",
     "demote_legacy_fts",
-    "distribute_tenant",
     "import_errors",
     "import_records",
     "import_sessions",
