@@ -360,3 +360,39 @@ def test_writers_on_two_tenants_while_one_moves_there_and_back(citus_url: str, t
             for schema in schemas:
                 conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         engine.dispose()
+
+
+def test_list_tenants_tells_where_each_store_lives(citus_tenant: tuple[str, str], tmp_path: Any) -> None:
+    """``operations.tenants.list_tenants``: every store of the database (a schema with our
+    version table), distributed or not, with the worker holding a distributed one, its
+    size there, and its sessions and messages; a SQLite file has no tenants."""
+    import uuid
+
+    import pytest
+
+    from hermes_store import errors
+    from hermes_store.operations.tenants import list_tenants
+
+    url, distributed = citus_tenant
+    migrated_with_rows(url, distributed, 7)
+    plain = f"l_{uuid.uuid4().hex[:12]}"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA "{plain}"')
+        migrated_with_rows(url, plain, 3)
+        with engine.connect() as conn:
+            workers = {f"{h}:{p}" for h, p in _workers(conn)}
+        found = {t.schema: t for t in list_tenants(url)}
+        one, two = found[distributed], found[plain]
+        assert (one.distributed, one.sessions, one.messages) == (True, 1, 7)
+        assert one.node in workers and one.size_bytes is not None and one.size_bytes > 0
+        assert (two.distributed, two.node, two.size_bytes, two.sessions, two.messages) == (False, None, None, 1, 3)
+        assert one.as_dict()["node"] == one.node
+        with pytest.raises(errors.UnsupportedDatabaseError):
+            list_tenants(tmp_path / "state.db")
+        assert not (tmp_path / "state.db").exists()  # nothing was created
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{plain}" CASCADE')
+        engine.dispose()

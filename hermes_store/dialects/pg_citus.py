@@ -14,7 +14,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, text
 
 from ..tenancy import quote_ident
 
@@ -30,10 +30,16 @@ _TRIGGERED_TABLES = (
 )
 
 
+def has_tenants(bind: Connection | Engine) -> bool:
+    """Whether ``bind``'s database keeps stores in schemas (PostgreSQL; not a SQLite file).
+    Asked of an Engine, it connects to nothing."""
+    return bind.dialect.name == "postgresql"
+
+
 def is_citus(conn: Connection) -> bool:
     """Whether the database ``conn`` reaches has the Citus extension (a coordinator); never
     on another kind of database."""
-    return conn.dialect.name == "postgresql" and bool(conn.exec_driver_sql(_IS_CITUS).scalar())
+    return has_tenants(conn) and bool(conn.exec_driver_sql(_IS_CITUS).scalar())
 
 
 def is_distributed(conn: Connection, schema: str) -> bool:
@@ -85,3 +91,29 @@ def lock_budget(conn: Connection, ms: int) -> str:
     """
     budget = f"SET LOCAL lock_timeout = {max(1, int(ms))}"
     return f"SET LOCAL citus.propagate_set_commands = 'local'; {budget}" if on_citus(conn) else budget
+
+
+#: The node ``host:port`` holding a distributed schema's tables (all co-located on one).
+_NODE_OF = (
+    "SELECT s.nodename || ':' || s.nodeport FROM pg_catalog.pg_dist_schema d"
+    " JOIN citus_shards s ON s.colocation_id = d.colocationid"
+    " WHERE d.schemaid = CAST(CAST(:s AS text) AS regnamespace) LIMIT 1"
+)
+#: The size of a distributed schema, as Citus reports it (bytes, on its worker).
+_SIZE_OF = (
+    "SELECT sum(s.shard_size) FROM pg_catalog.pg_dist_schema d"
+    " JOIN citus_shards s ON s.colocation_id = d.colocationid"
+    " WHERE d.schemaid = CAST(CAST(:s AS text) AS regnamespace)"
+)
+
+
+def node_of(conn: Connection, schema: str) -> str | None:
+    """``host:port`` of the worker holding the distributed schema ``schema`` (None: not distributed)."""
+    found = conn.execute(text(_NODE_OF), {"s": quote_ident(schema)}).scalar()
+    return str(found) if found is not None else None
+
+
+def size_of(conn: Connection, schema: str) -> int | None:
+    """Bytes the distributed schema ``schema`` takes on its worker (None: not distributed)."""
+    found = conn.execute(text(_SIZE_OF), {"s": quote_ident(schema)}).scalar()
+    return int(found) if found is not None else None

@@ -16,12 +16,16 @@ from sqlalchemy.engine import URL
 from .. import errors
 from ..dialects import pg_citus
 from ..engine import create_engine
+from ..keys import VERSION_TABLE
 from ..tenancy import check_schema, quote_ident
 
-__all__ = ["TenantPlacement", "distribute_tenant"]
+__all__ = ["TenantInfo", "TenantPlacement", "distribute_tenant", "list_tenants"]
 
 _TABLES = ("SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = :s ORDER BY 1")
 _SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = :s)"
+#: The schemas holding a store of ours: those with our version table.
+_STORES = ("SELECT table_schema FROM information_schema.tables WHERE table_name = :v AND table_type = 'BASE TABLE'"
+           " ORDER BY 1")
 
 
 @dataclass
@@ -58,6 +62,8 @@ def distribute_tenant(url: str | URL, schema: str, *, dry_run: bool = False) -> 
     check_schema(schema)
     engine = create_engine(url)
     try:
+        if not pg_citus.has_tenants(engine):  # before connecting: a file path is never created
+            raise errors.UnsupportedDatabaseError("distributing a tenant needs Citus, on PostgreSQL")
         with engine.begin() as conn:
             if not pg_citus.is_citus(conn):
                 raise errors.UnsupportedDatabaseError(
@@ -77,5 +83,49 @@ def distribute_tenant(url: str | URL, schema: str, *, dry_run: bool = False) -> 
                 f"tenant {schema!r} after distribution: rows {after} (before {placement.rows}),"
                 f" distributed={placement.distributed}")
         return placement
+    finally:
+        engine.dispose()
+
+
+@dataclass
+class TenantInfo:
+    """One store of a database (:func:`list_tenants`): its schema, where Citus keeps it
+    (``node`` ``host:port`` and ``size_bytes`` when it is a distributed schema), and its
+    sessions and messages (counted)."""
+
+    schema: str
+    distributed: bool
+    node: str | None
+    size_bytes: int | None
+    sessions: int
+    messages: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "distributed": self.distributed, "node": self.node,
+                "size_bytes": self.size_bytes, "sessions": self.sessions, "messages": self.messages}
+
+
+def list_tenants(url: str | URL) -> list[TenantInfo]:
+    """Every store of the PostgreSQL database at ``url`` (each schema holding our version
+    table), with its placement where the database is a Citus coordinator. Sessions and
+    messages are counted exactly: a read of each store's two tables. Raises
+    :class:`~hermes_store.errors.UnsupportedDatabaseError` on SQLite (one store, no tenants)."""
+    engine = create_engine(url)
+    try:
+        if not pg_citus.has_tenants(engine):  # before connecting: a file path is never created
+            raise errors.UnsupportedDatabaseError("tenants are schemas of a PostgreSQL database")
+        with engine.connect() as conn:
+            citus = pg_citus.is_citus(conn)
+            found = []
+            for schema in conn.execute(text(_STORES), {"v": VERSION_TABLE}).scalars():
+                q = quote_ident(schema)
+                distributed = citus and pg_citus.is_distributed(conn, schema)
+                found.append(TenantInfo(
+                    schema, distributed,
+                    pg_citus.node_of(conn, schema) if distributed else None,
+                    pg_citus.size_of(conn, schema) if distributed else None,
+                    int(conn.exec_driver_sql(f"SELECT count(*) FROM {q}.sessions").scalar() or 0),
+                    int(conn.exec_driver_sql(f"SELECT count(*) FROM {q}.messages").scalar() or 0)))
+            return found
     finally:
         engine.dispose()
