@@ -93,27 +93,15 @@ def lock_budget(conn: Connection, ms: int) -> str:
     return f"SET LOCAL citus.propagate_set_commands = 'local'; {budget}" if on_citus(conn) else budget
 
 
-#: The node ``host:port`` holding a distributed schema's tables (all co-located on one).
-_NODE_OF = (
-    "SELECT s.nodename || ':' || s.nodeport FROM pg_catalog.pg_dist_schema d"
-    " JOIN citus_shards s ON s.colocation_id = d.colocationid"
-    " WHERE d.schemaid = CAST(CAST(:s AS text) AS regnamespace) LIMIT 1"
-)
-#: The size of a distributed schema, as Citus reports it (bytes, on its worker).
-_SIZE_OF = (
-    "SELECT sum(s.shard_size) FROM pg_catalog.pg_dist_schema d"
-    " JOIN citus_shards s ON s.colocation_id = d.colocationid"
-    " WHERE d.schemaid = CAST(CAST(:s AS text) AS regnamespace)"
+#: Each distributed schema with the worker holding it (``host:port``; its tables are all
+#: co-located on one) and its size there (bytes, as Citus reports it).
+_PLACEMENTS = (
+    "SELECT n.nspname, min(s.nodename || ':' || s.nodeport), sum(s.shard_size)"
+    " FROM pg_catalog.pg_dist_schema d JOIN pg_catalog.pg_namespace n ON n.oid = d.schemaid"
+    " JOIN citus_shards s ON s.colocation_id = d.colocationid GROUP BY n.nspname"
 )
 
 
-def node_of(conn: Connection, schema: str) -> str | None:
-    """``host:port`` of the worker holding the distributed schema ``schema`` (None: not distributed)."""
-    found = conn.execute(text(_NODE_OF), {"s": quote_ident(schema)}).scalar()
-    return str(found) if found is not None else None
-
-
-def size_of(conn: Connection, schema: str) -> int | None:
-    """Bytes the distributed schema ``schema`` takes on its worker (None: not distributed)."""
-    found = conn.execute(text(_SIZE_OF), {"s": quote_ident(schema)}).scalar()
-    return int(found) if found is not None else None
+def placements(conn: Connection) -> dict[str, tuple[str, int]]:
+    """``{schema: (host:port, bytes)}`` of every distributed schema, in one statement."""
+    return {str(r[0]): (str(r[1]), int(r[2] or 0)) for r in conn.exec_driver_sql(_PLACEMENTS)}

@@ -7,10 +7,12 @@ On plain PostgreSQL (or SQLite) it says that Citus is needed and changes nothing
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
 
 from .. import errors
@@ -44,6 +46,19 @@ class TenantPlacement:
                 "distributed": self.distributed, "dry_run": self.dry_run, "rows": dict(self.rows)}
 
 
+@contextlib.contextmanager
+def _server(url: str | URL, refusal: str) -> Iterator[Engine]:
+    """An engine on the PostgreSQL database at ``url``, disposed after; a SQLite target is
+    refused (``refusal``) before anything connects, so no file is created."""
+    engine = create_engine(url)
+    try:
+        if not pg_citus.has_tenants(engine):
+            raise errors.UnsupportedDatabaseError(refusal)
+        yield engine
+    finally:
+        engine.dispose()
+
+
 def _rows(conn: Any, schema: str) -> dict[str, int]:
     q = quote_ident(schema)
     return {t: int(conn.exec_driver_sql(f"SELECT count(*) FROM {q}.{quote_ident(t)}").scalar() or 0)
@@ -60,10 +75,7 @@ def distribute_tenant(url: str | URL, schema: str, *, dry_run: bool = False) -> 
     :class:`~hermes_store.errors.NotFoundError` for a schema that does not exist.
     """
     check_schema(schema)
-    engine = create_engine(url)
-    try:
-        if not pg_citus.has_tenants(engine):  # before connecting: a file path is never created
-            raise errors.UnsupportedDatabaseError("distributing a tenant needs Citus, on PostgreSQL")
+    with _server(url, "distributing a tenant needs Citus, on PostgreSQL") as engine:
         with engine.begin() as conn:
             if not pg_citus.is_citus(conn):
                 raise errors.UnsupportedDatabaseError(
@@ -83,8 +95,6 @@ def distribute_tenant(url: str | URL, schema: str, *, dry_run: bool = False) -> 
                 f"tenant {schema!r} after distribution: rows {after} (before {placement.rows}),"
                 f" distributed={placement.distributed}")
         return placement
-    finally:
-        engine.dispose()
 
 
 @dataclass
@@ -107,25 +117,16 @@ class TenantInfo:
 
 def list_tenants(url: str | URL) -> list[TenantInfo]:
     """Every store of the PostgreSQL database at ``url`` (each schema holding our version
-    table), with its placement where the database is a Citus coordinator. Sessions and
-    messages are counted exactly: a read of each store's two tables. Raises
+    table), with its placement where the database is a Citus coordinator (read once for
+    all). Sessions and messages are counted exactly: one statement per store. Raises
     :class:`~hermes_store.errors.UnsupportedDatabaseError` on SQLite (one store, no tenants)."""
-    engine = create_engine(url)
-    try:
-        if not pg_citus.has_tenants(engine):  # before connecting: a file path is never created
-            raise errors.UnsupportedDatabaseError("tenants are schemas of a PostgreSQL database")
-        with engine.connect() as conn:
-            citus = pg_citus.is_citus(conn)
-            found = []
-            for schema in conn.execute(text(_STORES), {"v": VERSION_TABLE}).scalars():
-                q = quote_ident(schema)
-                distributed = citus and pg_citus.is_distributed(conn, schema)
-                found.append(TenantInfo(
-                    schema, distributed,
-                    pg_citus.node_of(conn, schema) if distributed else None,
-                    pg_citus.size_of(conn, schema) if distributed else None,
-                    int(conn.exec_driver_sql(f"SELECT count(*) FROM {q}.sessions").scalar() or 0),
-                    int(conn.exec_driver_sql(f"SELECT count(*) FROM {q}.messages").scalar() or 0)))
-            return found
-    finally:
-        engine.dispose()
+    with _server(url, "tenants are schemas of a PostgreSQL database") as engine, engine.connect() as conn:
+        placed = pg_citus.placements(conn) if pg_citus.is_citus(conn) else {}
+        found = []
+        for schema in conn.execute(text(_STORES), {"v": VERSION_TABLE}).scalars():
+            q = quote_ident(schema)
+            sessions, messages = conn.exec_driver_sql(
+                f"SELECT (SELECT count(*) FROM {q}.sessions), (SELECT count(*) FROM {q}.messages)").one()
+            node, size = placed.get(schema, (None, None))
+            found.append(TenantInfo(schema, schema in placed, node, size, int(sessions), int(messages)))
+        return found
