@@ -8,7 +8,7 @@ take the write lock up front, and makes SAVEPOINT-based test fixtures roll back 
 
 On PostgreSQL one database can hold several stores, one per tenant schema
 (``create_engine(url, schema="team_a")`` or ``…?schema=team_a``), named in every
-statement (:mod:`hermes_store.tenancy`), never set on a connection.
+statement (:mod:`hermes_store.tenant_schema`), never set on a connection.
 Schema names are checked here (:func:`check_schema`), before anything connects.
 """
 
@@ -28,7 +28,7 @@ from . import dialects, errors
 from .dialects.base import translate_python_error
 from .dialects.sqlite import BEGIN_MODE, install_begin_hook
 from .targets import refuse_async
-from .tenancy import SCHEMA_OPTION, SCHEMA_PARAM, check_schema, schema_in_query
+from .tenant_schema import SCHEMA_OPTION, SCHEMA_PARAM, check_schema, schema_in_query
 
 __all__ = [
     "BEGIN_MODE",
@@ -246,7 +246,7 @@ def create_engine(
     ``foreign_keys``/``busy_timeout_ms`` are SQLite settings it ignores.
 
     ``schema`` (or ``?schema=`` in the URL) keeps one tenant in its own PostgreSQL
-    schema: every statement names it (:mod:`hermes_store.tenancy`); no connection is
+    schema: every statement names it (:mod:`hermes_store.tenant_schema`); no connection is
     ever pointed at it. A bad name or a SQLite target is refused here.
 
     PostgreSQL statements are not prepared on the server by default (psycopg's

@@ -82,6 +82,12 @@ class UnsupportedDatabaseError(HermesStoreError):
     """The URL names a database kind (dialect) hermes_store does not support."""
 
 
+class TenantPlacementError(HermesStoreError):
+    """A tenant distributed or moved (Citus) did not check out afterwards: rows that
+    differ from before, or tables not all on the node it was sent to. Nothing was
+    deleted: Citus' own step committed or rolled back whole."""
+
+
 class ManagedByHostError(HermesStoreError):
     """Our revisions in this database are run by a host application's Alembic (branch
     mode); migrate it there (``alembic upgrade heads``), not from hermes_store."""

@@ -1,164 +1,276 @@
-"""Which tenant schema a statement works in, named in the statement itself.
+"""Tenants of a PostgreSQL database and, on a Citus cluster, where each one lives.
 
-Behind a transaction pooler (PgBouncer, RDS Proxy, the Supabase/Neon poolers) a
-client's consecutive transactions run on different server connections, and a server
-connection passes from client to client. Anything a client leaves on a connection
-(a session ``SET search_path``, a session advisory lock, a prepared statement) reaches
-the next client. So a tenant is never chosen per connection here:
+A tenant is one schema holding a store (``…/db?schema=team_a``; every statement names
+it, :mod:`hermes_store.tenant_schema`, whose names a host needs are re-exported here).
+On Citus with schema-based sharding a tenant schema is a *distributed schema*: it lives
+whole on one worker node, placed and moved by Citus (issue 33). This module lists the
+tenants, makes an existing one distributed, and moves one to another node, checking
+each time that every row is where it was. The Citus statements themselves are
+:mod:`hermes_store.dialects.pg_citus`'s. The CLI's ``hermes-store tenants`` calls these.
 
-- Core statements built from the models' tables name it through SQLAlchemy's
-  ``schema_translate_map`` (set by :func:`tenant_options` on an engine or connection);
-- raw SQL that remains (search, catalog and maintenance statements) is written with
-  ``{table}`` placeholders and rendered per schema by :class:`SchemaSQL`, which quotes
-  the schema and caches the text once per schema.
-
-A leaf module: it imports nothing of the package but :mod:`hermes_store.errors`, so the
-engine, the dialect modules and the repositories can all use it without a cycle.
+On plain PostgreSQL (or SQLite) the placement calls say that Citus is needed and change
+nothing.
 """
 
 from __future__ import annotations
 
-import re
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Mapping
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import URL
-from sqlalchemy.sql.elements import TextClause
 
 from . import errors
+from .dialects import pg_citus
+from .engine import create_engine
+from .keys import VERSION_TABLE
+from .tenant_schema import SCHEMA_PARAM, SchemaSQL, check_schema, quote_ident, tenant_options
 
-#: URL query parameter naming one tenant's PostgreSQL schema (``…/db?schema=team_a``).
-#: It stays in ``engine.url`` (so an Engine handed on keeps its tenant) and is taken out
-#: of the connection parameters before the driver sees them.
-SCHEMA_PARAM = "schema"
-#: Execution option a Connection carries when it works inside one tenant's schema.
-SCHEMA_OPTION = "hermes_store_schema"
-#: A plain identifier: never quoted differently, never folded, never a system schema.
-_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_SYSTEM_SCHEMAS = frozenset({"information_schema"})
+__all__ = [
+    "SCHEMA_PARAM",
+    "TRANSFER_MODES",
+    "SchemaSQL",
+    "TenantInfo",
+    "TenantMove",
+    "TenantPlacement",
+    "check_schema",
+    "distribute_tenant",
+    "list_tenants",
+    "move_tenant",
+    "tenant_options",
+]
+
+TRANSFER_MODES = pg_citus.TRANSFER_MODES
+
+_TABLES = ("SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = :s ORDER BY 1")
+_SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = :s)"
+#: The schemas holding a store of ours: those with our version table.
+_STORES = ("SELECT table_schema FROM information_schema.tables WHERE table_name = :v AND table_type = 'BASE TABLE'"
+           " ORDER BY 1")
+#: One table's rows and a checksum of their content, independent of their order (each
+#: row's text hashed, the hashes sorted and hashed again).
+_CONTENT = ("SELECT count(*), coalesce(md5(string_agg(md5(CAST(t AS text)), '' ORDER BY md5(CAST(t AS text)))), '')"
+            " FROM {q}.{t} AS t")
 
 
-def check_schema(name: object) -> str:
-    """``name`` when it is a plain schema identifier; InvalidInputError otherwise.
+@contextlib.contextmanager
+def _server(url: str | URL, refusal: str) -> Iterator[Engine]:
+    """An engine on the PostgreSQL database at ``url``, disposed after; a SQLite target is
+    refused (``refusal``) before anything connects, so no file is created."""
+    engine = create_engine(url)
+    try:
+        if not pg_citus.has_tenants(engine):
+            raise errors.UnsupportedDatabaseError(refusal)
+        yield engine
+    finally:
+        engine.dispose()
 
-    Checked before any connection is made. Plain means lower-case ASCII letters,
-    digits and ``_``, not starting with a digit, at most 63 characters (PostgreSQL's
-    limit: a longer name would be cut silently), and not a system schema (``pg_*``,
-    ``information_schema``). Such a name needs no quoting rules to be right.
+
+def _tenant_on_citus(conn: Connection, schema: str, doing: str) -> None:
+    """Refuse, typed, a database without Citus or a schema that is not there."""
+    if not pg_citus.is_citus(conn):
+        raise errors.UnsupportedDatabaseError(
+            f"{doing} needs Citus (a coordinator with the citus extension); this is plain PostgreSQL")
+    if not conn.execute(text(_SCHEMA_EXISTS), {"s": schema}).scalar():
+        raise errors.NotFoundError(f"no tenant schema {schema!r} on this database")
+
+
+def _tables(conn: Connection, schema: str) -> list[str]:
+    return list(conn.execute(text(_TABLES), {"s": schema}).scalars())
+
+
+def _rows(conn: Connection, schema: str) -> dict[str, int]:
+    q = quote_ident(schema)
+    return {t: int(conn.exec_driver_sql(f"SELECT count(*) FROM {q}.{quote_ident(t)}").scalar() or 0)
+            for t in _tables(conn, schema)}
+
+
+def _content(conn: Connection, schema: str) -> dict[str, tuple[int, str]]:
+    """``{table: (rows, checksum)}`` of the tenant, read in one snapshot."""
+    q = quote_ident(schema)
+    found = {}
+    for t in _tables(conn, schema):
+        count, digest = conn.exec_driver_sql(_CONTENT.format(q=q, t=quote_ident(t))).one()
+        found[t] = (int(count), str(digest))
+    return found
+
+
+@dataclass
+class TenantPlacement:
+    """What :func:`distribute_tenant` found and did: the rows of each table of the tenant
+    before (and, when it changed anything, after: checked equal)."""
+
+    schema: str
+    distributed_before: bool
+    distributed: bool
+    dry_run: bool
+    rows: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "distributed_before": self.distributed_before,
+                "distributed": self.distributed, "dry_run": self.dry_run, "rows": dict(self.rows)}
+
+
+def distribute_tenant(url: str | URL, schema: str, *, dry_run: bool = False) -> TenantPlacement:
+    """Make the existing tenant ``schema`` of the Citus coordinator at ``url`` a
+    distributed schema (schema-based sharding: it then lives whole on one worker, placed
+    and moved by Citus), in one transaction; its rows are counted before and after.
+
+    ``dry_run``: report only. A tenant already distributed is left as it is. Raises
+    :class:`~hermes_store.errors.UnsupportedDatabaseError` where Citus is absent,
+    :class:`~hermes_store.errors.NotFoundError` for a schema that does not exist.
     """
-    if (
-        not isinstance(name, str)
-        or not _SCHEMA_NAME.fullmatch(name)
-        or name.startswith("pg_")
-        or name in _SYSTEM_SCHEMAS
-    ):
-        shown = repr(name[:80] if isinstance(name, str) else name)
-        shown = shown if len(shown) <= 90 else shown[:87] + "…"
-        raise errors.InvalidInputError(
-            f"schema name {shown} is not a plain identifier: use 1 to 63 of a-z, 0-9 and _, "
-            "not starting with a digit or pg_ (and not information_schema)"
-        )
-    return name
+    check_schema(schema)
+    with _server(url, "distributing a tenant needs Citus, on PostgreSQL") as engine:
+        with engine.begin() as conn:
+            _tenant_on_citus(conn, schema, "distributing a tenant")
+            before = pg_citus.is_distributed(conn, schema)
+            placement = TenantPlacement(schema, before, before, dry_run, _rows(conn, schema))
+            if before or dry_run:
+                return placement
+            pg_citus.distribute_schema(conn, schema)
+        with engine.connect() as conn:
+            after = _rows(conn, schema)
+            placement.distributed = pg_citus.is_distributed(conn, schema)
+        if after != placement.rows or not placement.distributed:
+            raise errors.TenantPlacementError(
+                f"tenant {schema!r} after distribution: rows {after} (before {placement.rows}),"
+                f" distributed={placement.distributed}")
+        return placement
 
 
-def schema_in_query(url: URL) -> str | None:
-    """The tenant schema a URL's ``?schema=`` names, checked; None when it names none."""
-    raw = url.query.get(SCHEMA_PARAM)
-    if raw is None:
-        return None
-    if isinstance(raw, tuple):
-        raise errors.InvalidInputError(f"the URL names {len(raw)} schemas; give one ?{SCHEMA_PARAM}=")
-    return check_schema(raw)
+@dataclass
+class TenantMove:
+    """What :func:`move_tenant` found and did.
 
-
-def quote_ident(name: str) -> str:
-    """``name`` as a double-quoted SQL identifier."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def qualified(schema: str | None, name: str) -> str:
-    """``"schema"."name"``, or ``name`` alone for the connection's default schema."""
-    return name if schema is None else f"{quote_ident(schema)}.{quote_ident(name)}"
-
-
-def tenant_options(schema: str) -> dict[str, Any]:
-    """Execution options that make a connection's statements work in ``schema``."""
-    return {"schema_translate_map": {None: schema}, SCHEMA_OPTION: schema}
-
-
-def schema_of_connection(conn: Connection) -> str | None:
-    """The tenant schema ``conn``'s statements work in (None: the default schema).
-
-    Read from the connection's execution options (its own, or its engine's), never from
-    the server: ``current_schema()`` answers for whatever the connection was left at.
-    """
-    return conn.get_execution_options().get(SCHEMA_OPTION)
-
-
-class _Names(dict[str, str]):
-    """``{table}`` placeholders → the table named in one schema (quoted)."""
-
-    def __init__(self, schema: str | None) -> None:
-        super().__init__()
-        self.schema = schema
-
-    def __missing__(self, key: str) -> str:
-        if key == "schema":
-            return quote_ident(self.schema) if self.schema is not None else "current_schema()"
-        if key == "schema_name":  # the schema as a string literal, for catalog lookups
-            return f"'{self.schema}'" if self.schema is not None else "current_schema()"
-        return qualified(self.schema, key)
-
-
-def render(template: str, schema: str | None) -> str:
-    """``template`` with each ``{name}`` written as that object in ``schema``.
-
-    ``{schema}`` is the quoted schema itself and ``{schema_name}`` the schema as a
-    string (``current_schema()`` for the default schema), for catalog queries. Literal
-    braces are written doubled, as in :meth:`str.format`.
-    """
-    if schema is not None:
-        check_schema(schema)
-    return template.format_map(_Names(schema))
-
-
-class SchemaSQL:
-    """A raw statement whose objects are written ``{messages}``, ``{state_meta}``…
-
-    Rendered once per schema into a :func:`~sqlalchemy.text` construct (with the bind
-    parameters given here), then reused: ``conn.execute(STMT.on(conn), params)``.
+    ``before`` and ``after`` are each table's rows and checksum. When nobody wrote to
+    the tenant meanwhile they are equal (``identical``); tables its writers changed
+    during the move are listed in ``changed`` (the move itself is Citus' logical
+    replication, which carries those writes over).
     """
 
-    __slots__ = ("_by_schema", "_params", "_values", "template")
+    schema: str
+    source: list[str]
+    target: str
+    mode: str
+    dry_run: bool
+    moved: bool = False
+    before: dict[str, tuple[int, str]] = field(default_factory=dict)
+    after: dict[str, tuple[int, str]] = field(default_factory=dict)
+    nodes_after: list[str] = field(default_factory=list)
 
-    def __init__(self, template: str, *params: Any, **values: Any) -> None:
-        """``params``: ``bindparam()`` objects (expanding IN lists, types); ``values``:
-        bound values fixed at build time, as for :meth:`TextClause.bindparams`."""
-        self.template = template
-        self._params = params
-        self._values = values
-        self._by_schema: dict[str | None, TextClause] = {}
+    @property
+    def changed(self) -> list[str]:
+        return sorted(t for t in self.before if self.after and self.after.get(t) != self.before[t])
 
-    def for_schema(self, schema: str | None) -> TextClause:
-        found = self._by_schema.get(schema)
-        if found is None:
-            found = text(render(self.template, schema))
-            if self._params or self._values:
-                found = found.bindparams(*self._params, **self._values)
-            self._by_schema[schema] = found
+    @property
+    def identical(self) -> bool | None:
+        return None if not self.after else not self.changed
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "from": self.source, "to": self.target, "mode": self.mode,
+                "dry_run": self.dry_run, "moved": self.moved, "nodes_after": self.nodes_after,
+                "identical": self.identical, "changed": self.changed,
+                "tables": {t: {"rows_before": b[0], "checksum_before": b[1],
+                               "rows_after": self.after[t][0] if t in self.after else None,
+                               "checksum_after": self.after[t][1] if t in self.after else None}
+                           for t, b in self.before.items()}}
+
+
+def _node(found: dict[str, int], wanted: str) -> str:
+    """The ``host:port`` of the node ``wanted`` names: itself, its node id, or a host
+    that only one node has. A name matching none is refused with the choices."""
+    wanted = wanted.strip()
+    if wanted in found:
+        return wanted
+    by_id = [n for n, i in found.items() if str(i) == wanted]
+    by_host = [n for n in found if n.rsplit(":", 1)[0] == wanted]
+    for match in (by_id, by_host):
+        if len(match) == 1:
+            return match[0]
+    raise errors.InvalidInputError(
+        f"no single worker node {wanted!r}: use host:port or a node id, one of "
+        + ", ".join(f"{n} (id {i})" for n, i in found.items()))
+
+
+def move_tenant(url: str | URL, schema: str, to: str, *, mode: str = "auto",
+                dry_run: bool = False) -> TenantMove:
+    """Move the distributed tenant ``schema`` to the worker ``to`` (``host:port``, a node
+    id, or a host only one node has) through Citus' online move, while its writers go on.
+
+    Every table's rows and checksum are read before and after; afterwards the tenant
+    must be whole on ``to`` with all its tables, and when nothing wrote to it meanwhile
+    every checksum equal (``identical``; else ``changed`` names what its writers
+    changed). ``mode`` is Citus' transfer mode
+    (:data:`TRANSFER_MODES`; ``auto`` uses logical replication: writers do not wait).
+    A tenant already there is left alone. Raises :class:`~hermes_store.errors.
+    UnsupportedDatabaseError` without Citus, :class:`~hermes_store.errors.NotFoundError`
+    for a missing schema, :class:`~hermes_store.errors.InvalidInputError` for an unknown
+    node, a mode Citus lacks, or a tenant not distributed yet, and
+    :class:`~hermes_store.errors.TenantPlacementError` when the result does not check out.
+    """
+    check_schema(schema)
+    if mode not in TRANSFER_MODES:
+        raise errors.InvalidInputError(f"transfer mode {mode!r} is not one of {', '.join(TRANSFER_MODES)}")
+    with _server(url, "moving a tenant needs Citus, on PostgreSQL") as engine:
+        with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
+            _tenant_on_citus(conn, schema, "moving a tenant")
+            if not pg_citus.is_distributed(conn, schema):
+                raise errors.InvalidInputError(
+                    f"tenant {schema!r} is not a distributed schema yet: distribute it first"
+                    " (hermes-store tenants distribute)")
+            workers = pg_citus.nodes(conn)
+            target = _node(workers, to)
+            move = TenantMove(schema, pg_citus.schema_nodes(conn, schema), target, mode, dry_run,
+                              before=_content(conn, schema))
+        if dry_run or move.source == [target]:
+            move.nodes_after = move.source
+            return move
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            pg_citus.move_schema(conn, schema, workers[target], mode)
+        move.moved = True
+        with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
+            move.nodes_after = pg_citus.schema_nodes(conn, schema)
+            move.after = _content(conn, schema)
+        if move.nodes_after != [target] or set(move.after) != set(move.before):
+            raise errors.TenantPlacementError(
+                f"tenant {schema!r} after its move to {target}: on {move.nodes_after},"
+                f" tables {sorted(move.after)} (before {sorted(move.before)})")
+        return move
+
+
+@dataclass
+class TenantInfo:
+    """One store of a database (:func:`list_tenants`): its schema, where Citus keeps it
+    (``node`` ``host:port`` and ``size_bytes`` when it is a distributed schema), and its
+    sessions and messages (counted)."""
+
+    schema: str
+    distributed: bool
+    node: str | None
+    size_bytes: int | None
+    sessions: int
+    messages: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "distributed": self.distributed, "node": self.node,
+                "size_bytes": self.size_bytes, "sessions": self.sessions, "messages": self.messages}
+
+
+def list_tenants(url: str | URL) -> list[TenantInfo]:
+    """Every store of the PostgreSQL database at ``url`` (each schema holding our version
+    table), with its placement where the database is a Citus coordinator (read once for
+    all). Sessions and messages are counted exactly: one statement per store. Raises
+    :class:`~hermes_store.errors.UnsupportedDatabaseError` on SQLite (one store, no tenants)."""
+    with _server(url, "tenants are schemas of a PostgreSQL database") as engine, engine.connect() as conn:
+        placed = pg_citus.placements(conn) if pg_citus.is_citus(conn) else {}
+        found = []
+        for schema in conn.execute(text(_STORES), {"v": VERSION_TABLE}).scalars():
+            q = quote_ident(schema)
+            sessions, messages = conn.exec_driver_sql(
+                f"SELECT (SELECT count(*) FROM {q}.sessions), (SELECT count(*) FROM {q}.messages)").one()
+            node, size = placed.get(schema, (None, None))
+            found.append(TenantInfo(schema, schema in placed, node, size, int(sessions), int(messages)))
         return found
-
-    def on(self, conn: Connection) -> TextClause:
-        """This statement for the schema ``conn`` works in."""
-        return self.for_schema(schema_of_connection(conn))
-
-
-def text_on(conn: Connection, template: str) -> str:
-    """``template`` rendered for ``conn``'s schema, as a plain string (for one-off DDL)."""
-    return render(template, schema_of_connection(conn))
-
-
-def as_mapping(schema: str | None) -> Mapping[str, str]:
-    """The placeholder mapping itself, for templates assembled piece by piece."""
-    return _Names(schema)

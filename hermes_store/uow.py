@@ -21,7 +21,7 @@ from . import errors
 from .dialects import for_connection
 from .engine import schema_of, tenant_of
 from .targets import refuse_async
-from .tenancy import tenant_options
+from .tenant_schema import tenant_options
 from .repositories.base import Clock, clock_options
 from .repositories.transcripts import remove_committed_files
 from .repositories import UNIT_OF_WORK, Repositories

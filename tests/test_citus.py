@@ -8,12 +8,27 @@ it, and under CI=true a missing cluster fails them instead of skipping.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
 from typing import Any
 
+import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
-from hermes_store import SessionDB, migrations, paths
+from hermes_store import SessionDB, errors, facade, migrations, paths
+from hermes_store.copying import copy_history
+from hermes_store.dialects import pg_citus
 from hermes_store.engine import create_engine, with_schema
+from hermes_store.tenancy import distribute_tenant, list_tenants, move_tenant
+
+from .test_cli import ok, one_line_error, run
 
 
 def migrated_with_rows(url: str, schema: str, rows: int) -> None:
@@ -76,7 +91,6 @@ def test_a_copy_into_a_distributed_tenant_leaves_its_ids_moving(citus_tenant: tu
     Read in the same statement as the table, Citus ran ``setval`` on the worker, whose
     copy of the sequence has another range, and the next append failed on a duplicate
     id. The largest id is read first, then the coordinator's sequence is set."""
-    from hermes_store.copying import copy_history
 
     url, schema = citus_tenant
     source = tmp_path / "state.db"
@@ -155,17 +169,10 @@ def test_a_tenant_moves_to_the_other_worker_in_citus_default_mode(citus_tenant: 
 def test_an_existing_tenant_is_distributed_with_every_row(citus_url: str, pg_database: str) -> None:
     """Failure 2 of issue 33: ``citus_schema_distribute`` on a tenant made before it was
     distributed failed (our trigger fired for the rows Citus copied, on the worker,
-    before ``state_meta`` was there). ``operations.distribute_tenant`` turns the setting
+    before ``state_meta`` was there). ``tenancy.distribute_tenant`` turns the setting
     on and the tenant's triggers off for its one transaction: every row is kept, the
     triggers work again after it; a dry run changes nothing; plain PostgreSQL is told
     that Citus is needed."""
-    import uuid
-
-    import pytest
-
-    from hermes_store import errors
-    from hermes_store.operations.tenants import distribute_tenant
-
     schema = f"p_{uuid.uuid4().hex[:12]}"
     engine = create_engine(citus_url)
     try:
@@ -199,7 +206,6 @@ def test_a_store_written_through_a_worker_node(citus_tenant: tuple[str, str]) ->
     """Failure 6 of issue 33: a worker hands out ids above 2^48, and the display order
     (a copy of the id) was an ``integer``: every append through a worker failed with
     ``integer out of range``. hs0008 makes it a ``bigint``."""
-    from sqlalchemy.engine import make_url
 
     url, schema = citus_tenant
     migrations.upgrade(url, schema=schema)
@@ -231,9 +237,7 @@ def test_a_lock_held_on_the_worker_ends_the_write_within_its_budget(citus_tenant
     for ever. On Citus the write's transaction passes its ``SET LOCAL lock_timeout`` on
     (``citus.propagate_set_commands = 'local'``, local too), so the write gives up with
     DatabaseLockedError when its budget is spent, and nothing of it is written."""
-    import threading
 
-    from hermes_store import errors, facade
 
     url, schema = citus_tenant
     migrated_with_rows(url, schema, 1)
@@ -295,15 +299,9 @@ print(json.dumps({"acked": acked, "failures": failures}))
 
 def test_writers_on_two_tenants_while_one_moves_there_and_back(citus_url: str, tmp_path: Any) -> None:
     """2 processes append to 2 tenants while one tenant is moved to the other worker and
-    back (``force_logical``, as a platform moves a live tenant). Every acknowledged append
+    back (``tenancy.move_tenant``, ``force_logical``, as a platform moves a live tenant). Every acknowledged append
     is there afterwards and the counters agree; no error reaches a writer that is not one
     of ours (issue 33, points 4 and 8)."""
-    import json
-    import subprocess
-    import sys
-    import time
-    import uuid
-
     schemas = [f"m_{uuid.uuid4().hex[:10]}" for _ in range(2)]
     engine = create_engine(citus_url)
     try:
@@ -330,10 +328,9 @@ def test_writers_on_two_tenants_while_one_moves_there_and_back(citus_url: str, t
                 other = next(w for w in _workers(conn) if w != home)
                 conn.commit()
             for to in (other, home, other):
-                with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                    conn.execute(text("SELECT citus_schema_move(CAST(:s AS regnamespace), :h, :p,"
-                                      " shard_transfer_mode => 'force_logical')"),
-                                 {"s": f'"{moved}"', "h": to[0], "p": to[1]})
+                done = move_tenant(citus_url, moved, f"{to[0]}:{to[1]}", mode="force_logical")
+                assert done.moved and done.nodes_after == [f"{to[0]}:{to[1]}"]
+                assert "messages" in done.changed and done.identical is False  # written to while it moved
                 time.sleep(0.5)
         finally:
             stop.touch()
@@ -363,16 +360,9 @@ def test_writers_on_two_tenants_while_one_moves_there_and_back(citus_url: str, t
 
 
 def test_list_tenants_tells_where_each_store_lives(citus_tenant: tuple[str, str], tmp_path: Any) -> None:
-    """``operations.tenants.list_tenants``: every store of the database (a schema with our
+    """``tenancy.list_tenants``: every store of the database (a schema with our
     version table), distributed or not, with the worker holding a distributed one, its
     size there, and its sessions and messages; a SQLite file has no tenants."""
-    import uuid
-
-    import pytest
-
-    from hermes_store import errors
-    from hermes_store.operations.tenants import list_tenants
-
     url, distributed = citus_tenant
     migrated_with_rows(url, distributed, 7)
     plain = f"l_{uuid.uuid4().hex[:12]}"
@@ -395,4 +385,190 @@ def test_list_tenants_tells_where_each_store_lives(citus_tenant: tuple[str, str]
     finally:
         with engine.begin() as conn:
             conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{plain}" CASCADE')
+        engine.dispose()
+
+
+# ------------------------------------------------------------------ tenants: move, and the CLI
+
+
+def _other_worker(url: str, schema: str) -> tuple[str, str]:
+    """(where ``schema`` lives, the other worker), each ``host:port``."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            host, port = _node_of(conn, schema)
+            home = f"{host}:{port}"
+            return home, next(f"{h}:{p}" for h, p in _workers(conn) if f"{h}:{p}" != home)
+    finally:
+        engine.dispose()
+
+
+def test_move_tenant_moves_it_whole_and_checks_every_table(citus_tenant: tuple[str, str], pg_url: str) -> None:
+    """``tenancy.move_tenant``: a dry run counts and checksums and moves nothing; the move
+    puts the tenant whole on the node named, every table identical, and the store works
+    there; the same node again is a no-op; bad requests are refused, typed, before
+    anything moves (issue 33, point 2)."""
+    url, schema = citus_tenant
+    migrated_with_rows(url, schema, 20)
+    home, other = _other_worker(url, schema)
+    dry = move_tenant(url, schema, other, dry_run=True)
+    assert (dry.moved, dry.source, dry.target, dry.identical) == (False, [home], other, None)
+    assert dry.before["messages"][0] == 20 and _other_worker(url, schema)[0] == home
+    moved = move_tenant(url, schema, other)
+    assert moved.moved and moved.nodes_after == [other] and moved.identical and moved.changed == []
+    assert moved.after == moved.before and set(moved.before) >= {"sessions", "messages", "state_meta"}
+    assert _other_worker(url, schema)[0] == other
+    assert move_tenant(url, schema, other).moved is False  # already there
+    db = SessionDB(with_schema(url, schema))
+    try:
+        db.append_message("s", "user", "after the move 数据库")
+        assert db.get_session("s")["message_count"] == 21
+        assert len(db.search_messages("数据库", limit=100)) == 21
+    finally:
+        db.close()
+    with pytest.raises(errors.InvalidInputError, match="no single worker node"):
+        move_tenant(url, schema, "nowhere:1")
+    with pytest.raises(errors.InvalidInputError, match="transfer mode"):
+        move_tenant(url, schema, home, mode="teleport")
+    with pytest.raises(errors.NotFoundError):
+        move_tenant(url, "no_such_tenant", home)
+    with pytest.raises(errors.UnsupportedDatabaseError, match="needs Citus"):
+        move_tenant(pg_url, "public", home)
+    assert _other_worker(url, schema)[0] == other
+
+
+def test_the_tenants_commands_list_distribute_and_move(citus_tenant: tuple[str, str], pg_url: str,
+                                                        tmp_path: Any) -> None:
+    """``hermes-store tenants list|distribute|move``, with ``--json`` and ``--dry-run``,
+    on the cluster; plain PostgreSQL and a file are told what is needed."""
+    url, distributed = citus_tenant
+    migrated_with_rows(url, distributed, 5)
+    plain = f"c_{uuid.uuid4().hex[:12]}"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA "{plain}"')
+        migrated_with_rows(url, plain, 4)
+        listed = {t["schema"]: t for t in ok("--json", "tenants", "list", "--url", url).json()["tenants"]}
+        assert listed[distributed]["distributed"] and listed[distributed]["messages"] == 5
+        assert (listed[plain]["distributed"], listed[plain]["node"], listed[plain]["messages"]) == (False, None, 4)
+        human = ok("tenants", "list", "--url", url).stdout
+        assert distributed in human and plain in human and listed[distributed]["node"] in human
+
+        dry = ok("--json", "tenants", "distribute", plain, "--dry-run", "--url", url).json()
+        assert (dry["distributed"], dry["dry_run"], dry["rows"]["messages"]) == (False, True, 4)
+        assert "Distributed " + plain in ok("tenants", "distribute", plain, "--url", url).stdout
+        assert ok("--json", "tenants", "list", "--url", url).json()["tenants"] and \
+            {t["schema"]: t for t in ok("--json", "tenants", "list", "--url", url).json()["tenants"]}[plain][
+                "distributed"]
+
+        home, other = _other_worker(url, distributed)
+        with engine.connect() as conn:
+            node_id = conn.execute(text("SELECT nodeid FROM pg_dist_node WHERE nodename || ':' || nodeport = :n"),
+                                   {"n": other}).scalar()
+        dry_move = ok("--json", "tenants", "move", distributed, "--to", other, "--dry-run", "--url", url).json()
+        assert (dry_move["moved"], dry_move["from"], dry_move["to"]) == (False, [home], other)
+        assert _other_worker(url, distributed)[0] == home
+        moved = ok("--json", "tenants", "move", distributed, "--to", str(node_id), "--url", url).json()
+        assert (moved["moved"], moved["nodes_after"], moved["identical"]) == (True, [other], True)
+        assert moved["tables"]["messages"]["rows_after"] == 5
+        text_back = ok("tenants", "move", distributed, "--to", home, "--mode", "block_writes", "--url", url).stdout
+        assert "Moved " + distributed in text_back and "identical" in text_back
+        assert _other_worker(url, distributed)[0] == home
+
+        line = one_line_error(run("tenants", "move", distributed, "--to", "nowhere:1", "--url", url), 1)
+        assert "no single worker node" in line and home in line
+        assert "needs Citus" in one_line_error(run("tenants", "distribute", "public", "--url", pg_url), 1)
+        assert "--url" in one_line_error(run("tenants", "list", "--db", str(tmp_path / "state.db")), 1)
+        assert not (tmp_path / "state.db").exists()
+        assert run("tenants", "move", distributed, "--url", url).code == 2  # --to is required
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{plain}" CASCADE')
+        engine.dispose()
+
+
+_MOVER = """
+import sys
+from hermes_store.tenancy import move_tenant
+move_tenant(sys.argv[1], sys.argv[2], sys.argv[3], mode="force_logical")
+"""
+
+
+def _move_backend(engine: Any) -> int | None:
+    with engine.connect() as conn:
+        return conn.execute(text(
+            "SELECT pid FROM pg_stat_activity WHERE query LIKE 'SELECT citus_schema_move(%' AND state = 'active'"
+            " AND pid <> pg_backend_pid()")).scalar()
+
+
+@pytest.mark.parametrize("how", ["client SIGKILLed", "server backend terminated"])
+@pytest.mark.parametrize("after", [0.05, 0.6, 1.5])
+def test_a_killed_move_leaves_the_tenant_whole_on_one_node(citus_tenant: tuple[str, str], how: str,
+                                                           after: float) -> None:
+    """A move cut off part way (its process SIGKILLed, or the server backend running it
+    terminated, at several points of Citus' steps) leaves the tenant whole on one node:
+    every table there, every row and checksum as before; the store works; and the next
+    move (which clears what the cut one left behind) succeeds (issue 33, point 4)."""
+    url, schema = citus_tenant
+    migrated_with_rows(url, schema, 400)
+    home, other = _other_worker(url, schema)
+    before = move_tenant(url, schema, home).before  # already home: reads, moves nothing
+    engine = create_engine(url)
+    try:
+        mover = subprocess.Popen([sys.executable, "-c", _MOVER, url, schema, other],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline, pid = time.monotonic() + 30, None
+        while pid is None and mover.poll() is None and time.monotonic() < deadline:
+            pid = _move_backend(engine)
+            time.sleep(0.01)
+        assert pid is not None, mover.communicate()
+        time.sleep(after)
+        if how == "client SIGKILLed":
+            os.kill(mover.pid, signal.SIGKILL)
+        else:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT pg_terminate_backend(CAST(:p AS integer))"), {"p": pid})
+        mover.communicate(timeout=60)
+        deadline = time.monotonic() + 60
+        while _move_backend(engine) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)  # a client gone leaves its backend to end the statement
+        with engine.connect() as conn:
+            where = pg_citus.schema_nodes(conn, schema)
+        assert len(where) == 1 and where[0] in (home, other), where
+        if how != "client SIGKILLed" and after < 0.1:
+            # Cut before Citus could have switched the tenant over. (A client's death cuts
+            # the move only once its backend notices: it may also finish it.)
+            assert where == [home]
+        again = move_tenant(url, schema, where[0])
+        assert again.before == before and again.moved is False
+        db = SessionDB(with_schema(url, schema))
+        try:
+            db.append_message("s", "user", "after the cut move 数据库")
+            assert db.get_session("s")["message_count"] == 401
+        finally:
+            db.close()
+        last = move_tenant(url, schema, home if where[0] == other else other)
+        assert last.moved and last.identical and len(last.nodes_after) == 1
+    finally:
+        engine.dispose()
+
+
+def test_a_tenant_created_by_our_migration_is_distributed_where_the_host_turned_sharding_on(
+        citus_url: str) -> None:
+    """README's way: schema-based sharding on for the host's connections (here through
+    libpq's ``options``; ``ALTER DATABASE … SET`` in production), and our migration,
+    which creates the tenant's schema, makes a distributed schema: Citus places it."""
+    schema = f"h_{uuid.uuid4().hex[:12]}"
+    host_url = make_url(citus_url).update_query_dict({"options": "-c citus.enable_schema_based_sharding=on"})
+    engine = create_engine(citus_url)
+    try:
+        migrations.upgrade(host_url.render_as_string(hide_password=False), schema=schema)
+        with engine.connect() as conn:
+            assert pg_citus.is_distributed(conn, schema) and len(pg_citus.schema_nodes(conn, schema)) == 1
+        assert {t[1] for t in placement(citus_url, schema)} == {"schema"}
+        assert [t.messages for t in list_tenants(citus_url) if t.schema == schema] == [0]
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         engine.dispose()

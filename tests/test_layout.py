@@ -273,7 +273,7 @@ HERMES = "hermes"
 #: (layer, why it sits there, modules and subpackages relative to hermes_store; "" is the package itself).
 LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("base", "facts, keys and pure functions that need no connection: every layer may use them",
-     ("errors", "keys", "codec", "titles", "skills", "review_turns", "tenancy", "targets", "held_files",
+     ("errors", "keys", "codec", "titles", "skills", "review_turns", "tenant_schema", "targets", "held_files",
       "locks", "introspect", "models", "retry", "search", "write_queue")),
     ("dialects", "what differs per database kind, built on the models and the pure search builders",
      ("dialects", "sqlite_journal")),
@@ -286,7 +286,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      ("migrations", "alembic_support", "_alembic", "repositories")),
     ("work", "units of work, multi-step operations and background upkeep over the repositories, "
              "and their async twins",
-     ("uow", "operations", "upkeep", "aio.engine", "aio.migrations", "aio.operations", "aio.queues",
+     ("uow", "operations", "tenancy", "upkeep", "aio.engine", "aio.migrations", "aio.operations", "aio.queues",
       "aio.repositories", "aio.uow")),
     (HERMES, "Hermes' SessionDB API and module-level names, its config.yaml and Hermes-only behaviours "
              "(test isolation guard, repair, state-file tracking, v26 journal rules); names Hermes' tests "

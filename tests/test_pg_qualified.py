@@ -2,7 +2,7 @@
 
 Behind a transaction pooler a server connection passes from client to client, so a
 store never points a connection at its tenant; each statement names the schema
-itself (:mod:`hermes_store.tenancy`). Shown here by making every unqualified name fail:
+itself (:mod:`hermes_store.tenant_schema`). Shown here by making every unqualified name fail:
 the database's ``search_path`` is set to a schema that does not exist (or to a decoy
 tenant's), new connections pick it up, and then the whole SessionDB surface runs on
 tenant ``team_a``, directly and through the PgBouncer in front of the test server.

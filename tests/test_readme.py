@@ -22,9 +22,14 @@ import shlex
 import subprocess
 import symtable
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+
+from hermes_store import migrations
+from hermes_store.dialects import pg_citus
+from hermes_store.engine import create_engine
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -250,6 +255,7 @@ BASH_BLOCKS: dict[str, str] = {
     "hermes-store copy --from ~/.hermes/state.db": "test_copy_block_moves_the_demo_there_and_back",
     'eval "$(scripts/pg-test-server start)"': "test_the_test_server_block_starts_and_stops_a_server",
     'eval "$(scripts/citus-test-cluster start)"': "test_the_citus_cluster_block_starts_and_stops_a_cluster",
+    'hermes-store --url "$COORDINATOR_URL" tenants list': "test_the_tenants_block_lists_distributes_and_moves",
     "branch/commands": "test_host_embedding.py::test_branch",
 }
 
@@ -342,6 +348,40 @@ def test_the_citus_cluster_block_starts_and_stops_a_cluster(citus_url: str, tmp_
     assert "nodes 3" in done.stdout, done.stdout
     folder = Path(re.search(r"^dir=(\S+)$", done.stdout, re.M).group(1))
     assert not folder.exists()  # the stop line removed the cluster and its folder
+
+
+def test_the_tenants_block_lists_distributes_and_moves(citus_url: str, tmp_path: Path) -> None:
+    """The "Placing tenants" block, line by line on the test cluster: its tenant is a
+    fresh schema made before sharding (so ``distribute`` has work), its worker the one
+    the tenant is not on."""
+    listing, distribute, move = bash_block('hermes-store --url "$COORDINATOR_URL" tenants list')
+    tenant = f"readme_{uuid.uuid4().hex[:10]}"
+    engine = create_engine(citus_url)
+    env = _env(tmp_path) | {"COORDINATOR_URL": citus_url}
+
+    def shell(line: str) -> str:
+        done = subprocess.run(["bash", "-c", line.replace("team_a", tenant) + " --json"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (line, done.stderr)
+        return done.stdout
+
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA "{tenant}"')
+        migrations.upgrade(citus_url, schema=tenant)
+        listed = {t["schema"]: t for t in json.loads(shell(listing))["tenants"]}
+        assert listed[tenant]["distributed"] is False
+        assert json.loads(shell(distribute))["distributed"] is True
+        with engine.connect() as conn:
+            [home] = pg_citus.schema_nodes(conn, tenant)
+            other = next(n for n in pg_citus.nodes(conn) if n != home)
+        assert "worker-2:5432" in move
+        moved = json.loads(shell(move.replace("worker-2:5432", other)))
+        assert (moved["moved"], moved["nodes_after"], moved["identical"]) == (True, [other], True)
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{tenant}" CASCADE')
+        engine.dispose()
 
 
 # ------------------------------------------------------------- installs, on a fresh copy

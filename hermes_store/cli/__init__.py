@@ -70,6 +70,7 @@ COMMANDS: dict[str, Lazy] = {
     "copy": Lazy("transfer", "copy_cmd", "Copy a whole history between SQLite files and PostgreSQL databases."),
     "prune": Lazy("maintain", "prune", "Delete old ended sessions and their messages."),
     "fts": Lazy("maintain", "fts", "Full-text search index upkeep: rebuild, check, optimize."),
+    "tenants": Lazy("tenants", "tenants", "Tenants of a PostgreSQL database; on Citus: list, distribute, move."),
     "doctor": Lazy(
         "doctor", "doctor", "Check a store's health without changing it (versions, integrity, sizes, upkeep)."
     ),
@@ -79,7 +80,7 @@ COMMANDS: dict[str, Lazy] = {
 _REEXPORTED = {name: "_common" for name in (
     "content_text", "fmt_num", "fmt_time", "highlight_snippet", "stderr_console", "stdout_console",
 )}
-_SUBMODULES = ("_common", "browse", "doctor", "maintain", "schema", "transfer")
+_SUBMODULES = ("_common", "browse", "doctor", "maintain", "schema", "tenants", "transfer")
 
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, package=__name__,

@@ -486,6 +486,16 @@ def fmt_compact(n: int | float | None) -> str:
     return str(n)
 
 
+def fmt_bytes(n: int | None) -> str:
+    """A size a person reads (``12.3 MiB``); ``—`` when unknown."""
+    if n is None:
+        return "—"
+    for size, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 def fmt_cost(x: float | None) -> str:
     x = float(x or 0)
     if x == 0:

@@ -46,6 +46,7 @@ from ..repositories.fts_upkeep import CJK_REBUILD_HIGH_WATER, REBUILD_HIGH_WATER
 from ..repositories.health import HealthRepository
 from ..state_files import collect_state_db_stats
 from ._common import (
+    fmt_bytes,
     CliError,
     State,
     _state,
@@ -299,15 +300,6 @@ def sizes_doc(sizes: Any, total: int | None) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- what is shown
-
-
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "—"
-    for size, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def print_report(report: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from ..repositories.maintenance import MaintenanceRepository
 from ..repositories.messages import MessageRepository
 from ..repositories.sessions import SessionRepository
 from ..repositories.state_meta import set_meta
-from ..tenancy import schema_of_connection
+from ..tenant_schema import schema_of_connection
 from ..titles import split_title_number
 from .plan import (AFTER_SESSIONS, BEFORE_SESSIONS, COPIED_TABLES, INDEX_CHUNK, MARKER_KEY, NEWER, NOT_COPIED,
                    SILENT, TABLES, UPSERT_UPDATES, CopyError, CopyReport, Progress, meta_key_copied)

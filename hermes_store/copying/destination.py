@@ -22,7 +22,7 @@ from ..dialects.pg_tenants import try_transaction_lock
 from ..engine import create_engine
 from ..keys import VERSION_TABLE
 from ..locks import holding, try_flock
-from ..tenancy import schema_of_connection
+from ..tenant_schema import schema_of_connection
 from .endpoints import Endpoint, readonly_engine, server_key
 from .plan import (COPIED_TABLES, LOCK_SUFFIX, MARKER_FORMAT, MARKER_KEY, TABLES, CopyError, CopyInProgressError,
                    CopyReport, DestinationNotEmptyError, meta_key_copied)

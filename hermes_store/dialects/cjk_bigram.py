@@ -40,7 +40,7 @@ from ..search.cjk_pairs import (  # noqa: F401 - the pure half, importable from 
     parse_high_water,
     term_bigrams,
 )
-from ..tenancy import SchemaSQL, qualified, render, schema_of_connection
+from ..tenant_schema import SchemaSQL, qualified, render, schema_of_connection
 from . import for_connection
 
 #: ``"<settled> <top>:<transaction>,…"``: the id every id up to which is final, then the

@@ -16,7 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from ..tenancy import quote_ident
+from .. import errors
+from ..tenant_schema import quote_ident
 
 _IS_CITUS = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')"
 _IS_DISTRIBUTED = ("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_schema d"
@@ -105,3 +106,40 @@ _PLACEMENTS = (
 def placements(conn: Connection) -> dict[str, tuple[str, int]]:
     """``{schema: (host:port, bytes)}`` of every distributed schema, in one statement."""
     return {str(r[0]): (str(r[1]), int(r[2] or 0)) for r in conn.exec_driver_sql(_PLACEMENTS)}
+
+
+#: The nodes a tenant can be placed on: active primaries that take shards (the workers).
+_NODES = ("SELECT nodeid, nodename, nodeport FROM pg_catalog.pg_dist_node"
+          " WHERE isactive AND noderole = 'primary' AND shouldhaveshards ORDER BY nodename, nodeport")
+#: The nodes holding a placement of a distributed schema's tables (one when it is whole).
+_SCHEMA_NODES = (
+    "SELECT DISTINCT s.nodename || ':' || s.nodeport FROM pg_catalog.pg_dist_schema d"
+    " JOIN citus_shards s ON s.colocation_id = d.colocationid"
+    " WHERE d.schemaid = CAST(CAST(:s AS text) AS regnamespace) ORDER BY 1"
+)
+#: How Citus copies a tenant: ``auto`` (logical replication where every table has a key or
+#: a replica identity, as ours all have: writers go on), ``force_logical``, or
+#: ``block_writes`` (writers wait for the copy).
+TRANSFER_MODES = ("auto", "force_logical", "block_writes")
+
+
+def nodes(conn: Connection) -> dict[str, int]:
+    """``{host:port: node id}`` of the nodes a tenant can live on."""
+    return {f"{r[1]}:{r[2]}": int(r[0]) for r in conn.exec_driver_sql(_NODES)}
+
+
+def schema_nodes(conn: Connection, schema: str) -> list[str]:
+    """The ``host:port`` of each node holding a table of the distributed ``schema``."""
+    return list(conn.execute(text(_SCHEMA_NODES), {"s": quote_ident(schema)}).scalars())
+
+
+def move_schema(conn: Connection, schema: str, node_id: int, mode: str) -> None:
+    """Move the distributed ``schema`` to node ``node_id`` through Citus' own move
+    (``citus_schema_move``): ``conn`` is in autocommit, as a logical-replication move
+    runs its own transactions. Leftovers of an earlier, interrupted move (recorded by
+    Citus for cleanup) are removed first, so a killed move never blocks the next."""
+    if mode not in TRANSFER_MODES:
+        raise errors.InvalidInputError(f"transfer mode {mode!r} is not one of {', '.join(TRANSFER_MODES)}")
+    conn.exec_driver_sql("CALL citus_cleanup_orphaned_resources()")
+    conn.execute(text("SELECT citus_schema_move(CAST(CAST(:s AS text) AS regnamespace), :n,"
+                      " CAST(:m AS citus.shard_transfer_mode))"), {"s": quote_ident(schema), "n": node_id, "m": mode})

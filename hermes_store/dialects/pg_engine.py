@@ -16,7 +16,7 @@ from sqlalchemy import Engine, event
 from sqlalchemy.engine import URL
 
 from .. import errors
-from ..tenancy import SCHEMA_PARAM, schema_in_query, tenant_options
+from ..tenant_schema import SCHEMA_PARAM, schema_in_query, tenant_options
 from .base import OUR_TABLES
 
 #: psycopg's own default when preparing is wanted: prepare on the server after 5 executions.

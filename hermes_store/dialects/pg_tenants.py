@@ -2,7 +2,7 @@
 
 One tenant's tables, functions, triggers, search objects and Alembic version table
 live in one schema. The tenant is named in each statement at run time (see
-:mod:`hermes_store.tenancy`); what is here serves the migrations, whose frozen revision
+:mod:`hermes_store.tenant_schema`); what is here serves the migrations, whose frozen revision
 SQL names objects without a schema and so runs with a transaction-local search path.
 
 Nothing here outlives a transaction: behind a transaction pooler (PgBouncer in
@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, text
 
-from ..tenancy import qualified, quote_ident
+from ..tenant_schema import qualified, quote_ident
 
-# Names reaching these helpers were checked by hermes_store.tenancy.check_schema (plain
+# Names reaching these helpers were checked by hermes_store.tenant_schema.check_schema (plain
 # identifiers); they are quoted all the same.
 
 #: Extensions our revisions use, created once per database and shared by every tenant.

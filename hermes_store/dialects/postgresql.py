@@ -33,7 +33,7 @@ from ..models import Base
 from ..search import latin_in_cjk as runs
 from ..search import postgresql as pg_search
 from ..search.delegated import DELEGATED_CANDIDATE
-from ..tenancy import qualified, quote_ident, schema_of_connection
+from ..tenant_schema import qualified, quote_ident, schema_of_connection
 from . import pg_citus, pg_engine, pg_tenants, search_pg
 from .base import CLOSED_BY_COMPRESSION, LOCK_BUDGET_OPTION, MessageRuns, refused_append
 from .fts5 import NO_FTS5_STORAGE, Fts5Storage

@@ -28,7 +28,7 @@ from ..search import cjk_pairs
 from ..search.groups import Groups
 from ..search.delegated import DELEGATED_CANDIDATE
 from ..search.query import escape_like
-from ..tenancy import SchemaSQL, render
+from ..tenant_schema import SchemaSQL, render
 
 #: The columns of a hit, ``{snippet}`` and ``{rank}`` given per route.
 HIT_COLUMNS = (

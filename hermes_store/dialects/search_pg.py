@@ -20,7 +20,7 @@ from ..search import latin_in_cjk
 from ..search import postgresql as pg_search
 from ..search.delegated import DELEGATED_CANDIDATE, DELEGATED_SQL, delegated_of
 from ..search.word_hits import WordQuery
-from ..tenancy import SchemaSQL
+from ..tenant_schema import SchemaSQL
 from .search_base import PAGE_COLUMNS, Order, SearchRoutes, with_lateral_context
 
 #: The word route's order (lower rank is better): ``rank`` is the page's output column.

@@ -17,10 +17,9 @@ code with only an Engine over :class:`UnitOfWorkSteps`::
 | prune | auto_prune_and_vacuum |
 | search_index | catch_up_search_index (and index_search, its one-write form) |
 | steps | the Steps protocol and UnitOfWorkSteps |
-| tenants | distribute_tenant (Citus: a tenant schema made a distributed schema) |
 
-``tenants`` is imported by its own name (``hermes_store.operations.tenants``), not here:
-a SQLite program never loads the PostgreSQL modules.
+Tenant placement on a Citus cluster (list, distribute, move) is
+:mod:`hermes_store.tenancy`'s: a SQLite program never loads it.
 
 This layer uses the repositories, the unit of work, the dialects and the engine; it
 never imports the facade, the Hermes mixins or the CLI.

@@ -24,7 +24,7 @@ from .. import errors
 from ..dialects import Dialect, for_connection
 from ..models import Base
 from ..targets import refuse_async
-from ..tenancy import SCHEMA_OPTION, render, schema_of_connection
+from ..tenant_schema import SCHEMA_OPTION, render, schema_of_connection
 
 Executor = OrmSession | Connection
 

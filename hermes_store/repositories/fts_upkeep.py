@@ -31,7 +31,7 @@ from ..dialects.base import Dialect
 from ..dialects.fts5 import Fts5Storage, FtsObject
 from ..keys import FTS_CJK_STALE_KEY, OPTIMIZE_AVAILABLE_KEY, STORAGE_VERSION_KEY, TOOL_HIGH_WATER_KEY
 from ..models import Base
-from ..tenancy import qualified
+from ..tenant_schema import qualified
 from .base import MESSAGES, Repository
 from .state_meta import STATE_META, add_meta, get_meta, set_meta
 

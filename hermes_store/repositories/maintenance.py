@@ -22,7 +22,7 @@ from ..dialects.sqlite import _outside_transaction  # VACUUM INTO: a SQLite file
 from ..models import Base
 from ..dialects import cjk_bigram
 from ..search import cjk_pairs as bigram
-from ..tenancy import SchemaSQL
+from ..tenant_schema import SchemaSQL
 from . import fts_upkeep
 from .base import MESSAGES, SESSIONS, Repository, insert_or_skip
 from .housekeeping import HousekeepingRepository, cwd_prefix_condition

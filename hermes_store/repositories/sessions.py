@@ -15,7 +15,7 @@ from ..keys import COMPRESSION_END_REASON, RESET_END_REASONS, RESET_MARKER
 from ..codec import check_key, clean_text, text_from_bytes
 from ..dialects import Dialect
 from ..models import Base
-from ..tenancy import SchemaSQL
+from ..tenant_schema import SchemaSQL
 from ..titles import TITLE_SOURCE_USER, TITLE_SOURCES, automatic_title_lands, sanitize_title, split_title_number
 from .base import (
     MESSAGES,

@@ -42,7 +42,7 @@ from sqlalchemy import (
 )
 
 from ..dialects import Dialect
-from ..tenancy import qualified
+from ..tenant_schema import qualified
 from ..models.tables import DOUBLE
 from .base import Repository, per_dialect, session_exists
 from .state_meta import stamp_meta

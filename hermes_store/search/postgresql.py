@@ -228,7 +228,7 @@ def match_sql(index: str) -> str:
     snippet is NULL: :func:`snippet` cuts it from the rows that are returned.
 
     A template: ``{messages}`` is rendered in the connection's schema by the caller
-    (:func:`hermes_store.tenancy.render`)."""
+    (:func:`hermes_store.tenant_schema.render`)."""
     _check(index)
     return (
         f"SELECT mx.id AS id, CAST(NULL AS text) AS snippet, -ts_rank_cd(mx.search_vector, {_QUERY}) AS rank "
