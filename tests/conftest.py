@@ -3,8 +3,10 @@ are always built by running the migrations, never create_all."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
+from contextlib import ExitStack
 from pathlib import Path
 from collections.abc import Callable, Iterator
 
@@ -15,7 +17,23 @@ from sqlalchemy.orm import Session as OrmSession
 from hermes_store import SessionDB, migrations, paths
 from hermes_store.engine import create_engine
 
-from .helpers import CITUS_URL_ENV, PG_URL_ENV, PGBOUNCER_URL_ENV, required_env, server_database, via_pooler
+from .helpers import (
+    CITUS_URL_ENV,
+    PG_URL_ENV,
+    PGBOUNCER_URL_ENV,
+    TenantPlacements,
+    distributed_schema,
+    in_schema,
+    required_env,
+    server_database,
+    via_pooler,
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "on_citus: the module's backend/server cases also run on the Citus test cluster, each store in a"
+        " distributed schema of its own (conftest.pytest_generate_tests)")
 
 
 @pytest.fixture(autouse=True)
@@ -92,11 +110,16 @@ def session(engine: Engine) -> Iterator[OrmSession]:
             outer.rollback()
 
 
-def runs_on_both(metafunc: pytest.Metafunc) -> bool:
-    """The module says ``pytestmark = pytest.mark.both_backends`` (alone or in a list)."""
+def module_marked(metafunc: pytest.Metafunc, name: str) -> bool:
+    """The module says ``pytestmark = pytest.mark.<name>`` (alone or in a list)."""
     marks = getattr(metafunc.module, "pytestmark", [])
     marks = marks if isinstance(marks, list) else [marks]
-    return any(m.name == "both_backends" for m in marks)
+    return any(m.name == name for m in marks)
+
+
+def runs_on_both(metafunc: pytest.Metafunc) -> bool:
+    """The module says ``pytestmark = pytest.mark.both_backends`` (alone or in a list)."""
+    return module_marked(metafunc, "both_backends")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -104,13 +127,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
     Any test of such a module that asks for ``db`` or ``backend`` is parametrized; a
     fixture of the module can branch on ``backend`` to build its own store.
+
+    A module also marked ``on_citus`` runs them on the Citus test cluster as well
+    (``[citus]``: the store in a distributed schema of its own, :func:`citus_store`), and
+    its tests that ask for ``server`` (a server-only store: :func:`pg_store`) run once per
+    server, ``[postgresql]`` and ``[citus]``.
     """
-    if runs_on_both(metafunc) and ({"db", "backend"} & set(metafunc.fixturenames)):
+    citus = ["citus"] if module_marked(metafunc, "on_citus") else []
+    if citus and "server" in metafunc.fixturenames:
+        metafunc.parametrize("server", ["postgresql", *citus])
+    elif runs_on_both(metafunc) and ({"db", "backend"} & set(metafunc.fixturenames)):
         # A test that reaches under the API into SQLite itself (raw ``?`` SQL through
         # _execute_write, the TEMP staging table, a hand-made cycle) says so with
         # @pytest.mark.sqlite_only; its PostgreSQL twin lives in test_pg_backend.py.
         only_sqlite = metafunc.definition.get_closest_marker("sqlite_only") is not None
-        metafunc.parametrize("backend", ["sqlite"] if only_sqlite else ["sqlite", "postgresql"])
+        metafunc.parametrize("backend", ["sqlite"] if only_sqlite else ["sqlite", "postgresql", *citus])
 
 
 @pytest.fixture
@@ -121,13 +152,30 @@ def backend() -> str:
 
 @pytest.fixture
 def db(tmp_path: Path, backend: str, request: pytest.FixtureRequest):
-    """A SessionDB on a fresh SQLite file, or on a fresh PostgreSQL database, closed afterwards."""
+    """A SessionDB on a fresh SQLite file, on a fresh PostgreSQL database, or in a fresh
+    distributed schema on the Citus cluster; closed afterwards."""
     if backend == "postgresql":
         store = SessionDB(request.getfixturevalue("pg_database"))
+    elif backend == "citus":
+        store = SessionDB(request.getfixturevalue("citus_store"))
     else:
         store = SessionDB(tmp_path / "home" / "state.db")
     yield store
     store.close()
+
+
+@pytest.fixture
+def server() -> str:
+    """The server of :func:`pg_store` (PostgreSQL unless an ``on_citus`` module asks for both)."""
+    return "postgresql"
+
+
+@pytest.fixture
+def pg_store(server: str, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty place for one store on a server, as a URL string: a database of its
+    own (``[postgresql]``, :func:`pg_database`), or a distributed schema of its own on the
+    Citus cluster (``[citus]``, :func:`citus_store`: the URL names it with ``?schema=``)."""
+    return str(request.getfixturevalue("citus_store" if server == "citus" else "pg_database"))
 
 
 # --------------------------------------------------------------------- PostgreSQL
@@ -197,19 +245,39 @@ def citus_tenant(citus_url: str) -> Iterator[tuple[str, str]]:
     """A fresh distributed schema (Citus schema-based sharding) of this test alone on the
     cluster, not migrated yet: ``(coordinator URL, schema)``; dropped afterwards. The
     tests share the coordinator's database, each in schemas of its own."""
-    import uuid
-
-    from sqlalchemy import create_engine as sa_create_engine
-
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa_create_engine(citus_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            # The test's own admin session: a host turns schema-based sharding on, not us.
-            conn.exec_driver_sql("SET citus.enable_schema_based_sharding TO on")
-            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    with distributed_schema(citus_url) as schema:
         yield citus_url, schema
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        admin.dispose()
+
+
+#: Tenants of the Citus cases of this process, counted: each new one goes to the other worker.
+_CITUS_TENANTS = itertools.count()
+#: Which worker the tenants of each placement landed on (this process): the check that
+#: alternating placements did land on both workers (:class:`helpers.TenantPlacements`).
+_CITUS_PLACED = TenantPlacements()
+
+
+@pytest.fixture
+def citus_schemas(citus_url: str) -> Iterator[Callable[[], str]]:
+    """``new()``: one more fresh distributed schema on the cluster for this test (its
+    name), dropped afterwards. Consecutive tenants of a process are placed on alternate
+    workers, so a family's tenants land on both; at the end each one (once it holds
+    tables) is checked to be a distributed schema whole on the worker its placement
+    says, and the two placements on two different workers."""
+    with ExitStack() as stack:
+        made: list[tuple[str, int]] = []
+
+        def new() -> str:
+            placement = next(_CITUS_TENANTS) % 2
+            made.append((stack.enter_context(distributed_schema(citus_url, placement=placement)), placement))
+            return made[-1][0]
+
+        yield new
+        for schema, placement in made:  # before the schemas are dropped (the stack unwinds after)
+            _CITUS_PLACED.check(citus_url, schema, placement)
+
+
+@pytest.fixture
+def citus_store(citus_schemas: Callable[[], str], citus_url: str) -> str:
+    """A SessionDB URL (``<coordinator>?schema=t_…``) for a fresh distributed schema of this
+    test alone, not migrated yet (opening it migrates it); dropped afterwards."""
+    return in_schema(citus_url, citus_schemas())

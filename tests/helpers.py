@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from sqlalchemy import create_engine as sa_create_engine
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from hermes_store import SessionDB, introspect
@@ -112,6 +113,94 @@ def server_database(pg_url: str, options: str = "", prefix: str = "hs_test_") ->
                 conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         admin.dispose()
+
+
+def in_schema(url: str, schema: str) -> str:
+    """``url`` (a server URL string) naming the tenant ``schema`` with ``?schema=``."""
+    return make_url(url).update_query_dict({"schema": schema}).render_as_string(hide_password=False)
+
+
+# --------------------------------------------------------------------- Citus
+
+#: The worker holding a distributed schema: its tables are single-shard tables of one
+#: co-location group, so all their shards are on one node.
+_TENANT_TABLES = ("SELECT t.citus_table_type, t.colocation_id, s.nodename || ':' || s.nodeport FROM citus_tables t"
+                  " JOIN citus_shards s ON s.table_name = t.table_name"
+                  " WHERE t.table_name::text LIKE :prefix")
+
+
+@contextmanager
+def distributed_schema(citus_url: str, *, placement: int | None = None, prefix: str = "t_") -> Iterator[str]:
+    """A fresh distributed schema (Citus schema-based sharding) on the cluster at
+    ``citus_url``, not migrated (its name); dropped afterwards with all it holds.
+
+    ``placement`` (0 or 1): the worker it is to land on, by the rule Citus places a new
+    schema's first table with (``colocation id mod workers``, create_shards.c
+    ``EmptySingleShardTableColocationDecideNodeId``): a schema drawn with the other
+    parity is dropped and another made. Schema-based sharding is turned on in the
+    fixture's own admin session: a host turns it on, not us.
+    """
+    admin = sa_create_engine(citus_url, isolation_level="AUTOCOMMIT")
+    made: list[str] = []
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql("SET citus.enable_schema_based_sharding TO on")
+            workers = int(conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_dist_node WHERE groupid <> 0 AND noderole = 'primary'"
+                " AND shouldhaveshards AND isactive").scalar() or 0)
+            assert workers == 2, f"the test cluster has {workers} workers, not 2"
+            for _attempt in range(20):  # the other test process draws ids too
+                schema = f"{prefix}{uuid.uuid4().hex[:12]}"
+                conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+                made.append(schema)
+                colocation = conn.execute(text(
+                    "SELECT colocationid FROM pg_dist_schema WHERE schemaid = CAST(:s AS regnamespace)"),
+                    {"s": schema}).scalar()
+                assert colocation is not None, f"{schema} was made, but not as a distributed schema"
+                if placement is None or colocation % workers == placement:
+                    break
+                conn.exec_driver_sql(f'DROP SCHEMA "{made.pop()}"')
+            else:
+                raise AssertionError(f"no new schema drew placement {placement} in 20 attempts")
+        yield schema
+    finally:
+        with admin.connect() as conn:
+            for name in made:
+                conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        admin.dispose()
+
+
+class TenantPlacements:
+    """Where the distributed tenants of this test process landed, by placement: each one
+    whole on one worker, alternate placements on the two different workers."""
+
+    def __init__(self) -> None:
+        self.worker_of: dict[int, str] = {}
+
+    def check(self, citus_url: str, schema: str, placement: int) -> str | None:
+        """Assert that ``schema`` is distributed and whole on the worker of ``placement``;
+        that worker (None while the schema holds no table: nothing is placed yet)."""
+        admin = sa_create_engine(citus_url)
+        try:
+            with admin.connect() as conn:
+                assert conn.execute(text("SELECT count(*) FROM pg_dist_schema WHERE schemaid = CAST(:s AS regnamespace)"),
+                                    {"s": schema}).scalar() == 1, f"{schema} is not a distributed schema"
+                rows = conn.execute(text(_TENANT_TABLES), {"prefix": f"{schema}.%"}).all()
+                workers = {str(r[0]) for r in conn.exec_driver_sql(
+                    "SELECT nodename || ':' || nodeport FROM pg_dist_node WHERE groupid <> 0 AND noderole = 'primary'")}
+        finally:
+            admin.dispose()
+        if not rows:
+            return None
+        assert {r[0] for r in rows} == {"schema"} and len({r[1] for r in rows}) == 1, (schema, rows)
+        nodes = {str(r[2]) for r in rows}
+        assert len(nodes) == 1 and nodes <= workers, (schema, nodes, workers)
+        node = nodes.pop()
+        expected = self.worker_of.setdefault(placement, node)
+        assert node == expected, f"{schema} (placement {placement}) is on {node}, its placement's tenants on {expected}"
+        assert node not in {w for p, w in self.worker_of.items() if p != placement}, (
+            f"tenants of both placements landed on {node}: {self.worker_of}")
+        return node
 
 
 @contextmanager

@@ -495,11 +495,13 @@ move_tenant(sys.argv[1], sys.argv[2], sys.argv[3], mode="force_logical")
 """
 
 
-def _move_backend(engine: Any) -> int | None:
+def _move_backend(engine: Any, mover: str) -> int | None:
+    """The server backend running the move of the process named ``mover`` (its
+    application_name: other tests move other tenants at the same time)."""
     with engine.connect() as conn:
         return conn.execute(text(
             "SELECT pid FROM pg_stat_activity WHERE query LIKE 'SELECT citus_schema_move(%' AND state = 'active'"
-            " AND pid <> pg_backend_pid()")).scalar()
+            " AND application_name = :a"), {"a": mover}).scalar()
 
 
 @pytest.mark.parametrize("how", ["client SIGKILLed", "server backend terminated"])
@@ -516,11 +518,13 @@ def test_a_killed_move_leaves_the_tenant_whole_on_one_node(citus_tenant: tuple[s
     before = move_tenant(url, schema, home).before  # already home: reads, moves nothing
     engine = create_engine(url)
     try:
-        mover = subprocess.Popen([sys.executable, "-c", _MOVER, url, schema, other],
+        name = f"mover_{uuid.uuid4().hex[:8]}"
+        mover_url = make_url(url).update_query_dict({"application_name": name}).render_as_string(hide_password=False)
+        mover = subprocess.Popen([sys.executable, "-c", _MOVER, mover_url, schema, other],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline, pid = time.monotonic() + 30, None
         while pid is None and mover.poll() is None and time.monotonic() < deadline:
-            pid = _move_backend(engine)
+            pid = _move_backend(engine, name)
             time.sleep(0.01)
         assert pid is not None, mover.communicate()
         time.sleep(after)
@@ -531,7 +535,7 @@ def test_a_killed_move_leaves_the_tenant_whole_on_one_node(citus_tenant: tuple[s
                 conn.execute(text("SELECT pg_terminate_backend(CAST(:p AS integer))"), {"p": pid})
         mover.communicate(timeout=60)
         deadline = time.monotonic() + 60
-        while _move_backend(engine) is not None and time.monotonic() < deadline:
+        while _move_backend(engine, name) is not None and time.monotonic() < deadline:
             time.sleep(0.1)  # a client gone leaves its backend to end the statement
         with engine.connect() as conn:
             where = pg_citus.schema_nodes(conn, schema)

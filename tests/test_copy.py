@@ -10,7 +10,9 @@ killed with SIGKILL at many points (between and inside transactions) finishes ex
 when run again, an unadopted Hermes file is read through an adopted work copy, and bad
 arguments are typed errors that create nothing.
 
-Tests that take ``backend`` run once per backend; copies name their direction.
+Tests that take ``backend`` run once per backend; copies name their direction. The
+Citus cases (``citus``) copy into a tenant in a distributed schema of its own on the
+Citus test cluster (conftest ``citus_schemas``).
 """
 
 from __future__ import annotations
@@ -40,12 +42,12 @@ from hermes_store.copying.endpoints import endpoint
 from hermes_store.models import Base
 from hermes_store.dialects import cjk_bigram as bigram_upkeep
 
-from .helpers import HERMES_DBS
+from .helpers import HERMES_DBS, in_schema
 from .test_cli import file_target, one_line_error, run, server_target, snapshot
 from .test_hermes_opens_ours import hermes_columns, hermes_open
 from .test_maintenance import FTS, _fill_exacting, extra_pg_database, stored
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.both_backends, pytest.mark.on_citus]
 
 T = Base.metadata.tables
 M = T["messages"]
@@ -66,6 +68,8 @@ DIRECTIONS = [
     pytest.param(("sqlite", "postgresql"), id="sqlite-to-postgresql"),
     pytest.param(("postgresql", "sqlite"), id="postgresql-to-sqlite"),
     pytest.param(("postgresql", "postgresql"), id="postgresql-to-postgresql"),
+    pytest.param(("sqlite", "citus"), id="sqlite-to-citus"),
+    pytest.param(("postgresql", "citus"), id="postgresql-to-citus"),
 ]
 
 
@@ -74,13 +78,16 @@ DIRECTIONS = [
 
 @pytest.fixture
 def place(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[[str, str], Any]]:
-    """``place(kind, name)``: somewhere empty of that kind, a file path (not created) or a
-    fresh database on the test server (dropped afterwards)."""
+    """``place(kind, name)``: somewhere empty of that kind, a file path (not created), a
+    fresh database on the test server, or (``citus``) a fresh distributed schema on the
+    Citus cluster (dropped afterwards)."""
     with ExitStack() as stack:
 
         def make(kind: str, name: str) -> Any:
             if kind == "sqlite":
                 return tmp_path / f"{name}.db"
+            if kind == "citus":
+                return in_schema(request.getfixturevalue("citus_url"), request.getfixturevalue("citus_schemas")())
             return stack.enter_context(extra_pg_database(request.getfixturevalue("pg_url")))
 
         yield make
@@ -133,6 +140,11 @@ def fill(db: SessionDB) -> None:
     # triggers from indexing every message inside it.
     db.set_meta("fts_rebuild_high_water", "1000000")
     db.set_meta("fts_rebuild_progress", "0")
+
+
+def server_kind(kind: str) -> str:
+    """The backend a kind of place is: a Citus tenant is a PostgreSQL store."""
+    return "postgresql" if kind == "citus" else kind
 
 
 def rows(db: SessionDB, table: str) -> list[dict[str, Any]]:
@@ -201,7 +213,7 @@ def test_a_copy_keeps_every_row_of_every_table(direction: tuple[str, str], place
         assert "last_auto_prune" not in meta and "fts_rebuild_high_water" not in meta
         assert json.loads(meta[MARKER_KEY])["state"] == "done"
         assert hits(db) == want_hits and all(want_hits[q] for q in QUERIES)
-        assert db.check_fts() == {name: None for name in FTS[direction[1]]}
+        assert db.check_fts() == {name: None for name in FTS[server_kind(direction[1])]}
         assert db.get_session_lineage("a-child") == ["z-parent", "a-child"]
         assert [m["content"] for m in db.get_messages("long")][:2] == ["long talk 0 about 数据 and pelicans",
                                                                      "long talk 1 about 数据 and pelicans"]
@@ -481,7 +493,7 @@ def test_a_copy_killed_anywhere_resumes_to_the_exact_result(direction: tuple[str
     with SessionDB(dst) as db:
         assert contents(db) == want
         assert hits(db) == want_hits
-        assert db.check_fts() == {name: None for name in FTS[direction[1]]}
+        assert db.check_fts() == {name: None for name in FTS[server_kind(direction[1])]}
         after = everything(db)
     again = copy_history(src, dst, batch=2)
     assert again.already_complete and again.sessions_copied == 0
@@ -586,7 +598,7 @@ print("finished")
 """
 
 
-@pytest.mark.parametrize("direction", [DIRECTIONS[1], DIRECTIONS[2]])
+@pytest.mark.parametrize("direction", [DIRECTIONS[1], DIRECTIONS[2], DIRECTIONS[4]])
 def test_a_second_copy_into_a_busy_destination_is_refused_and_writes_nothing(
         direction: tuple[str, str], place: Callable[[str, str], Any], tmp_path: Path) -> None:
     """Two copies into one store would each decide from a state the other is changing:

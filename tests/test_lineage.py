@@ -11,7 +11,7 @@ from hermes_store import SessionDB, UnitOfWork
 
 from .factories import insert_sessions, set_times
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.both_backends, pytest.mark.on_citus]
 
 
 def _chain(db: SessionDB, n: int, reason: str = "compression") -> list[str]:

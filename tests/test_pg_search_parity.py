@@ -6,9 +6,10 @@ query is run through :class:`SearchRepository` on both. Sets of message ids must
 equal; for ``newest``/``oldest`` the order too. Rank order may differ (bm25 vs
 ts_rank_cd ties); that is the only difference the corpus shows.
 
-The PostgreSQL side runs twice: in a database of the server's default locale and in
+The PostgreSQL side runs three times: in a database of the server's default locale, in
 one created with ``LC_CTYPE``/``LC_COLLATE`` ``C``, since revision hs0003 cuts and
-folds words without the database's locale.
+folds words without the database's locale, and in a distributed schema on the Citus
+test cluster (schema-based sharding: the tenant lives on a worker node).
 
 Differences that remain by design, each shown by a test below where a corpus can show
 it (PostgreSQL then finds a superset, never a wrong row):
@@ -44,11 +45,13 @@ from sqlalchemy import Engine, insert, text, update
 from sqlalchemy.engine import make_url
 
 from hermes_store import migrations
-from hermes_store.engine import create_engine
+from hermes_store.engine import create_engine, schema_of
 from hermes_store.models import Base
 from hermes_store.repositories.search import SearchRepository
 from hermes_store.dialects import cjk_bigram as bigram_upkeep
 from hermes_store.search import plan_search
+
+from .helpers import distributed_schema, in_schema
 
 SESSIONS = Base.metadata.tables["sessions"]
 MESSAGES = Base.metadata.tables["messages"]
@@ -170,6 +173,8 @@ def _load(engine: Engine, rows: list[dict]) -> None:
 
 #: PostgreSQL databases the corpus is loaded into: the server's default locale, and C.
 LOCALES = {"default-locale": "", "c-locale": " TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'"}
+#: ... and the Citus cluster's database, the corpus in a distributed schema of its own.
+CITUS = "citus"
 
 
 @pytest.fixture(scope="module")
@@ -182,14 +187,30 @@ def sqlite_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     lite.dispose()
 
 
-@pytest.fixture(scope="module", params=sorted(LOCALES))
-def engines(request: pytest.FixtureRequest, pg_url: str, sqlite_engine: Engine) -> Iterator[tuple[Engine, Engine]]:
-    """The corpus in a SQLite file and in a PostgreSQL database made for this module."""
+@pytest.fixture(scope="module", params=[*sorted(LOCALES), CITUS])
+def engines(request: pytest.FixtureRequest, sqlite_engine: Engine) -> Iterator[tuple[Engine, Engine]]:
+    """The corpus in a SQLite file and in a PostgreSQL database made for this module (or,
+    ``[citus]``, in a distributed schema made for it on the Citus cluster)."""
+    if request.param == CITUS:
+        citus_url = request.getfixturevalue("citus_url")
+        with distributed_schema(citus_url) as schema:
+            yield from _loaded(sqlite_engine, in_schema(citus_url, schema))
+        return
+    pg_url = request.getfixturevalue("pg_url")
     name = f"hs_parity_{uuid.uuid4().hex[:12]}"
     admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"{LOCALES[request.param]}')
-    url = make_url(pg_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield from _loaded(sqlite_engine, make_url(pg_url).set(database=name).render_as_string(hide_password=False))
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+def _loaded(sqlite_engine: Engine, url: str) -> Iterator[tuple[Engine, Engine]]:
+    """The corpus migrated and loaded at ``url``: ``(sqlite_engine, its engine)``."""
     pg = create_engine(url)
     try:
         migrations.upgrade(url)
@@ -197,9 +218,12 @@ def engines(request: pytest.FixtureRequest, pg_url: str, sqlite_engine: Engine) 
         yield sqlite_engine, pg
     finally:
         pg.dispose()
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+
+
+def _named(pg: Engine, name: str) -> str:
+    """``name`` (a table or function of ours) as raw SQL names it in ``pg``'s store."""
+    schema = schema_of(pg)
+    return f'"{schema}".{name}' if schema else name
 
 
 def _search(engine: Engine, query: str, **kw) -> list[float]:
@@ -381,7 +405,7 @@ def test_phrase_does_not_span_columns_on_postgresql(engines: tuple[Engine, Engin
         row = conn.execute(text(
             "SELECT search_vector @@ CAST('''timeout'' <-> ''terminal''' AS tsquery),"
             " search_vector @@ CAST('''timeout'' & ''terminal''' AS tsquery)"
-            " FROM messages WHERE content = 'the job hit a timeout'")).one()
+            f" FROM {_named(pg, 'messages')} WHERE content = 'the job hit a timeout'")).one()
     assert tuple(row) == (False, True)
 
 
@@ -469,7 +493,7 @@ def test_every_character_splits_and_folds_as_fts5(engines: tuple[Engine, Engine]
     expected = _fts5_words(values)
     with pg.connect() as conn:
         got = dict(conn.execute(text(
-            "SELECT cp, hermes_store_search_words('q' || chr(cp) || 'q') FROM generate_series(1, 131071) cp"
+            f"SELECT cp, {_named(pg, 'hermes_store_search_words')}('q' || chr(cp) || 'q') FROM generate_series(1, 131071) cp"
             " WHERE cp NOT BETWEEN 55296 AND 57343")).all())
     wrong = {}
     for cp, want in zip(cps, expected, strict=True):
@@ -486,5 +510,6 @@ def test_every_character_splits_and_folds_as_fts5(engines: tuple[Engine, Engine]
     # and the sequences that fold in more than one step
     samples = ["ÉCOLE", "e\u0301cole", "ế", "ǘber", "a\u0308\u0301", "İstanbul", "ΟΔΟΣ", "ſtraße", "Ǆemal", "ﬁne"]
     with pg.connect() as conn:
-        folded = [conn.execute(text("SELECT hermes_store_search_words(:v)"), {"v": v}).scalar() for v in samples]
+        folded = [conn.execute(text(f"SELECT {_named(pg, 'hermes_store_search_words')}(:v)"), {"v": v}).scalar()
+                  for v in samples]
     assert [f.split() for f in folded] == _fts5_words(samples)

@@ -10,7 +10,9 @@ refused before anything connects, and the sharing proof: four processes, two ten
 two writers each, appending, titling and searching at once.
 
 The PostgreSQL cases need ``HERMES_STORE_TEST_PG_URL`` (see conftest.pg_url); the one
-SQLite case shows the refusal there.
+SQLite case shows the refusal there. The cases that take ``tenants`` (or ``backend``) run
+again on the Citus test cluster (``[citus]``), each tenant a distributed schema of its
+own, the two on the two workers (conftest ``citus_schemas``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
@@ -31,9 +35,10 @@ from sqlalchemy.engine import make_url
 from hermes_store import SessionDB, UnitOfWork, errors, migrations
 from hermes_store.engine import create_engine
 
+from .helpers import in_schema
 from .test_cli import ok, one_line_error, run
 
-pytestmark = pytest.mark.both_backends
+pytestmark = [pytest.mark.both_backends, pytest.mark.on_citus]
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAD = migrations.head()
@@ -60,6 +65,31 @@ def plain(pg_database: str) -> Iterator[Engine]:
     """A plain SQLAlchemy engine on the test database, for looking at the catalogs."""
     eng = sa_create_engine(pg_database)
     yield eng
+    eng.dispose()
+
+
+@dataclass
+class Tenants:
+    """Two tenant schemas ``a`` and ``b`` of the database at ``url`` (``plain``: an engine
+    there for the catalogs)."""
+
+    url: str
+    plain: Engine
+    a: str
+    b: str
+
+
+@pytest.fixture
+def tenants(server: str, request: pytest.FixtureRequest) -> Iterator[Tenants]:
+    """``[postgresql]``: team_a and team_b of a fresh database (made by the first
+    migration); ``[citus]``: two fresh distributed schemas on the cluster, on its two workers."""
+    if server == "citus":
+        new: Callable[[], str] = request.getfixturevalue("citus_schemas")
+        url, a, b = request.getfixturevalue("citus_url"), new(), new()
+    else:
+        url, a, b = request.getfixturevalue("pg_database"), "team_a", "team_b"
+    eng = sa_create_engine(url)
+    yield Tenants(url, eng, a, b)
     eng.dispose()
 
 
@@ -178,6 +208,17 @@ def test_a_url_naming_two_schemas_is_refused() -> None:
 def test_schema_is_a_postgresql_feature(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """On SQLite every entry point refuses ``schema=`` (a file has no schemas) and
     creates nothing; on PostgreSQL the same call opens the tenant."""
+    if backend == "citus":  # a distributed schema named by the URL, or by the argument
+        url = request.getfixturevalue("citus_store")
+        base = request.getfixturevalue("citus_url")
+        tenant = make_url(url).query["schema"]
+        with SessionDB(base, schema=tenant) as db:
+            db.create_session("s1", "cli")
+        with SessionDB(url) as db:
+            assert db.session_count() == 1
+        assert migrations.current(url) == migrations.current(base, schema=tenant) == HEAD
+        assert url == in_schema(base, tenant)
+        return
     if backend == "postgresql":
         url = request.getfixturevalue("pg_database")
         with SessionDB(url, schema="team_a") as db:
@@ -393,23 +434,24 @@ def test_unit_of_work_in_a_schema_on_a_plain_engine(pg_database: str) -> None:
         unmigrated.dispose()
 
 
-def test_triggers_and_search_functions_resolve_in_their_own_tenant(pg_database: str, plain: Engine) -> None:
+def test_triggers_and_search_functions_resolve_in_their_own_tenant(tenants: Tenants) -> None:
     """hs0002's and hs0004's PL/pgSQL functions name tables without a schema: each
     tenant's copy must read and write that tenant's tables only."""
-    a = SessionDB(pg_database, schema="team_a")
-    b = SessionDB(pg_database, schema="team_b")
+    a = SessionDB(tenants.url, schema=tenants.a)
+    b = SessionDB(tenants.url, schema=tenants.b)
     try:
-        # Make team_a's bigram index think every row is already indexed (so a new or
-        # edited row marks its block dirty); team_b keeps the shipped -1.
+        # Make a's bigram index think every row is already indexed (so a new or
+        # edited row marks its block dirty); b keeps the shipped -1.
         a.set_meta("hermes_store.cjk_bigram_high_water", "1000")
         for db in (a, b):
             db.create_session("s1", "cli")
             db.append_message("s1", "user", "中文内容")
-        with plain.connect() as conn:
-            assert conn.exec_driver_sql("SELECT count(*) FROM team_a.messages_cjk_bigram_dirty").scalar() == 1
-            assert conn.exec_driver_sql("SELECT count(*) FROM team_b.messages_cjk_bigram_dirty").scalar() == 0
-            for schema in ("team_a", "team_b"):  # the BEFORE INSERT display-order trigger ran in each
-                assert conn.exec_driver_sql(f"SELECT display_order FROM {schema}.messages").all() == [(1,)]
+        with tenants.plain.connect() as conn:
+            assert conn.exec_driver_sql(f"SELECT count(*) FROM {tenants.a}.messages_cjk_bigram_dirty").scalar() == 1
+            assert conn.exec_driver_sql(f"SELECT count(*) FROM {tenants.b}.messages_cjk_bigram_dirty").scalar() == 0
+            for schema in (tenants.a, tenants.b):  # the BEFORE INSERT display-order trigger ran in each
+                assert [r[0] for r in conn.exec_driver_sql(f"SELECT display_order FROM {schema}.messages")] == [
+                    conn.exec_driver_sql(f"SELECT id FROM {schema}.messages").scalar()]
         # Words fold by the tenant's own function (Café → cafe) on both sides.
         a.append_message("s1", "user", "Café CRÈME")
         assert [h["session_id"] for h in a.search_messages("creme cafe")] == ["s1"]
@@ -477,34 +519,35 @@ def test_vacuum_of_a_tenant_works_on_its_own_tables(pg_database: str, plain: Eng
 # ---------------------------------------------------------------------- migrations per tenant
 
 
-def test_migrating_one_tenant_leaves_the_others_untouched(pg_database: str, plain: Engine) -> None:
-    for schema in ("team_a", "team_b"):
+def test_migrating_one_tenant_leaves_the_others_untouched(tenants: Tenants) -> None:
+    pg_database, plain, team_a, team_b = tenants.url, tenants.plain, tenants.a, tenants.b
+    for schema in (team_a, team_b):
         with SessionDB(pg_database, schema=schema) as db:
             fill(db, schema.replace("_", ""))
     with plain.connect() as conn:
-        before = signature(conn, "team_b")
+        before = signature(conn, team_b)
     down = paths_order()[paths_order().index(HEAD) - 2]
-    assert migrations.downgrade(pg_database, down, schema="team_a") == down
-    assert migrations.current(pg_database, schema="team_b") == HEAD
+    assert migrations.downgrade(pg_database, down, schema=team_a) == down
+    assert migrations.current(pg_database, schema=team_b) == HEAD
     with pytest.raises(errors.InvalidInputError, match="cannot go back"):
-        migrations.upgrade(pg_database, down, schema="team_b")
-    assert migrations.upgrade(pg_database, schema="team_a") == HEAD
+        migrations.upgrade(pg_database, down, schema=team_b)
+    assert migrations.upgrade(pg_database, schema=team_a) == HEAD
     with plain.connect() as conn:
-        assert signature(conn, "team_b") == before
+        assert signature(conn, team_b) == before
     # downgrade base removes this tenant's objects and nothing else.
-    assert migrations.downgrade(pg_database, "base", schema="team_a") is None
+    assert migrations.downgrade(pg_database, "base", schema=team_a) is None
     with plain.connect() as conn:
         # Only Alembic's (now empty) version table and its key are left, as in a database at base.
-        assert objects_in(conn, "team_a") == {("rel:r", "hermes_store_version"), ("rel:i", "hermes_store_version_pkc")}
-        assert conn.exec_driver_sql("SELECT count(*) FROM team_a.hermes_store_version").scalar() == 0
-        assert signature(conn, "team_b") == before
+        assert objects_in(conn, team_a) == {("rel:r", "hermes_store_version"), ("rel:i", "hermes_store_version_pkc")}
+        assert conn.exec_driver_sql(f"SELECT count(*) FROM {team_a}.hermes_store_version").scalar() == 0
+        assert signature(conn, team_b) == before
         assert objects_in(conn, "public") == set()
         assert conn.exec_driver_sql("SELECT count(*) FROM pg_extension WHERE extname = 'pg_trgm'").scalar() == 1
-    with SessionDB(pg_database, schema="team_b") as b:  # the other tenant still works, search included
+    with SessionDB(pg_database, schema=team_b) as b:  # the other tenant still works, search included
         b.append_message("s2", "user", "after the neighbour left")
         assert [h["session_id"] for h in b.search_messages("neighbour")] == ["s2"]
     # And the emptied tenant comes back empty.
-    with SessionDB(pg_database, schema="team_a") as a:
+    with SessionDB(pg_database, schema=team_a) as a:
         assert a.session_count() == 0
         assert a.search_messages("deploy") == []
 

@@ -166,10 +166,13 @@ def offline_tenant_prelude(schema: str) -> list[str]:
     (no connection to ask where the shared extensions already are: ``public`` is assumed).
 
     The script runs as one transaction and the path is ``SET LOCAL``: run through a
-    pooler, it leaves nothing on the server connection.
+    pooler, it leaves nothing on the server connection. The Citus setting the online run
+    makes comes first, as there (a no-op without Citus): a tenant that is a distributed
+    schema takes our triggers only with it.
     """
     q = quote_ident(schema)
     return [
+        CITUS_MIGRATION_SETTINGS,
         f"CREATE SCHEMA IF NOT EXISTS {q}",
         *(f"CREATE EXTENSION IF NOT EXISTS {quote_ident(e)} WITH SCHEMA public" for e in SHARED_EXTENSIONS),
         f"SET LOCAL search_path TO {q}, public",

@@ -1,14 +1,17 @@
 """Migrations on PostgreSQL: the baseline revision hs0002 builds the head schema with
 types that hold what SQLite holds, hs0003 makes words split and fold as FTS5's
 unicode61 does (and goes back exactly), ``downgrade base`` leaves nothing of ours, and
-``alembic check`` / autogenerate are quiet. Every test gets its own fresh database."""
+``alembic check`` / autogenerate are quiet. Every test gets its own fresh database, and
+runs again (``[citus]``) in a fresh distributed schema of the Citus test cluster, where
+every table is a single-shard table on a worker node (conftest ``pg_store``)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,16 +20,35 @@ from sqlalchemy import Engine, create_engine, insert, select, text
 from sqlalchemy.engine import make_url
 
 from hermes_store import migrations, paths
+from hermes_store.keys import PG_DELEGATED_INDEX
 from hermes_store.models import AgentSession, Message, metadata
 from hermes_store.models.tables import BIG, DOUBLE
 from hermes_store.repositories.search import SearchRepository
 
+pytestmark = pytest.mark.on_citus
+
 HEAD = paths.head()
 
 
+def split_store(url: str) -> tuple[str, str | None]:
+    """``(the URL without ?schema=, the schema it names or None)``."""
+    parsed = make_url(url)
+    schema = parsed.query.get("schema")
+    base = parsed.difference_update_query(["schema"]).render_as_string(hide_password=False)
+    return base, schema if isinstance(schema, str) else None
+
+
+def store_schema(pg_store: str) -> str:
+    """The schema the store at ``pg_store`` is in: its tenant, or a database's public."""
+    return split_store(pg_store)[1] or "public"
+
+
 @pytest.fixture
-def pg_engine(pg_database: str):
-    eng = create_engine(pg_database)
+def pg_engine(pg_store: str) -> Iterator[Engine]:
+    """A plain engine on the store's database whose connections work in its schema (their
+    ``search_path`` starts with it), so the raw SQL below names no schema."""
+    base, schema = split_store(pg_store)
+    eng = create_engine(base, connect_args={"options": f"-csearch_path={schema},public"} if schema else {})
     yield eng
     eng.dispose()
 
@@ -38,6 +60,12 @@ def columns(engine: Engine) -> dict[tuple[str, str], dict]:
             "FROM information_schema.columns WHERE table_schema = current_schema()"
         )).mappings().all()
     return {(r["table_name"], r["column_name"]): dict(r) for r in rows}
+
+
+#: Our triggers: those on the tables of the current schema (the Citus cluster's database
+#: holds other tests' tenants at the same time).
+TRIGGERS = ("SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = current_schema() AND NOT t.tgisinternal")
 
 
 def our_objects(engine: Engine) -> dict[str, set[str]]:
@@ -53,7 +81,7 @@ def our_objects(engine: Engine) -> dict[str, set[str]]:
             "WHERE n.nspname = current_schema() AND NOT EXISTS ("
             "  SELECT 1 FROM pg_depend d WHERE d.objid = p.oid AND d.deptype = 'e')"
         )).scalars().all()
-        trigs = conn.execute(text("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal")).scalars().all()
+        trigs = conn.execute(text(TRIGGERS)).scalars().all()
         types = conn.execute(text(
             "SELECT t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
             "WHERE n.nspname = current_schema() AND NOT EXISTS ("
@@ -68,11 +96,11 @@ def our_objects(engine: Engine) -> dict[str, set[str]]:
 # ------------------------------------------------------------------ schema at head
 
 
-def test_upgrade_head_builds_every_table_with_exact_types(pg_database: str, pg_engine: Engine) -> None:
-    assert migrations.current(pg_database) is None
-    assert migrations.upgrade(pg_database) == HEAD
+def test_upgrade_head_builds_every_table_with_exact_types(pg_store: str, pg_engine: Engine) -> None:
+    assert migrations.current(pg_store) is None
+    assert migrations.upgrade(pg_store) == HEAD
     assert {"hs0002", "hs0003"} <= set(paths.revision_order())
-    assert migrations.current(pg_database) == HEAD
+    assert migrations.current(pg_store) == HEAD
     cols = columns(pg_engine)
     tables = {t for t, _c in cols}
     assert tables == set(metadata.tables) | {migrations.VERSION_TABLE}
@@ -122,15 +150,15 @@ def test_upgrade_head_builds_every_table_with_exact_types(pg_database: str, pg_e
     assert "gin_trgm_ops" in indexes["idx_messages_trgm"]
 
 
-def test_hermes_sqlite_history_does_nothing_on_postgresql(pg_database: str, pg_engine: Engine) -> None:
+def test_hermes_sqlite_history_does_nothing_on_postgresql(pg_store: str, pg_engine: Engine) -> None:
     """0001…0030 and hs0001 are no-ops there: at 0030 only the version table exists."""
-    assert migrations.upgrade(pg_database, "0030") == "0030"
+    assert migrations.upgrade(pg_store, "0030") == "0030"
     assert {t for t, _c in columns(pg_engine)} == {migrations.VERSION_TABLE}
 
 
-def test_epoch_keeps_microseconds_and_counters_go_past_32_bits(pg_engine: Engine, pg_database: str) -> None:
+def test_epoch_keeps_microseconds_and_counters_go_past_32_bits(pg_engine: Engine, pg_store: str) -> None:
     """A 4-byte ``real`` would store 1764547200.123456 as 1764547200.0 (or worse)."""
-    migrations.upgrade(pg_database)
+    migrations.upgrade(pg_store)
     stamp = 1764547200.123456
     big = 2**40 + 7
     with pg_engine.begin() as conn:
@@ -155,11 +183,11 @@ def test_epoch_keeps_microseconds_and_counters_go_past_32_bits(pg_engine: Engine
         assert msgs[0]["active"] == 1 and msgs[0]["compacted"] == 0
 
 
-def test_search_vector_and_bigram_trigger_work(pg_engine: Engine, pg_database: str) -> None:
+def test_search_vector_and_bigram_trigger_work(pg_engine: Engine, pg_store: str) -> None:
     """The generated tsvector is searchable (``simple``: no stemming), a 10 MB row is
     accepted (the vector is bounded under PostgreSQL's 1 MB limit), and a change below
     the bigram high-water mark records its block as dirty."""
-    migrations.upgrade(pg_database)
+    migrations.upgrade(pg_store)
     huge = " ".join(f"w{i}" for i in range(1_500_000))  # ~10 MB of distinct words
     with pg_engine.begin() as conn:
         conn.execute(insert(AgentSession.__table__).values(id="s", source="cli", started_at=1.0))
@@ -196,15 +224,15 @@ def test_search_vector_and_bigram_trigger_work(pg_engine: Engine, pg_database: s
 # ------------------------------------------------------------------ downgrade
 
 
-def test_downgrade_base_removes_every_object_and_upgrades_again(pg_database: str, pg_engine: Engine) -> None:
+def test_downgrade_base_removes_every_object_and_upgrades_again(pg_store: str, pg_engine: Engine) -> None:
     """pg_trgm stays installed (other schemas of the database may use it); its own
     objects belong to the extension and are not counted as ours."""
     before = our_objects(pg_engine)
-    migrations.upgrade(pg_database)
+    migrations.upgrade(pg_store)
     at_head = our_objects(pg_engine)
     assert "hermes_store_cjk_bigram_mark_dirty" in at_head["functions"]
     assert "messages_id_seq" in at_head["relkind_S"]  # the identity's sequence
-    assert migrations.downgrade(pg_database, "base") is None
+    assert migrations.downgrade(pg_store, "base") is None
     after = our_objects(pg_engine)
     # Only Alembic's own (empty) version table is left, as on SQLite.
     assert after.pop("relkind_r") == {migrations.VERSION_TABLE}
@@ -213,27 +241,25 @@ def test_downgrade_base_removes_every_object_and_upgrades_again(pg_database: str
     assert {k: v for k, v in after.items() if v} == {k: v for k, v in before.items() if v}
     with pg_engine.connect() as conn:
         assert conn.execute(text(f"SELECT count(*) FROM {migrations.VERSION_TABLE}")).scalar() == 0
-    assert migrations.upgrade(pg_database) == HEAD
+    assert migrations.upgrade(pg_store) == HEAD
     assert our_objects(pg_engine) == at_head
 
 
 # ------------------------------------------------------------------ autogenerate
 
 
-def test_autogenerate_still_sees_a_real_change(pg_database: str) -> None:
+def test_autogenerate_still_sees_a_real_change(pg_store: str, pg_engine: Engine) -> None:
     """The filters hide only the search objects and SQLite's nullable keys: a missing
     index or a wrong type is still reported."""
     from alembic.util.exc import AutogenerateDiffsDetected
 
-    migrations.upgrade(pg_database)
-    eng = create_engine(pg_database)
-    with eng.begin() as conn:
+    migrations.upgrade(pg_store)
+    with pg_engine.begin() as conn:
         conn.execute(text("DROP INDEX idx_sessions_source"))
         # A column no trigger of ours names (PostgreSQL refuses to retype one that is).
         conn.execute(text("ALTER TABLE session_model_usage ALTER COLUMN first_seen TYPE real"))
-    eng.dispose()
     with pytest.raises(AutogenerateDiffsDetected) as info:
-        command.check(migrations.make_config(pg_database))
+        command.check(migrations.make_config(pg_store))
     assert "idx_sessions_source" in str(info.value) and "first_seen" in str(info.value)
 
 
@@ -251,12 +277,13 @@ def search_objects(engine: Engine) -> dict[str, object]:
             "SELECT generation_expression FROM information_schema.columns"
             " WHERE table_schema = current_schema() AND table_name = 'messages' AND column_name = 'search_vector'"
         )).scalar()
-        index = conn.execute(text("SELECT indexdef FROM pg_indexes WHERE indexname = 'idx_messages_search_vector'")).scalar()
+        index = conn.execute(text("SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema()"
+                                  " AND indexname = 'idx_messages_search_vector'")).scalar()
         functions = dict(conn.execute(text(
             "SELECT p.proname, pg_get_functiondef(p.oid) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
             " WHERE n.nspname = current_schema() AND p.proname LIKE 'hermes_store%'"
         )).all())
-        triggers = sorted(conn.execute(text("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal")).scalars())
+        triggers = sorted(conn.execute(text(TRIGGERS)).scalars())
     return {"expression": expr, "index": index, "functions": functions, "triggers": triggers}
 
 
@@ -272,16 +299,23 @@ def found(engine: Engine, query: str) -> list[str]:
             for hit in SearchRepository(conn).search_messages(query, limit=100)))
 
 
-def add_rows(engine: Engine, *contents: str) -> None:
+def add_rows(engine: Engine, *contents: str, before_hs0005: bool = False) -> None:
+    """Messages of session ``s``. ``before_hs0005``: the store is at a revision whose
+    trigger functions find the tenant's tables by the search_path (hs0005 pins it on each
+    function); on Citus they run on the worker, which gets the writer's search_path only
+    when told to pass it on, as such a writer had to (the coordinator's is not enough)."""
     with engine.begin() as conn:
+        if before_hs0005 and conn.exec_driver_sql("SELECT count(*) FROM pg_extension WHERE extname = 'citus'").scalar():
+            conn.exec_driver_sql("SET LOCAL citus.propagate_set_commands = 'local'")
+            conn.exec_driver_sql(f'SET LOCAL search_path = "{conn.exec_driver_sql("SELECT current_schema()").scalar()}"')
         if not conn.execute(text("SELECT 1 FROM sessions WHERE id = 's'")).first():
             conn.execute(insert(AgentSession.__table__).values(id="s", source="cli", started_at=1.0))
         conn.execute(insert(Message.__table__), [
             {"session_id": "s", "role": "user", "content": c, "timestamp": float(i)} for i, c in enumerate(contents)])
 
 
-def test_hs0003_splits_compounds_and_folds_accents(pg_database: str, pg_engine: Engine) -> None:
-    migrations.upgrade(pg_database)
+def test_hs0003_splits_compounds_and_folds_accents(pg_store: str, pg_engine: Engine) -> None:
+    migrations.upgrade(pg_store)
     assert words(pg_engine, "Mail user@Example.COM, see foo.example.com/main.py v1.2.3") == [
         "mail", "user", "example", "com", "see", "foo", "example", "com", "main", "py", "v1", "2", "3"]
     assert words(pg_engine, "Café naïve ÉCOLE e\u0301clair tiếng Straße ΟΔΟΣ") == [
@@ -296,33 +330,33 @@ def test_hs0003_splits_compounds_and_folds_accents(pg_database: str, pg_engine: 
     assert vector == "'job':3 'out':5 'the':2 'timed':4"  # one position of gap before each column
 
 
-def test_hs0003_upgrades_a_database_with_rows_and_downgrades_to_exactly_hs0002(pg_database: str, pg_engine: Engine) -> None:
+def test_hs0003_upgrades_a_database_with_rows_and_downgrades_to_exactly_hs0002(pg_store: str, pg_engine: Engine) -> None:
     """Rows written at hs0002 are re-indexed by the upgrade; the downgrade puts back
     hs0002's column, index and trigger function as hs0002 made them; up/down/up agree."""
-    assert migrations.upgrade(pg_database, "hs0002") == "hs0002"
+    assert migrations.upgrade(pg_store, "hs0002") == "hs0002"
     at_hs0002 = search_objects(pg_engine)
-    add_rows(pg_engine, "write to user@example.com", "un Café crème")
-    assert migrations.upgrade(pg_database, "hs0003") == "hs0003"
+    add_rows(pg_engine, "write to user@example.com", "un Café crème", before_hs0005=True)
+    assert migrations.upgrade(pg_store, "hs0003") == "hs0003"
     at_hs0003 = search_objects(pg_engine)
     assert set(at_hs0003["functions"]) - set(at_hs0002["functions"]) == {
         "hermes_store_search_words", "hermes_store_search_vector"}
     assert "hermes_store_search_vector" in at_hs0003["expression"] and at_hs0003["triggers"] == at_hs0002["triggers"]
     assert found(pg_engine, "example") == ["write to user@example.com"]
     assert found(pg_engine, "cafe") == ["un Café crème"]
-    assert migrations.downgrade(pg_database, "hs0002") == "hs0002"
+    assert migrations.downgrade(pg_store, "hs0002") == "hs0002"
     assert search_objects(pg_engine) == at_hs0002
     with pg_engine.connect() as conn:
         old = conn.execute(text("SELECT search_vector::text FROM messages ORDER BY id")).scalars().all()
     assert old == ["'to':2 'user@example.com':3 'write':1", "'café':2 'crème':3 'un':1"]  # hs0002's parser again
-    assert migrations.upgrade(pg_database, "hs0003") == "hs0003"
+    assert migrations.upgrade(pg_store, "hs0003") == "hs0003"
     assert search_objects(pg_engine) == at_hs0003
     assert found(pg_engine, "example") == ["write to user@example.com"]
 
 
-def test_unreadable_high_water_does_not_break_writes(pg_database: str, pg_engine: Engine) -> None:
+def test_unreadable_high_water_does_not_break_writes(pg_store: str, pg_engine: Engine) -> None:
     """Under hs0002 a high-water value that is no number (``set_meta`` writes any text)
     made the dirty-block trigger's cast fail every insert; it now reads as -1."""
-    migrations.upgrade(pg_database)
+    migrations.upgrade(pg_store)
     add_rows(pg_engine, "first")
     for mark, dirty in (("garbage", []), ("  200 ", [0]), ("99999999999999999999", []), ("-1", [])):
         with pg_engine.begin() as conn:
@@ -334,17 +368,18 @@ def test_unreadable_high_water_does_not_break_writes(pg_database: str, pg_engine
             assert conn.execute(text("SELECT block FROM messages_cjk_bigram_dirty")).scalars().all() == dirty, mark
 
 
-def test_words_function_folds_through_icu_whatever_the_locale(pg_database: str, pg_engine: Engine) -> None:
+def test_words_function_folds_through_icu_whatever_the_locale(pg_store: str, pg_engine: Engine) -> None:
     """The server picks the collation (ICU's root one here), and the bodies name their
     schema, so an empty search_path (pg_restore computes generated columns under one)
     cannot lose the functions."""
-    migrations.upgrade(pg_database)
+    migrations.upgrade(pg_store)
+    schema = store_schema(pg_store)
     defs = search_objects(pg_engine)["functions"]
     assert 'COLLATE pg_catalog."und-x-icu"' in defs["hermes_store_search_words"]
-    assert "public.hermes_store_search_words(value)" in defs["hermes_store_search_vector"]
+    assert f"{schema}.hermes_store_search_words(value)" in defs["hermes_store_search_vector"]
     with pg_engine.begin() as conn:
         conn.execute(text("SET LOCAL search_path = ''"))
-        vector = conn.execute(text("SELECT public.hermes_store_search_vector('Ünïcode@Example')::text")).scalar()
+        vector = conn.execute(text(f"SELECT {schema}.hermes_store_search_vector('Ünïcode@Example')::text")).scalar()
     assert vector == "'example':3 'unicode':2"
 
 
@@ -356,29 +391,59 @@ def offline_script(write: Callable[[], None]) -> str:
     return out.getvalue()
 
 
+#: What ends a statement of a script, and what a ``;`` inside does not end: a quoted
+#: string, a dollar-quoted body (``$do$ … $do$``), a comment.
+_SCRIPT_TOKEN = re.compile(r"'(?:[^']|'')*'|(\$[A-Za-z_]*\$).*?\1|--[^\n]*|;", re.S)
+
+
+def statements(sql: str) -> list[str]:
+    """A script's statements, each on its own (as psql sends a file's)."""
+    out, start = [], 0
+    for token in _SCRIPT_TOKEN.finditer(sql):
+        if token.group() == ";":
+            out.append(sql[start:token.start()].strip())
+            start = token.end()
+    out.append(sql[start:].strip())
+    return [s for s in out if s and not all(line.startswith("--") for line in s.splitlines() if line.strip())]
+
+
 def run_script(engine: Engine, sql: str) -> None:
-    """Run a whole offline script as psql would: one string, one transaction."""
+    """Run a whole offline script as psql would, in one transaction: on PostgreSQL as one
+    string; on Citus one statement at a time, as ``psql -f`` sends them (a string of
+    several statements is one Citus will not pass on to a worker: "cannot insert
+    multiple commands into a prepared statement")."""
     raw = engine.raw_connection()
     try:
-        raw.cursor().execute(sql)
+        with raw.cursor() as cur:
+            citus = cur.execute("SELECT count(*) FROM pg_extension WHERE extname = 'citus'").fetchone()[0]
+            for statement in statements(sql) if citus else [sql]:
+                cur.execute(statement)
         raw.commit()
     finally:
         raw.close()
 
 
-def test_offline_sql_script_upgrades_like_online(pg_database: str, pg_engine: Engine) -> None:
+def test_script_statements_are_cut_where_psql_cuts_them() -> None:
+    script = ("BEGIN;\n\n-- a comment; with a semicolon\nDO $do$\nBEGIN\n    PERFORM 1;\nEND\n$do$;\n\n"
+              "SELECT 'a;b', 'it''s; here';\nCREATE FUNCTION f() RETURNS int AS $$ SELECT 1; $$ LANGUAGE sql;\n\nCOMMIT;\n")
+    assert statements(script) == ["BEGIN", "-- a comment; with a semicolon\nDO $do$\nBEGIN\n    PERFORM 1;\nEND\n$do$",
+                                  "SELECT 'a;b', 'it''s; here'",
+                                  "CREATE FUNCTION f() RETURNS int AS $$ SELECT 1; $$ LANGUAGE sql", "COMMIT"]
+
+
+def test_offline_sql_script_upgrades_like_online(pg_store: str, pg_engine: Engine) -> None:
     """``alembic upgrade --sql``: hs0003 decides on the server where the script runs."""
-    migrations.upgrade(pg_database, "hs0002")
-    add_rows(pg_engine, "write to user@example.com")
-    script = offline_script(lambda: command.upgrade(migrations.make_config(pg_database), "hs0002:hs0003", sql=True))
+    migrations.upgrade(pg_store, "hs0002")
+    add_rows(pg_engine, "write to user@example.com", before_hs0005=True)
+    script = offline_script(lambda: command.upgrade(migrations.make_config(pg_store), "hs0002:hs0003", sql=True))
     assert "DO $do$" in script and "hermes_store_search_words" in script
-    assert migrations.current(pg_database) == "hs0002"  # only written, not run
+    assert migrations.current(pg_store) == "hs0002"  # only written, not run
     run_script(pg_engine, script)
-    assert migrations.current(pg_database) == "hs0003"
+    assert migrations.current(pg_store) == "hs0003"
     assert found(pg_engine, "example") == ["write to user@example.com"]
 
 
-def test_offline_sql_scripts_of_every_later_revision_run(pg_database: str, pg_engine: Engine) -> None:
+def test_offline_sql_scripts_of_every_later_revision_run(pg_store: str, pg_engine: Engine) -> None:
     """``--sql`` up from hs0002 to head, then down to hs0004: each script runs as
     written. (Offline, Alembic doubles every ``%``: a revision whose SQL used format()
     wrote a script that failed; hs0005 builds its statements without one.)"""
@@ -387,17 +452,19 @@ def test_offline_sql_scripts_of_every_later_revision_run(pg_database: str, pg_en
         with pg_engine.connect() as conn:
             return {(r[0], str(r[1])) for r in conn.exec_driver_sql(
                 "SELECT proname, proconfig FROM pg_proc WHERE prorettype = 'trigger'::regtype"
-                " AND pronamespace = 'public'::regnamespace AND starts_with(proname, 'hermes_store_')")}
+                f" AND pronamespace = '{schema}'::regnamespace AND starts_with(proname, 'hermes_store_')")}
 
-    cfg = migrations.make_config(pg_database)
-    migrations.upgrade(pg_database, "hs0002")
+    schema = store_schema(pg_store)
+
+    cfg = migrations.make_config(pg_store)
+    migrations.upgrade(pg_store, "hs0002")
     up = offline_script(lambda: command.upgrade(cfg, "hs0002:head", sql=True))
     assert "%%" not in up
     run_script(pg_engine, up)
-    assert migrations.current(pg_database) == HEAD
-    assert {config for _name, config in pinned()} == {"['search_path=public']"} and len(pinned()) == 5
+    assert migrations.current(pg_store) == HEAD
+    assert {config for _name, config in pinned()} == {f"['search_path={schema}']"} and len(pinned()) == 5
     run_script(pg_engine, offline_script(lambda: command.downgrade(cfg, f"{HEAD}:hs0004", sql=True)))
-    assert migrations.current(pg_database) == "hs0004"
+    assert migrations.current(pg_store) == "hs0004"
     assert {config for _name, config in pinned()} == {"None"}
 
 
@@ -446,29 +513,34 @@ def index_names(engine: Engine, schema: str) -> set[str]:
 
 
 @pytest.mark.parametrize("schema", [None, "team_a"])
-def test_hs0006_indexes_the_sub_agent_probe_and_goes_back(pg_database: str, pg_engine: Engine,
+def test_hs0006_indexes_the_sub_agent_probe_and_goes_back(pg_store: str, pg_engine: Engine,
                                                           schema: str | None) -> None:
     """hs0006: the searches' probe for sessions that may be sub-agent transcripts reads
     the partial index (its predicate is the probe's own test, so the planner can use
-    it), in the schema migrated; the downgrade drops exactly that index."""
-    from hermes_store.keys import PG_DELEGATED_INDEX
-
-    where = schema or "public"
-    if schema is not None:
+    it), in the schema migrated; the downgrade drops exactly that index. ``team_a``:
+    the schema named by the argument (on Citus: the store's distributed schema, named
+    so instead of by its URL)."""
+    url, tenant = split_store(pg_store)
+    if schema is None:
+        url, schema = pg_store, None
+    elif tenant is None:
         with pg_engine.begin() as conn:
             conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    assert migrations.upgrade(pg_database, schema=schema) == HEAD
+    else:
+        schema = tenant
+    where = schema or store_schema(pg_store)
+    assert migrations.upgrade(url, schema=schema) == HEAD
     assert PG_DELEGATED_INDEX in index_names(pg_engine, where)
     assert PG_DELEGATED_INDEX in delegated_plan(pg_engine, where)
     before = index_names(pg_engine, where)
-    migrations.downgrade(pg_database, "hs0005", schema=schema)
+    migrations.downgrade(url, "hs0005", schema=schema)
     assert index_names(pg_engine, where) == before - {PG_DELEGATED_INDEX}
     assert PG_DELEGATED_INDEX not in delegated_plan(pg_engine, where)
-    assert migrations.upgrade(pg_database, schema=schema) == HEAD
+    assert migrations.upgrade(url, schema=schema) == HEAD
     assert index_names(pg_engine, where) == before
 
 
-def test_hs0007_gives_schema_version_a_replica_identity_and_goes_back(pg_database: str, pg_engine: Engine) -> None:
+def test_hs0007_gives_schema_version_a_replica_identity_and_goes_back(pg_store: str, pg_engine: Engine) -> None:
     """hs0007: Hermes' keyless ``schema_version`` is identified by its whole row (what
     logical replication, and so a Citus move, needs); its columns and row stay as they
     were; the downgrade puts back the default identity."""
@@ -481,19 +553,19 @@ def test_hs0007_gives_schema_version_a_replica_identity_and_goes_back(pg_databas
         with pg_engine.connect() as conn:
             return [tuple(r) for r in conn.execute(text(
                 "SELECT column_name, data_type, is_nullable FROM information_schema.columns"
-                " WHERE table_name = 'schema_version' ORDER BY ordinal_position"))] + [
+                " WHERE table_schema = current_schema() AND table_name = 'schema_version' ORDER BY ordinal_position"))] + [
                 tuple(r) for r in conn.execute(text("SELECT * FROM schema_version"))]
 
-    assert migrations.upgrade(pg_database, "hs0006") == "hs0006"
+    assert migrations.upgrade(pg_store, "hs0006") == "hs0006"
     assert identity() == "d"
     shape = table()
-    assert migrations.upgrade(pg_database) == HEAD
+    assert migrations.upgrade(pg_store) == HEAD
     assert identity() == "f" and table() == shape
-    assert migrations.downgrade(pg_database, "hs0006") == "hs0006"
+    assert migrations.downgrade(pg_store, "hs0006") == "hs0006"
     assert identity() == "d" and table() == shape
 
 
-def test_hs0008_holds_message_ids_past_2_31_in_display_order_and_goes_back(pg_database: str, pg_engine: Engine) -> None:
+def test_hs0008_holds_message_ids_past_2_31_in_display_order_and_goes_back(pg_store: str, pg_engine: Engine) -> None:
     """hs0008: ``display_order`` takes the message's id; at ``integer`` an id past 2^31 - 1
     made the append fail (``integer out of range``). As ``bigint`` it holds it; the
     downgrade goes back to ``integer`` once no order is too large for one."""
@@ -501,12 +573,13 @@ def test_hs0008_holds_message_ids_past_2_31_in_display_order_and_goes_back(pg_da
         with pg_engine.connect() as conn:
             return str(conn.execute(text(
                 "SELECT data_type FROM information_schema.columns"
-                " WHERE table_name = 'messages' AND column_name = 'display_order'")).scalar())
+                " WHERE table_schema = current_schema() AND table_name = 'messages' AND column_name = 'display_order'")
+            ).scalar())
 
-    assert migrations.upgrade(pg_database, "hs0007") == "hs0007"
+    assert migrations.upgrade(pg_store, "hs0007") == "hs0007"
     assert column_type() == "integer"
     add_rows(pg_engine, "small id")
-    assert migrations.upgrade(pg_database) == HEAD
+    assert migrations.upgrade(pg_store) == HEAD
     assert column_type() == "bigint"
     big = 2**40
     with pg_engine.begin() as conn:
@@ -514,5 +587,5 @@ def test_hs0008_holds_message_ids_past_2_31_in_display_order_and_goes_back(pg_da
                                                       timestamp=2.0))
         assert conn.execute(text("SELECT display_order FROM messages WHERE id = :i"), {"i": big}).scalar() == big
         conn.execute(text("DELETE FROM messages WHERE id = :i"), {"i": big})
-    assert migrations.downgrade(pg_database, "hs0007") == "hs0007"
+    assert migrations.downgrade(pg_store, "hs0007") == "hs0007"
     assert column_type() == "integer"
