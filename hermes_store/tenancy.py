@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import URL
 
-from . import errors
+from . import errors, retry
 from .dialects import pg_citus
 from .engine import create_engine
 from .keys import VERSION_TABLE
@@ -43,6 +43,9 @@ __all__ = [
 ]
 
 TRANSFER_MODES = pg_citus.TRANSFER_MODES
+#: How long a move waits, trying again, for an earlier cut-off move's leftover to be
+#: released (its server backend still ending, a reader of the old placement finishing).
+MOVE_LEFTOVER_BUDGET_S = 60.0
 
 _TABLES = ("SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = :s ORDER BY 1")
 _SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = :s)"
@@ -228,8 +231,20 @@ def move_tenant(url: str | URL, schema: str, to: str, *, mode: str = "auto",
         if dry_run or move.source == [target]:
             move.nodes_after = move.source
             return move
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            pg_citus.move_schema(conn, schema, workers[target], mode)
+        def attempt(_deadline: float) -> None:
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                pg_citus.move_schema(conn, schema, workers[target], mode)
+
+        def give_up(exc: BaseException, waited: float) -> BaseException:
+            error = errors.TenantPlacementError(
+                f"tenant {schema!r} did not move: a cut-off earlier move left a copy Citus could not drop"
+                f" for {waited:.0f}s (still in use); the tenant is whole where it was, try again later")
+            error.__cause__ = exc
+            return error
+
+        retry.run(attempt, budget=MOVE_LEFTOVER_BUDGET_S, give_up=give_up,
+                  triage=lambda exc: retry.WAIT if pg_citus.leftover_in_use(exc) else retry.RAISE,
+                  early=(0.2, 0.5), late=(1.0, 2.0), phase=5.0)
         move.moved = True
         with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
             move.nodes_after = pg_citus.schema_nodes(conn, schema)

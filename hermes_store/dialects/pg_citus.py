@@ -133,6 +133,19 @@ def schema_nodes(conn: Connection, schema: str) -> list[str]:
     return list(conn.execute(text(_SCHEMA_NODES), {"s": quote_ident(schema)}).scalars())
 
 
+#: What Citus says (SQLSTATE XX000, no code of its own) when a leftover of an earlier,
+#: cut-off move is still in use and could not be dropped before this move: it can be
+#: dropped once whatever holds it lets go, so the move is worth trying again.
+_LEFTOVER_IN_USE = "leftover from the previous move could not be cleaned up"
+
+
+def leftover_in_use(exc: BaseException) -> bool:
+    """Whether ``exc`` is Citus refusing a move over an earlier move's leftover it could
+    not drop yet (see :data:`_LEFTOVER_IN_USE`)."""
+    cause = getattr(exc, "orig", None) or exc
+    return _LEFTOVER_IN_USE in str(cause)
+
+
 def move_schema(conn: Connection, schema: str, node_id: int, mode: str) -> None:
     """Move the distributed ``schema`` to node ``node_id`` through Citus' own move
     (``citus_schema_move``): ``conn`` is in autocommit, as a logical-replication move
