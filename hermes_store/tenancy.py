@@ -25,7 +25,7 @@ from sqlalchemy.engine import URL
 from . import errors, retry
 from .dialects import pg_citus
 from .engine import create_engine
-from .keys import VERSION_TABLE
+from .keys import LONG_BUDGET_S, VERSION_TABLE
 from .tenant_schema import SCHEMA_PARAM, SchemaSQL, check_schema, quote_ident, tenant_options
 
 __all__ = [
@@ -44,8 +44,9 @@ __all__ = [
 
 TRANSFER_MODES = pg_citus.TRANSFER_MODES
 #: How long a move waits, trying again, for an earlier cut-off move's leftover to be
-#: released (its server backend still ending, a reader of the old placement finishing).
-MOVE_LEFTOVER_BUDGET_S = 60.0
+#: released (its server backend still ending, a reader of the old placement finishing):
+#: a long step's budget.
+MOVE_LEFTOVER_BUDGET_S = LONG_BUDGET_S
 
 _TABLES = ("SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = :s ORDER BY 1")
 _SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = :s)"
