@@ -48,6 +48,7 @@ __all__ = [
     "encode_json",
     "encode_json_text",
     "is_stale_tool_call_marker_message",
+    "jsonl_line",
     "message_preview",
     "parse_tool_calls",
     "repair_message_sequence",
@@ -543,3 +544,14 @@ def repair_message_sequence(messages: list[dict[str, Any]]) -> list[dict[str, An
         # id leave an empty set: only results without an id can answer those).
         open_calls = _call_ids(out[-1]) if role == "assistant" and out[-1].get("tool_calls") else None
     return out
+
+
+def jsonl_line(record: dict[str, Any]) -> str:
+    """One export line: UTF-8 JSON when the text allows it, ASCII escapes when it holds
+    lone surrogates (the format ``hermes-store export`` writes and ``import`` reads)."""
+    line = json.dumps(record, ensure_ascii=False, default=str)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(record, default=str)
+    return line

@@ -24,7 +24,7 @@ from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy.engine import URL, ExceptionContext, make_url
 from sqlalchemy.exc import DBAPIError
 
-from . import dialects, errors
+from . import dialects, encryption, errors
 from .dialects.base import translate_python_error
 from .dialects.sqlite import BEGIN_MODE, install_begin_hook
 from .targets import refuse_async
@@ -38,6 +38,7 @@ __all__ = [
     "default_db_path",
     "install_begin_hook",
     "install_error_translation",
+    "keyed_url",
     "schema_in_url",
     "schema_of",
     "tenant_of",
@@ -164,6 +165,24 @@ def _known_scheme(url: URL) -> URL:
     return url
 
 
+def keyed_url(url: URL, key: encryption.KeyLike | None = None) -> URL:
+    """``url`` carrying the key its database is opened with, as its password part (masked
+    whenever SQLAlchemy renders it): ``key``, the URL's own, else the environment's
+    (:func:`hermes_store.encryption.resolve`). Only a database of this machine's takes a
+    key: a server's at-rest encryption is the server's, and ``key=`` for one is refused."""
+    found = dialects.find_for(url)
+    if found is None or not found.holders_on_this_machine:
+        if key is not None:
+            raise errors.InvalidInputError(
+                "key= opens an encrypted SQLite file; a server database's encryption at rest is the server's "
+                "(its disk or provider)"
+            )
+        return url
+    if key is None and not url.password and url.database in (None, "", ":memory:"):
+        return url  # the environment's key is for files: an in-memory database (or a creator's) stays plain
+    return encryption.url_with_key(url, encryption.resolve(key, url))
+
+
 def translate_driver_error(exc: BaseException, *, locks: bool = False) -> errors.HermesStoreError | None:
     """The typed error a caller should see for a driver failure, or None to keep it.
 
@@ -236,6 +255,7 @@ def create_engine(
     foreign_keys: bool = True,
     busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
     prepared_statements: bool = False,
+    key: encryption.KeyLike | None = None,
     **kwargs: Any,
 ) -> Engine:
     """Create an Engine for a SQLite file with our PRAGMAs, transaction handling and typed errors.
@@ -255,8 +275,11 @@ def create_engine(
     lands on a server connection another client uses next. ``prepared_statements=True``
     (or ``?prepare_threshold=N`` in the URL, or ``connect_args``) turns them back on, for
     a direct connection or a pooler that supports them.
+
+    ``key`` (or the URL's password part, ``$HERMES_STORE_KEY``, ``$HERMES_STORE_KEY_FILE``)
+    opens an encrypted SQLite store (:mod:`hermes_store.encryption`); refused for a server.
     """
-    url = with_schema(target, schema)
+    url = keyed_url(with_schema(target, schema), key)
     refuse_async(url, "create_engine")
     dialect = dialects.find_for(url)
     if dialect is None:  # not ours to set up (migrations and SessionDB refuse it with a clear error)
@@ -269,7 +292,13 @@ def create_engine(
         driven = dialects.with_driver(url, asyncio=False)
         if driven.get_dialect() is not url.get_dialect():
             url = driven
-    engine = _sa_create_engine(url, **dialect.engine_kwargs(url, kwargs, prepared_statements=prepared_statements))
+    engine = _sa_create_engine(encryption.url_without_key(url),
+                               **dialect.engine_kwargs(url, kwargs, prepared_statements=prepared_statements))
+    if url.password and dialect.holders_on_this_machine:
+        # The key rides on the engine's URL (SQLAlchemy masks it when rendering; its SQLite
+        # dialects refuse a password part, so it is given the URL without it): whoever
+        # makes an engine from this one's URL opens the file with the same key.
+        engine.url = url
     dialect.configure_engine(engine, foreign_keys=foreign_keys, busy_timeout_ms=busy_timeout_ms)
     install_error_translation(engine)
     return engine

@@ -189,3 +189,11 @@ class SessionExportTooLargeError(HermesStoreError, ValueError):
         super().__init__(
             f"Session '{session_id}' has {message_count} messages, over the safe export limit of {limit}"
         )
+
+
+class EncryptionKeyError(NotADatabaseError):
+    """An encrypted store and its key do not fit: no key for an encrypted file, a wrong
+    key, a key for a file that is not encrypted, or a key file others may read. The
+    message names what to supply (``key=``, ``HERMES_STORE_KEY``, ``HERMES_STORE_KEY_FILE``)
+    and never the key itself; the file was left byte-for-byte unchanged. A
+    :class:`NotADatabaseError` too: without its key an encrypted file is not one."""

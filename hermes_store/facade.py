@@ -30,11 +30,12 @@ from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from . import errors, migrations, paths, retry, write_queue
+from . import encryption, errors, migrations, paths, retry, write_queue
+from .adopt import finish_interrupted
 from .dialects import backend_name, find_for, for_connection
 from .dialects.base import LOCK_BUDGET_OPTION
 from .dialects.sqlite import _wal_warned
-from .engine import create_engine, default_db_path, schema_in_url, to_url, with_schema
+from .engine import create_engine, default_db_path, keyed_url, schema_in_url, to_url, with_schema
 from .paths import create_private_database  # noqa: F401 - kept importable from here (CLI)
 from .repositories import MaintenanceRepository
 from .repositories.base import clock_options
@@ -42,6 +43,7 @@ from .repositories.transcripts import remove_committed_files
 from .operations.search_index import BACKGROUND_CATCH_UP_ROWS as _BACKGROUND_CATCH_UP_ROWS, CATCH_UP_ROWS
 from .operations.steps import with_lock_budget
 from .sessiondb.activity import ACTIVITY_BUDGET_S
+from .sessiondb.private import RAW_BUSY_TIMEOUT_S
 from .targets import refuse_async
 from .upkeep import Upkeep
 from .repair import (  # noqa: F401 - Hermes' module-level names, served by the swap
@@ -66,6 +68,7 @@ from .hermes_names import (  # noqa: F401 - Hermes' module-level names, served b
     _ephemeral_child_sql,
     _scrub_surrogates,
     ddl_strings,
+    open_raw_connection,
     fts5_cjk_so_path,
     is_malformed_db_error,
     load_fts5_cjk_extension,
@@ -277,6 +280,19 @@ def _database_target(db_path: Any, url: str | URL | None, engine: Engine | None)
     return Path(target).expanduser()
 
 
+def _key_in_target(db_path: Any, url: str | URL | None, engine: Engine | None) -> str | None:
+    """The key a URL or an Engine given to SessionDB carries (its password part), if any."""
+    given = next((x for x in (db_path, url, engine) if x is not None), None)
+    if isinstance(given, Engine):
+        given = given.url
+    if isinstance(given, URL) or (isinstance(given, str) and "://" in given):
+        parsed = to_url(given)
+        found = find_for(parsed)
+        if found is not None and found.holders_on_this_machine:
+            return parsed.password
+    return None
+
+
 def _database_file(db_path: Any, url: str | URL | None, engine: Engine | None) -> Path:
     """The SQLite file behind the arguments (UnsupportedDatabaseError for a server URL)."""
     found = _database_target(db_path, url, engine)
@@ -316,6 +332,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         url: str | URL | None = None,
         engine: Engine | None = None,
         schema: Optional[str] = None,
+        key: encryption.KeyLike | None = None,
     ) -> None:
         """Open (creating 0600, adopting or migrating as needed) the store at ``db_path``.
 
@@ -345,7 +362,16 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         (:func:`repair_state_db_schema`, after a raw backup) and opened again.
 
         ``schema="team_a"`` (PostgreSQL only) keeps this store in that tenant's schema.
+
+        ``key`` (a passphrase, or a raw 256-bit key ``x'<64 hex>'``) opens an encrypted
+        file (the ``encryption`` extra); without it, the URL's password part,
+        ``$HERMES_STORE_KEY`` or ``$HERMES_STORE_KEY_FILE``. A wrong or missing key, or a
+        key for a plain file, raises :class:`~hermes_store.errors.EncryptionKeyError` and
+        leaves the file unchanged. An encrypted file is never adopted or made from a
+        Hermes file automatically (``hermes-store encrypt`` does that), and Hermes itself
+        cannot open it.
         """
+        self._key_arg = encryption.as_key(key)
         try:
             self._open_patiently(db_path, read_only, url, engine, schema)
         except Exception as exc:
@@ -402,6 +428,12 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         #: The SQLite file (None on a server); ``url`` is set either way.
         self.db_path: Path | None = target if isinstance(target, Path) else None
         self.url: URL = to_url(target)
+        #: An encrypted file's key rides on ``url`` (masked in every rendering of it).
+        self._encrypted = False
+        if self.db_path is not None:
+            given = self._key_arg if self._key_arg is not None else _key_in_target(db_path, url, engine)
+            self.url = keyed_url(self.url, given)
+            self._encrypted = bool(self.url.password)
         self._writes = 0
         # Reentrant: Hermes' code holds ``with db._lock:`` around its own ``_conn`` use
         # and may call our methods inside, which take it briefly too.
@@ -418,13 +450,22 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         if self.db_path is not None and self.read_only:
             # As it is on disk: must exist; nothing created, migrated or switched.
             paths.check_target(self.db_path, write=False, create=False, make_parents=False)
-            ro_url = URL.create("sqlite", database=f"file:{self.db_path}", query={"mode": "ro", "uri": "true"})
+            ro_url = URL.create("sqlite", database=f"file:{self.db_path}", query={"mode": "ro", "uri": "true"},
+                                password=self.url.password)
             self._engine = self._clocked_engine(ro_url, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
             self._dialect = for_connection(self._engine)
             self.journal_mode = None
             self._wal_active = False
             with self._engine.connect() as conn:
                 self._dialect.ping(conn)
+                if not self._encrypted:  # a keyed open read the file already; here SQLite reads it now
+                    try:
+                        self._dialect.object_sql(conn, "sessions")
+                    except DBAPIError as exc:
+                        refused = encryption.refused_without_key(paths.resolve_link(self.db_path), exc)
+                        if refused is exc:
+                            raise
+                        raise refused from exc
             self._tracked = paths.resolve_link(self.db_path)
             track_open(self._tracked)
             return
@@ -435,11 +476,18 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             paths.make_parents(real)
             preflight_db_writability(real, db_label=real.name)  # the -wal/-shm files too
             self._quarantine_if_zeroed(real)
-            # Creates the file 0600 when missing, finishes an interrupted adoption,
-            # adopts a Hermes-made file, migrates our own older revisions.
-            self._migrate_file(self.db_path)
+            if self._encrypted:
+                # Never adopted (a Hermes file is plain): migrated through a keyed connection
+                # only, once an interrupted encrypt/rekey swap (adoption's) is finished.
+                finish_interrupted(real)
+                migrations.upgrade(self.url)
+            else:
+                # Creates the file 0600 when missing, finishes an interrupted adoption,
+                # adopts a Hermes-made file, migrates our own older revisions.
+                self._migrate_plain(self.db_path)
             # No pool cap: how many threads use one SessionDB is the application's call.
-            self._engine = self._clocked_engine(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
+            self._engine = self._clocked_engine(self.url if self._encrypted else self.db_path,
+                                                busy_timeout_ms=BUSY_TIMEOUT_MS, max_overflow=-1)
             self._batcher = self._new_batcher(self.db_path)
             label = self.db_path.name
         else:
@@ -483,6 +531,29 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         # before it ran, and the tail above the index's mark would only grow.
         self._catch_up_search_index()
 
+    @property
+    def _conn(self) -> Any:
+        """Hermes' plain connection (see :mod:`hermes_store.sessiondb.private`); on an
+        encrypted file, SQLCipher's, opened with the store's key (rows ``sqlcipher3.Row``)."""
+        path = self.__dict__.get("db_path")
+        if self.__dict__.get("_encrypted") and path is not None and self._raw_conn is None:
+            key = encryption.StoreKey(self.url.password or "")
+
+            def keyed(database: str, **kwargs: Any) -> Any:
+                return encryption.connect(database, key, **kwargs)
+
+            with self._raw_lock:
+                if self._raw_conn is None:
+                    conn = open_raw_connection(keyed, path, read_only=self.read_only,
+                                               busy_timeout_s=RAW_BUSY_TIMEOUT_S)
+                    conn.row_factory = encryption.dbapi_module().Row
+                    self._raw_conn = conn
+        return super()._conn
+
+    @_conn.setter
+    def _conn(self, value: Any) -> None:
+        self._raw_conn = value
+
     def _quarantine_if_zeroed(self, real: Path) -> None:
         """Hermes v26: a file whose first bytes are all NUL (a lost write) is moved aside
         (kept, renamed ``.zeroed-<stamp>-<pid>.bak``) and a fresh database made in its place."""
@@ -513,6 +584,17 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         engine = self._new_engine(target, **kwargs)
         engine.update_execution_options(**clock_options(_wall_clock))
         return engine
+
+    def _migrate_plain(self, path: Path) -> None:
+        """:meth:`_migrate_file`; a file SQLite refuses that looks encrypted is refused with
+        EncryptionKeyError, naming the key to supply."""
+        try:
+            self._migrate_file(path)
+        except errors.NotADatabaseError as exc:
+            refused = encryption.refused_without_key(paths.resolve_link(path), exc)
+            if refused is exc:
+                raise
+            raise refused from exc
 
     def _migrate_file(self, path: Path) -> None:
         """Create, adopt or migrate the file before its engine opens it."""

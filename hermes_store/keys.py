@@ -15,6 +15,10 @@ VERSION_TABLE = "hermes_store_version"
 #: dialect reads them; Alembic's autogenerate leaves them out (alembic_support).
 PG_SEARCH_COLUMNS = frozenset({("messages", "search_vector")})
 PG_SEARCH_INDEXES = frozenset({"idx_messages_search_vector", "idx_messages_trgm"})
+#: hs0009's retention policies, one row per source; the row of source
+#: :data:`RETENTION_DEFAULT_SOURCE` is the store's default for every other source.
+RETENTION_TABLE = "hermes_store_retention"
+RETENTION_DEFAULT_SOURCE = "*"
 #: hs0006's partial index of the sessions that may be sub-agent transcripts (their
 #: ``model_config`` names ``_delegate_from``), PostgreSQL only and never in the models.
 PG_DELEGATED_INDEX = "idx_sessions_maybe_delegated"
@@ -47,11 +51,22 @@ RESET_MARKER = "_reset_from"
 #: ``end_reason`` values after which Hermes starts a fresh child session (a reset).
 RESET_END_REASONS = ("session_reset", "session_switch", "idle", "daily", "suspended", "resume_pending_expired")
 
+#: What a retention policy leaves in place of an old tool output (``content`` of a
+#: ``tool`` row) and of old reasoning (``reasoning``, ``reasoning_content``); a value no
+#: longer than its marker is left as it is.
+RETENTION_TOOL_MARKER = "[tool output removed by retention policy]"
+RETENTION_REASONING_MARKER = "[reasoning removed by retention policy]"
+
 # ------------------------------------------------------------------ limits
 #: Longest search query accepted, in characters (Hermes' own limit).
 MAX_FTS5_QUERY_CHARS = 2048
 #: "No limit" as a LIMIT both dialects accept (SQLite takes no ``LIMIT ALL``).
 MAX_ROWS = 2**62
+#: Retention's batches, each its own transaction: sessions deleted (a batch ends early
+#: once its sessions hold RETENTION_DELETE_MESSAGES messages), messages redacted.
+RETENTION_DELETE_BATCH = 150
+RETENTION_DELETE_MESSAGES = 2400
+RETENTION_REDACT_BATCH = 600
 #: Seconds in a day, for ages given in days.
 DAY = 86_400.0
 

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session as OrmSession
 
-from hermes_store import SessionDB, migrations, paths
+from hermes_store import SessionDB, encryption, migrations, paths
 from hermes_store.engine import create_engine
 
 from .helpers import (
@@ -36,12 +36,26 @@ def pytest_configure(config: pytest.Config) -> None:
         " distributed schema of its own (conftest.pytest_generate_tests)")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_key_of_the_developers_shell() -> Iterator[None]:
+    """An encrypted store's key in the shell (``$HERMES_STORE_KEY``, ``$HERMES_STORE_KEY_FILE``)
+    is unset before any fixture runs: a module's store built from a path would otherwise
+    be opened (and created) with it, long before a test's own fixture could unset it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(encryption.KEY_ENV, raising=False)
+        patch.delenv(encryption.KEY_FILE_ENV, raising=False)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _not_the_developers_shell(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Tests never depend on the shell they run in: ``$HERMES_STORE_URL`` is unset and
-    ``$HERMES_HOME`` is a fresh empty folder for every test (and the processes it starts),
-    unless the test sets them itself."""
+    """Tests never depend on the shell they run in: ``$HERMES_STORE_URL`` and an
+    encrypted store's key (``$HERMES_STORE_KEY``, ``$HERMES_STORE_KEY_FILE``) are unset
+    and ``$HERMES_HOME`` is a fresh empty folder for every test (and the processes it
+    starts), unless the test sets them itself."""
     monkeypatch.delenv("HERMES_STORE_URL", raising=False)
+    monkeypatch.delenv(encryption.KEY_ENV, raising=False)
+    monkeypatch.delenv(encryption.KEY_FILE_ENV, raising=False)
     monkeypatch.setenv("HERMES_HOME", str(tmp_path_factory.mktemp("hermes-home")))
 
 

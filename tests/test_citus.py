@@ -8,6 +8,7 @@ it, and under CI=true a missing cluster fails them instead of skipping.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -41,6 +43,23 @@ def migrated_with_rows(url: str, schema: str, rows: int) -> None:
             db.append_message("s", "user", f"row {n} before 数据库")
     finally:
         db.close()
+
+
+@contextlib.contextmanager
+def plain_tenant(url: str, prefix: str, rows: int) -> Iterator[str]:
+    """A tenant in a schema of the coordinator made with sharding off (not distributed),
+    at head with ``rows`` messages; dropped afterwards."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+        migrated_with_rows(url, schema, rows)
+        yield schema
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        engine.dispose()
 
 
 def placement(url: str, schema: str) -> list[tuple[Any, ...]]:
@@ -367,26 +386,21 @@ def test_list_tenants_tells_where_each_store_lives(citus_tenant: tuple[str, str]
     size there, and its sessions and messages; a SQLite file has no tenants."""
     url, distributed = citus_tenant
     migrated_with_rows(url, distributed, 7)
-    plain = f"l_{uuid.uuid4().hex[:12]}"
     engine = create_engine(url)
     try:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f'CREATE SCHEMA "{plain}"')
-        migrated_with_rows(url, plain, 3)
-        with engine.connect() as conn:
-            workers = {f"{h}:{p}" for h, p in _workers(conn)}
-        found = {t.schema: t for t in list_tenants(url)}
-        one, two = found[distributed], found[plain]
-        assert (one.distributed, one.sessions, one.messages) == (True, 1, 7)
-        assert one.node in workers and one.size_bytes is not None and one.size_bytes > 0
-        assert (two.distributed, two.node, two.size_bytes, two.sessions, two.messages) == (False, None, None, 1, 3)
-        assert one.as_dict()["node"] == one.node
-        with pytest.raises(errors.UnsupportedDatabaseError):
-            list_tenants(tmp_path / "state.db")
-        assert not (tmp_path / "state.db").exists()  # nothing was created
+        with plain_tenant(url, "l", 3) as plain:
+            with engine.connect() as conn:
+                workers = {f"{h}:{p}" for h, p in _workers(conn)}
+            found = {t.schema: t for t in list_tenants(url)}
+            one, two = found[distributed], found[plain]
+            assert (one.distributed, one.sessions, one.messages) == (True, 1, 7)
+            assert one.node in workers and one.size_bytes is not None and one.size_bytes > 0
+            assert (two.distributed, two.node, two.size_bytes, two.sessions, two.messages) == (False, None, None, 1, 3)
+            assert one.as_dict()["node"] == one.node
+            with pytest.raises(errors.UnsupportedDatabaseError):
+                list_tenants(tmp_path / "state.db")
+            assert not (tmp_path / "state.db").exists()  # nothing was created
     finally:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{plain}" CASCADE')
         engine.dispose()
 
 
@@ -445,48 +459,43 @@ def test_the_tenants_commands_list_distribute_and_move(citus_tenant: tuple[str, 
     on the cluster; plain PostgreSQL and a file are told what is needed."""
     url, distributed = citus_tenant
     migrated_with_rows(url, distributed, 5)
-    plain = f"c_{uuid.uuid4().hex[:12]}"
     engine = create_engine(url)
     try:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f'CREATE SCHEMA "{plain}"')
-        migrated_with_rows(url, plain, 4)
-        listed = {t["schema"]: t for t in ok("--json", "tenants", "list", "--url", url).json()["tenants"]}
-        assert listed[distributed]["distributed"] and listed[distributed]["messages"] == 5
-        assert (listed[plain]["distributed"], listed[plain]["node"], listed[plain]["messages"]) == (False, None, 4)
-        human = ok("tenants", "list", "--url", url).stdout
-        assert distributed in human and plain in human and listed[distributed]["node"] in human
+        with plain_tenant(url, "c", 4) as plain:
+            listed = {t["schema"]: t for t in ok("--json", "tenants", "list", "--url", url).json()["tenants"]}
+            assert listed[distributed]["distributed"] and listed[distributed]["messages"] == 5
+            assert (listed[plain]["distributed"], listed[plain]["node"], listed[plain]["messages"]) == (False, None, 4)
+            human = ok("tenants", "list", "--url", url).stdout
+            assert distributed in human and plain in human and listed[distributed]["node"] in human
 
-        dry = ok("--json", "tenants", "distribute", plain, "--dry-run", "--url", url).json()
-        assert (dry["distributed"], dry["dry_run"], dry["rows"]["messages"]) == (False, True, 4)
-        assert "Distributed " + plain in ok("tenants", "distribute", plain, "--url", url).stdout
-        assert ok("--json", "tenants", "list", "--url", url).json()["tenants"] and \
-            {t["schema"]: t for t in ok("--json", "tenants", "list", "--url", url).json()["tenants"]}[plain][
-                "distributed"]
+            dry = ok("--json", "tenants", "distribute", plain, "--dry-run", "--url", url).json()
+            assert (dry["distributed"], dry["dry_run"], dry["rows"]["messages"]) == (False, True, 4)
+            assert "Distributed " + plain in ok("tenants", "distribute", plain, "--url", url).stdout
+            assert ok("--json", "tenants", "list", "--url", url).json()["tenants"] and \
+                {t["schema"]: t for t in ok("--json", "tenants", "list", "--url", url).json()["tenants"]}[plain][
+                    "distributed"]
 
-        home, other = _other_worker(url, distributed)
-        with engine.connect() as conn:
-            node_id = conn.execute(text("SELECT nodeid FROM pg_dist_node WHERE nodename || ':' || nodeport = :n"),
-                                   {"n": other}).scalar()
-        dry_move = ok("--json", "tenants", "move", distributed, "--to", other, "--dry-run", "--url", url).json()
-        assert (dry_move["moved"], dry_move["from"], dry_move["to"]) == (False, [home], other)
-        assert _other_worker(url, distributed)[0] == home
-        moved = ok("--json", "tenants", "move", distributed, "--to", str(node_id), "--url", url).json()
-        assert (moved["moved"], moved["nodes_after"], moved["identical"]) == (True, [other], True)
-        assert moved["tables"]["messages"]["rows_after"] == 5
-        text_back = ok("tenants", "move", distributed, "--to", home, "--mode", "block_writes", "--url", url).stdout
-        assert "Moved " + distributed in text_back and "identical" in text_back
-        assert _other_worker(url, distributed)[0] == home
+            home, other = _other_worker(url, distributed)
+            with engine.connect() as conn:
+                node_id = conn.execute(text("SELECT nodeid FROM pg_dist_node WHERE nodename || ':' || nodeport = :n"),
+                                       {"n": other}).scalar()
+            dry_move = ok("--json", "tenants", "move", distributed, "--to", other, "--dry-run", "--url", url).json()
+            assert (dry_move["moved"], dry_move["from"], dry_move["to"]) == (False, [home], other)
+            assert _other_worker(url, distributed)[0] == home
+            moved = ok("--json", "tenants", "move", distributed, "--to", str(node_id), "--url", url).json()
+            assert (moved["moved"], moved["nodes_after"], moved["identical"]) == (True, [other], True)
+            assert moved["tables"]["messages"]["rows_after"] == 5
+            text_back = ok("tenants", "move", distributed, "--to", home, "--mode", "block_writes", "--url", url).stdout
+            assert "Moved " + distributed in text_back and "identical" in text_back
+            assert _other_worker(url, distributed)[0] == home
 
-        line = one_line_error(run("tenants", "move", distributed, "--to", "nowhere:1", "--url", url), 1)
-        assert "no single worker node" in line and home in line
-        assert "needs Citus" in one_line_error(run("tenants", "distribute", "public", "--url", pg_url), 1)
-        assert "--url" in one_line_error(run("tenants", "list", "--db", str(tmp_path / "state.db")), 1)
-        assert not (tmp_path / "state.db").exists()
-        assert run("tenants", "move", distributed, "--url", url).code == 2  # --to is required
+            line = one_line_error(run("tenants", "move", distributed, "--to", "nowhere:1", "--url", url), 1)
+            assert "no single worker node" in line and home in line
+            assert "needs Citus" in one_line_error(run("tenants", "distribute", "public", "--url", pg_url), 1)
+            assert "--url" in one_line_error(run("tenants", "list", "--db", str(tmp_path / "state.db")), 1)
+            assert not (tmp_path / "state.db").exists()
+            assert run("tenants", "move", distributed, "--url", url).code == 2  # --to is required
     finally:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{plain}" CASCADE')
         engine.dispose()
 
 

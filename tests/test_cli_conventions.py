@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from hermes_store import SessionDB, cli, errors, migrations
-from hermes_store.cli import _base, _common, browse, doctor, maintain, schema, tenants, transfer
+from hermes_store.cli import _base, _common, browse, crypto, doctor, maintain, retention, schema, size, tenants, transfer
 from hermes_store.engine import create_engine, to_url
 
 from . import test_layout
@@ -390,7 +390,8 @@ def test_the_command_line_takes_postgres_urls(pg_database: str) -> None:
 
 def test_the_lazy_table_matches_the_commands() -> None:
     modules = {"schema": schema, "browse": browse, "transfer": transfer, "maintain": maintain, "doctor": doctor,
-               "tenants": tenants}
+               "tenants": tenants, "size": size,
+               "retention": retention, "crypto": crypto}
     defined = {c.name: c for m in modules.values() for c in m.COMMANDS}
     assert set(cli.COMMANDS) == set(defined)
     ctx = click.Context(cli.cli)

@@ -56,6 +56,9 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("dialects/sqlite.py", "create_private_file", "os.open"):
         "O_CREAT|O_EXCL before SQLite's first connect: a new file, no lock can exist on it",
     ("locks.py", "try_flock", "os.open"): "our own lock files (.adopt-lock, .copy-lock, .repair.lock)",
+    ("encryption.py", "read_key_file", "read_text"): "the key file ($HERMES_STORE_KEY_FILE), never a database file",
+    ("operations/retention.py", "__init__", "os.open"):
+        "O_CREAT|O_EXCL of a new retention archive (JSON Lines); never a database file",
     ("state_files.py", "quarantine_zeroed_state_db", "os.open"): "the .quarantine.lock file",
     ("repair.py", "_backup_db_file", "os.open"):
         "O_CREAT of the new backup file; the database is read through held_files",

@@ -274,7 +274,7 @@ HERMES = "hermes"
 LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("base", "facts, keys and pure functions that need no connection: every layer may use them",
      ("errors", "keys", "codec", "titles", "skills", "review_turns", "tenant_schema", "targets", "held_files",
-      "locks", "introspect", "models", "retry", "search", "write_queue")),
+      "locks", "introspect", "models", "retry", "search", "write_queue", "encryption")),
     ("dialects", "what differs per database kind, built on the models and the pure search builders",
      ("dialects", "sqlite_journal")),
     ("engine", "opening a database: URLs, engines, the BEGIN hook, private database files",

@@ -21,8 +21,10 @@ import re
 import shlex
 import subprocess
 import symtable
+import sqlite3
 import sys
 import uuid
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -256,6 +258,8 @@ BASH_BLOCKS: dict[str, str] = {
     'eval "$(scripts/pg-test-server start)"': "test_the_test_server_block_starts_and_stops_a_server",
     'eval "$(scripts/citus-test-cluster start)"': "test_the_citus_cluster_block_starts_and_stops_a_cluster",
     'hermes-store --url "$COORDINATOR_URL" tenants list': "test_the_tenants_block_lists_distributes_and_moves",
+    "hermes-store --db state.db encrypt": "test_the_encryption_block_encrypts_rekeys_and_decrypts",
+    "hermes-store retention set": "test_the_retention_block_sets_shows_and_applies",
     "branch/commands": "test_host_embedding.py::test_branch",
 }
 
@@ -348,6 +352,63 @@ def test_the_citus_cluster_block_starts_and_stops_a_cluster(citus_url: str, tmp_
     assert "nodes 3" in done.stdout, done.stdout
     folder = Path(re.search(r"^dir=(\S+)$", done.stdout, re.M).group(1))
     assert not folder.exists()  # the stop line removed the cluster and its folder
+
+
+def test_the_encryption_block_encrypts_rekeys_and_decrypts(tmp_path: Path) -> None:
+    """The "Encrypted stores" block, line by line on a demo store, with its two key files
+    made as a user would (0600): after ``encrypt`` the file has no SQLite header, the
+    search finds the demo's session with the key, and after ``decrypt`` plain sqlite3
+    reads it again."""
+    pytest.importorskip("sqlcipher3", reason="the encryption extra is part of .[test]")
+    home = tmp_path / "home"
+    (home / ".hermes").mkdir(parents=True)
+    for name, key in (("key", "correct horse battery staple"), ("key2", "a second passphrase")):
+        (home / ".hermes" / name).write_text(key)
+        (home / ".hermes" / name).chmod(0o600)
+    assert _shell("hermes-store --db state.db demo", tmp_path, home).returncode == 0
+    lines = bash_block("hermes-store --db state.db encrypt")
+    assert [line.split("state.db ", 1)[1].split()[0] for line in lines] == ["encrypt", "search", "rekey", "decrypt"]
+    for n, line in enumerate(lines):
+        done = _shell(line, tmp_path, home)
+        assert done.returncode == 0, (line, done.stderr)
+        header = (tmp_path / "state.db").read_bytes()[:16]
+        assert (header == b"SQLite format 3\x00") is (n == len(lines) - 1), (line, header)
+        if "search" in line:
+            assert "1 result(s)" in done.stdout and "Kubernetes" in done.stdout, done.stdout
+    with closing(sqlite3.connect(tmp_path / "state.db")) as conn:
+        assert conn.execute("SELECT count(*) FROM sessions").fetchone()[0] == 6
+
+
+def test_the_retention_block_sets_shows_and_applies(tmp_path: Path) -> None:
+    """The "Retention policies" block on the default store of a demo home: both policies
+    are stored and shown, the dry run announces what the apply then does, and the
+    archive folder receives the deleted sessions before they go."""
+    home = tmp_path / "home"
+    home.mkdir()
+    assert _shell("hermes-store demo", tmp_path, home).returncode == 0
+    (home / "hermes-archive").mkdir()
+    with closing(sqlite3.connect(home / "state.db")) as conn, conn:
+        conn.execute("UPDATE sessions SET ended_at = started_at, end_reason = coalesce(end_reason, 'done'),"
+                     " started_at = started_at - 90 * 86400, ended_at = started_at - 89 * 86400,"
+                     " pinned = 0, title_source = 'llm' WHERE source = 'telegram'")
+        old = conn.execute("SELECT count(*) FROM sessions WHERE source = 'telegram'").fetchone()[0]
+    assert old >= 1
+    lines = bash_block("hermes-store retention set")
+    assert [line.split()[2] for line in lines] == ["set", "set", "show", "apply", "apply"]
+    for line in lines[:3]:
+        done = _shell(line, tmp_path, home)
+        assert done.returncode == 0, (line, done.stderr)
+    shown = json.loads(_shell("hermes-store --json retention show", tmp_path, home).stdout)
+    assert len(json.dumps(shown)) > 0 and "telegram" in json.dumps(shown)
+    dry = _shell(lines[3] + " --json", tmp_path, home)
+    assert dry.returncode == 0, dry.stderr
+    done = _shell(lines[4] + " --json", tmp_path, home)
+    assert done.returncode == 0, done.stderr
+    with closing(sqlite3.connect(home / "state.db")) as conn:
+        assert conn.execute("SELECT count(*) FROM sessions WHERE source = 'telegram'").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM sessions").fetchone()[0] == 6 - old
+    archived = [json.loads(line) for f in (home / "hermes-archive").iterdir() for line in f.read_text().splitlines()]
+    assert len(archived) == old, (done.stdout, list((home / "hermes-archive").iterdir()))
 
 
 def test_the_tenants_block_lists_distributes_and_moves(citus_url: str, tmp_path: Path) -> None:

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator
 
-from .. import errors, held_files
+from .. import encryption, errors, held_files
 from ..locks import PRIVATE, holding, try_flock
 from ..paths import SIDECARS, fsync_dir, fsync_file, is_read_only
 
@@ -201,22 +201,32 @@ def _unchanged_since(p: Path, before: list[list[int] | None]) -> bool:
     return now[1] == before[1] or (before[1] is None and now[1] is not None and now[1][1] == 0)
 
 
-def _busy(p: Path, exc: sqlite3.Error) -> errors.AdoptionError:
+def _busy(p: Path, exc: BaseException) -> errors.AdoptionError:
     return errors.AdoptionError(
         f"{p} is in use by another process (is Hermes running?): {exc}. Stop it and adopt again; "
         "nothing was adopted and no row was changed"
     )
 
 
-def seal(p: Path, before: list[list[int] | None]) -> sqlite3.Connection | None:
+def _seal_errors() -> tuple[type[BaseException], ...]:
+    return (sqlite3.Error, *encryption.driver_errors())
+
+
+def _plain_connect(p: Path, timeout: float) -> Any:
+    return sqlite3.connect(p, isolation_level=None, timeout=timeout)
+
+
+def seal(p: Path, before: list[list[int] | None],
+         connect: Callable[[Path, float], Any] = _plain_connect) -> Any | None:
     """Lock the original for the swap; None when it was written to since ``before``.
 
     The returned connection holds SQLite's exclusive lock on the original, whose WAL
     has been folded into it (no ``-wal``/``-shm`` left); closing it releases the lock.
     A writer still at work is waited for (:data:`SEAL_WAIT_S`); another connection
     holding the file open is refused with :class:`~hermes_store.errors.AdoptionError`.
+    ``connect(path, timeout)`` opens it (an encrypted file's: with its key, autocommit).
     """
-    conn = sqlite3.connect(p, isolation_level=None, timeout=SEAL_WAIT_S)
+    conn = connect(p, SEAL_WAIT_S)
     try:
         conn.execute("BEGIN IMMEDIATE")  # writers wait from here on
         unchanged = _unchanged_since(p, before)
@@ -231,7 +241,7 @@ def seal(p: Path, before: list[list[int] | None]) -> sqlite3.Connection | None:
             conn.execute("BEGIN EXCLUSIVE")
             # Another connection committing between the two locks shows here.
             unchanged = conn.execute("PRAGMA data_version").fetchone()[0] == seen
-    except sqlite3.Error as exc:
+    except _seal_errors() as exc:
         conn.close()
         raise _busy(p, exc) from exc
     except BaseException:
@@ -305,7 +315,7 @@ def _read_marker(p: Path) -> dict[str, Any]:
     return plan
 
 
-def swap_in(p: Path, work: Path, sealed: sqlite3.Connection, *, backup: bool) -> Path | None:
+def swap_in(p: Path, work: Path, sealed: Any, *, backup: bool) -> Path | None:
     """Put the verified, fsynced ``work`` in place of the sealed ``p`` with one rename.
 
     The caller holds the adoption lock; ``sealed`` (from :func:`seal`) is closed here,

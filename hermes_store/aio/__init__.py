@@ -32,6 +32,7 @@ from .repositories import (
     ListingRepository,
     MaintenanceRepository,
     MessageRepository,
+    RetentionRepository,
     SearchRepository,
     SessionRepository,
     StateMetaRepository,
@@ -44,7 +45,8 @@ from .uow import AsyncUnitOfWork
 __all__ = [
     "AsyncRepository", "AsyncSessionDB", "AsyncUnitOfWork", "CompressionRepository", "FtsUpkeepRepository",
     "GatewayRepository", "HousekeepingRepository", "LineageRepository", "ListingRepository", "MaintenanceRepository",
-    "MessageRepository", "SearchRepository", "SessionRepository", "StateMetaRepository", "TelegramTopicRepository",
+    "MessageRepository", "RetentionRepository", "SearchRepository", "SessionRepository", "StateMetaRepository",
+    "TelegramTopicRepository",
     "UsageRepository", "async_url", "create_async_engine", "current", "downgrade", "operations", "run_sync", "stamp",
     "upgrade",
 ]

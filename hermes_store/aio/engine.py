@@ -33,8 +33,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.asyncio import create_async_engine as _sa_create_async_engine
 from sqlalchemy.util import EMPTY_DICT, await_only
 
-from .. import dialects, errors
-from ..engine import DEFAULT_BUSY_TIMEOUT_MS, install_error_translation, to_url, with_schema
+from .. import dialects, encryption, errors
+from ..engine import DEFAULT_BUSY_TIMEOUT_MS, install_error_translation, keyed_url, to_url, with_schema
 from ..targets import refuse_sync
 
 T = TypeVar("T")
@@ -151,7 +151,7 @@ class BeginWithNext(aiosqlite.Connection):
             if begin is not None:
                 try:
                     conn.execute(begin)
-                except sqlite3.OperationalError:
+                except _begin_errors():
                     return NOT_HERE  # locked elsewhere (or another failure, which the hop raises typed)
                 self._begin_next = None
             self._here = threading.get_ident()  # the adapter calls sqlite3 directly, as on the driver's thread
@@ -161,6 +161,11 @@ class BeginWithNext(aiosqlite.Connection):
                 self._here = None
         finally:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")  # the connection's own wait again
+
+
+def _begin_errors() -> tuple[type[BaseException], ...]:
+    """A BEGIN refused on a connection of sqlite3's or SQLCipher's (a lock held elsewhere)."""
+    return (sqlite3.OperationalError, *encryption.driver_errors())
 
 
 class _NotHere:
@@ -411,7 +416,54 @@ class OneHopAiosqlite(AsyncAdapt_aiosqlite_dbapi):
         return adapted  # type: ignore[return-value]
 
 
-def _aiosqlite_module() -> OneHopAiosqlite:
+#: How long a refused connection's aiosqlite thread is waited for, at most (seconds).
+_THREAD_END_S = 3.0
+
+
+class KeyedAiosqlite(OneHopAiosqlite):
+    """:class:`OneHopAiosqlite` for an encrypted file: aiosqlite's connection over SQLCipher's
+    (``PRAGMA key`` first and the file read once, on the connection's own thread:
+    :func:`hermes_store.encryption.connect`), and SQLCipher's error classes, so
+    SQLAlchemy wraps and our hooks type its errors as they do sqlite3's."""
+
+    def __init__(self, key: encryption.StoreKey) -> None:
+        self._key = key
+        super().__init__(aiosqlite, encryption.dbapi_module())
+
+    def _init_dbapi_attributes(self) -> None:
+        super()._init_dbapi_attributes()
+        for name in ("DatabaseError", "Error", "IntegrityError", "NotSupportedError", "OperationalError",
+                     "ProgrammingError", "sqlite_version", "sqlite_version_info"):
+            setattr(self, name, getattr(self.sqlite, name))
+
+    def connect(self, *arg: Any, **kw: Any) -> OneHopConnection:
+        kw["async_creator_fn"] = self._keyed_connection
+        return super().connect(*arg, **kw)
+
+    def _keyed_connection(self, database: str, **kw: Any) -> Any:
+        key = self._key
+
+        def connector() -> Any:
+            return encryption.connect(database, key, **kw)
+
+        connection = aiosqlite.Connection(connector, 64)
+        connection._thread.daemon = True  # as SQLAlchemy does for its own aiosqlite connections
+
+        async def opened() -> aiosqlite.Connection:
+            try:
+                return await connection
+            except BaseException:
+                # A refused key: aiosqlite stops its thread without waiting for it; wait here,
+                # so the thread never reports to a loop that has closed meanwhile.
+                await asyncio.to_thread(connection._thread.join, _THREAD_END_S)
+                raise
+
+        return opened()
+
+
+def _aiosqlite_module(url: URL) -> OneHopAiosqlite:
+    if url.password:
+        return KeyedAiosqlite(encryption.StoreKey(url.password))
     return OneHopAiosqlite(aiosqlite, sqlite3)
 
 
@@ -436,19 +488,23 @@ def create_async_engine(
     foreign_keys: bool = True,
     busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
     prepared_statements: bool = False,
+    key: encryption.KeyLike | None = None,
     **kwargs: Any,
 ) -> AsyncEngine:
     """An AsyncEngine with our setup (see the module docstring); the arguments mean what
-    they mean for :func:`hermes_store.engine.create_engine`."""
+    they mean for :func:`hermes_store.engine.create_engine`, ``key`` included."""
     refuse_sync(target, "create_async_engine")
     if isinstance(target, AsyncEngine):
         raise errors.InvalidInputError("aio.create_async_engine takes a URL or a path; this is an engine already")
-    url = async_url(with_schema(target, schema))
+    url = keyed_url(async_url(with_schema(target, schema)), key)
     dialect = dialects.for_url(url)
     options = dialect.engine_kwargs(url, kwargs, prepared_statements=prepared_statements)
     if issubclass(url.get_dialect(), SQLiteDialect_aiosqlite):  # our DB-API adapter (see OneHopCursor)
-        options.setdefault("module", _aiosqlite_module())
-    engine = _sa_create_async_engine(url, **options)
+        options.setdefault("module", _aiosqlite_module(url))
+    engine = _sa_create_async_engine(encryption.url_without_key(url) if dialect.holders_on_this_machine else url,
+                                     **options)
+    if url.password and dialect.holders_on_this_machine:
+        engine.sync_engine.url = url  # the key rides on the engine's URL, as create_engine's
     dialect.configure_engine(engine.sync_engine, foreign_keys=foreign_keys, busy_timeout_ms=busy_timeout_ms)
     install_error_translation(engine.sync_engine)
     return engine

@@ -54,8 +54,9 @@ import_records = _awaited(operations.import_records)
 auto_prune_and_vacuum = _awaited(operations.auto_prune_and_vacuum)
 catch_up_search_index = _awaited(operations.catch_up_search_index)
 index_search = _awaited(operations.index_search)
+apply_retention = _awaited(operations.apply_retention)
 
 __all__ = [
-    "auto_prune_and_vacuum", "catch_up_search_index", "import_records", "import_sessions", "index_search",
-    "optimize_fts_storage", "steps_for", "vacuum",
+    "apply_retention", "auto_prune_and_vacuum", "catch_up_search_index", "import_records", "import_sessions",
+    "index_search", "optimize_fts_storage", "steps_for", "vacuum",
 ]

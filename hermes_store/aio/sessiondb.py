@@ -124,6 +124,8 @@ class LoopSessionDB(SessionDB):
     def __init__(self, *args: Any, async_driver: str, engine_options: dict[str, Any], **kwargs: Any) -> None:
         self._async_driver = async_driver
         self._engine_options = engine_options
+        # AsyncSessionDB(path, key=...): the sync facade opens and migrates the encrypted file with it.
+        kwargs.setdefault("key", engine_options.get("key"))
         self.async_engine: AsyncEngine | None = None
         self._writers: TaskQueue | None = None
         self._readers: TaskQueue | None = None

@@ -71,16 +71,23 @@ COMMANDS: dict[str, Lazy] = {
     "prune": Lazy("maintain", "prune", "Delete old ended sessions and their messages."),
     "fts": Lazy("maintain", "fts", "Full-text search index upkeep: rebuild, check, optimize."),
     "tenants": Lazy("tenants", "tenants", "Tenants of a PostgreSQL database; on Citus: list, distribute, move."),
+    "retention": Lazy("retention", "retention", "Retention policies per source: show, set, apply (--dry-run)."),
+    "size": Lazy("size", "size", "Where the bytes are: tables, indexes, search indexes, free space."),
     "doctor": Lazy(
         "doctor", "doctor", "Check a store's health without changing it (versions, integrity, sizes, upkeep)."
     ),
+    "encrypt": Lazy("crypto", "encrypt",
+                    "Encrypt a plain store file with SQLCipher (Hermes itself cannot open the result)."),
+    "decrypt": Lazy("crypto", "decrypt", "Turn an encrypted store file back into a plain SQLite file."),
+    "rekey": Lazy("crypto", "rekey", "Change an encrypted store's key (a new file, checked, swapped in)."),
 }
 
 #: Names this package re-exports from the module that holds them, imported on first use.
 _REEXPORTED = {name: "_common" for name in (
     "content_text", "fmt_num", "fmt_time", "highlight_snippet", "stderr_console", "stdout_console",
 )}
-_SUBMODULES = ("_common", "browse", "doctor", "maintain", "schema", "tenants", "transfer")
+_SUBMODULES = ("_common", "browse", "crypto", "doctor",
+               "maintain", "retention", "schema", "size", "tenants", "transfer")
 
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, package=__name__,

@@ -38,9 +38,9 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import Connection, inspect
 
-from .. import adopt as adopt_mod, errors, migrations, paths
+from .. import adopt as adopt_mod, encryption, errors, migrations, paths
 from ..keys import COMPRESSION_END_REASON, DAY, VERSION_TABLE
-from ..copying.endpoints import readonly_engine, store_file_named
+from ..copying.endpoints import keyed_readonly_connection, readonly_engine, sidecars_as_found, store_file_named
 from ..dialects import backend_name, find_for, for_connection, for_dialect
 from ..engine import create_engine, default_db_path, schema_in_url, schema_of, to_url, with_schema
 from ..facade import SessionDB
@@ -166,6 +166,8 @@ class State:
     json: bool = False
     quiet: bool = False
     url: str | None = None  # a PostgreSQL URL (--url postgresql+psycopg://...)
+    #: An encrypted file's key (the URL's password part, $HERMES_STORE_KEY, $HERMES_STORE_KEY_FILE).
+    key: encryption.StoreKey | None = None
 
     @property
     def where(self) -> str:
@@ -737,9 +739,9 @@ def store_revision(state: State) -> tuple[str | None, str | None]:
     read-write one, closed last, would checkpoint another program's WAL into the file
     on its way out. ``host table``: see :func:`_revision_here`.
     """
-    if state.url is None:
+    if state.url is None:  # an encrypted file through its key (SQLCipher), read-only as well
         assert state.path is not None
-        with readonly_engine(state.path) as engine, paths.connect(engine) as conn:
+        with readonly_engine(state.path, state.key) as engine, paths.connect(engine) as conn:
             return _revision_here(conn)
     engine = create_engine(state.url)
     try:
@@ -772,8 +774,12 @@ def require_store(state: State) -> None:
     if state.url is None:
         assert state.path is not None
         require_file(state.path)
-        adopt_mod.check_file(state.path, recovery_ok=True)  # a text file is refused by name
-        refuse_unadopted(state.path)
+        if state.key is None:  # an encrypted file is read through its key only (never a Hermes file)
+            try:
+                adopt_mod.check_file(state.path, recovery_ok=True)  # a text file is refused by name
+            except errors.NotADatabaseError as exc:
+                raise encryption.refused_without_key(state.path, exc) from exc
+            refuse_unadopted(state.path)
     revision, host_table = store_revision(state)
     head = migrations.head()
     if revision == head:
@@ -820,8 +826,9 @@ def open_db(state: State, *, create: bool = False, write: bool = False,
     assert state.path is not None
     if create:
         check_path_kind(state.path)
-    refuse_unadopted(state.path)
-    return CliSessionDB(state.path, read_only=not (create or write), on_wait=on_wait)
+    if state.key is None:
+        refuse_unadopted(state.path)
+    return CliSessionDB(state.path, read_only=not (create or write), on_wait=on_wait, key=state.key)
 
 
 @contextmanager
@@ -839,6 +846,16 @@ def session_db(state: State, *, create: bool = False, write: bool = False,
     waits for (:class:`CliSessionDB`), opening included.
     """
     reading_file = state.url is None and not (create or write)
+    if reading_file and state.key is not None:  # encrypted: SessionDB's own read-only, keyed open
+        require_store(state)
+        assert state.path is not None
+        with sidecars_as_found(paths.resolve_link(state.path), state.key):  # a reader's -wal/-shm removed again
+            keyed: SessionDB = CliSessionDB(state.path, read_only=True, key=state.key)
+            try:
+                yield keyed
+            finally:
+                keyed.close()
+        return
     if not reading_file:
         db = open_db(state, create=create, write=write, on_wait=on_wait)
         try:
@@ -890,14 +907,19 @@ def prune_candidates(db: SessionDB, older_than_days: float, source: str | None) 
     return time.time() - float(older_than_days) * DAY, db.prune_candidates(older_than_days, source)
 
 
-def schema_tables(path: Path) -> tuple[list[tuple[str, int]], list[str]]:
+def schema_tables(path: Path, key: encryption.StoreKey | None = None) -> tuple[list[tuple[str, int]], list[str]]:
     """Plain tables with row counts, and FTS5 indexes (their shadow tables left out).
 
     Read through a read-only connection: this runs right after upgrade/adopt, and must
-    not open (or migrate) the file as a store would.
+    not open (or migrate) the file as a store would. With ``key``, an encrypted file's
+    (SQLCipher's connection, the same DB-API).
     """
+    counts = cast("SQLiteDialect", for_dialect("sqlite")).table_counts
+    if key is not None:
+        with keyed_readonly_connection(paths.resolve_link(path), key) as keyed:
+            return counts(keyed)
     with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
-        return cast("SQLiteDialect", for_dialect("sqlite")).table_counts(conn)
+        return counts(conn)
 
 
 def server_tables(url: str) -> tuple[list[tuple[str, int]], list[str]]:
@@ -1041,4 +1063,8 @@ def state_from(opts: Options) -> State:
     else:
         path, server = opts.db_path.expanduser() if opts.db_path else default_db_path(), None
     configure_logs(as_json=opts.json, quiet=opts.quiet)
-    return State(path=path, json=opts.json, quiet=opts.quiet, url=server)
+    key = None
+    if server is None:
+        given = to_url(opts.url) if opts.url is not None and "://" in opts.url else None
+        key = encryption.resolve(None, given)
+    return State(path=path, json=opts.json, quiet=opts.quiet, url=server, key=key)

@@ -20,7 +20,8 @@ import sqlite3
 import stat
 import sys
 import tempfile
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,11 @@ import sqlalchemy
 from rich import box
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
-from .. import __version__, journal, migrations, paths
+from .. import __version__, encryption, journal, migrations, paths
 from ..copying.endpoints import readonly_engine
 from ..dialects import cjk_bigram
 from ..engine import create_engine
@@ -102,6 +103,11 @@ def versions(driver: str) -> dict[str, Any]:
     version = getattr(module, "__version__", None) or stdlib
     return {"hermes_store": __version__, "sqlalchemy": sqlalchemy.__version__, "alembic": alembic.__version__,
             "driver": {"name": driver, "version": version}}
+
+
+def sqlcipher_sqlite_version() -> str:
+    """The SQLite version SQLCipher's module is built on (an encrypted store's SQLite)."""
+    return str(encryption.dbapi_module().sqlite_version)
 
 
 def wal_reset_bug(journal_mode: str | None) -> dict[str, Any]:
@@ -182,21 +188,57 @@ def revision_problem(revision: str | None, hermes_file: bool, host_table: str | 
     return f"at revision {revision}, which this hermes-store does not know (a newer one wrote it)"
 
 
-def fts_on_a_copy(raw: sqlite3.Connection) -> dict[str, str | None]:
-    """FTS5's integrity check per index, run on a private copy: the check is an INSERT,
-    which a read-only connection refuses, and the store itself must not be written."""
+def _copy_connection(target: Path, key: encryption.StoreKey | None) -> Any:
+    """The private copy's connection: sqlite3's, or for an encrypted store a SQLCipher
+    one keyed with the store's key before its first page is written."""
+    if key is None:
+        return sqlite3.connect(target, isolation_level=None)
+    return encryption.connect(str(target), key, isolation_level=None)
+
+
+@contextmanager
+def private_copy(raw: Any, key: encryption.StoreKey | None = None) -> Iterator[Engine]:
+    """An engine on a private copy of the file ``raw`` reads (SQLite's backup API, page
+    for page, free pages included), in a temporary folder removed afterwards: for what
+    writes (FTS5's integrity check, a measured VACUUM) while the store stays untouched.
+
+    An encrypted store (``key``, ``raw`` SQLCipher's connection) is copied into a file
+    encrypted with the same key from its first byte: never a plaintext copy on disk."""
     with tempfile.TemporaryDirectory(prefix="hermes-store-doctor-") as folder:
-        with closing(sqlite3.connect(Path(folder) / "copy.db", isolation_level=None)) as copy:
+        with closing(_copy_connection(Path(folder) / "copy.db", key)) as copy:
             raw.backup(copy)
-            engine = create_engine("sqlite://", creator=lambda: copy, poolclass=StaticPool)
+            options = {"module": encryption.dbapi_module()} if key is not None else {}
+            engine = create_engine("sqlite://", creator=lambda: copy, poolclass=StaticPool, **options)
             try:
-                with engine.connect() as conn:
-                    try:
-                        return MaintenanceRepository(conn).fts_integrity_check()
-                    finally:
-                        conn.rollback()
+                yield engine
             finally:
                 engine.dispose()
+
+
+def fts_on_a_copy(raw: Any, key: encryption.StoreKey | None = None) -> dict[str, str | None]:
+    """FTS5's integrity check per index, run on a private copy: the check is an INSERT,
+    which a read-only connection refuses, and the store itself must not be written."""
+    with private_copy(raw, key) as engine, engine.connect() as conn:
+        try:
+            return MaintenanceRepository(conn).fts_integrity_check()
+        finally:
+            conn.rollback()
+
+
+def keyed_stats(conn: Connection, raw: Any) -> dict[str, Any]:
+    """:func:`hermes_store.state_files.collect_state_db_stats`'s figures doctor shows, for
+    an encrypted file: read on its keyed connection (a plain ``sqlite3`` open of the file
+    could read nothing, and its close would drop the keyed connection's locks)."""
+    space = HealthRepository(conn).space()
+    return {"journal_mode": journal._on_disk_journal_mode(raw), "freelist_count": space["free_pages"],
+            "logical_size_bytes": space["total_bytes"]}
+
+
+def refusal(real: Path, exc: sqlite3.DatabaseError, key: encryption.StoreKey | None) -> BaseException:
+    """The typed refusal of a file SQLite would not read; one that looks encrypted, read
+    with no key, is EncryptionKeyError naming the key to supply."""
+    typed = paths.sqlite_refusal(real, exc)
+    return encryption.refused_without_key(real, typed) if key is None else typed
 
 
 def file_report(st: State, quick: bool) -> dict[str, Any]:
@@ -207,24 +249,25 @@ def file_report(st: State, quick: bool) -> dict[str, Any]:
     problems: list[str] = []
     warnings: list[str] = []
     try:
-        with readonly_engine(real) as engine, engine.connect() as conn:
+        with readonly_engine(real, st.key) as engine, engine.connect() as conn:
             try:
                 revision, host_table = revision_on(conn)
                 health = HealthRepository(conn)
                 hermes_file = revision is None and health.has_table("schema_version")
-                stats = collect_state_db_stats(real)
+                raw = conn.connection.dbapi_connection
+                stats = collect_state_db_stats(real) if st.key is None else keyed_stats(conn, raw)
                 integrity = health.integrity(quick=quick)
                 sizes = health.sizes()
                 upkeep = pending_upkeep(conn, stats)
-                fts = fts_on_a_copy(conn.connection.dbapi_connection)  # type: ignore[arg-type]
+                fts = fts_on_a_copy(raw, st.key)
             finally:
                 conn.rollback()
     except DBAPIError as exc:
         if isinstance(exc.orig, sqlite3.DatabaseError):
-            raise paths.sqlite_refusal(real, exc.orig) from exc
+            raise refusal(real, exc.orig, st.key) from exc
         raise
     except sqlite3.DatabaseError as exc:
-        raise paths.sqlite_refusal(real, exc) from exc
+        raise refusal(real, exc, st.key) from exc
     upkeep["wal_size_bytes"] = next((f["size_bytes"] for f in files if f["path"].endswith("-wal")), 0)
     mode = stats.get("journal_mode")
     wal = wal_reset_bug(mode)
@@ -246,7 +289,8 @@ def file_report(st: State, quick: bool) -> dict[str, Any]:
     size = stats.get("logical_size_bytes")
     return {
         "backend": "sqlite", "database": str(st.path), "file": str(real),
-        "versions": {**versions("sqlite3"), "sqlite": sqlite3.sqlite_version},
+        "versions": {**versions("sqlite3" if st.key is None else encryption.SQLCIPHER_MODULE),
+                     "sqlite": sqlite3.sqlite_version if st.key is None else sqlcipher_sqlite_version()},
         "wal_reset_bug": wal,
         "revision": {"current": revision, "head": migrations.head(), "at_head": revision == migrations.head()},
         "journal_mode": mode, "files": files,

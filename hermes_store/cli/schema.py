@@ -5,18 +5,22 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.text import Text
 
-from .. import adopt as adopt_mod, migrations
+from .. import adopt as adopt_mod, encryption, errors, migrations, paths
+from ..adopt import finish_interrupted
+from ..engine import to_url
 from ..facade import SessionDB
 from ..keys import DAY
 from ._common import (
     PROG,
     TEXT,
     CliError,
+    State,
     adopt_progress,
     check_path_kind,
     create_private_file,
@@ -56,12 +60,19 @@ def upgrade(revision: str) -> None:
         new = migrations.upgrade(st.url, revision)
         created = previous is None
         tables, indexes = server_tables(st.url)
+    elif st.key is not None:  # an encrypted file: migrated through its key, never adopted (Hermes' are plain)
+        path = st.file
+        check_path_kind(path)
+        existed = path.exists()
+        previous, new = upgrade_encrypted(st, path, revision, existed)
+        created = not existed
+        tables, indexes = schema_tables(path, st.key)
     else:
         path = st.file
         check_path_kind(path)
         existed = path.exists()
         if existed:
-            adopt_mod.check_file(path, recovery_ok=True)  # a text file is refused by name, not by a driver error
+            check_plain_file(path)  # a text file is refused by name, not by a driver error
         if existed and adopt_mod.needs_adoption(path):
             previous = None
             with st.progress("percent") as bar:
@@ -107,6 +118,29 @@ def upgrade(revision: str) -> None:
         out.print(Text("Search indexes: " + ", ".join(indexes)))
 
 
+def check_plain_file(path: Path) -> None:
+    """:func:`hermes_store.adopt.check_file`; a file that looks encrypted, opened with no
+    key, is EncryptionKeyError naming the key to supply."""
+    try:
+        adopt_mod.check_file(path, recovery_ok=True)
+    except errors.NotADatabaseError as exc:
+        raise encryption.refused_without_key(path, exc) from exc
+
+
+def upgrade_encrypted(st: State, path: Path, revision: str, existed: bool) -> tuple[str | None, str | None]:
+    """Create or migrate an encrypted file, only ever through a keyed connection: the key
+    is checked by a read-only open first (a wrong one refused, nothing written), and a
+    new file is SQLCipher's from its first byte (no plain header is written first)."""
+    assert st.key is not None
+    if existed:
+        previous = store_revision(st)[0]  # read-only: the key checked before anything is written
+        finish_interrupted(paths.resolve_link(path))  # an encrypt/rekey swap a kill interrupted
+    else:
+        previous = None
+        paths.make_parents(paths.check_target(path, write=True, create=True, make_parents=True))
+    return previous, migrations.upgrade(encryption.url_with_key(to_url(path), st.key), revision)
+
+
 @click.command()
 @global_options
 def current() -> None:
@@ -123,8 +157,9 @@ def current() -> None:
     path = st.file if st.url is None else None
     if path is not None:
         require_file(path)
-        adopt_mod.check_file(path, recovery_ok=True)
-    if path is not None and adopt_mod.needs_adoption(path):
+        if st.key is None:  # an encrypted file is read through its key only (never a Hermes file)
+            check_plain_file(path)
+    if path is not None and st.key is None and adopt_mod.needs_adoption(path):
         det = adopt_mod.detect(path, deep=False)
         doc.update(needs_adoption=True, hermes_schema_version=det.schema_version)
     else:
@@ -165,6 +200,9 @@ def adopt(check_only: bool, no_backup: bool) -> None:
                        f"'{PROG} copy --from PATH --to URL'")
     path = st.file
     require_file(path)
+    if st.key is not None:
+        adopt_encrypted(st, path)
+        return
     if path.stat().st_size == 0 and not check_only:
         # A 0-byte file is a new, empty database: nothing of Hermes' to keep.
         report = adopt_mod.adopt(path, backup=not no_backup)
@@ -174,7 +212,10 @@ def adopt(check_only: bool, no_backup: bool) -> None:
         else:
             stdout_console().print(Text(report.message))
         return
-    det = adopt_mod.detect(path, deep=False)
+    try:
+        det = adopt_mod.detect(path, deep=False)
+    except errors.NotADatabaseError as exc:
+        raise encryption.refused_without_key(path, exc) from exc  # encrypted: name the key
     detected: dict[str, Any] = {
         "schema_version": det.schema_version,
         "shape": det.shape,
@@ -231,6 +272,26 @@ def adopt(check_only: bool, no_backup: bool) -> None:
     for note in report.notes:
         if "not in the default session list" in note:  # say why `sessions` lists fewer than were kept
             out.print(Text(f"Note: {note}"))
+
+
+def adopt_encrypted(st: State, path: Path) -> None:
+    """``adopt`` on an encrypted file: never a Hermes file (Hermes writes plain ones, and
+    ``encrypt`` refuses one not adopted), so a store of ours is reported as adopted
+    already (read through its key, nothing written) and anything else is refused."""
+    revision = store_revision(st)[0] if path.stat().st_size else None
+    if revision is None:
+        raise CliError(f"{path} is opened with a key and holds no hermes_store database: an encrypted file is "
+                       f"never a Hermes state.db, nothing to adopt; create the store with "
+                       f"'{PROG} {st.flag} upgrade'", code="no_store")
+    detected = {"schema_version": None, "shape": "encrypted", "stamp": None, "repairs": [],
+                "notes": ["an encrypted hermes_store database (read with its key)"], "problems": []}
+    if st.json:
+        st.emit({"db": str(path), "detected": detected, "adopted": False, "already_adopted": True,
+                 "revision": revision, "backup": None, "backup_wal": None, "row_counts": {},
+                 "message": "already adopted", "encrypted": True})
+        return
+    stdout_console().print(Text(f"{path} is already a hermes_store database (revision {revision}, encrypted); "
+                                "nothing to adopt"))
 
 
 # ---------------------------------------------------------------------------- demo

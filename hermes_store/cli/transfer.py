@@ -12,8 +12,10 @@ from collections.abc import Callable, Iterator
 import click
 from rich.text import Text
 
+from .. import encryption
+from ..codec import jsonl_line
 from ..copying import DEFAULT_BATCH, MAX_BATCH, CopyReport, CopyVerificationError, copy_history
-from ..errors import HermesStoreError
+from ..errors import EncryptionKeyError, HermesStoreError
 from ._common import (
     TEXT,
     CliError,
@@ -30,6 +32,7 @@ from ._common import (
     session_db,
     stdout_console,
 )
+from .crypto import KEY_FILE  # a key comes in a 0600 file, never on the command line (ps shows it)
 
 # ---------------------------------------------------------------------------- export / import
 
@@ -40,16 +43,6 @@ def binary_stream(stream: Any) -> Any:
     if buffer is None:
         raise CliError("this standard stream cannot carry bytes; use a file instead")
     return buffer
-
-
-def jsonl_line(record: dict[str, Any]) -> str:
-    """UTF-8 JSON when the text allows it; ASCII escapes when it holds lone surrogates."""
-    line = json.dumps(record, ensure_ascii=False, default=str)
-    try:
-        line.encode("utf-8")
-    except UnicodeEncodeError:
-        line = json.dumps(record, default=str)
-    return line
 
 
 @click.command()
@@ -212,8 +205,15 @@ def copy_progress(bar: Any) -> Callable[[str, int, int | None], None]:
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Where an unadopted source file is adopted in a temporary copy [default: next to a file "
                    "destination, else the temporary folder].")
+@click.option("--from-key-file", type=KEY_FILE, metavar="FILE",
+              help="The encrypted source file's key, in a file only you can read (0600) "
+                   "[default: $HERMES_STORE_KEY / $HERMES_STORE_KEY_FILE].")
+@click.option("--to-key-file", type=KEY_FILE, metavar="FILE",
+              help="The key to encrypt (or open) the destination file with, in a 0600 file "
+                   "[default: $HERMES_STORE_KEY / $HERMES_STORE_KEY_FILE].")
 @global_options
-def copy_cmd(source: str | None, destination: str, merge: bool, batch: int, work_dir: Path | None) -> None:
+def copy_cmd(source: str | None, destination: str, merge: bool, batch: int, work_dir: Path | None,
+             from_key_file: Path | None, to_key_file: Path | None) -> None:
     """Copy a whole history between SQLite files and PostgreSQL databases.
 
     SRC and DST are each a file path or a URL (sqlite:///… or postgresql+psycopg://…).
@@ -226,16 +226,30 @@ def copy_cmd(source: str | None, destination: str, merge: bool, batch: int, work
     --merge is given, and one that another copy is writing right now is refused
     (nothing written; run again when that copy is done). Add ?schema=NAME to a
     PostgreSQL URL for a tenant schema.
+
+    Either file may be encrypted (SQLCipher): its key comes from --from-key-file /
+    --to-key-file (a 0600 file), else from $HERMES_STORE_KEY / $HERMES_STORE_KEY_FILE,
+    as for every command; a file side with no key is plain. So a copy between a plain
+    and an encrypted file gives the encrypted side's key file and runs with neither
+    variable set. An encrypted destination is encrypted from its first byte.
     """
     st = _state()
     src: Any = source if source is not None else (st.url if st.url is not None else st.path)
+    # The --db store's own key (its --url's password part, or the environment's).
+    source_key = encryption.read_key_file(from_key_file) if from_key_file is not None else (
+        st.key if source is None else None)
+    destination_key = encryption.read_key_file(to_key_file) if to_key_file is not None else None
     failure: HermesStoreError | None = None
     with st.progress() as bar:
         try:
             report = copy_history(src, destination, merge=merge, batch=batch, work_dir=work_dir,
-                                  progress=copy_progress(bar))
+                                  progress=copy_progress(bar), source_key=source_key,
+                                  destination_key=destination_key)
         except CopyVerificationError as exc:
             report, failure = exc.report, exc
+        except EncryptionKeyError as exc:
+            raise EncryptionKeyError(f"{exc} (copy: --from-key-file / --to-key-file FILE give each side's "
+                                     "key; a side given none takes the environment's)") from exc
     if st.json:
         st.emit(report.as_dict())
     else:

@@ -77,6 +77,17 @@ What is copied, and why the rest is not:
   destination's migrations write its own), the short-CJK index tables (rebuilt from the
   copied messages), and tables or columns hermes_store does not model (reported).
 
+**Encrypted files.** Either side may be an encrypted SQLite file (SQLCipher, see
+:mod:`hermes_store.encryption`), the other plain, encrypted with another key, or a
+server: each file side has its own key (``source_key``/``destination_key``, or the
+``sqlite://:<key>@/<path>`` URL's password part, else the environment's, as for every
+store opened by path; see :mod:`.endpoints`). A keyed file is
+opened only through SQLCipher with its key, checked before anything is written (a
+wrong or missing key: :class:`~hermes_store.errors.EncryptionKeyError`, nothing
+written); an encrypted destination is created encrypted from its first byte, and a
+work copy of an encrypted source is encrypted with the source's key: no plaintext of
+an encrypted side ever reaches the disk.
+
 **Destination.** Created (a file 0600) or migrated to head by
 :func:`hermes_store.migrations.upgrade`. One that already holds data is refused, with
 nothing written, unless ``merge=True``; then id clashes go as in ``import``: a session
@@ -112,11 +123,12 @@ from pathlib import Path
 
 from sqlalchemy.engine import URL
 
-from .. import errors, migrations, paths
+from .. import encryption, errors, migrations, paths
+from ..adopt import finish_interrupted
 from ..dialects import for_connection
 from .copier import Copier
 from .destination import decide, destination_lock, inspect_destination, writer_engine
-from .endpoints import endpoint, refuse_same
+from .endpoints import check_keys, endpoints, refuse_same
 from .plan import (
     DEFAULT_BATCH,
     MARKER_KEY,
@@ -157,6 +169,8 @@ def copy_history(
     progress: Progress | None = None,
     batch: int = DEFAULT_BATCH,
     work_dir: str | os.PathLike[str] | None = None,
+    source_key: encryption.KeyLike | None = None,
+    destination_key: encryption.KeyLike | None = None,
 ) -> CopyReport:
     """Copy every session, message and the rest of the history from ``src`` to ``dst``.
 
@@ -169,6 +183,11 @@ def copy_history(
     adopted in a temporary copy (default: the destination file's folder, else the
     system's temporary folder).
 
+    ``source_key``/``destination_key``: an encrypted file side's key (a passphrase or
+    ``x'<64 hex>'``; also taken from a ``sqlite://:<key>@/<path>`` URL); a file side
+    given none takes ``$HERMES_STORE_KEY``/``$HERMES_STORE_KEY_FILE``'s, as every store
+    opened by path does, and is plain without one. A key for a server side is refused.
+
     Returns the :class:`CopyReport`. Raises typed errors before writing anything for bad
     arguments, an unreadable source and a destination that holds other data without
     ``merge`` (:class:`DestinationNotEmptyError`); raises :class:`CopyVerificationError`
@@ -177,8 +196,9 @@ def copy_history(
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
         raise errors.InvalidInputError(f"batch must be a whole number from 1 to {MAX_BATCH:,}, not {batch!r}")
     progress = progress or _quiet
-    source, target = endpoint(src, "source"), endpoint(dst, "destination")
+    source, target = endpoints(src, dst, source_key, destination_key)
     refuse_same(source, target)
+    check_keys(source, target)  # a wrong or missing key on either side: refused, nothing written
     source_label = str(Path(os.path.realpath(source.path))) if source.path is not None else source.label
     report = CopyReport(source=source_label, destination=target.label, merge=merge)
     started = time.monotonic()
@@ -200,7 +220,13 @@ def copy_history(
         src_conn.begin()  # one snapshot for the whole run
         report.seconds["open_source"] = round(time.monotonic() - clock, 3)
         clock = time.monotonic()
-        migrations.upgrade(target.path if target.path is not None else target.url)  # type: ignore[arg-type]
+        if target.key is not None:
+            # Never adopted (a Hermes file is plain): an interrupted encrypt/rekey swap is
+            # finished first, as SessionDB does, then the keyed file created or migrated.
+            finish_interrupted(paths.resolve_link(target.path))  # type: ignore[arg-type]
+            migrations.upgrade(target.keyed_url)
+        else:
+            migrations.upgrade(target.path if target.path is not None else target.url)  # type: ignore[arg-type]
         dst_engine = writer_engine(target)
         stack.callback(dst_engine.dispose)
         dst_conn = stack.enter_context(paths.connect(dst_engine))

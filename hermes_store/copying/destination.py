@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Engine, event, func, inspect, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
-from .. import adopt, errors, migrations, paths
+from .. import adopt, encryption, errors, migrations, paths
 from ..dialects import for_connection
 from ..dialects.pg_tenants import try_transaction_lock
 from ..engine import create_engine
@@ -143,7 +143,15 @@ def inspect_destination(dst: Endpoint) -> DestState:
         real = paths.check_target(dst.path, write=True, create=True, make_parents=True)
         if not real.exists() or real.stat().st_size == 0:
             return DestState()
-        paths.check_file(real, recovery_ok=True)
+        if dst.key is not None:
+            # Encrypted: read through its key only (a wrong one refused here, nothing
+            # written); never a Hermes file, so there is nothing to adopt.
+            with readonly_engine(real, dst.key) as engine, engine.connect() as conn:
+                return _dest_state(conn, str(real))
+        try:
+            paths.check_file(real, recovery_ok=True)
+        except errors.NotADatabaseError as exc:
+            raise encryption.refused_without_key(real, exc) from exc  # an encrypted file: name the key
         if adopt.needs_adoption(real):
             raise errors.AdoptionError(
                 f"{real} is a Hermes state.db that is not adopted yet; adopt it first "
@@ -190,7 +198,7 @@ def decide(state: DestState, source: str, merge: bool, report: CopyReport) -> di
 
 def writer_engine(dst: Endpoint) -> Engine:
     """The destination's engine, set up as SessionDB sets up its own (WAL on a file)."""
-    target: Any = dst.path if dst.path is not None else dst.url
+    target: Any = dst.url if dst.path is None else (dst.keyed_url if dst.key is not None else dst.path)
     engine = create_engine(target, busy_timeout_ms=60_000)
     dialect = for_connection(engine)
     event.listen(engine, "connect", lambda dbapi_conn, _rec: dialect.on_connect(dbapi_conn, label="copy destination"))

@@ -1,10 +1,20 @@
-"""The two sides of a copy: a SQLite file or a server URL, parsed with typed errors
-before anything is touched, and refused when both name the same database."""
+"""The two sides of a copy: a SQLite file (plain, or encrypted with its key) or a
+server URL, parsed with typed errors before anything is touched, and refused when both
+name the same database.
+
+Each file side carries its own key: the key given for that side, or the
+``sqlite://:<key>@/<path>`` URL's password part, else the environment's
+(``$HERMES_STORE_KEY``, ``$HERMES_STORE_KEY_FILE``), as for every store opened by
+path; a side with none is a plain file. So a copy between a plain and an encrypted
+file names the encrypted side's key and runs without a key in the environment (which
+would be the plain side's too, and refused there). A keyed file is only ever opened
+through :func:`hermes_store.encryption.connect`; the environment never gives a server
+side a key."""
 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +24,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
 
-from .. import errors, paths
+from .. import encryption, errors, paths
 from ..dialects import backend_name, find_for, with_driver
 from ..engine import create_engine
 from ..paths import SIDECARS
@@ -27,6 +37,17 @@ class Endpoint:
     role: str
     path: Path | None = None
     url: URL | None = None
+    #: An encrypted file's key (None: a plain file, or a server). Never shown.
+    key: encryption.StoreKey | None = None
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.role!r}, {self.label!r}, encrypted={self.key is not None})"
+
+    @property
+    def keyed_url(self) -> URL:
+        """A file side as a SQLite URL carrying its key (what the keyed engine opens)."""
+        assert self.path is not None
+        return encryption.url_with_key(URL.create("sqlite", database=str(self.path)), self.key)
 
     @property
     def label(self) -> str:
@@ -37,15 +58,47 @@ class Endpoint:
         return self.url.render_as_string(hide_password=True)
 
 
-def endpoint(value: Any, role: str) -> Endpoint:
+def endpoints(src: Any, dst: Any, source_key: encryption.KeyLike | None = None,
+              destination_key: encryption.KeyLike | None = None) -> tuple[Endpoint, Endpoint]:
+    """Both sides of a copy, each file side with its key (see the module docstring)."""
+    return endpoint(src, "source", source_key), endpoint(dst, "destination", destination_key)
+
+
+def check_keys(*sides: Endpoint) -> None:
+    """Before anything of the copy is written (the destination's folder, its lock file):
+    each existing file side opens with its key, read-only (a wrong key is
+    EncryptionKeyError), and one given no key that looks encrypted is EncryptionKeyError
+    naming the key to supply."""
+    for side in sides:
+        if side.path is None:
+            continue
+        try:
+            real = paths.resolve_link(side.path)
+            if not real.is_file() or real.stat().st_size == 0:
+                continue
+        except (OSError, errors.HermesStoreError):
+            continue  # the side's own checks say what is wrong with it
+        if side.key is not None:
+            with keyed_readonly_connection(real, side.key):
+                continue
+        if encryption.looks_encrypted(real):
+            raise encryption.refused_without_key(
+                real, errors.NotADatabaseError(f"the {side.role} {real} has no SQLite header"))
+
+
+def endpoint(value: Any, role: str, key: encryption.KeyLike | None = None) -> Endpoint:
     """Parse ``value`` (a path, a ``sqlite:///`` or ``postgresql://`` URL) into an Endpoint.
 
     Typed errors, nothing touched: an empty value, a NUL or undecodable bytes in a path,
-    a URL that does not parse, an in-memory database, an unsupported kind of database.
-    ``postgresql://`` means the psycopg driver, the one hermes_store ships with.
+    a URL that does not parse, an in-memory database, an unsupported kind of database,
+    a key for a server, or a key given both as ``key`` and in a ``sqlite://`` URL,
+    differently. ``postgresql://`` means the psycopg driver, the one hermes_store
+    ships with. A file's key: ``key``, the URL's password part, else the
+    environment's (:func:`hermes_store.encryption.resolve`); none: a plain file.
     """
     if isinstance(value, Endpoint):
         return value
+    given = encryption.as_key(key)
     if isinstance(value, URL):
         url = value
     else:
@@ -66,7 +119,7 @@ def endpoint(value: Any, role: str) -> Endpoint:
                 raise errors.InvalidInputError(
                     f"the {role} path {text_value!r} is not UTF-8; SQLite cannot open it (rename it or link to it)"
                 ) from None
-            return Endpoint(role, path=Path(text_value).expanduser())
+            return Endpoint(role, path=Path(text_value).expanduser(), key=encryption.resolve(given))
         scheme = text_value.split("://", 1)[0]
         try:
             url = make_url(text_value)
@@ -77,6 +130,10 @@ def endpoint(value: Any, role: str) -> Endpoint:
     if kind is not None and not kind.holders_on_this_machine:  # a server, reached by its URL
         if not url.database:
             raise errors.InvalidInputError(f"the {role} URL names no database (postgresql+psycopg://user@host/DBNAME)")
+        if given is not None:
+            raise errors.InvalidInputError(
+                f"a key for the {role} opens an encrypted SQLite file; a server database's encryption at rest "
+                "is the server's (its disk or provider)")
         if "+" not in url.drivername:  # no driver named: the dialect's sync one (psycopg 3)
             url = with_driver(url, asyncio=False)
         return Endpoint(role, url=url)
@@ -84,7 +141,8 @@ def endpoint(value: Any, role: str) -> Endpoint:
         database = url.database
         if not database or database == ":memory:" or database.startswith("file:"):
             raise errors.InvalidInputError(f"the {role} URL must name a database file (sqlite:///path/to/state.db)")
-        return Endpoint(role, path=Path(database).expanduser())
+        # The URL's password part is the file's key; a different key= is refused.
+        return Endpoint(role, path=Path(database).expanduser(), key=encryption.resolve(given, url))
     raise errors.UnsupportedDatabaseError(
         f"the {role} is a {backend_name(url)} database; copy supports SQLite files and postgresql+psycopg:// servers"
     )
@@ -151,10 +209,54 @@ def refuse_same(src: Endpoint, dst: Endpoint) -> None:
 
 
 @contextmanager
-def readonly_engine(path: Path) -> Iterator[Engine]:
-    """An engine on one read-only connection to ``path`` (sidecars we create are removed)."""
-    with paths.readonly_connection(path) as raw:
-        engine = create_engine("sqlite://", creator=lambda: raw, poolclass=StaticPool)
+def sidecars_as_found(p: Path, key: encryption.StoreKey) -> Iterator[None]:
+    """Around a keyed read-only connection to ``p``: the ``-wal``/``-shm`` a reader of a
+    WAL-mode file creates are removed again when it created them, as
+    :func:`hermes_store.paths.readonly_connection` does for a plain file (one short
+    keyed read-write open lets SQLite remove an empty WAL, the file's bytes untouched;
+    where the kernel refuses that open, the two empty files are unlinked)."""
+    wal, shm = Path(f"{p}-wal"), Path(f"{p}-shm")
+    had_wal, had_shm = wal.exists(), shm.exists()
+    try:
+        yield
+    finally:
+        if not had_wal and wal.exists() and not had_shm:
+            with suppress(OSError, errors.HermesStoreError, *encryption.driver_errors()):
+                if wal.stat().st_size == 0:
+                    if os.access(p, os.W_OK):
+                        encryption.connect(str(p), key, isolation_level=None).close()
+                    else:
+                        shm.unlink()
+                        wal.unlink()
+
+
+@contextmanager
+def keyed_readonly_connection(p: Path, key: encryption.StoreKey) -> Iterator[Any]:
+    """A read-only SQLCipher connection to the encrypted file ``p``, the key checked
+    first (a wrong one: EncryptionKeyError, nothing written), sidecars left as found."""
+    with sidecars_as_found(p, key):
+        conn = encryption.connect(p.absolute().as_uri() + "?mode=ro", key, uri=True, isolation_level=None)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+
+@contextmanager
+def readonly_engine(path: Path, key: encryption.StoreKey | None = None) -> Iterator[Engine]:
+    """An engine on one read-only connection to ``path`` (sidecars we create are removed);
+    with ``key``, an encrypted file's, through SQLCipher."""
+    if key is None:
+        with paths.readonly_connection(path) as raw:
+            engine = create_engine("sqlite://", creator=lambda: raw, poolclass=StaticPool)
+            try:
+                yield engine
+            finally:
+                engine.dispose()
+        return
+    with keyed_readonly_connection(path, key) as keyed:
+        engine = create_engine("sqlite://", creator=lambda: keyed, poolclass=StaticPool,
+                               module=encryption.dbapi_module())
         try:
             yield engine
         finally:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from .. import errors
 from ..adopt.work import FTS_BOOKKEEPING_KEYS
-from ..keys import BIGRAM_HIGH_WATER_KEY, BIGRAM_SETTLE_KEY, VERSION_TABLE
+from ..keys import BIGRAM_HIGH_WATER_KEY, BIGRAM_SETTLE_KEY, RETENTION_TABLE, VERSION_TABLE
 from ..models import Base
 from ..search import cjk_pairs as bigram
 
@@ -37,7 +37,7 @@ Progress = Callable[[str, int, "int | None"], None]
 BEFORE_SESSIONS = ("system_prompts",)
 #: Copied after the sessions, each on its own primary key.
 AFTER_SESSIONS = ("gateway_routing", "gateway_hygiene_state", "conversation_generations", "async_delegations",
-                  "state_meta")
+                  "state_meta", RETENTION_TABLE)
 SESSION_TABLES = ("sessions", "messages", "session_model_usage")
 COPIED_TABLES = (*BEFORE_SESSIONS, *SESSION_TABLES, *AFTER_SESSIONS)
 #: Tables left out on purpose, with the reason a report gives.

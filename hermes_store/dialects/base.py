@@ -299,6 +299,19 @@ class Dialect(Protocol):
         """``(name, 'table'|'index', table, bytes)`` of each table and index of ours,
         largest first; None where the database cannot say (a SQLite build without ``dbstat``)."""
 
+    def text_bytes(self, expr: Any) -> Any:
+        """A SQL expression: the UTF-8 size in bytes of the text ``expr`` (NULL for NULL),
+        for retention's byte estimates (SQLite before 3.43 has no ``octet_length``)."""
+
+    def space_details(self, conn: Connection, schema: str | None, tables: Sequence[str]) -> dict[str, Any]:
+        """What ``hermes-store size`` adds to :meth:`object_sizes`, read-only: a file's
+        ``page_size``, ``page_count``, ``freelist_pages`` and ``slack_bytes`` (unused bytes
+        of partly filled pages), and per full-text index its
+        ``fts_segments`` (``[(segment id, pages, bytes)]``); a server's ``rows`` per table
+        (``(live, dead)``, the statistics collector's estimate) and
+        ``table_bytes_include_indexes`` when a table's bytes there count its indexes too.
+        Keys a database cannot answer are left out."""
+
     def export_reader(self, conn: Connection) -> Callable[[str, str, str], list[dict[str, Any]]] | None:
         """A reader of one session's rows straight from the driver, ``(table, session id,
         ORDER BY columns) -> rows as dicts``, where that is much cheaper than SQLAlchemy's

@@ -57,6 +57,11 @@ _SERVER_SIZES = text(
     " AND COALESCE(t.relname, c.relname) IN :names"
     " ORDER BY 4 DESC, 1"
 ).bindparams(bindparam("names", expanding=True))
+#: Live and dead rows of our tables in the schema we work in (the statistics collector's).
+_SERVER_ROWS = text(
+    "SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables"
+    " WHERE schemaname = COALESCE(:schema, current_schema()) AND relname IN :names"
+).bindparams(bindparam("names", expanding=True))
 #: libpq's PQTRANS_IDLE: no transaction open at the server.
 _IDLE = 0
 #: The server had ended the session before a statement arrived.
@@ -752,6 +757,9 @@ class PostgreSQLDialect:
         total = conn.execute(_SERVER_SIZE, {"schema": schema, "names": sorted(tables)}).scalar()
         return int(total or 0)
 
+    def text_bytes(self, expr: Any) -> Any:
+        return func.octet_length(expr)
+
     def integrity_check(self, conn: Connection, *, quick: bool, max_lines: int) -> list[str]:
         return []  # a server has no such check of its own
 
@@ -760,6 +768,14 @@ class PostgreSQLDialect:
         """Our tables (with their TOAST and indexes) and each of their indexes."""
         rows = conn.execute(_SERVER_SIZES, {"schema": schema, "names": sorted(tables)}).fetchall()
         return [tuple(r) for r in rows]
+
+    def space_details(self, conn: Connection, schema: str | None, tables: Sequence[str]) -> dict[str, Any]:
+        """Live and dead rows per table of ours, the statistics collector's estimate
+        (``pg_stat_user_tables``: what VACUUM would make reusable, not exact); a table's
+        bytes in :meth:`object_sizes` include its indexes."""
+        rows = conn.execute(_SERVER_ROWS, {"schema": schema, "names": sorted(tables)}).fetchall()
+        return {"rows": {str(name): (int(live or 0), int(dead or 0)) for name, live, dead in rows},
+                "table_bytes_include_indexes": True}
 
     def export_reader(self, conn: Connection) -> Callable[[str, str, str], list[dict[str, Any]]] | None:
         return None  # the repositories' reads: a round trip costs more than their setup

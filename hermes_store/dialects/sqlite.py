@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy import Connection, Engine, LargeBinary, event, func, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.util import await_only
 
-from .. import errors, write_queue
+from .. import encryption, errors, write_queue
 from ..sqlite_journal import WAL_FALLBACK_WARNED
 from .base import CLOSED_BY_COMPRESSION, OUR_TABLES, MessageRuns, refused_append, translate_python_error
 from .fts5 import (
@@ -73,7 +73,7 @@ def enable_wal(conn: sqlite3.Connection, *, db_label: str = "state.db") -> str:
     def mode_now() -> str | None:
         try:
             row = conn.execute("PRAGMA journal_mode").fetchone()  # reads the mode, changes nothing
-        except sqlite3.Error:
+        except driver_error_types():
             return None
         return str(row[0]).lower() if row else None
 
@@ -84,7 +84,7 @@ def enable_wal(conn: sqlite3.Connection, *, db_label: str = "state.db") -> str:
             mode = str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
             if mode != "wal":
                 raise sqlite3.OperationalError(f"locking protocol (journal_mode stayed {mode})")
-        except sqlite3.OperationalError as exc:
+        except driver_error_types() as exc:  # an OperationalError, with sqlite3 or SQLCipher
             if not any(cause in str(exc).lower() for cause in _WAL_FALLBACK_CAUSES):
                 raise
             if mode_now() == "wal":
@@ -172,7 +172,7 @@ def _emit_begin(conn: Connection) -> None:
             binding.queue.release(raw)  # no transaction began: the turn goes on
         # BEGIN IMMEDIATE behind another process's writer: DatabaseLockedError, which the
         # retry loops accept as a lock and a host's UnitOfWork sees typed.
-        typed = DIALECT.translate_error(exc, locks=True) if isinstance(exc, sqlite3.Error) else None
+        typed = DIALECT.translate_error(exc, locks=True) if isinstance(exc, driver_error_types()) else None
         if typed is None:
             raise
         raise typed from exc
@@ -261,11 +261,12 @@ def driver_errors(*, locks: bool = False) -> Iterator[None]:
     SQLAlchemy's ``handle_error`` hook). ``locks=True`` where no retry loop sits between
     the statement and its caller (outside a transaction): a held lock becomes
     DatabaseLockedError, which the retry loops accept as a lock."""
+    caught: tuple[type[BaseException], ...] = (*driver_error_types(), UnicodeEncodeError, OverflowError)
     try:
         yield
     except errors.HermesStoreError:
         raise
-    except (sqlite3.Error, UnicodeEncodeError, OverflowError) as exc:
+    except caught as exc:
         typed = _typed(exc, locks=locks)
         if typed is None:
             raise
@@ -305,6 +306,24 @@ def create_private_file(path: Path) -> None:
         raise errors.DatabaseUnavailableError(f"cannot create {path}: {exc.strerror}") from exc
 
 
+def _keyed_connect(key: encryption.StoreKey) -> Callable[..., Any]:
+    """``do_connect`` hook of an encrypted file's engine: SQLCipher's connection, ``PRAGMA
+    key`` its first statement and the file read once (a wrong or missing key refused
+    with EncryptionKeyError before any PRAGMA or write of ours); returned to SQLAlchemy
+    as the DB-API connection. The async engine's twin is in :mod:`hermes_store.aio.engine`."""
+    def connect(dialect: Any, _rec: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        database = cargs[0] if cargs else cparams.pop("database")
+        return encryption.connect(database, key, *cargs[1:], **cparams)
+
+    return connect
+
+
+def driver_error_types() -> tuple[type[BaseException], ...]:
+    """The DB-API error classes of the drivers in use: sqlite3's, and SQLCipher's once loaded
+    (its errors do not derive from sqlite3's)."""
+    return (sqlite3.Error, *encryption.driver_errors())
+
+
 def _private_file_first(dialect: Any, _rec: Any, cargs: Any, cparams: dict[str, Any]) -> None:
     """``do_connect`` hook: a plain file database (not ``:memory:``, not a ``file:`` URI
     such as our read-only one) is created 0600 before SQLite opens it."""
@@ -334,6 +353,11 @@ _FILE_SIZES = (
     " FROM dbstat s LEFT JOIN sqlite_master m ON m.name = s.name"
     " GROUP BY s.name ORDER BY SUM(s.pgsize) DESC, s.name"
 )
+#: An FTS5 index's segments: (segment id, pages, bytes of those pages' blocks).
+_FTS_SEGMENTS = (
+    "SELECT (id >> 37) & 65535, count(*), sum(length(block)) FROM {data}"
+    " WHERE id >= 137438953472 GROUP BY 1 ORDER BY 1"
+)
 _SKIPPED_CHECKPOINT = (sqlite3.OperationalError, errors.DatabaseLockedError, errors.DatabaseUnavailableError)
 
 
@@ -357,8 +381,11 @@ class SQLiteDialect:
     one_writer_at_a_time = True
 
     def database_path(self, url: URL) -> str | None:
+        """An encrypted file (a key in the URL's password part) is None too: nothing may
+        read, copy, adopt or back it up behind a keyed connection's back, and nothing
+        plain can read it anyway (see :mod:`hermes_store.encryption`)."""
         database = url.database
-        return database if database and database != ":memory:" else None
+        return database if database and database != ":memory:" and not url.password else None
     # Search routes: LIKE folds ASCII letters only; CJK queries use the trigram FTS5
     # index; NOT INDEXED keeps a block read on the rowid range.
     caseless_like = "LIKE"
@@ -387,7 +414,7 @@ class SQLiteDialect:
         SQLITE_BUSY / SQLITE_LOCKED too, as DatabaseLockedError (see :data:`_LOCK_CODES`)."""
         if isinstance(exc, sqlite3.ProgrammingError) and "binding parameter" in str(exc).lower():
             return errors.InvalidInputError(str(exc))
-        if not isinstance(exc, sqlite3.Error):
+        if not isinstance(exc, driver_error_types()):
             return None
         missing = _NO_SUCH_TABLE.match(str(exc))
         if missing and missing.group(1) in OUR_TABLES:
@@ -405,12 +432,19 @@ class SQLiteDialect:
         return None if kind is None else kind(str(exc))
 
     def engine_kwargs(self, url: URL, kwargs: dict[str, Any], *, prepared_statements: bool) -> dict[str, Any]:
-        return dict(kwargs)  # pysqlite's defaults; our setup is per connection (configure_engine)
+        options = dict(kwargs)  # pysqlite's defaults; our setup is per connection (configure_engine)
+        if url.password and not url.get_dialect().is_async:
+            # An encrypted file: SQLCipher's DB-API module (the same dialect, our hooks);
+            # configure_engine applies the key on every connection before anything else.
+            options.setdefault("module", encryption.dbapi_module())
+        return options
 
     def configure_engine(self, engine: Engine, *, foreign_keys: bool, busy_timeout_ms: int) -> None:
         """PRAGMAs on every new connection, our own BEGIN (see :func:`install_begin_hook`),
         and a file that does not exist yet created private (see :func:`create_private_file`)."""
         event.listen(engine, "do_connect", _private_file_first)
+        if engine.url.password and not engine.dialect.is_async:  # the async twin: hermes_store.aio.engine
+            event.listen(engine, "do_connect", _keyed_connect(encryption.StoreKey(engine.url.password)))
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -427,8 +461,8 @@ class SQLiteDialect:
                 cur.close()
 
         install_begin_hook(engine)
-        path = self.database_path(engine.url)
-        if path is not None and not path.startswith("file:"):
+        path = engine.url.database if engine.url.database != ":memory:" else None
+        if path and not path.startswith("file:"):
             # Writers of this file in this process take turns (see write_queue); the
             # default wait for a turn is the busy timeout a writer would have waited.
             write_queue.install(engine.dialect, path, default_wait_s=busy_timeout_ms / 1000)
@@ -465,7 +499,7 @@ class SQLiteDialect:
     def is_retryable(self, exc: BaseException) -> bool:
         if isinstance(exc, errors.DatabaseLockedError):
             return True  # a lock translated outside a transaction (see driver_errors)
-        if not isinstance(exc, (OperationalError, sqlite3.OperationalError)):
+        if not isinstance(exc, (OperationalError, *driver_error_types())):
             return False
         return is_lock_message(exc)
 
@@ -503,7 +537,7 @@ class SQLiteDialect:
                 new_id, refused = on_driver(_append_on, calls, session_id, insert, tuple(row.values()))
             else:
                 new_id, refused = _append_on(raw, calls, session_id, insert, tuple(row.values()))
-        except (sqlite3.Error, OverflowError) as exc:
+        except self._append_errors() as exc:
             typed = _typed(exc)
             if typed is None:
                 raise
@@ -511,6 +545,10 @@ class SQLiteDialect:
         if new_id is None:
             raise refused_append(session_id, refused)
         return int(new_id)
+
+    @staticmethod
+    def _append_errors() -> tuple[type[BaseException], ...]:
+        return (*driver_error_types(), OverflowError)
 
     def add_bigram_pairs(self, conn: Connection, table: str, pairs: Sequence[tuple[str, int]]) -> None:
         # The driver's own executemany with plain tuples (sqlite3 and aiosqlite alike).
@@ -683,6 +721,10 @@ class SQLiteDialect:
         size = conn.exec_driver_sql("PRAGMA page_size").scalar()
         return None if pages is None or size is None else int(pages) * int(size)
 
+    def text_bytes(self, expr: Any) -> Any:
+        """``length(CAST(expr AS BLOB))``: a BLOB's length is its bytes (a TEXT's, characters)."""
+        return func.length(expr.cast(LargeBinary))
+
     def integrity_check(self, conn: Connection, *, quick: bool, max_lines: int) -> list[str]:
         pragma = "quick_check" if quick else "integrity_check"
         return [str(r[0]) for r in conn.exec_driver_sql(f"PRAGMA {pragma}({int(max_lines)})").fetchall()]
@@ -697,6 +739,28 @@ class SQLiteDialect:
             if "dbstat" in str(exc):
                 return None
             raise
+
+    def space_details(self, conn: Connection, schema: str | None, tables: Sequence[str]) -> dict[str, Any]:
+        """Pages (size, count, on the freelist), the unused bytes of partly filled pages
+        (``slack_bytes``, where ``dbstat`` is compiled in) and each FTS5 index's segments,
+        read from its ``_data`` table's row ids (FTS5 numbers a segment's pages
+        ``segid << 37 | …``; a tombstone page's segid is its segment's + 2**16)."""
+        def pragma(name: str) -> int:
+            return int(conn.exec_driver_sql(f"PRAGMA {name}").scalar() or 0)
+
+        segments: dict[str, list[tuple[int, int, int]]] = {}
+        for index in existing_indexes(conn):
+            rows = conn.exec_driver_sql(_FTS_SEGMENTS.format(data=f'"{index}_data"')).fetchall()
+            segments[index] = [(int(s), int(n), int(b or 0)) for s, n, b in rows]
+        details: dict[str, Any] = {"page_size": pragma("page_size"), "page_count": pragma("page_count"),
+                                   "freelist_pages": pragma("freelist_count"), "fts_segments": segments}
+        for sql in ("SELECT sum(unused) FROM dbstat WHERE aggregate = 1", "SELECT sum(unused) FROM dbstat"):
+            try:  # the unused bytes of partly filled pages; ``aggregate`` since SQLite 3.31
+                details["slack_bytes"] = int(conn.exec_driver_sql(sql).scalar() or 0)
+                break
+            except OperationalError:
+                continue
+        return details
 
     def export_reader(self, conn: Connection) -> Callable[[str, str, str], list[dict[str, Any]]] | None:
         """Straight from sqlite3's (or SQLAlchemy's aiosqlite adapter's) connection: per
@@ -724,10 +788,11 @@ class SQLiteDialect:
         the write lock) before its rollback could run."""
         driver = conn.connection.driver_connection
         # aiosqlite keeps sqlite3's connection as ``_conn``; pysqlite's is the driver itself.
-        raw = driver if isinstance(driver, sqlite3.Connection) else getattr(driver, "_conn", None)
+        raw: Any = driver if isinstance(driver, (sqlite3.Connection, *encryption.connection_types())) \
+            else getattr(driver, "_conn", None)
 
         def interrupt() -> bool:
-            with suppress(sqlite3.Error, AttributeError):  # already closed: nothing runs
+            with suppress(*driver_error_types(), AttributeError):  # already closed: nothing runs
                 if raw is not None:
                     raw.interrupt()
             return True

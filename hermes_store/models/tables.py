@@ -13,6 +13,7 @@ from sqlalchemy import BIGINT, BLOB, INTEGER, REAL, TEXT, ForeignKey, Identity, 
 from sqlalchemy.dialects.postgresql import BYTEA, DOUBLE_PRECISION
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
+from ..keys import RETENTION_TABLE
 from .base import Base
 
 # One model, two dialects: SQLite keeps Hermes' exact declared types, PostgreSQL gets
@@ -456,6 +457,7 @@ __all__ = [
     "GatewayHygieneState",
     "GatewayRouting",
     "Message",
+    "RetentionPolicy",
     "SchemaVersion",
     "SessionModelUsage",
     "SessionTurnLease",
@@ -483,3 +485,26 @@ class CjkBigramDirty(Base):
     __tablename__ = "messages_cjk_bigram_dirty"
 
     block: Mapped[int] = mapped_column(BIG, primary_key=True, autoincrement=False, nullable=True)
+
+
+class RetentionPolicy(Base):
+    """hermes_store's retention policy of one source (revision hs0009); the row of source
+    ``'*'`` (:data:`hermes_store.keys.RETENTION_DEFAULT_SOURCE`) is the store's default.
+
+    Ended sessions whose ``ended_at`` is ``delete_after_days`` old are deleted; tool
+    outputs and reasoning of messages ``redact_after_days`` old are replaced by a short
+    marker (NULL: never). Pinned and user-titled sessions are left alone unless
+    ``include_pinned`` / ``include_user_titled``. With ``archive_dir`` the deleted
+    sessions are first written there as JSON Lines. Applied by
+    :func:`hermes_store.operations.retention.apply_retention`.
+    """
+
+    __tablename__ = RETENTION_TABLE
+
+    source: Mapped[str] = mapped_column(TEXT, primary_key=True)
+    delete_after_days: Mapped[float | None] = mapped_column(DOUBLE)
+    redact_after_days: Mapped[float | None] = mapped_column(DOUBLE)
+    include_pinned: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    include_user_titled: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=text("0"))
+    archive_dir: Mapped[str | None] = mapped_column(TEXT)
+    updated_at: Mapped[float] = mapped_column(DOUBLE, nullable=False)

@@ -15,6 +15,7 @@ code with only an Engine over :class:`UnitOfWorkSteps`::
 | fts | optimize_fts_storage, vacuum (and their steps: rebuild_step, demote_legacy_fts, teardown_trash) |
 | imports | import_sessions, import_records |
 | prune | auto_prune_and_vacuum |
+| retention | apply_retention, retention_plan |
 | search_index | catch_up_search_index (and index_search, its one-write form) |
 | steps | the Steps protocol and UnitOfWorkSteps |
 
@@ -28,6 +29,7 @@ never imports the facade, the Hermes mixins or the CLI.
 from .fts import Pacing, demote_legacy_fts, optimize_fts_storage, rebuild_step, teardown_trash, vacuum
 from .imports import ImportLimits, import_errors, import_records, import_sessions, index_after_import
 from .prune import auto_prune_and_vacuum
+from .retention import RetentionReport, apply_retention, retention_plan
 from .search_index import catch_up_search_index, index_search
 from .steps import LONG_BUDGET_S, WRITE_BUDGET_S, Steps, UnitOfWorkSteps
 
@@ -36,8 +38,10 @@ __all__ = [
     "WRITE_BUDGET_S",
     "ImportLimits",
     "Pacing",
+    "RetentionReport",
     "Steps",
     "UnitOfWorkSteps",
+    "apply_retention",
     "auto_prune_and_vacuum",
     "catch_up_search_index",
     "demote_legacy_fts",
@@ -48,6 +52,7 @@ __all__ = [
     "index_search",
     "optimize_fts_storage",
     "rebuild_step",
+    "retention_plan",
     "teardown_trash",
     "vacuum",
 ]

@@ -24,6 +24,8 @@ from ..repositories import MaintenanceRepository
 from ..dialects.sqlite import driver_errors
 from ..repositories.housekeeping import HousekeepingRepository
 from ..repositories.maintenance import MARKER_BACKUP_PREFIX, vacuum_into
+from ..repositories.retention import RetentionPolicyRecord, RetentionRepository
+from .retention import apply_retention
 from .steps import Steps
 
 log = logging.getLogger(__name__)
@@ -68,7 +70,10 @@ def auto_prune_and_vacuum(
 ) -> dict[str, Any]:
     """Delete ended sessions inactive for ``retention_days`` (pinned ones kept), unless
     the last run was less than ``min_interval_hours`` ago; VACUUM when any went and the
-    last VACUUM is absent or ``min_vacuum_interval_days`` old.
+    last VACUUM is absent or ``min_vacuum_interval_days`` old. When the store has
+    retention policies (read in the prune's transaction), they are applied right after
+    it, in batches of their own (:func:`hermes_store.operations.retention.apply_retention`),
+    and ``"retention"`` holds their report; what they remove counts for the VACUUM too.
 
     Returns ``{"skipped", "pruned", "vacuumed"}``, plus ``"error": "Type: message"`` when
     a step failed (a typed error: a lock held past the write budget is
@@ -83,14 +88,19 @@ def auto_prune_and_vacuum(
             result["skipped"] = True
             return result
 
-        def run(c: Connection) -> int:
+        def run(c: Connection) -> tuple[int, list[RetentionPolicyRecord]]:
             repo = MaintenanceRepository(c)
             pruned = repo.prune_sessions(retention_days, None, sessions_dir)
             repo.set_meta(LAST_AUTO_PRUNE_KEY, repr(steps.now()))
-            return pruned
+            return pruned, RetentionRepository(c).policies()
 
-        result["pruned"] = steps.write(run)
-        if vacuum and result["pruned"] and _due(steps, last_vacuum, float(min_vacuum_interval_days) * DAY):
+        result["pruned"], policies = steps.write(run)
+        changed = bool(result["pruned"])
+        if policies:  # the store's retention policies (hs0009), in batches of their own
+            retained = apply_retention(steps, sessions_dir=sessions_dir, policies=policies)
+            result["retention"] = retained.as_dict()
+            changed = changed or retained.changed
+        if vacuum and changed and _due(steps, last_vacuum, float(min_vacuum_interval_days) * DAY):
             if run_vacuum is not None:
                 run_vacuum()
             else:

@@ -20,6 +20,7 @@ from .listing import ListingRepository
 from .maintenance import MaintenanceRepository
 from .messages import MessageRepository
 from .records import MessageRecord, MessageWindow, SearchHit, SessionRecord, UsageRow
+from .retention import RetentionRepository
 from .search import SearchRepository
 from .sessions import SessionRepository
 from .state_meta import StateMetaRepository
@@ -42,6 +43,7 @@ class Repositories:
     compression: CompressionRepository
     housekeeping: HousekeepingRepository
     gateway: GatewayRepository
+    retention: RetentionRepository
 
 
 #: :class:`Repositories` as a mapping (attribute → class).
@@ -69,6 +71,7 @@ __all__ = [
     "MessageRepository",
     "MessageWindow",
     "Repositories",
+    "RetentionRepository",
     "SearchHit",
     "SearchRepository",
     "SessionRecord",

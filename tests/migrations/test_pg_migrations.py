@@ -534,7 +534,7 @@ def test_hs0006_indexes_the_sub_agent_probe_and_goes_back(pg_store: str, pg_engi
     assert PG_DELEGATED_INDEX in delegated_plan(pg_engine, where)
     before = index_names(pg_engine, where)
     migrations.downgrade(url, "hs0005", schema=schema)
-    assert index_names(pg_engine, where) == before - {PG_DELEGATED_INDEX}
+    assert index_names(pg_engine, where) == before - {PG_DELEGATED_INDEX, "pk_hermes_store_retention"}
     assert PG_DELEGATED_INDEX not in delegated_plan(pg_engine, where)
     assert migrations.upgrade(url, schema=schema) == HEAD
     assert index_names(pg_engine, where) == before

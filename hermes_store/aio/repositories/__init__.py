@@ -383,6 +383,40 @@ class GatewayRepository(AsyncRepository):
     set_expiry_finalized = awaited(_GatewayRepository.set_expiry_finalized)
 
 
+_RetentionRepository = methods_of(sync.RetentionRepository)
+
+
+class RetentionRepository(AsyncRepository):
+    """Async :class:`hermes_store.repositories.RetentionRepository`: every method awaited."""
+
+    sync_class = sync.RetentionRepository
+
+    # repositories.base
+    column_defaults = awaited(_RetentionRepository.column_defaults)
+    columns_of = awaited(_RetentionRepository.columns_of)
+    has_table = awaited(_RetentionRepository.has_table)
+    not_null_columns = awaited(_RetentionRepository.not_null_columns)
+    now = awaited(_RetentionRepository.now)
+    object_sql = awaited(_RetentionRepository.object_sql)
+    session_exists = awaited(_RetentionRepository.session_exists)
+
+    # repositories.retention
+    covered = awaited(_RetentionRepository.covered)
+    cutoff = awaited(_RetentionRepository.cutoff)
+    delete_sessions = awaited(_RetentionRepository.delete_sessions)
+    estimate_delete = awaited(_RetentionRepository.estimate_delete)
+    estimate_redact = awaited(_RetentionRepository.estimate_redact)
+    export = awaited(_RetentionRepository.export)
+    messages_to_redact = awaited(_RetentionRepository.messages_to_redact)
+    policies = awaited(_RetentionRepository.policies)
+    protected = awaited(_RetentionRepository.protected)
+    protection = awaited(_RetentionRepository.protection)
+    redact = awaited(_RetentionRepository.redact)
+    remove_policy = awaited(_RetentionRepository.remove_policy)
+    sessions_to_delete = awaited(_RetentionRepository.sessions_to_delete)
+    set_policy = awaited(_RetentionRepository.set_policy)
+
+
 _FtsUpkeepRepository = methods_of(sync.FtsUpkeepRepository)
 
 
@@ -489,6 +523,7 @@ class AsyncRepositories:
     compression: CompressionRepository
     housekeeping: HousekeepingRepository
     gateway: GatewayRepository
+    retention: RetentionRepository
 
 
 #: The async face of each repository of :data:`hermes_store.repositories.REPOSITORIES`, by name.
@@ -503,6 +538,7 @@ ASYNC_REPOSITORIES: dict[str, type[AsyncRepository]] = {
     "CompressionRepository": CompressionRepository,
     "HousekeepingRepository": HousekeepingRepository,
     "GatewayRepository": GatewayRepository,
+    "RetentionRepository": RetentionRepository,
     "FtsUpkeepRepository": FtsUpkeepRepository,
     "StateMetaRepository": StateMetaRepository,
     "TelegramTopicRepository": TelegramTopicRepository,
@@ -526,6 +562,7 @@ __all__ = [
     "ListingRepository",
     "MaintenanceRepository",
     "MessageRepository",
+    "RetentionRepository",
     "SearchRepository",
     "SessionRepository",
     "StateMetaRepository",
