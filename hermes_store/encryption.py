@@ -223,7 +223,8 @@ def dbapi_module() -> Any:
         return importlib.import_module(SQLCIPHER_MODULE)
     except ImportError:
         raise errors.UnsupportedDatabaseError(
-            "an encrypted store needs SQLCipher: pip install 'hermes-store[encryption]' (sqlcipher3-binary)"
+            "an encrypted store needs SQLCipher: install hermes_store's encryption extra (pip install '.[encryption]',"
+            " which brings the sqlcipher3 module)"
         ) from None
 
 
