@@ -477,10 +477,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             preflight_db_writability(real, db_label=real.name)  # the -wal/-shm files too
             self._quarantine_if_zeroed(real)
             if self._encrypted:
-                # Never adopted (a Hermes file is plain): migrated through a keyed connection
-                # only, once an interrupted encrypt/rekey swap (adoption's) is finished.
-                finish_interrupted(real)
-                migrations.upgrade(self.url)
+                self._migrate_keyed(real, self.url)
             else:
                 # Creates the file 0600 when missing, finishes an interrupted adoption,
                 # adopts a Hermes-made file, migrates our own older revisions.
@@ -599,6 +596,13 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
     def _migrate_file(self, path: Path) -> None:
         """Create, adopt or migrate the file before its engine opens it."""
         migrations.upgrade(path)
+
+    def _migrate_keyed(self, path: Path, url: URL) -> None:
+        """:meth:`_migrate_file` for an encrypted file: never adopted (a Hermes file is
+        plain), migrated through a keyed connection only, once an interrupted
+        encrypt/rekey swap (adoption's) is finished."""
+        finish_interrupted(path)
+        migrations.upgrade(url)
 
     def _new_upkeep(self, label: str) -> Upkeep:
         return Upkeep(label)

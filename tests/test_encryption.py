@@ -19,6 +19,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -513,6 +514,31 @@ def test_async_on_an_encrypted_store(tmp_path: Path) -> None:
     hits, count = asyncio.run(main())
     assert hits == 3 and count == 2 * len(CORPUS) + 1
     assert CANARY.encode() not in file_bytes(p)
+
+
+def test_an_async_store_migrates_an_encrypted_file_off_its_loop(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening ``AsyncSessionDB(path, key=...)`` creates and migrates the encrypted file on
+    a worker thread, as for a plain file: the loop's thread never waits on it."""
+    aio = pytest.importorskip("hermes_store.aio")
+    threads: list[int] = []
+    real = migrations.upgrade
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(migrations, "upgrade", recorded)
+
+    async def main() -> int:
+        async with aio.AsyncSessionDB(tmp_path / "new.db", key=PASSPHRASE) as adb:
+            await adb.create_session("a", "cli")
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert threads and loop_thread not in threads
+    with SessionDB(tmp_path / "new.db", key=PASSPHRASE) as db:
+        assert db.get_session("a") is not None
 
 
 def test_a_plain_program_never_loads_sqlcipher(tmp_path: Path) -> None:

@@ -214,6 +214,9 @@ class LoopSessionDB(SessionDB):
     def _migrate_file(self, path: Path) -> None:
         await_only(asyncio.to_thread(migrations.upgrade, path))
 
+    def _migrate_keyed(self, path: Path, url: Any) -> None:
+        await_only(asyncio.to_thread(super()._migrate_keyed, path, url))  # off the loop, as a plain file's
+
     def _new_upkeep(self, label: str) -> LoopUpkeep:  # type: ignore[override]
         return LoopUpkeep(label)
 
