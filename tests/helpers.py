@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import importlib
 import os
 import sqlite3
 import uuid
@@ -75,6 +76,19 @@ def required_env(name: str, what: str, how: str, script: str = "pg-test-server")
             pytest.fail(f"{what} must run under CI: {reason}")
         pytest.skip(reason)
     return value
+
+
+def required_module(name: str, what: str) -> None:
+    """Import ``name`` (an optional extra's module); without it skip the module or test,
+    saying why, or under CI=true fail (``.ci/run`` installs every extra: a skip would hide
+    a missing one)."""
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        reason = f"{what} need {name}: install the extra (pip install '.[test]' brings it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason, allow_module_level=True)
 
 
 def hostile_search_path(direct_url: str, search_path: str = "'nowhere'") -> None:

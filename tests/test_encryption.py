@@ -28,14 +28,14 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from hermes_store import SessionDB, encryption, errors, held_files, migrations
+from hermes_store import SessionDB, aio, encryption, errors, held_files, migrations
 from hermes_store.cli import doctor as doctor_cli, size as size_cli
 from hermes_store.engine import create_engine
 
-from .helpers import REPO
+from .helpers import REPO, required_module
 from .test_cli import ok, run
 
-pytest.importorskip("sqlcipher3", reason="the encryption extra (sqlcipher3-binary) is not installed")
+required_module("sqlcipher3", "the encryption tests")
 
 CANARY = "ZEBRA-CANARY-4471"
 PASSPHRASE = "correct horse battery staple"
@@ -487,7 +487,6 @@ def test_the_schema_and_health_commands_on_an_encrypted_store(tmp_path: Path, mo
 
 
 def test_async_on_an_encrypted_store(tmp_path: Path) -> None:
-    aio = pytest.importorskip("hermes_store.aio")
     p = tmp_path / "s.db"
     with SessionDB(p, key=PASSPHRASE) as db:
         fill(db, 2)
@@ -520,7 +519,6 @@ def test_an_async_store_migrates_an_encrypted_file_off_its_loop(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Opening ``AsyncSessionDB(path, key=...)`` creates and migrates the encrypted file on
     a worker thread, as for a plain file: the loop's thread never waits on it."""
-    aio = pytest.importorskip("hermes_store.aio")
     threads: list[int] = []
     real = migrations.upgrade
 

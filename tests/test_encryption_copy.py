@@ -25,11 +25,12 @@ from hermes_store import SessionDB, encryption, errors, held_files, migrations
 from hermes_store.adopt.recrypt import recrypt
 from hermes_store.copying import copy_history
 
+from .helpers import required_module
 from .test_cli import ok, run
 from .test_copy import kill_copy
 from .test_encryption import CANARY, PASSPHRASE, RAW_KEY, WRONG, digest, file_bytes, fill, found, key_file
 
-pytest.importorskip("sqlcipher3", reason="the encryption extra (sqlcipher3-binary) is not installed")
+required_module("sqlcipher3", "the encryption tests")
 
 OTHER = "another passphrase, for the destination"
 

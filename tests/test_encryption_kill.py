@@ -21,9 +21,9 @@ import pytest
 from hermes_store import SessionDB, encryption, errors
 from hermes_store.adopt import swap
 
-from .helpers import REPO
+from .helpers import REPO, required_module
 
-pytest.importorskip("sqlcipher3", reason="the encryption extra (sqlcipher3-binary) is not installed")
+required_module("sqlcipher3", "the encryption tests")
 
 OLD = "old passphrase"
 NEW = "x'" + "5a" * 32 + "'"

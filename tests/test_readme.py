@@ -33,6 +33,8 @@ from hermes_store import migrations
 from hermes_store.dialects import pg_citus
 from hermes_store.engine import create_engine
 
+from .helpers import required_module
+
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 BIN = Path(sys.executable).parent  # hermes-store lives next to this Python
@@ -359,7 +361,7 @@ def test_the_encryption_block_encrypts_rekeys_and_decrypts(tmp_path: Path) -> No
     made as a user would (0600): after ``encrypt`` the file has no SQLite header, the
     search finds the demo's session with the key, and after ``decrypt`` plain sqlite3
     reads it again."""
-    pytest.importorskip("sqlcipher3", reason="the encryption extra is part of .[test]")
+    required_module("sqlcipher3", "the encryption block")
     home = tmp_path / "home"
     (home / ".hermes").mkdir(parents=True)
     for name, key in (("key", "correct horse battery staple"), ("key2", "a second passphrase")):
