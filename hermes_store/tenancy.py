@@ -51,8 +51,11 @@ MOVE_LEFTOVER_BUDGET_S = LONG_BUDGET_S
 _TABLES = ("SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = :s ORDER BY 1")
 _SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = :s)"
 #: The schemas holding a store of ours: those with our version table.
+#: A tenant being created meanwhile (its version table there, its sessions not yet) is
+#: not one yet: it is left out rather than failing the count.
 _STORES = ("SELECT table_schema FROM information_schema.tables WHERE table_name = :v AND table_type = 'BASE TABLE'"
-           " ORDER BY 1")
+           " AND to_regclass(quote_ident(table_schema) || '.sessions') IS NOT NULL"
+           " AND to_regclass(quote_ident(table_schema) || '.messages') IS NOT NULL ORDER BY 1")
 #: One table's rows and a checksum of their content, independent of their order (each
 #: row's text hashed, the hashes sorted and hashed again).
 _CONTENT = ("SELECT count(*), coalesce(md5(string_agg(md5(CAST(t AS text)), '' ORDER BY md5(CAST(t AS text)))), '')"
@@ -275,18 +278,36 @@ class TenantInfo:
                 "size_bytes": self.size_bytes, "sessions": self.sessions, "messages": self.messages}
 
 
+#: Stores counted per statement by :func:`list_tenants` (a UNION ALL of one row each).
+_COUNTED_PER_STATEMENT = 100
+
+
+def _counts(conn: Connection, schemas: list[str]) -> dict[str, tuple[int, int]]:
+    """``{schema: (sessions, messages)}``, counted exactly, many stores per statement."""
+    found: dict[str, tuple[int, int]] = {}
+    for start in range(0, len(schemas), _COUNTED_PER_STATEMENT):
+        part = schemas[start:start + _COUNTED_PER_STATEMENT]
+        rows = " UNION ALL ".join(
+            f"SELECT {n}, (SELECT count(*) FROM {quote_ident(s)}.sessions),"
+            f" (SELECT count(*) FROM {quote_ident(s)}.messages)" for n, s in enumerate(part))
+        for n, sessions, messages in conn.exec_driver_sql(rows):
+            found[part[int(n)]] = (int(sessions), int(messages))
+    return found
+
+
 def list_tenants(url: str | URL) -> list[TenantInfo]:
     """Every store of the PostgreSQL database at ``url`` (each schema holding our version
     table), with its placement where the database is a Citus coordinator (read once for
-    all). Sessions and messages are counted exactly: one statement per store. Raises
-    :class:`~hermes_store.errors.UnsupportedDatabaseError` on SQLite (one store, no tenants)."""
+    all). Sessions and messages are counted exactly, a hundred stores per statement.
+    Raises :class:`~hermes_store.errors.UnsupportedDatabaseError` on SQLite (one store,
+    no tenants)."""
     with _server(url, "tenants are schemas of a PostgreSQL database") as engine, engine.connect() as conn:
         placed = pg_citus.placements(conn) if pg_citus.is_citus(conn) else {}
+        schemas = list(conn.execute(text(_STORES), {"v": VERSION_TABLE}).scalars())
+        counts = _counts(conn, schemas)
         found = []
-        for schema in conn.execute(text(_STORES), {"v": VERSION_TABLE}).scalars():
-            q = quote_ident(schema)
-            sessions, messages = conn.exec_driver_sql(
-                f"SELECT (SELECT count(*) FROM {q}.sessions), (SELECT count(*) FROM {q}.messages)").one()
+        for schema in schemas:
             node, size = placed.get(schema, (None, None))
-            found.append(TenantInfo(schema, schema in placed, node, size, int(sessions), int(messages)))
+            sessions, messages = counts[schema]
+            found.append(TenantInfo(schema, schema in placed, node, size, sessions, messages))
         return found
