@@ -279,7 +279,7 @@ class TenantInfo:
 
 
 #: Stores counted per statement by :func:`list_tenants` (a UNION ALL of one row each).
-_COUNTED_PER_STATEMENT = 100
+_COUNTED_PER_STATEMENT = 250
 
 
 def _counts(conn: Connection, schemas: list[str]) -> dict[str, tuple[int, int]]:
@@ -298,7 +298,7 @@ def _counts(conn: Connection, schemas: list[str]) -> dict[str, tuple[int, int]]:
 def list_tenants(url: str | URL) -> list[TenantInfo]:
     """Every store of the PostgreSQL database at ``url`` (each schema holding our version
     table), with its placement where the database is a Citus coordinator (read once for
-    all). Sessions and messages are counted exactly, a hundred stores per statement.
+    all). Sessions and messages are counted exactly, 250 stores per statement.
     Raises :class:`~hermes_store.errors.UnsupportedDatabaseError` on SQLite (one store,
     no tenants)."""
     with _server(url, "tenants are schemas of a PostgreSQL database") as engine, engine.connect() as conn:
