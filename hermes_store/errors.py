@@ -163,7 +163,16 @@ class SessionCompressionInProgressError(CompressionSessionBusyError):
 
 
 class SessionTurnLeaseLostError(HermesStoreError, RuntimeError):
-    """The caller's turn lease is gone or held by another holder (never retried)."""
+    """The caller's turn lease is gone or held by another holder (never retried).
+
+    The text always says "turn lease lost": Hermes' ``classify_persistence_error`` and
+    its callers' tests match it, whatever the raise site wrote after it."""
+
+    def __init__(self, message: object = "turn lease lost", *args: object) -> None:
+        text = str(message)
+        if "turn lease lost" not in text.lower():
+            text = f"turn lease lost: {text}"
+        super().__init__(text, *args)
 
 
 class SessionResumeTooLargeError(HermesStoreError, ValueError):
@@ -197,3 +206,9 @@ class EncryptionKeyError(NotADatabaseError):
     message names what to supply (``key=``, ``HERMES_STORE_KEY``, ``HERMES_STORE_KEY_FILE``)
     and never the key itself; the file was left byte-for-byte unchanged. A
     :class:`NotADatabaseError` too: without its key an encrypted file is not one."""
+
+
+class ProviderConfigError(HermesStoreError, ValueError):
+    """Hermes' ``sessiondb`` settings (config.yaml) name a provider this build does not
+    serve, or leave out what it needs (a server's URL). A ValueError too, as Hermes'
+    own provider factory raises for an unknown name; nothing was opened."""

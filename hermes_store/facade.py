@@ -82,6 +82,7 @@ from .state_modules.common import *  # noqa: F403 - Hermes' module-level names, 
 from .state_modules.portability import SessionPortabilityMixin
 from .state_modules.schema import SessionSchemaMixin, schema_read_probe_statements  # noqa: F401
 from .state_modules.search import SessionSearchMixin
+from .state_modules.provider import SQLiteProviderMixin, SessionDBProvider
 from .isolation import (  # noqa: F401 - Hermes v25/v26's live-system guard; tests set these here
     _STATE_DB_GUARD_BYPASS,
     _STATE_DB_GUARD_BYPASS_ENV,
@@ -133,6 +134,8 @@ from .sessiondb._host import TRANSCRIPT_BUDGET_S, WRITE_BUDGET_S as WRITE_BUDGET
 from .keys import EARLY_JITTER_S, EARLY_PHASE_S, LATE_JITTER_S
 
 log = logging.getLogger(__name__)
+#: Hermes' own logger name, for the messages Hermes' code and tests look for there.
+hermes_log = logging.getLogger("hermes_state")
 T = TypeVar("T")
 
 #: A PASSIVE WAL checkpoint after this many successful writes (and on close).
@@ -318,8 +321,22 @@ class _StaleConnection(Exception):
     """A kept idle connection failed before doing anything: the server dropped it."""
 
 
-class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPortabilityMixin):
-    """Hermes-compatible session store on one SQLite file or one PostgreSQL database."""
+# The contract's methods take ``**kwargs`` (Hermes passes its whole keyword set); ours
+# name each keyword, which mypy counts as a narrower override.
+class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPortabilityMixin,  # type: ignore[misc]
+                SQLiteProviderMixin, SessionDBProvider):
+    """Hermes-compatible session store on one SQLite file or one PostgreSQL database.
+
+    Also Hermes v30's :class:`~hermes_store.state_modules.provider.SessionDBProvider`
+    (the mixin before the ABC, as Hermes' own): write hooks run around every write
+    transaction (see :meth:`_write`).
+    """
+
+    #: Hermes v26's write patience as a class attribute (its tests lower it here); the
+    #: module's value and our ``WRITE_BUDGET_S`` count too: the lowest of the three wins.
+    _WRITE_PATIENCE_S = _WRITE_PATIENCE_S
+    #: Writes between two PASSIVE checkpoints (Hermes' ``_CHECKPOINT_EVERY_N_WRITES``).
+    _CHECKPOINT_EVERY_N_WRITES = CHECKPOINT_EVERY
 
     # Hermes v26's sanitizer (capped at MAX_FTS5_QUERY_CHARS) over the listing mixin's v23 one.
     _sanitize_fts5_query = SessionSearchMixin.__dict__["_sanitize_fts5_query"]
@@ -414,7 +431,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
             log.debug("%s: locked while opening (%s); trying again", db_path, exc)
             self._dispose_quietly()
 
-        retry.run(attempt, budget=float(_WRITE_PATIENCE_S), triage=triage, give_up=give_up, before_wait=drop,
+        retry.run(attempt, budget=self._write_patience(), triage=triage, give_up=give_up, before_wait=drop,
                   **self._patience())
 
     def _open(self, db_path: Any, read_only: bool, url: Any, engine: Any, schema: Optional[str] = None) -> None:
@@ -630,9 +647,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
     def _dispose_quietly(self) -> None:
         """Drop a half-opened engine and its open-file registration (before an open is
         tried again, after a repair or a held lock)."""
-        tracked = self.__dict__.pop("_tracked", None)
-        if tracked is not None:
-            track_close(tracked)
+        self._untrack()
         engine = getattr(self, "_engine", None)
         self._engine = None  # type: ignore[assignment]
         if engine is not None:
@@ -648,16 +663,16 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         if upkeep is not None:
             upkeep.close()  # a catch-up under way ends its transaction first
         self._close_read_pool()
-        self._close_raw()
-        tracked = self.__dict__.pop("_tracked", None)
-        if tracked is not None:
-            track_close(tracked)
         if getattr(self, "_engine", None) is None:
+            self._close_raw()
+            self._untrack()
             return
         try:
             if not self.read_only:
-                self._checkpoint()
+                self._close_checkpoint()
         finally:
+            self._close_raw()
+            self._untrack()
             with self._lock:
                 idle = self._idle[False] + self._idle[True]
                 self._idle = {False: [], True: []}
@@ -668,6 +683,12 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                     pass
             self._engine.dispose()
             self._engine = None  # type: ignore[assignment]
+
+    def _untrack(self) -> None:
+        """Drop this store's entry in Hermes' open-connection registry (idempotent)."""
+        tracked = self.__dict__.pop("_tracked", None)
+        if tracked is not None:
+            track_close(tracked)
 
     def _open_engine(self) -> Engine:
         """The engine, or a typed error once :meth:`close` has run (not AttributeError)."""
@@ -727,6 +748,34 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
     def _checkpoint(self) -> None:
         self._dialect.checkpoint(self._engine)  # best effort: a busy one waits for the next interval
 
+    def _interval_checkpoint(self) -> None:
+        """The write interval's PASSIVE checkpoint, through Hermes' ``_try_wal_checkpoint``
+        on a file (code may replace it on the instance), through the dialect on a server."""
+        if self.db_path is not None:
+            self._try_wal_checkpoint()
+        else:
+            self._checkpoint()
+
+    def _try_wal_checkpoint(self) -> bool:
+        """One PASSIVE checkpoint: on ``_conn`` when it is open (Hermes' own place for it,
+        where its tests trace statements), else on one of our connections."""
+        if self._raw_conn is not None:
+            return super()._try_wal_checkpoint()
+        self._checkpoint()
+        return True
+
+    def _close_checkpoint(self) -> None:
+        """Hermes v26's close: exactly one PASSIVE checkpoint (never TRUNCATE), on ``_conn``
+        when it is open; a failure is only a DEBUG line (the store is closing anyway)."""
+        try:
+            raw = self._raw_conn
+            if raw is not None:
+                checkpoint_passive(raw)
+            else:
+                self._checkpoint()
+        except Exception as exc:
+            hermes_log.debug("WAL checkpoint (PASSIVE) at close failed: %s", exc)
+
     def _read(self, fn: Callable[[Connection], T]) -> T:
         while True:
             try:
@@ -764,11 +813,16 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         commit and one search-index flush per batch, not per message.
         """
         if budget is None:
-            # Our name and Hermes v26's for the same budget: lowering either (tests do) shortens it.
-            budget = min(WRITE_BUDGET_S, _WRITE_PATIENCE_S)
+            budget = self._write_patience()
         if self.read_only:
             raise errors.ReadOnlyDatabaseError(f"{self._label()}: opened with read_only=True")
         dialect = self._dialect
+        # Hermes v30's provider hooks (never around our own upkeep): with a pre-commit hook
+        # each write has its own transaction, so a veto rolls back that write alone.
+        pre_commit = () if _maintenance else tuple(self.__dict__.get("_pre_commit_hooks") or ())
+        post_write = () if _maintenance else tuple(self.__dict__.get("_post_write_hooks") or ())
+        if pre_commit:
+            combine = one_statement = False
 
         def combined(deadline: float) -> T:
             def write(jobs: list[write_queue.Job]) -> None:
@@ -800,6 +854,8 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                                 raise _StaleConnection from exc
                             raise
                         result = fn(conn)
+                        if pre_commit:
+                            self._run_pre_commit_hooks(conn, pre_commit)
                 except BaseException:
                     remove_committed_files(conn, committed=False)
                     raise
@@ -831,9 +887,33 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         with self._lock:
             self._writes += 1
             writes = self._writes
-            due = writes % CHECKPOINT_EVERY == 0
+            due = writes % max(1, int(self._CHECKPOINT_EVERY_N_WRITES)) == 0
+        for hook in post_write:
+            self._run_post_write_hook(hook)
         self._upkeep_after_commit(writes, due)
         return result
+
+    def _write_patience(self) -> float:
+        """The default write budget now: the lowest of our ``WRITE_BUDGET_S`` and Hermes'
+        ``_WRITE_PATIENCE_S`` on the module and on the class or instance (tests lower any)."""
+        return float(min(WRITE_BUDGET_S, _WRITE_PATIENCE_S, self._WRITE_PATIENCE_S))
+
+    def _run_pre_commit_hooks(self, conn: Connection, hooks: tuple[Callable[[Any], Any], ...]) -> None:
+        """Hermes v30: each ``hook(conn)`` inside the write transaction, after the change and
+        before the commit, with the driver's connection (``sqlite3.Connection`` on a file,
+        psycopg's on a server). An exception propagates, so the transaction rolls back."""
+        driver = conn.connection.driver_connection
+        for hook in hooks:
+            hook(driver)
+
+    def _run_post_write_hook(self, hook: Callable[[], Any]) -> None:
+        """Hermes v30: ``hook()`` after the commit. The write is durable by now, so a
+        failing hook is logged, never turned into the write's error."""
+        try:
+            hook()
+        except Exception:
+            hermes_log.warning("%s: post-write hook %r failed after a committed write", self._label(), hook,
+                               exc_info=True)
 
     def _write_batch(self, jobs: list[write_queue.Job], deadline: float) -> None:
         """Write ``jobs`` in one transaction and record each outcome.
@@ -902,7 +982,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         if self.read_only:
             raise errors.ReadOnlyDatabaseError(f"{self._label()}: opened with read_only=True")
         if budget is None:
-            budget = min(WRITE_BUDGET_S, _WRITE_PATIENCE_S)
+            budget = self._write_patience()
         return retry.run(lambda deadline: fn(with_lock_budget(engine, deadline - _monotonic())), budget=budget,
                          triage=retry.locks(self._dialect.is_retryable),
                          give_up=retry.locked_error(self._label, budget), **self._patience())
@@ -931,7 +1011,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         next interval."""
         try:
             if due:
-                self._schedule("WAL checkpoint", self._checkpoint)
+                self._schedule("WAL checkpoint", self._interval_checkpoint)
                 self._schedule("short-CJK index catch-up", self._catch_up_after_writes)
             self._after_write(writes)
         except Exception:

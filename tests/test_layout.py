@@ -291,9 +291,9 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (HERMES, "Hermes' SessionDB API and module-level names, its config.yaml and Hermes-only behaviours "
              "(test isolation guard, repair, state-file tracking, v26 journal rules); names Hermes' tests "
              "patch are read at run time (patch_points) only here",
-     ("facade", "hermes_state", "hermes_state_common", "hermes_state_portability", "hermes_state_schema",
-      "hermes_state_search", "hermes_names", "hermes_config", "patch_points", "sessiondb", "state_modules",
-      "isolation", "repair", "state_files", "journal")),
+     ("facade", "hermes_state", "hermes_state_common", "hermes_state_portability", "hermes_state_provider",
+      "hermes_state_schema", "hermes_state_search", "hermes_names", "hermes_config", "patch_points", "sessiondb",
+      "state_modules", "isolation", "repair", "state_files", "journal")),
     ("top", "entry points a user starts from (package namespace, CLI, copy, async SessionDB): may import all",
      ("", "aio", "aio.sessiondb", "copying", "cli")),
 )

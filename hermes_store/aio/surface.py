@@ -239,6 +239,14 @@ class SessionDBAwaited:
     usage = awaited(SYNC.usage)
     usage_totals = awaited(SYNC.usage_totals)
 
+    # state_modules.provider
+    add_post_write_hook = awaited(SYNC.add_post_write_hook)
+    add_pre_commit_hook = awaited(SYNC.add_pre_commit_hook)
+    clear_write_hooks = awaited(SYNC.clear_write_hooks)
+    initialize = awaited(SYNC.initialize)
+    is_available = awaited(SYNC.is_available)
+    shutdown = awaited(SYNC.shutdown)
+
     # titles
     sanitize_title = awaited(SYNC.sanitize_title)
 

@@ -6,6 +6,7 @@
 | schema | hermes_state_schema | SessionSchemaMixin, schema_read_probe_statements |
 | search | hermes_state_search | SessionSearchMixin |
 | portability | hermes_state_portability | SessionPortabilityMixin |
+| provider | hermes_state_provider | SessionDBProvider, get_session_db_provider (v30) |
 
 Each is also reachable as ``hermes_store.hermes_state_<name>`` and, after
 :func:`hermes_store.hermes_state.install` (or with the package folder on ``sys.path``),
@@ -18,4 +19,5 @@ BARE_NAMES = {
     "hermes_state_schema": "schema",
     "hermes_state_search": "search",
     "hermes_state_portability": "portability",
+    "hermes_state_provider": "provider",
 }

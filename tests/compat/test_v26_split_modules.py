@@ -14,7 +14,8 @@ import pytest
 
 pytestmark = pytest.mark.sqlite_only
 
-COMPANIONS = ("hermes_state_common", "hermes_state_schema", "hermes_state_search", "hermes_state_portability")
+COMPANIONS = ("hermes_state_common", "hermes_state_schema", "hermes_state_search", "hermes_state_portability",
+              "hermes_state_provider")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -52,7 +53,8 @@ report = {
     "stdlib": {m.__name__: m.__file__ for m in (copy, json_mod, logging, types, typing, dataclasses, tempfile)},
     "mixins": [mods["hermes_state_search"].SessionSearchMixin in hs.SessionDB.__mro__,
                mods["hermes_state_schema"].SessionSchemaMixin in hs.SessionDB.__mro__,
-               mods["hermes_state_portability"].SessionPortabilityMixin in hs.SessionDB.__mro__],
+               mods["hermes_state_portability"].SessionPortabilityMixin in hs.SessionDB.__mro__,
+               issubclass(hs.SessionDB, mods["hermes_state_provider"].SessionDBProvider)],
     "same": mods["hermes_state_common"].FTS_STALE_KEY == hs.FTS_STALE_KEY,
     "file": hs.__file__,
 }
@@ -75,7 +77,7 @@ def test_a_child_process_with_the_package_folder_first(hermes_state, tmp_path: P
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert report["mixins"] == [True, True, True] and report["same"] is True
+    assert report["mixins"] == [True, True, True, True] and report["same"] is True
     assert report["found"] == "c1"
     for name, path in report["stdlib"].items():
         assert not os.path.realpath(path).startswith(os.path.realpath(folder) + os.sep), (name, path)
