@@ -8,6 +8,7 @@ only); ``get_session_db_provider`` opens the file for ``sqlite`` and a server fo
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -324,3 +325,50 @@ def test_the_factory_reaches_postgresql_from_config_yaml(hsp, hermes_state, pg_d
     finally:
         tenant.close()
         plain.close()
+
+
+# ---------------------------------------------------------------- Hermes v30's own switch, end to end
+
+V30_APP = Path(__file__).resolve().parents[1] / "data" / "hermes_v30_app"
+
+
+def _run_v30_caller(tmp_path: Path, section: dict, extra_env: dict[str, str] | None = None) -> dict:
+    """Run ``tests/data/hermes_v30_app/v30_caller.py`` in a fresh interpreter whose path
+    holds only the two one-line swap files (``hermes_state.py``, ``hermes_state_provider.py``)."""
+    home = tmp_path / "hermes-home"
+    _write_config(home, section)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
+    env.update({"HERMES_HOME": str(home), "PYTHONPATH": os.pathsep.join(
+        [str(V30_APP), str(Path(__file__).resolve().parents[2])])}, **(extra_env or {}))
+    proc = subprocess.run([sys.executable, str(V30_APP / "v30_caller.py")], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _check_v30_run(out: dict, name: str) -> None:
+    assert out["name"] == name and out["available"] is True and out["after_shutdown"] is False
+    assert out["vetoed"] is True
+    assert out["messages"] == ["hello from v30"]
+    assert out["events"] == ["committed", "committed"]  # create + first append; none for the veto
+    assert out["found"] == ["v30"]
+    assert out["same_class"] is True
+
+
+@pytest.mark.sqlite_only
+def test_hermes_v30_code_runs_on_the_file_through_its_own_switch(tmp_path: Path) -> None:
+    out = _run_v30_caller(tmp_path, {"provider": "sqlite"})
+    _check_v30_run(out, "sqlite")
+    assert (tmp_path / "hermes-home" / "state.db").exists()
+
+
+def test_hermes_v30_code_reaches_postgresql_through_its_own_switch(tmp_path: Path, pg_database: str,
+                                                                   hermes_state) -> None:
+    out = _run_v30_caller(tmp_path, {"provider": "postgresql", "postgresql": {"url": pg_database}})
+    _check_v30_run(out, "postgresql")
+    assert not (tmp_path / "hermes-home" / "state.db").exists()
+    store = hermes_state.SessionDB(pg_database)
+    try:
+        assert [m["content"] for m in store.get_messages("v30")] == ["hello from v30"]
+    finally:
+        store.close()

@@ -1,0 +1,1 @@
+import hermes_store.hermes_state as m; m.install()
