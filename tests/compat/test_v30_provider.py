@@ -372,3 +372,10 @@ def test_hermes_v30_code_reaches_postgresql_through_its_own_switch(tmp_path: Pat
         assert [m["content"] for m in store.get_messages("v30")] == ["hello from v30"]
     finally:
         store.close()
+
+
+def test_the_readme_swap_files_are_the_ones_run_here() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    for name in ("hermes_state.py", "hermes_state_provider.py"):
+        block = readme.split(f"<!-- host-example: hermes-v30/{name} -->", 1)[1].split("```python\n", 1)[1]
+        assert block.split("```", 1)[0] == (V30_APP / name).read_text(encoding="utf-8")
