@@ -8,9 +8,12 @@ only); ``get_session_db_provider`` opens the file for ``sqlite`` and a server fo
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -379,3 +382,38 @@ def test_the_readme_swap_files_are_the_ones_run_here() -> None:
     for name in ("hermes_state.py", "hermes_state_provider.py"):
         block = readme.split(f"<!-- host-example: hermes-v30/{name} -->", 1)[1].split("```python\n", 1)[1]
         assert block.split("```", 1)[0] == (V30_APP / name).read_text(encoding="utf-8")
+
+
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference" / "SESSIONDB_V30_PROVIDER.md"
+_MEMBER = re.compile(r"`(?P<name>\w+)(?:\((?P<params>[^)]*)\))?[^`]*`")
+
+
+def _members() -> list[tuple[str, list[str]]]:
+    """(name, parameters) of every member in the reference's members table."""
+    found = []
+    for line in REFERENCE.read_text(encoding="utf-8").splitlines():
+        cells = line.split("|")
+        if len(cells) < 4 or not cells[2].strip().startswith("`"):
+            continue
+        for m in _MEMBER.finditer(cells[2]):
+            params = [p.strip() for p in (m.group("params") or "").split(",") if p.strip()]
+            found.append((m.group("name"), params))
+    return found
+
+
+def test_every_member_of_the_reference_is_there_with_its_parameters(hsp, hermes_state) -> None:
+    members = _members()
+    assert len(members) == 29  # the table's members, the three hooks included
+    for name, params in members:
+        assert hasattr(hsp.SessionDBProvider, name), name
+        ours = getattr(hermes_state.SessionDB, name)
+        if isinstance(ours, property):
+            continue
+        sig = inspect.signature(ours)
+        for param in params:
+            if param.startswith("**"):
+                continue
+            pname, _, default = param.partition("=")
+            assert pname in sig.parameters, f"{name}: no parameter {pname}"
+            if default:
+                assert sig.parameters[pname].default == ast.literal_eval(default), f"{name}: {pname} default"
