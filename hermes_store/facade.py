@@ -823,6 +823,7 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         post_write = () if _maintenance else tuple(self.__dict__.get("_post_write_hooks") or ())
         if pre_commit:
             combine = one_statement = False
+            fn = self._with_pre_commit_hooks(fn, pre_commit)
 
         def combined(deadline: float) -> T:
             def write(jobs: list[write_queue.Job]) -> None:
@@ -854,8 +855,6 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
                                 raise _StaleConnection from exc
                             raise
                         result = fn(conn)
-                        if pre_commit:
-                            self._run_pre_commit_hooks(conn, pre_commit)
                 except BaseException:
                     remove_committed_files(conn, committed=False)
                     raise
@@ -898,13 +897,21 @@ class SessionDB(HermesSurface, SessionSearchMixin, SessionSchemaMixin, SessionPo
         ``_WRITE_PATIENCE_S`` on the module and on the class or instance (tests lower any)."""
         return float(min(WRITE_BUDGET_S, _WRITE_PATIENCE_S, self._WRITE_PATIENCE_S))
 
-    def _run_pre_commit_hooks(self, conn: Connection, hooks: tuple[Callable[[Any], Any], ...]) -> None:
-        """Hermes v30: each ``hook(conn)`` inside the write transaction, after the change and
-        before the commit, with the driver's connection (``sqlite3.Connection`` on a file,
-        psycopg's on a server). An exception propagates, so the transaction rolls back."""
-        driver = conn.connection.driver_connection
-        for hook in hooks:
-            hook(driver)
+    @staticmethod
+    def _with_pre_commit_hooks(fn: Callable[[Connection], T], hooks: tuple[Callable[[Any], Any], ...]
+                               ) -> Callable[[Connection], T]:
+        """``fn``, then Hermes v30's ``hook(conn)`` for each hook, inside the same write
+        transaction (after the change, before the commit), given the driver's connection
+        (``sqlite3.Connection`` on a file, psycopg's on a server). An exception propagates,
+        so the transaction rolls back."""
+        def run(conn: Connection) -> T:
+            result = fn(conn)
+            driver = conn.connection.driver_connection
+            for hook in hooks:
+                hook(driver)
+            return result
+
+        return run
 
     def _run_post_write_hook(self, hook: Callable[[], Any]) -> None:
         """Hermes v30: ``hook()`` after the commit. The write is durable by now, so a

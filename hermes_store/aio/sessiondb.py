@@ -134,13 +134,16 @@ class LoopSessionDB(SessionDB):
         super().__init__(*args, **kwargs)
 
     def _write(self, fn: Callable[..., Any], *, budget: float | None = None, **kwargs: Any) -> Any:
-        if self._writers is None or (kwargs.get("combine") and self._dialect.one_writer_at_a_time):
+        hooked = bool(self.__dict__.get("_pre_commit_hooks"))  # Hermes v30: one write, one transaction
+        if self._writers is None or (kwargs.get("combine") and self._dialect.one_writer_at_a_time and not hooked):
             # A write that may go in a batch (an append on a file) waits in the store's
             # batcher instead (write_queue.Batcher): the tasks in line are written together,
             # in one hop (_write_batch).
             return super()._write(fn, budget=budget, **kwargs)
-        if self._whole:
-            fn = _whole(fn, commit=True)  # the statements and the COMMIT in one hop
+        if self._whole and not hooked:
+            # The statements and the COMMIT in one hop (a pre-commit hook must run before
+            # that COMMIT, so a hooked write keeps the facade's own).
+            fn = _whole(fn, commit=True)
         with self._writers.turn_on_greenlet(budget if budget is not None else write_budget()):
             return super()._write(fn, budget=budget, **kwargs)
 
