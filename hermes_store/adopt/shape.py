@@ -14,11 +14,15 @@ import json
 import os
 import re
 import sqlite3
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from alembic import command
 
 from .. import errors
 from ..introspect import diff, snapshot
@@ -26,6 +30,10 @@ from ..paths import (
     VERSION_TABLE,
     as_path,
     check_file,
+    create_private_database,
+    head,
+    migration_connection,
+    run_alembic,
     host_revision_raw,
     readonly_connection,
     revision_order,
@@ -110,6 +118,55 @@ class AdoptionReport:
     hidden_sessions: dict[str, int] = field(default_factory=dict)
 
 
+# ------------------------------------------------------------------ fresh schemas
+
+_fresh_lock = threading.Lock()
+_fresh_cache: dict[tuple[str, str], Fresh] = {}
+
+
+@dataclass(frozen=True)
+class Fresh:
+    """An empty database upgraded to one revision: what adoption compares with and
+    re-creates missing pieces from (the revisions hold Hermes' DDL verbatim)."""
+
+    snapshot: dict[str, Any]
+    #: name -> (type, table, sql) of every table, index, trigger and view.
+    objects: dict[str, tuple[str, str, str]]
+    #: table -> foreign keys as (column, parent table, parent column, ON UPDATE, ON DELETE).
+    fks: dict[str, list[tuple[str, str, str | None, str, str]]]
+
+
+def _fresh(revision: str, version_table: str) -> Fresh:
+    key = (revision, version_table)
+    with _fresh_lock:
+        if key not in _fresh_cache:
+            with tempfile.TemporaryDirectory(prefix="hermes-store-fresh-") as tmp:
+                fresh = Path(tmp) / "fresh.db"
+                create_private_database(fresh)
+                with migration_connection(fresh) as mconn:
+                    run_alembic(mconn, command.upgrade, revision, version_table=version_table)
+                conn = sqlite3.connect(fresh)
+                try:
+                    objects = {
+                        name: (type_, tbl, sql)
+                        for type_, name, tbl, sql in conn.execute(
+                            "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid"
+                        )
+                    }
+                    fks = {
+                        name: [
+                            (r[3], r[2], r[4], r[5], r[6])
+                            for r in conn.execute(f"PRAGMA foreign_key_list({_q(name)})")
+                        ]
+                        for name, (type_, _t, _s) in objects.items()
+                        if type_ == "table"
+                    }
+                    _fresh_cache[key] = Fresh(snapshot(conn), objects, fks)
+                finally:
+                    conn.close()
+        return _fresh_cache[key]
+
+
 # ------------------------------------------------------------------ reference data
 
 
@@ -170,23 +227,61 @@ def _later_objects(version: int, newest: int) -> dict[str, dict[str, Any]]:
     back afterwards).
     """
     own = reference_schema(str(version))
-    out: dict[str, dict[str, Any]] = {k: {} for k in ("tables", "columns", "indexes", "triggers", "views", "virtual")}
+    kinds = ("tables", "columns", "indexes", "triggers", "views", "virtual", "table_shapes", "fks")
+    out: dict[str, dict[str, Any]] = {k: {} for k in kinds}
     for name in reference_names():
         v = int(name.split("_")[0])
         if v < version or v > newest or name == str(version):
             continue
         ref = reference_schema(name)
         for t, spec in ref["tables"].items():
+            own_cols = own["tables"].get(t, {}).get("columns", {})
             if t not in own["tables"]:
                 out["tables"].setdefault(t, spec)
+                # Every shape a later version gave the table (Hermes' tests build older
+                # files on the current DDL, so a v10 file may carry v26's ledger).
+                out["table_shapes"].setdefault(t, []).append(spec)
             for c, cspec in spec["columns"].items():
-                if c not in own["tables"].get(t, {}).get("columns", {}):
+                if c not in own_cols:
                     out["columns"].setdefault(f"{t}.{c}", cspec)
+            for fk in spec["fks"]:
+                # A later key on a later column goes with that column.
+                if fk.split("->")[0] not in own_cols:
+                    out["fks"].setdefault(t, set()).add(fk)
         for kind in ("indexes", "triggers", "views", "virtual"):
             for n, sql in ref[kind].items():
                 if n not in own[kind]:
                     out[kind].setdefault(n, sql)
     return out
+
+
+@cache
+def own_objects() -> dict[str, str]:
+    """Objects only hermes_store's own revisions create (name -> ``table``/``index``/
+    ``trigger``/``view``): no Hermes version has them.
+
+    A Hermes-stamped file carries them when it was written by Hermes' code running on
+    our ``SCHEMA_SQL`` (Hermes' own tests do that through the swapped module). Our
+    revision that creates them would then fail, so adoption takes them out first and
+    puts any rows back afterwards, as it does for a later Hermes version's tables.
+    """
+    hermes: set[str] = set()
+    for n in reference_names():
+        ref = reference_schema(n)
+        for kind in ("tables", "indexes", "triggers", "views", "virtual"):
+            hermes.update(ref[kind])
+    fresh = _fresh(head(), VERSION_TABLE)
+    virtual = [
+        n for n, (t, _t, sql) in fresh.objects.items() if t == "table" and sql.upper().startswith("CREATE VIRTUAL")
+    ]
+    return {
+        name: type_
+        for name, (type_, _tbl, _sql) in fresh.objects.items()
+        if name not in hermes
+        and name != VERSION_TABLE
+        and not name.startswith("sqlite_")
+        and not any(name.startswith(f"{v}_") for v in virtual)
+    }
 
 
 _SPEC = re.compile(r"^(?P<type>.*?)(?P<nn> NOT NULL)?(?: DEFAULT (?P<dflt>.*?))?(?P<pk> PK\d+)?$")
@@ -223,6 +318,21 @@ def _only_defaults(conn: sqlite3.Connection, table: str, column: str, spec: str)
         return False
     cond = f"{_q(column)} IS NOT NULL" + (f" AND {_q(column)} IS NOT {dflt}" if dflt is not None else "")
     return conn.execute(f"SELECT EXISTS (SELECT 1 FROM {_q(table)} WHERE {cond})").fetchone()[0] == 0
+
+
+def _type_of(spec: str) -> str:
+    """The declared type of a reference column spec (nullability, default and key place aside)."""
+    m = _SPEC.match(spec)
+    return m.group("type") if m else spec
+
+
+def _nulls_without_default(conn: sqlite3.Connection, table: str, column: str, spec: str) -> bool:
+    """True when ``column`` holds NULL but ``spec`` is NOT NULL without a literal default
+    (Hermes' own declaration could not take those rows back)."""
+    m = _SPEC.match(spec)
+    if not m or not m.group("nn") or (m.group("dflt") is not None and _LITERAL.match(m.group("dflt"))):
+        return False
+    return conn.execute(f"SELECT EXISTS (SELECT 1 FROM {_q(table)} WHERE {_q(column)} IS NULL)").fetchone()[0] == 1
 
 
 #: Order in which repairs run: take out what a later revision creates, then add what
@@ -266,25 +376,23 @@ def _compare(
         if table in ref["tables"]:
             continue
         want = later["tables"].get(table)
+        if want is None and table not in fts and own_objects().get(table) == "table":
+            det.repairs.append(_out_of_the_way(conn, table, "hermes_store's own revision creates it"))
+            continue
         if want is None:
             det.extra_objects.setdefault("tables", []).append(table)
             continue
         got = live["tables"][table]
-        if got["columns"] != want["columns"] or sorted(got["fks"]) != sorted(want["fks"]):
+        if not any(
+            got["columns"] == shape["columns"] and sorted(got["fks"]) == sorted(shape["fks"])
+            for shape in later["table_shapes"].get(table, [want])
+        ):
             det.problems.append(
                 f"table {table} belongs to a later Hermes schema than the file's schema_version "
                 "and differs from it"
             )
-        elif conn.execute(f"SELECT NOT EXISTS (SELECT 1 FROM {_q(table)})").fetchone()[0]:
-            det.repairs.append(
-                Repair("drop_table", f"drop empty table {table}; a later revision creates it", table,
-                       sql=f"DROP TABLE {_q(table)}")
-            )
         else:
-            det.repairs.append(
-                Repair("set_aside_table", f"set aside the rows of {table} (a later revision creates it) "
-                       "and put them back after the upgrade", table)
-            )
+            det.repairs.append(_out_of_the_way(conn, table, "a later revision creates it"))
     rebuild_for: set[str] = set()
     for table, spec in ref["tables"].items():
         got = live["tables"].get(table)
@@ -306,6 +414,14 @@ def _compare(
             elif have != want:
                 declared.append((col, have, want))
         extras: list[str] = []
+        have_fks, want_fks = set(got["fks"]), set(spec["fks"])
+        # Foreign keys a later Hermes declares on its later columns: they go with the
+        # column. SQLite cannot drop a column a table-level key names, so the table is
+        # rebuilt as the stamped revision declares it (values set aside first).
+        later_fks = (have_fks - want_fks) & later["fks"].get(table, set())
+        keyed = {fk.split("->")[0] for fk in later_fks}
+        if later_fks:
+            rebuild_for.add(table)
         for col, have in got["columns"].items():
             if col in spec["columns"]:
                 continue
@@ -313,13 +429,18 @@ def _compare(
             if want is None:
                 det.extra_columns.setdefault(table, []).append(col)
                 extras.append(col)
-            elif _PK.sub("", have) != _PK.sub("", want):
+            elif _type_of(have) != _type_of(want):
                 det.problems.append(
                     f"column {table}.{col} belongs to a later Hermes schema than the file's schema_version "
                     f"and differs from it ({have!r}, expected {want!r})"
                 )
+            elif _nulls_without_default(conn, table, col, want):
+                det.problems.append(
+                    f"column {table}.{col} belongs to a later Hermes schema than the file's schema_version "
+                    f"and holds NULL where Hermes' declaration {want!r} requires a value"
+                )
             elif _only_defaults(conn, table, col, want):
-                if _PK.search(have):
+                if _PK.search(have) or col in keyed:
                     # In the key Hermes healed to (a file whose version Hermes held back):
                     # SQLite cannot drop a key column, the table's rebuild leaves it out.
                     det.repairs.append(
@@ -341,17 +462,20 @@ def _compare(
             else:
                 det.repairs.append(
                     Repair("set_aside_column", f"set aside the values of {table}.{col} (a later revision adds "
-                           "it) and put them back after the upgrade", table, col,
-                           f"ALTER TABLE {_q(table)} DROP COLUMN {_q(col)}")
+                           "it) and put them back after the upgrade" + (
+                               f", rebuilding {table} as the file's version declares it" if col in keyed else ""),
+                           table, col, None if col in keyed else f"ALTER TABLE {_q(table)} DROP COLUMN {_q(col)}")
                 )
         if declared or table in rebuild_for:
             # Hermes never checks a kept column's declaration and heals older primary
             # keys by a rebuild; the copy is rebuilt as the stamped revision declares
             # the table (which also adds missing columns and foreign keys).
-            det.repairs += _rebuild_repairs(conn, table, got, declared, extras, det.problems)
+            det.repairs += _rebuild_repairs(conn, table, got, declared, extras, det.problems, later_fks)
+            unknown_fks = have_fks - want_fks - later_fks
+            if unknown_fks:
+                det.problems.append(f"foreign keys of {table} are {got['fks']}, expected {spec['fks']}")
             continue
         det.repairs += missing
-        have_fks, want_fks = set(got["fks"]), set(spec["fks"])
         if have_fks < want_fks:
             det.repairs.append(
                 Repair("add_foreign_key", f"add the foreign key {', '.join(sorted(want_fks - have_fks))} of "
@@ -392,6 +516,11 @@ def _compare(
                 continue
             if name in fts:
                 fts_changes.append(f"{label} {name} is not in this version's layout")
+            elif name not in later[kind] and kind != "virtual" and own_objects().get(name) == label:
+                det.repairs.append(
+                    Repair("drop_object", f"drop {label} {name}; hermes_store's own revision creates it", name=name,
+                           sql=f"DROP {label.upper()} {_q(name)}")
+                )
             elif name not in later[kind]:
                 det.extra_objects.setdefault(kind, []).append(name)
             elif kind == "virtual":
@@ -410,6 +539,14 @@ def _compare(
     return det
 
 
+def _out_of_the_way(conn: sqlite3.Connection, table: str, why: str) -> Repair:
+    """Drop ``table`` when empty, else set its rows aside to put back after the upgrade."""
+    if conn.execute(f"SELECT NOT EXISTS (SELECT 1 FROM {_q(table)})").fetchone()[0]:
+        return Repair("drop_table", f"drop empty table {table}; {why}", table, sql=f"DROP TABLE {_q(table)}")
+    return Repair("set_aside_table", f"set aside the rows of {table} ({why}) and put them back after the upgrade",
+                  table)
+
+
 def _rebuild_repairs(
     conn: sqlite3.Connection,
     table: str,
@@ -417,6 +554,7 @@ def _rebuild_repairs(
     declared: list[tuple[str, str, str]],
     extras: list[str],
     problems: list[str],
+    later_fks: set[str] | None = None,
 ) -> list[Repair]:
     """The repair that turns ``table`` into the stamped revision's declaration.
 
@@ -443,7 +581,10 @@ def _rebuild_repairs(
         m = _SPEC.match(spec)
         if m is None or m.group("pk") or _add_column_sql(table, col, spec) is None:
             problems.append(f"column {table}.{col} ({spec}) would be lost rebuilding {table} as Hermes declares it")
-    changes = "; ".join(f"{col} {have!r} -> {want!r}" for col, have, want in declared) or "its primary key"
+    changes = "; ".join(f"{col} {have!r} -> {want!r}" for col, have, want in declared)
+    if later_fks:
+        changes = "; ".join(filter(None, [changes, "without the later foreign keys " + ", ".join(sorted(later_fks))]))
+    changes = changes or "its primary key"
     kept = "; ".join(fills) if fills else "every value kept"
     return [
         Repair("rebuild_table", f"rebuild {table} as Hermes' schema declares it ({changes}); every row kept, {kept}",

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import tempfile
-import threading
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +22,15 @@ from alembic import command
 from .. import errors
 from ..introspect import diff, snapshot
 from ..keys import TOOL_HIGH_WATER_KEY
-from ..paths import create_private_database, migration_connection, readonly_connection, revision_order, run_alembic
+from ..paths import migration_connection, readonly_connection, revision_order, run_alembic
 from .shape import (
     _LITERAL,
     _SPEC,
     AdoptionReport,
     Detected,
+    Fresh,
     Repair,
+    _fresh,
     _q,
     _table_names,
     fts_names,
@@ -52,52 +52,6 @@ WORK_TABLE_PREFIX = "_hermes_store_adopt_"
 INLINE_FTS_TEXT = "COALESCE(content, '') || ' ' || COALESCE(tool_name, '') || ' ' || COALESCE(tool_calls, '')"
 
 # ------------------------------------------------------------------ fresh schema and Alembic on the copy
-
-_fresh_lock = threading.Lock()
-_fresh_cache: dict[tuple[str, str], Fresh] = {}
-
-
-@dataclass(frozen=True)
-class Fresh:
-    """An empty database upgraded to one revision: what adoption compares with and
-    re-creates missing pieces from (the revisions hold Hermes' DDL verbatim)."""
-
-    snapshot: dict[str, Any]
-    #: name -> (type, table, sql) of every table, index, trigger and view.
-    objects: dict[str, tuple[str, str, str]]
-    #: table -> foreign keys as (column, parent table, parent column, ON UPDATE, ON DELETE).
-    fks: dict[str, list[tuple[str, str, str | None, str, str]]]
-
-
-def _fresh(revision: str, version_table: str) -> Fresh:
-    key = (revision, version_table)
-    with _fresh_lock:
-        if key not in _fresh_cache:
-            with tempfile.TemporaryDirectory(prefix="hermes-store-fresh-") as tmp:
-                fresh = Path(tmp) / "fresh.db"
-                create_private_database(fresh)
-                _upgrade_copy(fresh, revision, version_table=version_table)
-                conn = sqlite3.connect(fresh)
-                try:
-                    objects = {
-                        name: (type_, tbl, sql)
-                        for type_, name, tbl, sql in conn.execute(
-                            "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid"
-                        )
-                    }
-                    fks = {
-                        name: [
-                            (r[3], r[2], r[4], r[5], r[6])
-                            for r in conn.execute(f"PRAGMA foreign_key_list({_q(name)})")
-                        ]
-                        for name, (type_, _t, _s) in objects.items()
-                        if type_ == "table"
-                    }
-                    _fresh_cache[key] = Fresh(snapshot(conn), objects, fks)
-                finally:
-                    conn.close()
-        return _fresh_cache[key]
-
 
 def _fresh_snapshot(revision: str, version_table: str) -> dict[str, Any]:
     """Schema of an empty database upgraded to ``revision`` (what adoption must match)."""
@@ -501,7 +455,8 @@ def _set_aside(conn: sqlite3.Connection, repair: Repair, n: int) -> SetAside:
     conn.execute(
         f"INSERT INTO {_q(work)} SELECT {', '.join(_q(k) for k in keys)}, {_q(repair.column)} FROM {_q(table)}"
     )
-    conn.execute(repair.sql)  # type: ignore[arg-type]
+    if repair.sql:  # else the table's rebuild leaves the column out
+        conn.execute(repair.sql)
     return SetAside(table, repair.column, work, keys)
 
 
@@ -547,20 +502,34 @@ def _put_back(path: Path, aside: list[SetAside], target: str) -> None:
             for name, _sql in triggers:
                 conn.execute(f"DROP TRIGGER {_q(name)}")
             if item.column is None:
-                names = ", ".join(_q(c) for c in _columns(conn, item.work_table))
+                cols = _columns(conn, item.work_table)
+                names = ", ".join(_q(c) for c in cols)
+                # A row a revision already wrote identically (v25's prompt move puts a
+                # prompt under the same content hash) is not written twice.
+                same = " AND ".join(f"t.{_q(c)} IS w.{_q(c)}" for c in cols)
                 conn.execute(
-                    f"INSERT INTO {_q(item.table)} ({names}) SELECT {names} FROM {_q(item.work_table)} ORDER BY rowid"
+                    f"INSERT INTO {_q(item.table)} ({names}) SELECT {names} FROM {_q(item.work_table)} AS w "
+                    f"WHERE NOT EXISTS (SELECT 1 FROM {_q(item.table)} AS t WHERE {same}) ORDER BY w.rowid"
                 )
             else:
                 match = " AND ".join(f"w.k{i} = {_q(item.table)}.{_q(k)}" for i, k in enumerate(item.keys))
                 conn.execute(
                     f"UPDATE {_q(item.table)} SET {_q(item.column)} = "
-                    f"(SELECT w.v FROM {_q(item.work_table)} AS w WHERE {match}) "
-                    f"WHERE EXISTS (SELECT 1 FROM {_q(item.work_table)} AS w WHERE {match})"
+                    f"(SELECT {_filled(conn, item.table, item.column, 'w.v')} FROM {_q(item.work_table)} AS w "
+                    f"WHERE {match}) WHERE EXISTS (SELECT 1 FROM {_q(item.work_table)} AS w WHERE {match})"
                 )
             conn.execute(f"DROP TABLE {_q(item.work_table)}")
             for _name, sql in triggers:
                 conn.execute(sql)
+
+
+def _filled(conn: sqlite3.Connection, table: str, column: str, value: str) -> str:
+    """``value``, or the column's declared default where it is NULL and the column is
+    NOT NULL (an early build declared the column nullable; Hermes' ``active IS NULL → 1``)."""
+    for _cid, name, _type, notnull, dflt, _pk in conn.execute(f"PRAGMA table_info({_q(table)})"):
+        if name == column and notnull and dflt is not None and _LITERAL.match(str(dflt)):
+            return f"COALESCE({value}, {dflt})"
+    return value
 
 
 def _apply_repairs(conn: sqlite3.Connection, det: Detected, fresh: Callable[[], Fresh]) -> list[SetAside]:
@@ -580,8 +549,12 @@ def _apply_repairs(conn: sqlite3.Connection, det: Detected, fresh: Callable[[], 
         elif repair.kind == "fts_reset":
             _reset_fts(conn, fresh())
         elif repair.kind == "rebuild_table":
-            # A key column of a later version (sql None) goes with the rebuild.
-            leave = {r.column for r in det.repairs if r.kind == "drop_column" and r.table == repair.table and not r.sql}
+            # A later version's column in a key (sql None) goes with the rebuild.
+            leave = {
+                r.column
+                for r in det.repairs
+                if r.kind in ("drop_column", "set_aside_column") and r.table == repair.table and not r.sql
+            }
             _rebuild_as_declared(conn, repair.table, fresh(), leave)  # type: ignore[arg-type]
         elif repair.kind == "rename_titles":
             for rowid, _sid, _old, new in title_renames(conn):
