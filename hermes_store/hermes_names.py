@@ -21,8 +21,9 @@ from typing import Any
 
 from . import migrations
 from .keys import FTS_CJK_STALE_KEY, MAX_FTS5_QUERY_CHARS, VERSION_TABLE
-from .repositories.lineage import delegate_tree_sql
+from .repositories.lineage import COMPRESSION, MAX_DEPTH, delegate_tree_sql
 from .review_turns import _is_background_review_harness_message, _strip_background_review_harness  # noqa: F401
+from .state_files import limit_wal_size
 
 log = logging.getLogger("hermes_store.facade")
 
@@ -114,14 +115,16 @@ def open_raw_connection(connect: Any, path: Path, *, read_only: bool, busy_timeo
 
     Autocommit (``isolation_level=None``: each statement commits alone, so it never
     holds the write lock across our transactions), usable from any thread (Hermes
-    guards it with ``_lock``), ``sqlite3.Row`` rows. ``connect`` is the
-    ``sqlite3.connect`` the facade names at call time (tests patch it).
+    guards it with ``_lock``), ``sqlite3.Row`` rows, ``journal_size_limit`` 64 MiB when
+    the file is in WAL. ``connect`` is Hermes' ``_connect_tracked_db`` as the facade
+    names it at call time (tests patch it), or an encrypted file's keyed connect.
     """
     if read_only:
         conn = connect(f"file:{path}?mode=ro", uri=True, timeout=1.0, isolation_level=None, check_same_thread=False)
     else:
         conn = connect(str(path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA foreign_keys=ON")  # as Hermes' own connection: references enforced
+    limit_wal_size(conn)
     conn.row_factory = sqlite3.Row
     return conn
 
@@ -167,6 +170,28 @@ def _ephemeral_child_sql(alias: str = "s") -> str:
         f" AND NOT EXISTS (SELECT 1 FROM sessions p WHERE p.id = {alias}.parent_session_id"
         f" AND p.end_reason IN ('compression', 'branched')))"
     )
+
+
+def _param_mark(conn: Any) -> str:
+    """The DB-API parameter marker of a raw connection: ``%s`` for a ``format``/``pyformat``
+    driver (psycopg), else ``?`` (sqlite3), read from the driver module's ``paramstyle``."""
+    module = sys.modules.get(type(conn).__module__.split(".")[0])
+    return "%s" if getattr(module, "paramstyle", "qmark") in ("format", "pyformat") else "?"
+
+
+def raw_turn_lease_key(conn: Any, session_id: str) -> str:
+    """The turn-lease key (``repositories.turn_leases.turn_lease_key``) on a DB-API connection (``db._conn``, or the one
+    ``_execute_write`` hands out): climb while the parent ended 'compression'."""
+    sql = ("SELECT p.id FROM sessions s JOIN sessions p ON p.id = s.parent_session_id"
+           f" WHERE s.id = {_param_mark(conn)} AND p.end_reason = '{COMPRESSION}'")
+    key, seen = session_id, {session_id}
+    for _hop in range(MAX_DEPTH):
+        row = conn.execute(sql, (key,)).fetchone()
+        if row is None or row[0] in seen:
+            break
+        key = row[0]
+        seen.add(key)
+    return key
 
 
 def _collect_delegate_child_ids(conn: sqlite3.Connection, parent_ids: list[str]) -> list[str]:
@@ -235,8 +260,17 @@ def _objects(path: Path) -> list[tuple[str, str, str, str]]:
         conn.close()
 
 
+#: A CREATE statement without ``IF NOT EXISTS`` (what ``sqlite_master`` keeps).
+_BARE_CREATE = re.compile(
+    r"^(\s*CREATE\s+(?:UNIQUE\s+|VIRTUAL\s+)?(?:TABLE|INDEX|VIEW|TRIGGER)\s+)(?!IF\s+NOT\s+EXISTS\b)", re.I)
+
+
 def _script(statements: list[str]) -> str:
-    return "".join(s.rstrip().rstrip(";") + ";\n" for s in statements)
+    """One executable script, every CREATE made ``IF NOT EXISTS`` as Hermes writes its
+    own: ``executescript(SCHEMA_SQL)`` on a file that has the tables is a no-op, not
+    "table gateway_routing already exists"."""
+    return "".join(_BARE_CREATE.sub(r"\1IF NOT EXISTS ", s, count=1).rstrip().rstrip(";") + ";\n"
+                   for s in statements)
 
 
 def ddl_strings() -> dict[str, str]:

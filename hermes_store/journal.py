@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from . import errors
+from .dialects.sqlite import WAL_SIZE_LIMIT_BYTES
 from .hermes_config import config_section
 from .patch_points import facade_value
 from .sqlite_journal import WAL_FALLBACK_WARNED, is_sqlite_wal_reset_vulnerable, sqlite_source_id
@@ -28,12 +29,15 @@ log = logging.getLogger("hermes_store.facade")
 
 #: Error texts meaning "this filesystem cannot do WAL's shared-memory locking" (v26: disk I/O is back).
 _WAL_INCOMPAT_MARKERS = ("locking protocol", "not authorized", "disk i/o error")
-#: ``journal_size_limit`` on a WAL connection (64 MiB).
-_WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+#: ``journal_size_limit`` on a WAL connection (64 MiB): the one our own connections carry.
+_WAL_SIZE_LIMIT_BYTES = WAL_SIZE_LIMIT_BYTES
 #: Labels already warned about (one warning per label per process and cause); the WAL
 #: fallback's set is shared with our own connections (``dialects.sqlite.enable_wal``).
 _wal_fallback_warned_paths = WAL_FALLBACK_WARNED
-_wal_reset_warned_labels: set[str] = set()
+#: Hermes' name: the WAL-reset warning's labels. Tests clear it (the warning fires again)
+#: or replace ``hermes_state._wal_reset_bug_warned_paths``: read on the facade at call time.
+_wal_reset_bug_warned_paths: set[str] = set()
+_wal_reset_warned_labels = _wal_reset_bug_warned_paths  # our earlier name, the same set
 _wal_refused_warned_labels: set[str] = set()
 #: ``database.<key>`` settings applied as PRAGMAs (``apply_database_pragmas``).
 _PRAGMA_KEYS = ("cache_size", "mmap_size", "temp_store", "wal_autocheckpoint", "journal_size_limit")
@@ -137,22 +141,27 @@ def apply_wal_with_fallback(conn: sqlite3.Connection, *, db_label: str = "state.
     return mode
 
 
+def _reset_warned() -> set[str]:
+    """The WAL-reset warning's set as ``hermes_state`` holds it now."""
+    return facade_value("_wal_reset_bug_warned_paths", _wal_reset_bug_warned_paths)
+
+
 def _vulnerable_mode(conn: sqlite3.Connection, db_label: str, configured: str, on_disk: str | None) -> str:
     if on_disk == "wal":
-        _warn_once(_wal_reset_warned_labels, db_label, logging.WARNING,
+        _warn_once(_reset_warned(), db_label, logging.WARNING,
                    "%s is in WAL mode and this SQLite (%s) has the WAL-reset bug; keeping WAL "
                    "(upgrade SQLite to 3.51.3+)", db_label, sqlite3.sqlite_version)
         return "wal"
     if on_disk is None:
         if configured == "delete":
             raise sqlite3.OperationalError(f"{db_label}: cannot read the journal mode to switch it to DELETE")
-        _warn_once(_wal_reset_warned_labels, db_label, logging.WARNING,
+        _warn_once(_reset_warned(), db_label, logging.WARNING,
                    "%s: journal mode unreadable; leaving it as it is", db_label)
         return "wal"
     _set_delete(conn, wait=False)
     if configured == "delete":
         _require_delete(conn, db_label)
-    _warn_once(_wal_reset_warned_labels, db_label, logging.WARNING,
+    _warn_once(_reset_warned(), db_label, logging.WARNING,
                "%s: SQLite %s has the WAL-reset bug; using the rollback journal (DELETE) instead of "
                "enabling WAL (upgrade SQLite to 3.51.3+ for WAL)", db_label, sqlite3.sqlite_version)
     return "delete"
@@ -230,6 +239,7 @@ def _wal_reset_repair_hint(db_label: str = "state.db") -> str:
 
 
 __all__ = [
+    "_wal_reset_bug_warned_paths",
     "apply_database_pragmas",
     "apply_wal_with_fallback",
     "is_sqlite_wal_reset_vulnerable",

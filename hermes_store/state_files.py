@@ -20,12 +20,16 @@ import stat
 import sys
 import threading
 import time
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from . import errors, held_files
+from .dialects.sqlite import WAL_SIZE_LIMIT_BYTES
 from .hermes_config import hermes_home
+from .patch_points import facade_value
 from .paths import SIDECARS, readonly_connection
 
 log = logging.getLogger("hermes_store.facade")
@@ -66,9 +70,86 @@ def track_close(path: Any) -> None:
 
 
 def has_live_connection(path: Any) -> bool:
-    """Whether this process has a SessionDB open on ``path``."""
+    """Whether this process has a SessionDB or a tracked connection open on ``path``."""
     with _live_lock:
         return _live.get(_key(path), 0) > 0
+
+
+# ----------------------------------------------------------------------------- tracked connections
+
+#: ``sqlite3.connect`` as imported: only a real connect gets the tracking factory (a
+#: replacement a test installs may not take ``factory=``).
+_REAL_CONNECT = sqlite3.connect
+
+
+class _Untrack:
+    """Drops one registry count exactly once: at ``close()`` or, failing that, when the
+    connection is garbage-collected."""
+
+    def __init__(self, key: str) -> None:
+        self.key: str | None = key
+
+    def __call__(self) -> None:
+        key, self.key = self.key, None
+        if key is not None:
+            track_close(key)
+
+
+class _TrackedConnection(sqlite3.Connection):
+    """A ``sqlite3.Connection`` counted in the registry until it is closed."""
+
+    #: Code that finds a connection's driver by ``type(conn).__module__`` (its DB-API
+    #: ``paramstyle``) must still find sqlite3 here.
+    __module__ = "sqlite3"
+    _untrack: _Untrack | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            untrack = self._untrack
+            if untrack is not None:
+                untrack()
+
+
+def _file_of(database: Any) -> str | None:
+    """The file a ``connect`` argument names (``file:`` URIs unwrapped); None for memory."""
+    text = os.fsdecode(database) if isinstance(database, (str, bytes, os.PathLike)) else ""
+    if text.startswith("file:"):
+        text = unquote(text[len("file:"):].split("?", 1)[0])
+    if not text or text == ":memory:":
+        return None
+    return text
+
+
+def _connect_tracked_db(path: Any, **kwargs: Any) -> sqlite3.Connection:
+    """Hermes v26's single door for raw ``sqlite3`` connections: ``sqlite3.connect`` (the
+    facade's, looked up now: tests patch it) with the connection counted by
+    :func:`has_live_connection` until ``close()``. A failing connect leaves the registry
+    as it was. Hermes' tests patch ``hermes_state._connect_tracked_db`` to watch opens."""
+    connect = facade_value("sqlite3", sqlite3).connect
+    tracked = connect is _REAL_CONNECT and "factory" not in kwargs
+    if tracked:
+        kwargs["factory"] = _TrackedConnection
+    conn = connect(path, **kwargs)
+    target = _file_of(path)
+    if tracked and target is not None and isinstance(conn, _TrackedConnection):
+        untrack = _Untrack(_key(target))
+        track_open(target)
+        conn._untrack = untrack
+        weakref.finalize(conn, untrack)
+    return conn
+
+
+def limit_wal_size(conn: Any) -> None:
+    """``journal_size_limit`` (64 MiB) on a connection to a file in WAL mode, as Hermes'
+    WAL connections carry: a checkpointed ``-wal`` file is truncated back to it."""
+    try:
+        row = conn.execute("PRAGMA journal_mode").fetchone()
+        if row and str(row[0]).lower() == "wal":
+            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
+    except sqlite3.Error:
+        pass  # a setting, not a reason to refuse the connection
 
 
 # ----------------------------------------------------------------------------- preflight
@@ -144,6 +225,13 @@ def is_disk_full_error(exc: BaseException | str | None) -> bool:
         return True
     text = str(exc).lower()
     return any(needle in text for needle in _DISK_FULL_TEXTS)
+
+
+def _is_not_a_database_error(exc: BaseException) -> bool:
+    """A ``sqlite3.DatabaseError`` (or one wrapped by SQLAlchemy or us) saying "file is not
+    a database": the file was swapped or damaged under an open store."""
+    cause = exc if isinstance(exc, sqlite3.DatabaseError) else getattr(exc, "orig", None) or exc.__cause__
+    return isinstance(cause, sqlite3.DatabaseError) and "file is not a database" in str(cause).lower()
 
 
 def classify_persistence_error(exc_or_str: Any) -> str:
@@ -265,7 +353,7 @@ def collect_state_db_stats(db_path: Path) -> dict[str, Any]:
     except OSError:
         stats["wal_size_bytes"] = 0 if p.exists() else None
     try:
-        conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True, timeout=1.0)
+        conn = facade_value("_connect_tracked_db", _connect_tracked_db)(f"file:{p}?mode=ro", uri=True, timeout=1.0)
     except Exception:
         return stats
     try:
@@ -334,6 +422,8 @@ def count_db_holders(db_path: Path) -> int | None:
 
 __all__ = [
     "PERSISTENCE_ERROR_CAUSES",
+    "_connect_tracked_db",
+    "_is_not_a_database_error",
     "classify_persistence_error",
     "collect_state_db_stats",
     "count_db_holders",

@@ -45,6 +45,9 @@ log = logging.getLogger("hermes_store.facade")
 _WAL_FALLBACK_CAUSES = ("locking protocol", "not authorized")
 #: Labels warned about a WAL fallback: one set for our connections and Hermes' function.
 _wal_warned = WAL_FALLBACK_WARNED
+#: ``journal_size_limit`` of a WAL connection (64 MiB, Hermes v26's): a checkpoint that
+#: empties the ``-wal`` file truncates it back to this size instead of leaving it large.
+WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 _LOCKED = ("database is locked", "database is busy", "database table is locked")
 
 
@@ -508,6 +511,8 @@ class SQLiteDialect:
 
     def on_connect(self, dbapi_conn: Any, *, label: str) -> str:
         mode = enable_wal(dbapi_conn, db_label=label)
+        if mode == "wal":
+            dbapi_conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
         # NORMAL is durable across application crashes in WAL mode and saves an fsync
         # per commit (not on macOS, where enable_wal asked for FULL).
         if sys.platform != "darwin":

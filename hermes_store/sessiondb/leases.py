@@ -21,10 +21,12 @@ import re
 import sqlite3
 from typing import Any, Callable, Optional
 
+from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from .. import errors
-from ..repositories.turn_leases import TurnLeaseRepository
+from ..hermes_names import raw_turn_lease_key
+from ..repositories.turn_leases import TurnLeaseRepository, turn_lease_key
 from ._host import Host, HostSteps
 from ..patch_points import facade_value
 
@@ -101,6 +103,19 @@ def _locked_class(exc: BaseException) -> bool:
 
 
 class TurnLeasesMixin(Host):
+    def _session_turn_lease_key(self, session_id: str) -> str:
+        """The conversation id the session's turn lease is stored under: the root reached
+        through parents that ended 'compression' (the session itself otherwise)."""
+        return self._read(lambda c: turn_lease_key(c, session_id))
+
+    @staticmethod
+    def _session_turn_lease_key_on_conn(conn: Any, session_id: str) -> str:
+        """:meth:`_session_turn_lease_key` inside the caller's transaction: a SQLAlchemy
+        connection, or a raw DB-API one (``db._conn``, ``_execute_write``'s)."""
+        if isinstance(conn, Connection):
+            return turn_lease_key(conn, session_id)
+        return raw_turn_lease_key(conn, session_id)
+
     def _dead_holder_probe(self) -> Callable[[str], bool] | None:
         """The dead-process probe where holders run on this machine (a SQLite file), else None."""
         return holder_process_gone if self._dialect.holders_on_this_machine else None

@@ -8,7 +8,8 @@ store unchanged, without weakening our own write path:
 - ``_conn`` is a separate autocommit connection to the same file. Each statement
   commits on its own, so it can never hold the write lock across our transactions;
   it waits for ours with a busy timeout and ours retry around it. It is opened
-  lazily, through ``sqlite3.connect`` looked up at call time (tests patch it).
+  lazily, through Hermes' ``_connect_tracked_db`` looked up on ``hermes_state`` at
+  call time (tests patch it, and the ``sqlite3.connect`` it calls).
 - ``_execute_write(fn)`` hands ``fn`` the DB-API connection of one of our write
   transactions (``BEGIN IMMEDIATE`` on SQLite), with ``sqlite3.Row`` rows for the
   duration, and our retries; ``fn``'s result comes back unchanged.
@@ -29,6 +30,7 @@ from .. import errors
 from ..hermes_names import open_raw_connection
 from ..dialects.sqlite import driver_errors
 from ..journal import checkpoint_passive
+from ..state_files import _connect_tracked_db, _is_not_a_database_error, limit_wal_size
 from ..operations.steps import jitter
 from ._host import Host
 from ..patch_points import facade_value
@@ -48,9 +50,9 @@ class NoRawConnectionError(errors.UnsupportedDatabaseError, AttributeError):
     """
 
 
-def _sqlite3() -> Any:
-    """The ``sqlite3`` module the facade names now (``hermes_state.sqlite3`` after the swap)."""
-    return facade_value("sqlite3", sqlite3)
+def _tracked_connect(database: Any, **kwargs: Any) -> sqlite3.Connection:
+    """Open a raw connection through ``hermes_state._connect_tracked_db`` as it is now."""
+    return facade_value("_connect_tracked_db", _connect_tracked_db)(database, **kwargs)
 
 
 class PrivateSurfaceMixin(Host):
@@ -72,7 +74,7 @@ class PrivateSurfaceMixin(Host):
         with self._raw_lock:
             if self._raw_conn is None:
                 self._raw_conn = open_raw_connection(
-                    _sqlite3().connect, path,
+                    _tracked_connect, path,
                     read_only=getattr(self, "read_only", False), busy_timeout_s=RAW_BUSY_TIMEOUT_S,
                 )
             return self._raw_conn
@@ -138,9 +140,9 @@ class PrivateSurfaceMixin(Host):
 
     @staticmethod
     def _is_not_a_database_error(exc: BaseException) -> bool:
-        """A ``sqlite3.DatabaseError`` saying "file is not a database" (a swapped or damaged file)."""
-        cause = exc if isinstance(exc, sqlite3.DatabaseError) else getattr(exc, "orig", None) or exc.__cause__
-        return isinstance(cause, sqlite3.DatabaseError) and "file is not a database" in str(cause).lower()
+        """A ``sqlite3.DatabaseError`` saying "file is not a database" (a swapped or damaged
+        file); the module-level ``hermes_state._is_not_a_database_error`` as it is now."""
+        return bool(facade_value("_is_not_a_database_error", _is_not_a_database_error)(exc))
 
     def _reconnect_after_notadb(self) -> bool:
         """Reopen the store once, as the constructor does (the file was replaced under us);
@@ -193,14 +195,15 @@ class PrivateSurfaceMixin(Host):
             if self._read_pool:
                 return self._read_pool.pop()
         try:
-            conn = _sqlite3().connect(f"file:{path}?mode=ro", uri=True, timeout=RAW_BUSY_TIMEOUT_S,
-                                      check_same_thread=False)
+            conn = _tracked_connect(f"file:{path}?mode=ro", uri=True, timeout=RAW_BUSY_TIMEOUT_S,
+                                    check_same_thread=False)
         except sqlite3.Error:
             self.__dict__["_read_open_failed_at"] = clock.monotonic()
             self._read_permits.release()
             return None
         try:
             conn.row_factory = sqlite3.Row
+            limit_wal_size(conn)
             facade_value("apply_database_pragmas", lambda *_a, **_k: None)(conn, db_label=path.name)
         except BaseException:
             conn.close()

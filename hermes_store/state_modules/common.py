@@ -25,6 +25,13 @@ from ..keys import FTS_STALE_KEY
 
 #: The ``schema_version`` our head revision writes (Hermes v30's file format).
 SCHEMA_VERSION = 30
+#: Hermes' FTS triggers (word, trigram and CJK-tokenizer indexes): what the fail-open
+#: step (``_drop_fts_triggers``) drops and the next writable open makes again.
+_FTS_TRIGGERS = tuple(
+    f"messages_fts{index}_{event}"
+    for index in ("", "_trigram", "_cjk")
+    for event in ("insert", "delete", "update")
+)
 
 
 def escape_like(text: str) -> str:
@@ -45,6 +52,7 @@ __all__ = [
     "FTS_STORAGE_VERSION",
     "MAX_FTS5_QUERY_CHARS",
     "SCHEMA_VERSION",
+    "_FTS_TRIGGERS",
     "_cwd_prefix_clause",
     "_delegate_from_json",
     "_ephemeral_child_sql",

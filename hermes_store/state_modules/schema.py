@@ -9,29 +9,27 @@ and tests that reach them directly.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import re
 import sqlite3
-from typing import Dict, Tuple
+from typing import Any, Dict, Tuple
 
 from sqlalchemy import Connection
 
 from ..dialects.fts5 import FTS_TRASH_PREFIX
 from ..hermes_config import hermes_home
 from ..hermes_names import ddl_strings, head_table_sql
-from ..models import metadata
+from ..keys import FTS_CJK_STALE_KEY
+from ..patch_points import facade_value
 from ..repositories import FtsUpkeepRepository
 from ..sessiondb._host import Host
+from .common import _FTS_TRIGGERS, escape_like
 
 log = logging.getLogger("hermes_state")
 
-#: Hermes v26's tables (ours add the short-CJK index and post-v26 tables, left out here).
-_HERMES_TABLES = (
-    "schema_version", "sessions", "messages", "state_meta", "compression_locks", "gateway_routing",
-    "session_model_usage", "async_delegations", "system_prompts", "session_turn_leases", "gateway_hygiene_state",
-)
 #: The primary key Hermes v26 heals an older ``gateway_routing`` to.
 _ROUTING_PK = ("scope", "session_key")
 #: Columns an FTS UPDATE trigger needs to watch (the word index's, a superset of the others').
@@ -41,19 +39,40 @@ _TRASH_STEP_ROWS = 500
 _CONSTRAINTS = ("PRIMARY", "UNIQUE", "FOREIGN", "CHECK", "CONSTRAINT")
 _CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?[\"`\[]?(\w+)[\"`\]]?\s*\(", re.I)
 _BROAD_UPDATE = re.compile(r"AFTER\s+UPDATE\s+ON\s+", re.I)
+_UPDATE_OF = re.compile(r"AFTER\s+UPDATE\s+OF\s+(.+?)\s+ON\s+", re.I | re.S)
+#: The CJK-tokenizer index's update trigger: never re-created here (see _migrate_broad_fts_update_triggers).
+_CJK_UPDATE_TRIGGER = "messages_fts_cjk_update"
 
 
+@functools.cache
 def schema_read_probe_statements() -> tuple:
-    """One zero-row SELECT per Hermes table naming every declared column as ``"<t>"."<c>"``:
-    running them all proves a file has the columns a reader needs."""
+    """One zero-row SELECT per table of ``SCHEMA_SQL`` naming every declared column as
+    ``"<t>"."<c>"``: running them all proves a file has the columns a reader needs (a
+    missing one fails with "no such column"). Built once; the same tuple every call."""
     statements = []
-    for name in _HERMES_TABLES:
-        table = metadata.tables.get(name)
-        if table is None:
-            continue
-        cols = ", ".join(f'"{name}"."{c.name}"' for c in table.columns)
-        statements.append(f'SELECT {cols} FROM "{name}" WHERE 0')
+    for table, columns in _parse_columns(ddl_strings()["SCHEMA_SQL"]).items():
+        cols = ", ".join(f"{_ident(table)}.{_ident(c)}" for c in columns)
+        statements.append(f"SELECT {cols} FROM {_ident(table)} WHERE 0")
     return tuple(statements)
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _fts_triggers() -> tuple:
+    """``hermes_state._FTS_TRIGGERS`` as it is now."""
+    return tuple(facade_value("_FTS_TRIGGERS", _FTS_TRIGGERS))
+
+
+def _watched_columns(name: str) -> str:
+    """The columns our head's trigger ``name`` fires on, else the word index's superset."""
+    create, extras = head_table_sql("messages")
+    for sql in extras if create is not None else []:
+        found = _UPDATE_OF.search(sql)
+        if found and re.search(rf"\bTRIGGER\s+(?:IF\s+NOT\s+EXISTS\s+)?\"?{re.escape(name)}\b", sql, re.I):
+            return " ".join(found.group(1).split())
+    return _FTS_WATCHED
 
 
 def _split_top_level(body: str) -> list[str]:
@@ -209,18 +228,34 @@ class SessionSchemaMixin(Host):
         return True
 
     def _migrate_broad_fts_update_triggers(self, cursor: sqlite3.Cursor) -> int:
-        """Re-create broad FTS UPDATE triggers as ``AFTER UPDATE OF <indexed columns>``; how many."""
+        """Hermes v24's in-place migration, run at every open: an FTS UPDATE trigger that
+        fires on every column (``AFTER UPDATE ON``) is dropped and re-created as ``AFTER
+        UPDATE OF <indexed columns>``, its body unchanged (no FTS rebuild). The
+        CJK-tokenizer index's trigger cannot be re-created without Hermes' tokenizer, which
+        we do not ship: it stays dropped and ``fts_cjk_stale`` is set. Returns how many
+        triggers were migrated (the dropped CJK one included)."""
+        names = [n for n in _fts_triggers() if n.endswith("_update")]
+        if not names:
+            return 0
+        marks = ", ".join("?" * len(names))
         rows = cursor.execute(
-            "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'"
-            " AND name LIKE 'messages\\_fts%' ESCAPE '\\'"
+            f"SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND name IN ({marks})", names
         ).fetchall()
         changed = 0
+        cjk_dropped = False
         for name, sql in rows:
             if not self._fts_update_trigger_needs_narrowing(sql):
                 continue
-            cursor.execute(f'DROP TRIGGER IF EXISTS "{name}"')
-            cursor.execute(_BROAD_UPDATE.sub(f"AFTER UPDATE OF {_FTS_WATCHED} ON ", sql, count=1))
+            cursor.execute(f"DROP TRIGGER IF EXISTS {_ident(name)}")
             changed += 1
+            if name == _CJK_UPDATE_TRIGGER:
+                cjk_dropped = True
+                continue
+            cursor.execute(_BROAD_UPDATE.sub(f"AFTER UPDATE OF {_watched_columns(name)} ON ", sql, count=1))
+        if cjk_dropped:
+            _mark_cjk_stale(cursor)
+        if changed:
+            log.info("narrowed %d broad FTS UPDATE trigger(s) to AFTER UPDATE OF", changed)
         return changed
 
     def _ensure_fts_cjk_schema(self, cursor: sqlite3.Cursor) -> bool:
@@ -229,21 +264,33 @@ class SessionSchemaMixin(Host):
         return False
 
     def _drop_fts_triggers(self, cursor: sqlite3.Cursor) -> int:
-        """Drop every trigger feeding an FTS index (the fail-open step); how many."""
-        names = [r[0] for r in cursor.execute(
+        """Drop every trigger feeding an FTS index (``_FTS_TRIGGERS``, and any other
+        ``messages_fts*`` trigger): the fail-open step. Returns how many existed."""
+        names = set(_fts_triggers())
+        names.update(r[0] for r in cursor.execute(
             "SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'messages\\_fts%' ESCAPE '\\'"
-        ).fetchall()]
-        for name in names:
-            cursor.execute(f'DROP TRIGGER IF EXISTS "{name}"')
-        return len(names)
+        ).fetchall())
+        existing = {r[0] for r in cursor.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall()}
+        for name in sorted(names & existing):
+            cursor.execute(f"DROP TRIGGER IF EXISTS {_ident(name)}")
+        return len(names & existing)
 
-    def _has_fts_trash(self) -> bool:
-        """Whether tables of a demoted pre-v23 index (``fts_v22_trash_*``) remain."""
+    def _has_fts_trash(self, cursor: Any = None) -> bool:
+        """Whether tables of a demoted pre-v23 index (``fts_v22_trash_*``) remain: on the
+        cursor or connection Hermes hands in, else on this store."""
         def look(c: Connection) -> bool:
             fts5 = FtsUpkeepRepository(c).fts5
             return fts5 is not None and bool(fts5.trash_tables(c))
 
-        return bool(self._read(look))
+        if cursor is None:
+            return bool(self._read(look))
+        if isinstance(cursor, Connection):
+            return look(cursor)
+        row = cursor.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name LIKE ? ESCAPE '\\' LIMIT 1",
+            (escape_like(FTS_TRASH_PREFIX) + "%",),
+        ).fetchone()
+        return row is not None
 
     def _fts_teardown_trash_step(self) -> bool:
         """Drop up to 500 trash rows (a table once empty); True while trash remains."""
@@ -260,6 +307,16 @@ class SessionSchemaMixin(Host):
         if self.read_only or not getattr(self, "_fts_enabled", True):
             return False
         return bool(self._write(lambda c: FtsUpkeepRepository(c).heal_optimize_bookkeeping(), _maintenance=True))
+
+
+def _mark_cjk_stale(cursor: sqlite3.Cursor) -> None:
+    """``state_meta('fts_cjk_stale', '1')``: the CJK index misses rows until a capable host rebuilds it."""
+    try:
+        cursor.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (FTS_CJK_STALE_KEY,))
+    except sqlite3.OperationalError as exc:
+        if "no such table" not in str(exc).lower():
+            raise
+        log.debug("no state_meta table to mark %s in", FTS_CJK_STALE_KEY)
 
 
 __all__ = ["FTS_TRASH_PREFIX", "SessionSchemaMixin", "schema_read_probe_statements"]
