@@ -53,6 +53,7 @@ from .repair import (  # noqa: F401 - Hermes' module-level names, served by the 
     _backup_db_file,
     _claim_repair_attempt,
     _db_opens_cleanly,
+    _existing_malformed_backups,
     _repair_attempted as _repair_attempted_paths,
     repair_state_db_schema,
 )

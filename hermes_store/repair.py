@@ -71,6 +71,7 @@ def _db_opens_cleanly(db_path: Path) -> str | None:
         for table in _FTS_TABLES:
             try:
                 conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH 'probe' LIMIT 1").fetchall()
+                _read_whole_index(conn, table)
             except sqlite3.OperationalError as exc:
                 if not _absent(exc):
                     raise
@@ -82,7 +83,10 @@ def _db_opens_cleanly(db_path: Path) -> str | None:
                 " VALUES ('__hermes_store_probe__', 'user', 'probe', 0)"
             )
         finally:
-            conn.execute("ROLLBACK")
+            # SQLite has already rolled back after some errors (a corrupt page): a second
+            # ROLLBACK would hide the real reason behind "no transaction is active".
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
         return None
     except sqlite3.Error as exc:
         if _absent(exc):
@@ -90,6 +94,17 @@ def _db_opens_cleanly(db_path: Path) -> str | None:
         return f"{type(exc).__name__}: {exc}"
     finally:
         conn.close()
+
+
+def _read_whole_index(conn: sqlite3.Connection, table: str) -> None:
+    """Read every term of an FTS5 index (an ``fts5vocab`` table in ``temp``): a damaged
+    leaf page only fails a query whose terms are on it, so one MATCH proves little."""
+    vocab = f"temp.{table}_hermes_probe_vocab"
+    conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {vocab} USING fts5vocab(main, {table}, 'instance')")
+    try:
+        conn.execute(f"SELECT count(*) FROM {vocab}").fetchone()
+    finally:
+        conn.execute(f"DROP TABLE IF EXISTS {vocab}")
 
 
 def _absent(exc: sqlite3.Error) -> bool:
@@ -100,10 +115,12 @@ def _absent(exc: sqlite3.Error) -> bool:
 def _claim_repair_attempt(db_path: Path) -> bool:
     """True the first time for a path in this process: SessionDB repairs a file at most once."""
     key = os.path.realpath(os.fspath(db_path))
+    # Through the facade: Hermes' tests clear or replace ``_repair_attempted_paths`` there.
+    attempted = facade_value("_repair_attempted_paths", _repair_attempted)
     with _repair_lock:
-        if key in _repair_attempted:
+        if key in attempted:
             return False
-        _repair_attempted.add(key)
+        attempted.add(key)
         return True
 
 
@@ -142,10 +159,24 @@ def _backup_db_file(db_path: Path) -> tuple[Path | None, str | None]:
                 os.fchmod(fd, 0o600)
             finally:
                 os.close(fd)
-    for old in _existing_backups(path)[:-_MAX_MALFORMED_BACKUPS]:
+    for old in _existing_backups(path)[:-_kept_backups()]:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{old}{suffix}").unlink(missing_ok=True)
     return target, None
+
+
+def _kept_backups() -> int:
+    """:data:`_MAX_MALFORMED_BACKUPS` as the facade names it now (tests may lower it); at least 1."""
+    return max(1, int(facade_value("_MAX_MALFORMED_BACKUPS", _MAX_MALFORMED_BACKUPS)))
+
+
+def _existing_malformed_backups(db_path: Path) -> list[Path]:
+    """Hermes v26: the pre-repair backups that exist for ``db_path``, newest first (at
+    most :data:`_MAX_MALFORMED_BACKUPS`: :func:`_backup_db_file` removes older ones)."""
+    path = Path(db_path)
+    if not path.parent.is_dir():
+        return []
+    return list(reversed(_existing_backups(path)))
 
 
 def _existing_backups(path: Path) -> list[Path]:
@@ -194,7 +225,7 @@ def repair_state_db_schema(db_path: Path, *, backup: bool = True) -> dict[str, A
         result["error"] = f"cannot take the repair lock: {exc}"
         return result
     if fd is None:
-        if _db_opens_cleanly(path) is None:
+        if _opens_cleanly(path) is None:
             result.update(repaired=True, strategy="repaired_by_other_process")
         else:
             result["error"] = f"another process is repairing {path} (its {lock_path.name} stayed held)"
@@ -205,8 +236,17 @@ def repair_state_db_schema(db_path: Path, *, backup: bool = True) -> dict[str, A
         release_flock(lock_path, fd)
 
 
+def _opens_cleanly(path: Path) -> str | None:
+    """:func:`_db_opens_cleanly` as the facade names it now (Hermes' tests patch it);
+    a patched one may answer a bool (True: healthy)."""
+    answer = facade_value("_db_opens_cleanly", _db_opens_cleanly)(path)
+    if isinstance(answer, bool):
+        return None if answer else "reported unhealthy"
+    return answer
+
+
 def _repair_locked(path: Path, result: dict[str, Any], backup: bool) -> dict[str, Any]:
-    if _db_opens_cleanly(path) is None:
+    if _opens_cleanly(path) is None:
         _forget_failures(path)
         result.update(repaired=True, strategy="already_healthy")
         return result
@@ -233,7 +273,7 @@ def _repair_locked(path: Path, result: dict[str, Any], backup: bool) -> dict[str
         except Exception as exc:
             last_error = f"{name}: {type(exc).__name__}: {exc}"
             continue
-        reason = _db_opens_cleanly(path)
+        reason = _opens_cleanly(path)
         if reason is None:
             _forget_failures(path)
             result.update(repaired=True, strategy=name)

@@ -184,7 +184,7 @@ def test_a_slow_search_warning_is_one_line_json_or_nothing(demo_db: Path) -> Non
 
     text = cli("--db", demo_db, "search", "pod", env=env)
     [line] = stderr_lines(text.stderr)
-    assert re.fullmatch(r"hermes-store: warning: search_messages took [0-9.]+ ms \(query='pod', results=\d+\)", line)
+    assert re.fullmatch(r"hermes-store: warning: search_messages took [0-9.]+ ms \(path=\w+, query='pod', results=\d+\)", line)
 
 
 def test_the_library_still_logs_the_slow_search(demo_db: Path, caplog: pytest.LogCaptureFixture,

@@ -9,6 +9,7 @@ is old enough (``last_vacuum``, stamped only after a VACUUM succeeded).
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time as _time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,10 @@ from .steps import Steps
 
 log = logging.getLogger(__name__)
 
+#: ``state_meta`` key: when an auto-maintenance VACUUM failed (cleared by the next one
+#: that succeeds). While set, the next call retries the VACUUM even inside the prune
+#: interval and with nothing new pruned.
+VACUUM_OWED_KEY = "auto_vacuum_owed"
 
 
 def _stamps(steps: Steps, *keys: str) -> list[float | None]:
@@ -78,13 +83,17 @@ def auto_prune_and_vacuum(
     Returns ``{"skipped", "pruned", "vacuumed"}``, plus ``"error": "Type: message"`` when
     a step failed (a typed error: a lock held past the write budget is
     ``DatabaseLockedError``): never raises, as it runs on startup paths. A prune that
-    committed keeps its ``last_auto_prune`` stamp when the VACUUM after it fails. ``run_vacuum`` replaces
+    committed keeps its ``last_auto_prune`` stamp when the VACUUM after it fails; that
+    VACUUM is then owed (:data:`VACUUM_OWED_KEY`) and the next call runs it again, inside
+    the prune interval and with nothing new pruned (still no sooner than
+    ``min_vacuum_interval_days`` after the last one that succeeded). ``run_vacuum`` replaces
     the default vacuum (:func:`hermes_store.operations.fts.vacuum` on ``steps``).
     """
     result: dict[str, Any] = {"skipped": False, "pruned": 0, "vacuumed": False}
     try:
-        last_prune, last_vacuum = _stamps(steps, LAST_AUTO_PRUNE_KEY, LAST_VACUUM_KEY)
-        if not _due(steps, last_prune, float(min_interval_hours) * 3600):
+        last_prune, last_vacuum, owed = _stamps(steps, LAST_AUTO_PRUNE_KEY, LAST_VACUUM_KEY, VACUUM_OWED_KEY)
+        retry_vacuum = vacuum and owed is not None
+        if not retry_vacuum and not _due(steps, last_prune, float(min_interval_hours) * 3600):
             result["skipped"] = True
             return result
 
@@ -94,22 +103,46 @@ def auto_prune_and_vacuum(
             repo.set_meta(LAST_AUTO_PRUNE_KEY, repr(steps.now()))
             return pruned, RetentionRepository(c).policies()
 
-        result["pruned"], policies = steps.write(run)
-        changed = bool(result["pruned"])
+        if retry_vacuum and not _due(steps, last_prune, float(min_interval_hours) * 3600):
+            policies: list[RetentionPolicyRecord] = []  # only the owed VACUUM: the prune ran this interval
+        else:
+            result["pruned"], policies = steps.write(run)
+        changed = bool(result["pruned"]) or retry_vacuum
         if policies:  # the store's retention policies (hs0009), in batches of their own
             retained = apply_retention(steps, sessions_dir=sessions_dir, policies=policies)
             result["retention"] = retained.as_dict()
             changed = changed or retained.changed
         if vacuum and changed and _due(steps, last_vacuum, float(min_vacuum_interval_days) * DAY):
-            if run_vacuum is not None:
-                run_vacuum()
-            else:
-                steps.outside(vacuum_v26)
-            steps.write(lambda c: MaintenanceRepository(c).set_meta(LAST_VACUUM_KEY, repr(steps.now())))
+            try:
+                if run_vacuum is not None:
+                    run_vacuum()
+                else:
+                    steps.outside(vacuum_v26)
+            except Exception:
+                # Owed: the next call runs it again, whatever the intervals say.
+                _owe_vacuum(steps, repr(steps.now()))
+                raise
+            steps.write(lambda c: _vacuumed(MaintenanceRepository(c), repr(steps.now())))
             result["vacuumed"] = True
     except Exception as exc:  # reported, never raised: this runs on startup paths
         result["error"] = reported(exc)
     return result
+
+
+def _owe_vacuum(steps: Steps, stamp: str | None) -> None:
+    """Record (or clear, with None) a VACUUM that failed; best effort (the lock that
+    failed the VACUUM may fail this write too: then the next due prune vacuums)."""
+    try:
+        steps.write(lambda c: MaintenanceRepository(c).set_meta(VACUUM_OWED_KEY, stamp))
+    except Exception as exc:
+        log.warning("could not record the failed VACUUM: %s", exc)
+
+
+def _vacuumed(repo: MaintenanceRepository, stamp: str) -> None:
+    """A VACUUM succeeded: stamp ``last_vacuum``, nothing owed any more."""
+    repo.set_meta(LAST_VACUUM_KEY, stamp)
+    if repo.get_meta(VACUUM_OWED_KEY) is not None:
+        repo.set_meta(VACUUM_OWED_KEY, None)
 
 
 def auto_archive(
@@ -155,6 +188,28 @@ def vacuum_after_optimize_storage(engine: Engine) -> None:
     with driver_errors(locks=True):
         dialect.vacuum(engine)
         dialect.checkpoint(engine)
+
+
+#: Hermes v26's ``vacuum()`` on its ``_conn``: a PASSIVE checkpoint, VACUUM, a TRUNCATE checkpoint.
+VACUUM_ON_CONN = ("PRAGMA wal_checkpoint(PASSIVE)", "VACUUM", "PRAGMA wal_checkpoint(TRUNCATE)")
+#: ``optimize_fts_storage``'s on ``_conn``: VACUUM, then one PASSIVE checkpoint (no TRUNCATE).
+STORAGE_VACUUM_ON_CONN = ("VACUUM", "PRAGMA wal_checkpoint(PASSIVE)")
+
+
+def vacuum_on_dbapi(conn: Any, statements: tuple[str, ...]) -> None:
+    """Run a VACUUM sequence on a plain DB-API connection (SessionDB's ``_conn``, which
+    Hermes' tests trace), outside any transaction. A checkpoint is best effort (a busy
+    one is left for the next); the VACUUM's errors propagate typed (a held lock:
+    DatabaseLockedError, which ``Steps.outside`` retries)."""
+    with driver_errors(locks=True):
+        for sql in statements:
+            if sql != "VACUUM":
+                try:
+                    conn.execute(sql).fetchall()
+                except sqlite3.OperationalError as exc:
+                    log.debug("%s skipped: %s", sql, exc)
+                continue
+            conn.execute(sql)
 
 
 def vacuum(steps: Steps, *, optimize: Callable[[], int]) -> int:

@@ -90,6 +90,22 @@ def set_meta_on_cursor(cursor: Any, key: str, value: Any, *, schema: str | None 
     )
 
 
+def optimize_on_cursor(cursor: Any, names: Sequence[str]) -> list[str]:
+    """FTS5 ``'optimize'`` of each index in ``names`` through a caller's DB-API connection
+    (Hermes' ``_conn``, where its tests count these statements), each committing on its
+    own; one the driver refuses is logged and skipped, as :meth:`FtsUpkeepRepository.optimize_each`
+    does. Returns those done."""
+    done = []
+    for name in names:
+        try:
+            cursor.execute(f"INSERT INTO {name}({name}) VALUES('optimize')")
+        except Exception as exc:  # the caller's driver's error class: not ours to name
+            log.warning("search index %s: optimize failed (%s); skipped", name, exc)
+            continue
+        done.append(name)
+    return done
+
+
 def _driver_mark(cursor: Any) -> str:
     """The placeholder of a cursor's driver, for callers that do not name the dialect:
     its DB-API module's ``paramstyle`` (``qmark`` for sqlite3, else ``format``/``pyformat``)."""

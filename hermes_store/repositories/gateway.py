@@ -226,13 +226,19 @@ class GatewayRepository(Repository):
         return self._rows(stmt)
 
     def origin_candidates(self, platform: str, chat_id: str, thread_id: str | None) -> list[tuple[str, str | None]]:
-        """``(id, user_id)`` of live keyed sessions in this chat (and thread), newest first."""
+        """``(id, user_id)`` of live keyed sessions in this chat (and thread), newest first.
+
+        Left out: ended and archived sessions, and forks (branch or delegate children:
+        a side conversation is never the chat's session). A compression continuation or
+        a reset child is the chat's live session and stays in.
+        """
         s = SESSIONS
         stmt = (
-            select(s.c.id, s.c.user_id)
+            select(s.c.id, s.c.user_id, s.c.model_config)
             .where(
                 s.c.ended_at.is_(None),
                 s.c.session_key.is_not(None),
+                or_(s.c.archived.is_(None), s.c.archived == 0),
                 func.lower(s.c.source) == func.lower(platform),
                 s.c.chat_id == chat_id,
             )
@@ -240,7 +246,7 @@ class GatewayRepository(Repository):
         )
         if thread_id is not None:
             stmt = stmt.where(func.coalesce(s.c.thread_id, "") == thread_id)
-        return [(r[0], r[1]) for r in self.conn.execute(stmt)]
+        return [(r[0], r[1]) for r in self.conn.execute(stmt) if not _forked(r[2])]
 
     def latest_for_peer(
         self,

@@ -38,7 +38,7 @@ from ..operations import prune as prune_ops
 from ..operations import search_index as search_ops
 from ..repositories import MaintenanceRepository
 from ..dialects.sqlite import driver_errors
-from ..repositories.fts_upkeep import FtsUpkeepRepository, set_meta_on_cursor
+from ..repositories.fts_upkeep import FtsUpkeepRepository, optimize_on_cursor, set_meta_on_cursor
 from ._host import Host, HostSteps, transcript_budget
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,11 @@ class FtsMixin(Host):
             return 0
         if getattr(_PERIODIC, "active", False):
             return len(fts_ops.optimize_indexes(self._maintenance_steps(), bounded=True))
+        if self._uses_raw_conn():
+            # Hermes v26 runs it on ``_conn`` (its tests count the statements there).
+            names = self._read(lambda c: FtsUpkeepRepository(c).maintained_indexes())
+            with self._lock:
+                return len(optimize_on_cursor(self._conn, names))
         return len(self.optimize_search_indexes())
 
     def optimize_search_indexes(self) -> list[str]:
@@ -232,7 +237,32 @@ class FtsMixin(Host):
         optimize step is this instance's ``optimize_fts`` as it is now (Hermes' tests
         patch it on the instance).
         """
-        return prune_ops.vacuum(self._maintenance_steps(), optimize=self.optimize_fts)
+        if not self._uses_raw_conn():
+            return prune_ops.vacuum(self._maintenance_steps(), optimize=self.optimize_fts)
+        try:
+            optimized = self.optimize_fts()
+        except Exception as exc:
+            log.warning("optimize before vacuum failed: %s", exc)
+            optimized = 0
+        self._vacuum_on_conn(prune_ops.VACUUM_ON_CONN)
+        return optimized
+
+    def _uses_raw_conn(self) -> bool:
+        """Whether Hermes' ``_conn`` is in use here (opened, or assigned by code): then the
+        VACUUM and its checkpoints run on it, as in Hermes (its tests trace that
+        connection). Otherwise they run on our engine: no extra connection is opened
+        just for them, and a server has no ``_conn``."""
+        return getattr(self, "db_path", None) is not None and getattr(self, "_raw_conn", None) is not None
+
+    def _vacuum_on_conn(self, statements: Tuple[str, ...]) -> None:
+        """Hermes v26's VACUUM and checkpoints on ``_conn`` as it is now (Hermes' tests
+        trace that connection, or put a wrapper there), outside any transaction; a held
+        lock is retried within the write budget. A checkpoint is best effort (a busy one
+        is left for the next); the VACUUM's errors propagate."""
+        def run(_engine: Any) -> None:
+            prune_ops.vacuum_on_dbapi(self._conn, statements)
+
+        self._outside(run)
 
     def logical_size_bytes(self) -> Optional[int]:
         """``page_count × page_size`` of the file; on a server, the on-disk size of our
@@ -385,7 +415,10 @@ class FtsMixin(Host):
             last = held[-1] if held else {"indexed": 0, "total": 0}
             relay({"phase": "vacuum", "percent": 100, "indexed": last["indexed"], "total": last["total"]})
             try:
-                steps.outside(prune_ops.vacuum_after_optimize_storage)
+                if not self._uses_raw_conn():
+                    steps.outside(prune_ops.vacuum_after_optimize_storage)
+                else:
+                    self._vacuum_on_conn(prune_ops.STORAGE_VACUUM_ON_CONN)
                 vacuumed = True
             except Exception as exc:
                 log.warning("vacuum after optimize-storage failed: %s", exc)

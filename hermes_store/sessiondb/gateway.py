@@ -234,10 +234,16 @@ class GatewayMixin(Host):
     ) -> Optional[str]:
         """The live gateway session of this chat (and thread), or None.
 
+        Candidates: live (unended), unarchived sessions with a session_key whose source
+        is ``platform`` (any case) and ``chat_id`` is ``str(chat_id)``; with
+        ``thread_id``, ``COALESCE(thread_id, '')`` is ``str(thread_id)``. Branch and
+        delegate children are never candidates. Newest start first.
+
         Without ``user_id``: the newest candidate, unless the candidates belong to more
-        than one (non-empty) user. With ``user_id``: the newest session of that user,
-        else None. (Hermes also returns a lone candidate of *another* user here; we do
-        not hand one user's session to another.)
+        than one (non-empty) user. With ``user_id``: the newest session of that user;
+        else a lone candidate that has no user (as Hermes); else None. (Hermes also
+        returns a lone candidate of *another* user here; we do not hand one user's
+        session to another.)
         """
         if not platform or chat_id is None or chat_id == "":
             return None
@@ -253,6 +259,8 @@ class GatewayMixin(Host):
             for sid, owner in candidates:
                 if owner == user:
                     return str(sid)
+            if len(candidates) == 1 and not candidates[0][1]:
+                return str(candidates[0][0])
             return None
         owners = {owner for _sid, owner in candidates if owner}
         if len(owners) > 1:

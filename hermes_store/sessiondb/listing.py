@@ -15,6 +15,7 @@ from ..repositories import SearchRepository
 from ..repositories.listing import ListingRepository
 from ..search.query import contains_cjk, sanitize_fts5_query
 from ._host import Host, as_dict, as_dicts
+from .fts import FtsMixin
 
 #: Hermes' slow-search threshold (milliseconds) and where it is read from.
 SLOW_SEARCH_ENV = "HERMES_SEARCH_SLOW_MS"
@@ -173,17 +174,48 @@ class ListingMixin(Host):
         taking ``HERMES_SEARCH_SLOW_MS`` (default 1000; 0: every call) or longer is logged."""
         stale = bool(getattr(self, "_fts_stale", False))
         started = time.perf_counter()
-        hits = self._read(
-            lambda c: SearchRepository(c).search_messages(
+        def search(c: Any) -> Any:
+            return SearchRepository(c).search_messages(
                 query, source_filter, exclude_sources, role_filter, limit, offset, sort,
                 include_inactive=include_inactive, fields=fields, stale=stale,
             )
-        )
+
+        try:
+            hits = self._read(search)
+        except Exception as exc:
+            if not self._rebuild_after_read_corruption(exc):
+                raise
+            hits = self._read(search)
         elapsed_ms = (time.perf_counter() - started) * 1000.0
         if elapsed_ms >= _slow_ms():
-            log.warning("search_messages took %.1f ms (query=%r, results=%d)", elapsed_ms,
+            # Attributed to its route (Hermes v26), read through self: code may patch it.
+            describe = getattr(self, "_describe_search_path", None)
+            try:
+                path = describe(query) if describe is not None else "unknown"
+            except Exception:
+                path = "unknown"
+            log.warning("search_messages took %.1f ms (path=%s, query=%r, results=%d)", elapsed_ms, path,
                         query[:200] if isinstance(query, str) else query, len(hits))
         return as_dicts(hits)
+
+    def _rebuild_after_read_corruption(self, exc: BaseException) -> bool:
+        """A search that met a damaged search index (Hermes v23: FTS read corruption)
+        rebuilds the indexes once per instance, in place; True: search again. Anything
+        else, a second corruption or a rebuild that did nothing: False (re-raised)."""
+        if self.read_only or not FtsMixin._is_fts_corruption_error(exc):
+            return False
+        with self._lock:
+            if self.__dict__.get("_fts_read_corruption_rebuilt"):
+                return False
+            self.__dict__["_fts_read_corruption_rebuilt"] = True
+        log.warning("damaged search index met by a search (%s); rebuilding it and searching again",
+                    getattr(exc, "orig", None) or exc)
+        try:
+            rebuilt = cast(FtsMixin, self).rebuild_fts()
+        except Exception as again:
+            log.warning("search index rebuild failed: %s", again)
+            return False
+        return rebuilt > 0
 
 
 def _slow_ms() -> float:

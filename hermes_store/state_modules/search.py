@@ -71,21 +71,28 @@ class SessionSearchMixin(Host):
     _contains_cjk = staticmethod(contains_cjk)
 
     def _describe_search_path(self, query: str) -> str:
-        """Which route ``search_messages(query)`` takes, as Hermes names them."""
-        if getattr(self, "_fts_stale", False):
-            return "like_scan_fts_stale"
-        plan = plan_search(query or "")
-        if plan.kind == "empty":
-            return "empty"
-        if not getattr(self, "_fts_enabled", False):
+        """Which route ``search_messages(query)`` takes, as Hermes names them (the
+        slow-search log's attribution): a stale index is scanned; CJK text goes to the
+        CJK index when it is loaded (not for an isolated single CJK character), else to
+        the trigram index when every CJK term has 3+ characters, else a LIKE scan."""
+        try:
+            if getattr(self, "_fts_stale", False):
+                return "like_scan_fts_stale"
+            plan = plan_search(query or "")
+            if plan.kind == "empty":
+                return "empty"
+            if not getattr(self, "_fts_enabled", False):
+                return "like_scan"
+            if not contains_cjk(query):
+                return "fts5" if plan.kind == "word" else "like_scan"
+            if getattr(self, "_fts_cjk_available", False) and not any(
+                    len(term) == 1 and contains_cjk(term) for term in query.split()):
+                return "fts_cjk"
+            if plan.kind == "trigram" and getattr(self, "_trigram_available", False):
+                return "trigram"
             return "like_scan"
-        if plan.kind == "word":
-            return "fts5"
-        if plan.kind == "trigram":
-            return "fts_cjk" if getattr(self, "_fts_cjk_available", False) else "trigram"
-        if plan.kind == "substring":
-            return "like_scan"
-        return "unknown"
+        except Exception:  # a description must never fail a search
+            return "unknown"
 
 
 __all__ = ["SessionSearchMixin", "merge_fts_incrementally"]

@@ -137,3 +137,23 @@ def test_the_class_write_patience_bounds_a_locked_write(hermes_state, tmp_path: 
         holder.close()
     assert store.set_session_title("s", "lands now") is True
     store.close()
+
+
+def test_optimize_fts_runs_on_conn_when_it_is_open(hermes_state, tmp_path: Path) -> None:
+    """Hermes' tests count optimize_fts()'s literal 'optimize' statements traced on _conn."""
+    store = hermes_state.SessionDB(tmp_path / "state.db")
+    try:
+        store.create_session("s", "cli")
+        store.append_message("s", "user", "something to index")
+        assert store.optimize_fts() == 2  # no _conn yet: on our own connections
+        assert store._raw_conn is None
+        seen = _traced(store._conn)
+        assert store.optimize_fts() == 2
+        optimizes = [s for s in seen if "'optimize'" in s]
+        assert optimizes == [
+            "INSERT INTO messages_fts(messages_fts) VALUES('optimize')",
+            "INSERT INTO messages_fts_trigram(messages_fts_trigram) VALUES('optimize')",
+        ]
+        assert [h["session_id"] for h in store.search_messages("something")] == ["s"]
+    finally:
+        store.close()

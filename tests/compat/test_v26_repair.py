@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hermes_store import errors
+from hermes_store.repair import _existing_malformed_backups
 
 from .helpers import break_schema
 
@@ -200,3 +201,190 @@ def test_the_constructor_goes_through_the_guards(hermes_state, tmp_path: Path, k
             child.kill()
             child.wait()
     assert path.read_bytes() == before and _backups(path) == []
+
+
+# ----------------------------------------------------------------------------- faults repaired in place
+
+
+def _bump(conn: sqlite3.Connection) -> None:
+    version = conn.execute("PRAGMA schema_version").fetchone()[0]
+    conn.execute(f"PRAGMA schema_version = {version + 1}")
+
+
+def _stale_index(path: Path) -> str:
+    """A b-tree index that misses rows: its schema entry is taken out, rows are written
+    (the index b-tree is not told), and the entry is put back on the same root page."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    name, table, root, sql = conn.execute(
+        "SELECT name, tbl_name, rootpage, sql FROM sqlite_master"
+        " WHERE type = 'index' AND tbl_name = 'sessions' AND sql IS NOT NULL ORDER BY name LIMIT 1"
+    ).fetchone()
+    conn.execute("PRAGMA writable_schema=ON")
+    conn.execute("DELETE FROM sqlite_master WHERE name = ?", (name,))
+    _bump(conn)
+    conn.close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executemany("INSERT INTO sessions (id, source, started_at) VALUES (?, 'cli', 1)",
+                     [(f"unindexed{i}",) for i in range(20)])
+    conn.close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA writable_schema=ON")
+    conn.execute("INSERT INTO sqlite_master (type, name, tbl_name, rootpage, sql) VALUES ('index', ?, ?, ?, ?)",
+                 (name, table, root, sql))
+    _bump(conn)
+    conn.close()
+    return name
+
+
+def _integrity(path: Path) -> str:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _messages(path: Path) -> list[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return [r[0] for r in conn.execute("SELECT content FROM messages ORDER BY id")]
+    finally:
+        conn.close()
+
+
+def _with_words(hermes_state, path: Path, n: int = 30) -> None:
+    with hermes_state.SessionDB(path) as store:
+        store.create_session("s1", "cli")
+        for i in range(n):
+            store.append_message("s1", "user", f"hello world number {i}")
+
+
+def _corrupt_fts(path: Path, sql: str) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute(sql)
+    finally:
+        conn.close()
+
+
+#: FTS read corruption: the index's leaf pages overwritten (a MATCH fails, writes too).
+_FTS_READ_FAULT = "UPDATE messages_fts_data SET block = x'0000ffff00ff' WHERE id > 10"
+#: FTS write corruption: the averages record gone (reads still answer; every insert fails).
+_FTS_WRITE_FAULT = "DELETE FROM messages_fts_data WHERE id = 1"
+
+
+def test_a_stale_btree_index_is_reindexed_in_place(hermes_state, tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    _healthy(hermes_state, path)
+    _stale_index(path)
+    assert _integrity(path) != "ok"
+    assert hermes_state._db_opens_cleanly(path).startswith("integrity_check:")
+    outcome = hermes_state.repair_state_db_schema(path)
+    assert outcome["repaired"] is True and outcome["strategy"] == "reindex_btree", outcome
+    assert outcome["backup_path"] is not None and Path(outcome["backup_path"]).exists()
+    assert _integrity(path) == "ok" and _messages(path) == ["keep me"]
+
+
+def test_fts_read_corruption_is_found_and_rebuilt_in_place(hermes_state, tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    _with_words(hermes_state, path)
+    _corrupt_fts(path, _FTS_READ_FAULT)
+    conn = sqlite3.connect(path)
+    with pytest.raises(sqlite3.DatabaseError, match="malformed"):
+        conn.execute("SELECT rowid FROM messages_fts WHERE messages_fts MATCH 'hello'").fetchall()
+    conn.close()
+    assert "malformed" in hermes_state._db_opens_cleanly(path)
+    outcome = hermes_state.repair_state_db_schema(path)
+    assert outcome["repaired"] is True and outcome["strategy"] == "rebuild_fts", outcome
+    assert len(_messages(path)) == 30
+    with hermes_state.SessionDB(path) as store:
+        assert len(store.search_messages("hello", limit=50)) == 30
+
+
+def test_fts_write_corruption_is_found_and_rebuilt_in_place(hermes_state, tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    _with_words(hermes_state, path)
+    _corrupt_fts(path, _FTS_WRITE_FAULT)
+    reason = hermes_state._db_opens_cleanly(path)
+    assert reason is not None and "malformed" in reason  # the real cause, not a failed ROLLBACK
+    outcome = hermes_state.repair_state_db_schema(path)
+    assert outcome["repaired"] is True and outcome["strategy"] == "rebuild_fts", outcome
+    with hermes_state.SessionDB(path) as store:
+        store.append_message("s1", "user", "hello after the repair")
+        assert len(store.search_messages("hello", limit=50)) == 31
+
+
+@pytest.mark.parametrize("fault", [_FTS_READ_FAULT, _FTS_WRITE_FAULT])
+def test_a_store_meeting_fts_corruption_rebuilds_it_in_place(hermes_state, tmp_path: Path, fault: str) -> None:
+    """Through SessionDB: a search (read) or an append (write) that meets a damaged index
+    rebuilds it once and goes on; no message is lost."""
+    path = tmp_path / "state.db"
+    _with_words(hermes_state, path)
+    _corrupt_fts(path, fault)
+    with hermes_state.SessionDB(path) as store:
+        assert len(store.search_messages("hello", limit=50)) == 30
+    _corrupt_fts(path, fault)
+    with hermes_state.SessionDB(path) as store:
+        store.append_message("s1", "user", "hello once more")
+        assert len(store.search_messages("hello", limit=50)) == 31
+    assert hermes_state._db_opens_cleanly(path) is None
+
+
+def test_open_time_repair_is_tried_once_per_process_per_path(hermes_state, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(hermes_state, "_repair_attempted_paths", set())
+    path = tmp_path / "state.db"
+    _healthy(hermes_state, path)
+    break_schema(path)
+    with hermes_state.SessionDB(path) as store:  # repaired on open
+        assert [m["content"] for m in store.get_messages("s1")] == ["keep me"]
+    assert os.path.realpath(path) in hermes_state._repair_attempted_paths
+    break_schema(path)
+    before = path.read_bytes()
+    with pytest.raises(errors.NotADatabaseError, match="malformed database schema"):
+        hermes_state.SessionDB(path)  # this process already tried this path
+    assert path.read_bytes() == before
+    hermes_state._repair_attempted_paths.clear()
+    with hermes_state.SessionDB(path) as store:
+        assert [m["content"] for m in store.get_messages("s1")] == ["keep me"]
+
+
+def test_a_patched_health_probe_is_used(hermes_state, tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "state.db"
+    _healthy(hermes_state, path)
+    calls: list[Path] = []
+
+    def probe(p: Path):
+        calls.append(Path(p))
+        return None
+
+    monkeypatch.setattr(hermes_state, "_db_opens_cleanly", probe)
+    assert hermes_state.repair_state_db_schema(path)["strategy"] == "already_healthy"
+    assert calls == [path]
+
+
+def test_existing_malformed_backups_newest_first_and_capped(hermes_state, tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    _healthy(hermes_state, path)
+    assert _existing_malformed_backups(path) == []
+    made = []
+    for i in range(hermes_state._MAX_MALFORMED_BACKUPS + 2):
+        with hermes_state.SessionDB(path) as store:
+            store.append_message("s1", "user", f"change {i}")  # other bytes: a new backup each time
+        saved, refusal = hermes_state._backup_db_file(path)
+        assert refusal is None and saved is not None
+        made.append(saved)
+    found = _existing_malformed_backups(path)
+    assert found == list(reversed(made))[:hermes_state._MAX_MALFORMED_BACKUPS]
+    assert all(p.exists() for p in found) and not made[0].exists()
+    assert _existing_malformed_backups(tmp_path / "missing" / "state.db") == []
+
+
+def test_the_backup_cap_is_read_where_hermes_tests_patch_it(hermes_state, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(hermes_state, "_MAX_MALFORMED_BACKUPS", 1)
+    path = tmp_path / "state.db"
+    _healthy(hermes_state, path)
+    for i in range(3):
+        with hermes_state.SessionDB(path) as store:
+            store.append_message("s1", "user", f"change {i}")
+        last, _ = hermes_state._backup_db_file(path)
+    assert _existing_malformed_backups(path) == [last]
