@@ -456,14 +456,20 @@ class FtsMixin(Host):
         A second corruption, any other error, or a rebuild that did nothing: False
         (the caller raises the original error).
         """
+        return self._rebuild_once_after(exc, "_fts_corruption_rebuilt", "retrying the write once")
+
+    def _rebuild_once_after(self, exc: BaseException, flag: str, then: str) -> bool:
+        """After an FTS-corruption error ``exc``: one :meth:`rebuild_fts` per instance and
+        ``flag`` (writes and searches each get theirs). True: rebuilt, ``then`` may go on;
+        any other error, a second corruption or a rebuild that did nothing: False."""
         if not self._is_fts_corruption_error(exc):
             return False
         with self._lock:
-            if self.__dict__.get("_fts_corruption_rebuilt"):
+            if self.__dict__.get(flag):
                 return False
-            self.__dict__["_fts_corruption_rebuilt"] = True
-        log.warning("%s: damaged search index (%s); rebuilding it and retrying the write once",
-                    self._label(), exc)
+            self.__dict__[flag] = True
+        log.warning("%s: damaged search index (%s); rebuilding it and %s", self._label(),
+                    getattr(exc, "orig", None) or exc, then)
         try:
             rebuilt = self.rebuild_fts()
         except Exception as again:

@@ -202,20 +202,9 @@ class ListingMixin(Host):
         """A search that met a damaged search index (Hermes v23: FTS read corruption)
         rebuilds the indexes once per instance, in place; True: search again. Anything
         else, a second corruption or a rebuild that did nothing: False (re-raised)."""
-        if self.read_only or not FtsMixin._is_fts_corruption_error(exc):
+        if self.read_only:
             return False
-        with self._lock:
-            if self.__dict__.get("_fts_read_corruption_rebuilt"):
-                return False
-            self.__dict__["_fts_read_corruption_rebuilt"] = True
-        log.warning("damaged search index met by a search (%s); rebuilding it and searching again",
-                    getattr(exc, "orig", None) or exc)
-        try:
-            rebuilt = cast(FtsMixin, self).rebuild_fts()
-        except Exception as again:
-            log.warning("search index rebuild failed: %s", again)
-            return False
-        return rebuilt > 0
+        return cast(FtsMixin, self)._rebuild_once_after(exc, "_fts_read_corruption_rebuilt", "searching again")
 
 
 def _slow_ms() -> float:
