@@ -129,9 +129,9 @@ def auto_prune_and_vacuum(
     return result
 
 
-def _owe_vacuum(steps: Steps, stamp: str | None) -> None:
-    """Record (or clear, with None) a VACUUM that failed; best effort (the lock that
-    failed the VACUUM may fail this write too: then the next due prune vacuums)."""
+def _owe_vacuum(steps: Steps, stamp: str) -> None:
+    """Record a VACUUM that failed (:func:`_vacuumed` clears it); best effort (the lock
+    that failed the VACUUM may fail this write too: then the next due prune vacuums)."""
     try:
         steps.write(lambda c: MaintenanceRepository(c).set_meta(VACUUM_OWED_KEY, stamp))
     except Exception as exc:
